@@ -1,0 +1,23 @@
+//! # sundial-core
+//!
+//! The pure heart of Sundial: what a task is, which state changes are legal, how retries back off,
+//! what input is acceptable, and how time is read. Everything here is deterministic and free of I/O:
+//! no threads, no files, no sockets, no async runtime, no wall clock. Randomness (retry jitter) and
+//! the current time are passed in by the caller.
+//!
+//! **Architecture Invariant:** this crate never depends on tokio, rusqlite, tokio-postgres or axum
+//! (checked by `tests/layering.rs` in the `sundial` crate).
+
+pub mod error;
+pub mod id;
+pub mod retry;
+pub mod shard;
+pub mod task;
+pub mod time;
+
+pub use error::ValidationError;
+pub use id::{ExecutionId, TaskId};
+pub use retry::Backoff;
+pub use shard::shard_for;
+pub use task::{Due, Exclusive, ExclusiveMode, Limits, NewTask, Task, TaskSpec, TaskState};
+pub use time::{Clock, ManualClock, Timestamp};

@@ -1,0 +1,530 @@
+//! The task model: a task's fields, its states and the legal moves between them, the specification
+//! a caller hands in, and the validation that turns a specification into a row ready to store.
+//!
+//! ```text
+//!              trigger (due = now)
+//!               ┌──────┐
+//!               ▼      │
+//!  create ─▶ scheduled ─┴─▶ ready ─▶ running ─▶ succeeded
+//!               ▲  ▲                  │  │
+//!               │  └── fail (retry) ──┘  └──▶ dead (attempts exhausted / not retryable)
+//!               └───── lease expired ────┘
+//!  scheduled | ready | running ─▶ cancelled
+//! ```
+//!
+//! A due task goes `scheduled → running` directly when an in-process handler takes it, and
+//! `scheduled → ready` when it waits for a worker. `succeeded`, `dead` and `cancelled` are terminal:
+//! nothing moves a task out of them.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Backoff, ExecutionId, TaskId, Timestamp, ValidationError};
+
+/// Where a task is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskState {
+    /// Waiting for its due time.
+    Scheduled,
+    /// Due, waiting for a worker to take it.
+    Ready,
+    /// An attempt is under way (it holds a lease and an execution id).
+    Running,
+    /// An attempt finished successfully. Terminal.
+    Succeeded,
+    /// The last attempt failed (or a failure was not retryable). Terminal; kept for inspection.
+    Dead,
+    /// Cancelled before it finished. Terminal.
+    Cancelled,
+}
+
+impl TaskState {
+    pub const ALL: [TaskState; 6] = [
+        TaskState::Scheduled,
+        TaskState::Ready,
+        TaskState::Running,
+        TaskState::Succeeded,
+        TaskState::Dead,
+        TaskState::Cancelled,
+    ];
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            TaskState::Scheduled => "scheduled",
+            TaskState::Ready => "ready",
+            TaskState::Running => "running",
+            TaskState::Succeeded => "succeeded",
+            TaskState::Dead => "dead",
+            TaskState::Cancelled => "cancelled",
+        }
+    }
+
+    /// Terminal states never change again.
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            TaskState::Succeeded | TaskState::Dead | TaskState::Cancelled
+        )
+    }
+
+    /// Whether the state machine allows `self → to`.
+    pub fn can_move_to(&self, to: TaskState) -> bool {
+        use TaskState::*;
+        matches!(
+            (self, to),
+            (Scheduled, Ready)
+                | (Scheduled, Running)
+                | (Scheduled, Scheduled) // trigger: due time moves to now
+                | (Ready, Running)
+                | (Running, Succeeded)
+                | (Running, Scheduled) // retry, lease expiry
+                | (Running, Dead)
+                | (Scheduled, Cancelled)
+                | (Ready, Cancelled)
+                | (Running, Cancelled)
+        )
+    }
+}
+
+impl fmt::Display for TaskState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for TaskState {
+    type Err = ValidationError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        TaskState::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| ValidationError::OutOfRange {
+                field: "state",
+                reason: format!(
+                    "unknown state {s:?}; expected one of scheduled, ready, running, succeeded, dead, cancelled"
+                ),
+            })
+    }
+}
+
+/// What to do when a task's exclusive key is held by a running task at its due time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExclusiveMode {
+    /// Wait: start as soon as the running holder finishes.
+    Wait,
+    /// Skip: do not run at all; the task ends `cancelled` with the reason in `last_error`.
+    Skip,
+}
+
+/// Mutual exclusion: at most one running task per exclusive key, across queues.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Exclusive {
+    pub key: String,
+    pub mode: ExclusiveMode,
+}
+
+/// When a task is due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Due {
+    /// As soon as possible.
+    Now,
+    /// At an absolute time (a time in the past means now).
+    At(Timestamp),
+    /// After a delay from the moment the task is accepted.
+    After(Duration),
+}
+
+/// Limits on what a task may carry. The defaults suit most deployments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    pub max_name_len: usize,
+    pub max_key_len: usize,
+    pub max_payload_bytes: usize,
+    pub max_attempts: u32,
+    pub max_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_name_len: 128,
+            max_key_len: 256,
+            max_payload_bytes: 256 * 1024,
+            max_attempts: 1_000,
+            max_timeout: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+/// What a caller asks for: a builder with sensible defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskSpec {
+    pub queue: String,
+    pub kind: String,
+    pub key: Option<String>,
+    pub payload: serde_json::Value,
+    pub due: Due,
+    pub max_attempts: u32,
+    pub backoff: Backoff,
+    pub timeout: Duration,
+    pub exclusive: Option<Exclusive>,
+}
+
+impl TaskSpec {
+    /// The queue used when none is given.
+    pub const DEFAULT_QUEUE: &'static str = "default";
+    /// Attempts (first run included) when none is given.
+    pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
+    /// Per-attempt time limit when none is given.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+    pub fn new(kind: impl Into<String>) -> Self {
+        TaskSpec {
+            queue: Self::DEFAULT_QUEUE.to_string(),
+            kind: kind.into(),
+            key: None,
+            payload: serde_json::Value::Null,
+            due: Due::Now,
+            max_attempts: Self::DEFAULT_MAX_ATTEMPTS,
+            backoff: Backoff::default(),
+            timeout: Self::DEFAULT_TIMEOUT,
+            exclusive: None,
+        }
+    }
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = queue.into();
+        self
+    }
+    /// Business key: at most one live (not terminal) task per `(queue, key)`.
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+    pub fn payload(mut self, payload: serde_json::Value) -> Self {
+        self.payload = payload;
+        self
+    }
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.due = Due::After(delay);
+        self
+    }
+    pub fn run_at(mut self, at: Timestamp) -> Self {
+        self.due = Due::At(at);
+        self
+    }
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n;
+        self
+    }
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+    pub fn exclusive(mut self, key: impl Into<String>, mode: ExclusiveMode) -> Self {
+        self.exclusive = Some(Exclusive {
+            key: key.into(),
+            mode,
+        });
+        self
+    }
+
+    /// Checks every field and resolves the due time against `now`. On success the result is a
+    /// complete row; on failure nothing about the spec is kept anywhere.
+    pub fn validate(
+        self,
+        id: TaskId,
+        now: Timestamp,
+        shard_count: u32,
+        limits: &Limits,
+    ) -> Result<NewTask, ValidationError> {
+        check_name("queue", &self.queue, limits.max_name_len)?;
+        check_name("kind", &self.kind, limits.max_name_len)?;
+        if let Some(key) = &self.key {
+            check_key("key", key, limits.max_key_len)?;
+        }
+        if let Some(ex) = &self.exclusive {
+            check_key("exclusive", &ex.key, limits.max_key_len)?;
+        }
+        let payload =
+            serde_json::to_string(&self.payload).map_err(|_| ValidationError::OutOfRange {
+                field: "payload",
+                reason: "not serialisable as JSON".into(),
+            })?;
+        if payload.len() > limits.max_payload_bytes {
+            return Err(ValidationError::PayloadTooLarge {
+                len: payload.len(),
+                max: limits.max_payload_bytes,
+            });
+        }
+        let due_at = match self.due {
+            Due::Now => now,
+            Due::At(t) => {
+                if !t.is_in_range() {
+                    return Err(ValidationError::OutOfRange {
+                        field: "run_at",
+                        reason: "must be between 1970-01-01 and 9999-12-31".into(),
+                    });
+                }
+                t
+            }
+            Due::After(d) => {
+                let t = now.saturating_add(d);
+                if !t.is_in_range() {
+                    return Err(ValidationError::OutOfRange {
+                        field: "delay",
+                        reason: "the due time would fall after 9999-12-31".into(),
+                    });
+                }
+                t
+            }
+        };
+        if self.max_attempts == 0 {
+            return Err(ValidationError::OutOfRange {
+                field: "max_attempts",
+                reason: "must be at least 1".into(),
+            });
+        }
+        if self.max_attempts > limits.max_attempts {
+            return Err(ValidationError::OutOfRange {
+                field: "max_attempts",
+                reason: format!("must be at most {}", limits.max_attempts),
+            });
+        }
+        self.backoff.validate()?;
+        if self.timeout < Duration::from_millis(1) || self.timeout > limits.max_timeout {
+            return Err(ValidationError::OutOfRange {
+                field: "timeout",
+                reason: format!("must be between 1ms and {}s", limits.max_timeout.as_secs()),
+            });
+        }
+        let shard = crate::shard_for(&self.queue, self.key.as_deref(), &id, shard_count);
+        Ok(NewTask {
+            id,
+            shard,
+            queue: self.queue,
+            kind: self.kind,
+            key: self.key,
+            payload,
+            due_at,
+            max_attempts: self.max_attempts,
+            backoff: self.backoff,
+            timeout_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
+            exclusive: self.exclusive,
+            created_at: now,
+        })
+    }
+}
+
+/// Queue and kind names: 1..=max bytes of `[A-Za-z0-9._:/-]`, starting with a letter or digit.
+fn check_name(field: &'static str, v: &str, max: usize) -> Result<(), ValidationError> {
+    if v.is_empty() {
+        return Err(ValidationError::Empty { field });
+    }
+    if v.len() > max {
+        return Err(ValidationError::TooLong {
+            field,
+            len: v.len(),
+            max,
+        });
+    }
+    let first_ok = v.as_bytes()[0].is_ascii_alphanumeric();
+    let rest_ok = v
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'/' | b'-'));
+    if !first_ok || !rest_ok {
+        return Err(ValidationError::BadCharacters {
+            field,
+            reason: "use letters, digits and . _ : / - (starting with a letter or digit)",
+        });
+    }
+    Ok(())
+}
+
+/// Keys: 1..=max bytes of UTF-8 without control characters and without leading/trailing space.
+fn check_key(field: &'static str, v: &str, max: usize) -> Result<(), ValidationError> {
+    if v.is_empty() {
+        return Err(ValidationError::Empty { field });
+    }
+    if v.len() > max {
+        return Err(ValidationError::TooLong {
+            field,
+            len: v.len(),
+            max,
+        });
+    }
+    if v.chars().any(char::is_control) {
+        return Err(ValidationError::BadCharacters {
+            field,
+            reason: "control characters are not allowed",
+        });
+    }
+    if v.trim() != v {
+        return Err(ValidationError::BadCharacters {
+            field,
+            reason: "leading or trailing whitespace is not allowed",
+        });
+    }
+    Ok(())
+}
+
+/// A validated task, ready to be inserted. Its payload is already serialised JSON text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewTask {
+    pub id: TaskId,
+    pub shard: u32,
+    pub queue: String,
+    pub kind: String,
+    pub key: Option<String>,
+    pub payload: String,
+    pub due_at: Timestamp,
+    pub max_attempts: u32,
+    pub backoff: Backoff,
+    pub timeout_ms: u64,
+    pub exclusive: Option<Exclusive>,
+    pub created_at: Timestamp,
+}
+
+/// A stored task, as read back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Task {
+    pub id: TaskId,
+    pub shard: u32,
+    pub queue: String,
+    pub kind: String,
+    pub key: Option<String>,
+    pub payload: serde_json::Value,
+    pub due_at: Timestamp,
+    pub state: TaskState,
+    /// Attempts started so far (0 until the first start).
+    pub attempt: u32,
+    pub max_attempts: u32,
+    pub backoff: Backoff,
+    pub timeout_ms: u64,
+    pub exclusive: Option<Exclusive>,
+    /// The current (or last) attempt's fencing token.
+    pub execution_id: Option<ExecutionId>,
+    pub lease_expires_at: Option<Timestamp>,
+    pub worker: Option<String>,
+    pub last_error: Option<String>,
+    pub result: Option<serde_json::Value>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    pub started_at: Option<Timestamp>,
+    pub finished_at: Option<Timestamp>,
+}
+
+impl Task {
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id() -> TaskId {
+        TaskId::from_bytes([3; 16])
+    }
+
+    fn ok(spec: TaskSpec) -> NewTask {
+        spec.validate(id(), Timestamp(1_000), 4, &Limits::default())
+            .expect("valid")
+    }
+
+    fn err(spec: TaskSpec) -> ValidationError {
+        spec.validate(id(), Timestamp(1_000), 4, &Limits::default())
+            .expect_err("invalid")
+    }
+
+    #[test]
+    fn resolves_due_times() {
+        assert_eq!(ok(TaskSpec::new("k")).due_at, Timestamp(1_000));
+        assert_eq!(
+            ok(TaskSpec::new("k").delay(Duration::from_millis(250))).due_at,
+            Timestamp(1_250)
+        );
+        assert_eq!(
+            ok(TaskSpec::new("k").run_at(Timestamp(5))).due_at,
+            Timestamp(5)
+        );
+    }
+
+    #[test]
+    fn defaults() {
+        let t = ok(TaskSpec::new("k"));
+        assert_eq!(t.queue, "default");
+        assert_eq!(t.max_attempts, 5);
+        assert_eq!(t.backoff, Backoff::default());
+        assert_eq!(t.payload, "null");
+        assert!(t.shard < 4);
+    }
+
+    #[test]
+    fn rejects_bad_input() {
+        assert_eq!(err(TaskSpec::new("")).field(), Some("kind"));
+        assert_eq!(err(TaskSpec::new("a".repeat(129))).field(), Some("kind"));
+        assert_eq!(err(TaskSpec::new("k").queue("")).field(), Some("queue"));
+        assert_eq!(err(TaskSpec::new("k").queue("a b")).field(), Some("queue"));
+        assert_eq!(err(TaskSpec::new("k").key("")).field(), Some("key"));
+        assert_eq!(err(TaskSpec::new("k").key("a\u{0}b")).field(), Some("key"));
+        assert_eq!(
+            err(TaskSpec::new("k").key("x".repeat(257))).field(),
+            Some("key")
+        );
+        assert_eq!(
+            err(TaskSpec::new("k").max_attempts(0)).field(),
+            Some("max_attempts")
+        );
+        assert_eq!(
+            err(TaskSpec::new("k").run_at(Timestamp(-1))).field(),
+            Some("run_at")
+        );
+        assert_eq!(
+            err(TaskSpec::new("k").run_at(Timestamp(Timestamp::MAX.0 + 1))).field(),
+            Some("run_at")
+        );
+        assert_eq!(
+            err(TaskSpec::new("k").delay(Duration::from_secs(400 * 365 * 86_400 * 100))).field(),
+            Some("delay")
+        );
+        assert_eq!(
+            err(TaskSpec::new("k").timeout(Duration::ZERO)).field(),
+            Some("timeout")
+        );
+        let big = serde_json::Value::String("x".repeat(256 * 1024));
+        assert!(matches!(
+            err(TaskSpec::new("k").payload(big)),
+            ValidationError::PayloadTooLarge { .. }
+        ));
+    }
+
+    #[test]
+    fn terminal_states_are_final() {
+        for from in TaskState::ALL.into_iter().filter(|s| s.is_terminal()) {
+            for to in TaskState::ALL {
+                assert!(!from.can_move_to(to), "{from} -> {to}");
+            }
+        }
+        assert!(TaskState::Running.can_move_to(TaskState::Scheduled));
+        assert!(!TaskState::Ready.can_move_to(TaskState::Succeeded));
+    }
+
+    #[test]
+    fn state_names_round_trip() {
+        for s in TaskState::ALL {
+            assert_eq!(s.as_str().parse::<TaskState>().unwrap(), s);
+        }
+        assert!("nope".parse::<TaskState>().is_err());
+    }
+}

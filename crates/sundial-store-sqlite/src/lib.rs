@@ -1,0 +1,725 @@
+//! # sundial-store-sqlite
+//!
+//! The embedded store: one SQLite database file in WAL mode.
+//!
+//! **Writes** go through one writer thread that practises *group commit*: it takes every write
+//! waiting in its channel (up to [`SqliteOptions::max_batch`]), runs each inside its own savepoint
+//! of one shared transaction, commits once (one fsync with `synchronous = FULL`), and only then
+//! answers the callers. A caller therefore hears "done" only once its write is durable, while the
+//! cost of the fsync is shared by everyone who arrived during the previous one. A write that fails
+//! rolls back its own savepoint and leaves the others in the batch alone.
+//!
+//! **Reads** use a small pool of separate connections on tokio's blocking threads; WAL lets them run
+//! beside the writer and see only committed data.
+//!
+//! This crate is the only one in the workspace that depends on rusqlite. It never reads a clock:
+//! every time it writes was handed to it.
+
+mod rows;
+mod schema;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, params};
+use sundial_core::{ExecutionId, NewTask, Task, TaskId, TaskState, Timestamp};
+use sundial_store::{
+    ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Inserted, ReadyClaim, StateCount, Store,
+    StoreError, TaskFilter, TaskPage, TransitionError,
+};
+use thiserror::Error;
+
+use rows::{TASK_COLUMNS, task_from_row};
+use writer::Writer;
+
+pub use schema::CURRENT_VERSION as SCHEMA_VERSION;
+
+/// Errors from opening the store (operations report [`StoreError`]).
+#[derive(Debug, Error)]
+pub enum SqliteError {
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("cannot create data directory {path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "database schema version {found} is newer than this build supports ({supported}); upgrade Sundial"
+    )]
+    TooNew { found: i64, supported: i64 },
+}
+
+impl From<SqliteError> for StoreError {
+    fn from(e: SqliteError) -> Self {
+        StoreError::Backend(e.to_string())
+    }
+}
+
+pub(crate) fn backend(e: rusqlite::Error) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+/// How hard a commit tries to reach the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// fsync on every commit (`synchronous = FULL`): an acknowledged write survives power loss.
+    Full,
+    /// fsync at checkpoints only (`synchronous = NORMAL`): survives a process crash (`kill -9`),
+    /// may lose the last commits on power loss.
+    Normal,
+}
+
+#[derive(Debug, Clone)]
+pub struct SqliteOptions {
+    pub durability: Durability,
+    /// Most writes committed together.
+    pub max_batch: usize,
+    /// Read connections kept open.
+    pub readers: usize,
+    /// Page cache per connection, in KiB.
+    pub cache_kib: i64,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        SqliteOptions {
+            durability: Durability::Full,
+            max_batch: 1024,
+            readers: 4,
+            cache_kib: 16 * 1024,
+        }
+    }
+}
+
+/// The embedded store. Cheap to clone; all clones share one writer thread.
+#[derive(Clone)]
+pub struct SqliteStore {
+    writer: Arc<Writer>,
+    readers: Arc<ReaderPool>,
+}
+
+struct ReaderPool {
+    path: PathBuf,
+    opts: SqliteOptions,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the store in directory `dir` (file `sundial.db`).
+    pub fn open_dir(dir: &Path, opts: SqliteOptions) -> Result<Self, SqliteError> {
+        std::fs::create_dir_all(dir).map_err(|source| SqliteError::DataDir {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        Self::open(&dir.join("sundial.db"), opts)
+    }
+
+    /// Opens (creating if needed) the database file at `path` and migrates it.
+    pub fn open(path: &Path, opts: SqliteOptions) -> Result<Self, SqliteError> {
+        let mut conn = open_connection(path, &opts)?;
+        schema::migrate(&mut conn)?;
+        let writer = Writer::start(conn, opts.max_batch)?;
+        Ok(SqliteStore {
+            writer: Arc::new(writer),
+            readers: Arc::new(ReaderPool {
+                path: path.to_path_buf(),
+                opts,
+                idle: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// Runs `f` on a read connection from the pool, on a blocking thread.
+    async fn read<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
+    {
+        let pool = self.readers.clone();
+        tokio::task::spawn_blocking(move || {
+            let conn = match pool.idle.lock().ok().and_then(|mut v| v.pop()) {
+                Some(c) => c,
+                None => open_connection(&pool.path, &pool.opts).map_err(StoreError::from)?,
+            };
+            let out = f(&conn);
+            if let Ok(mut idle) = pool.idle.lock()
+                && idle.len() < pool.opts.readers
+            {
+                idle.push(conn);
+            }
+            out
+        })
+        .await
+        .map_err(|e| StoreError::Backend(format!("read task failed: {e}")))?
+    }
+}
+
+fn open_connection(path: &Path, opts: &SqliteOptions) -> Result<Connection, SqliteError> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    let sync = match opts.durability {
+        Durability::Full => "FULL",
+        Durability::Normal => "NORMAL",
+    };
+    conn.pragma_update(None, "synchronous", sync)?;
+    conn.pragma_update(None, "cache_size", -opts.cache_kib)?;
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
+    Ok(conn)
+}
+
+fn get_task(conn: &Connection, id: &TaskId) -> Result<Option<Task>, StoreError> {
+    let sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?1");
+    let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
+    let row = stmt
+        .query_row(params![id.as_bytes()], |r| Ok(task_from_row(r)))
+        .optional()
+        .map_err(backend)?;
+    row.transpose()
+}
+
+fn state_of(conn: &Connection, id: &TaskId) -> Result<Option<TaskState>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached("SELECT state FROM tasks WHERE id = ?1")
+        .map_err(backend)?;
+    let s: Option<String> = stmt
+        .query_row(params![id.as_bytes()], |r| r.get(0))
+        .optional()
+        .map_err(backend)?;
+    s.map(|s| rows::parse_state(&s)).transpose()
+}
+
+/// Runs an `UPDATE … RETURNING <task columns>` and decodes the row it returned, if any.
+fn update_returning(
+    conn: &Connection,
+    sql: &str,
+    params: &[&dyn rusqlite::ToSql],
+) -> Result<Option<Task>, StoreError> {
+    let mut stmt = conn.prepare_cached(sql).map_err(backend)?;
+    let row = stmt
+        .query_row(params, |r| Ok(task_from_row(r)))
+        .optional()
+        .map_err(backend)?;
+    row.transpose()
+}
+
+/// Why a conditional update on an attempt touched nothing.
+fn attempt_refusal(conn: &Connection, id: &TaskId) -> TransitionError {
+    match state_of(conn, id) {
+        Ok(None) => TransitionError::NotFound,
+        Ok(Some(state)) => TransitionError::StaleExecution { state },
+        Err(e) => e.into(),
+    }
+}
+
+fn insert_one(conn: &Connection, t: &NewTask) -> Result<Inserted, StoreError> {
+    let backoff =
+        serde_json::to_string(&t.backoff).map_err(|e| StoreError::Backend(e.to_string()))?;
+    let sql = format!(
+        "INSERT INTO tasks (id, shard, queue, kind, key, payload, due_at, state, attempt, \
+         max_attempts, backoff, timeout_ms, exclusive_key, exclusive_mode, created_at, updated_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'scheduled', 0, ?8, ?9, ?10, ?11, ?12, ?13, ?13) \
+         RETURNING {TASK_COLUMNS}"
+    );
+    let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
+    let res = stmt.query_row(
+        params![
+            t.id.as_bytes(),
+            t.shard,
+            t.queue,
+            t.kind,
+            t.key,
+            t.payload,
+            t.due_at.0,
+            t.max_attempts,
+            backoff,
+            t.timeout_ms as i64,
+            t.exclusive.as_ref().map(|e| e.key.as_str()),
+            t.exclusive.as_ref().map(|e| rows::mode_str(e.mode)),
+            t.created_at.0,
+        ],
+        |r| Ok(task_from_row(r)),
+    );
+    match res {
+        Ok(task) => Ok(Inserted::Created(Box::new(task?))),
+        Err(rusqlite::Error::SqliteFailure(e, _))
+            if e.code == rusqlite::ErrorCode::ConstraintViolation =>
+        {
+            let Some(key) = &t.key else {
+                return Err(StoreError::Backend(format!("duplicate task id {}", t.id)));
+            };
+            let mut q = conn
+                .prepare_cached(
+                    "SELECT id FROM tasks WHERE queue = ?1 AND key = ?2 \
+                     AND state IN ('scheduled', 'ready', 'running')",
+                )
+                .map_err(backend)?;
+            let existing: Option<Vec<u8>> = q
+                .query_row(params![t.queue, key], |r| r.get(0))
+                .optional()
+                .map_err(backend)?;
+            match existing {
+                Some(b) => Ok(Inserted::Duplicate {
+                    existing: rows::task_id(&b)?,
+                }),
+                None => Err(StoreError::Backend(format!("duplicate task id {}", t.id))),
+            }
+        }
+        Err(e) => Err(backend(e)),
+    }
+}
+
+fn claim_one(conn: &Connection, c: &DueClaim, now: Timestamp) -> Result<ClaimOutcome, StoreError> {
+    const FREE: &str = "(exclusive_key IS NULL OR NOT EXISTS (SELECT 1 FROM tasks r \
+        WHERE r.state = 'running' AND r.exclusive_key = tasks.exclusive_key))";
+    let claimed = match c.target {
+        ClaimTarget::Run {
+            execution,
+            lease_until,
+        } => {
+            let sql = format!(
+                "UPDATE tasks SET state = 'running', attempt = attempt + 1, execution_id = ?2, \
+                 lease_expires_at = ?3, started_at = ?4, updated_at = ?4, worker = NULL \
+                 WHERE id = ?1 AND state = 'scheduled' AND due_at <= ?4 AND {FREE} \
+                 RETURNING {TASK_COLUMNS}"
+            );
+            update_returning(
+                conn,
+                &sql,
+                &[
+                    &c.id.as_bytes().as_slice(),
+                    &execution.as_bytes().as_slice(),
+                    &lease_until.0,
+                    &now.0,
+                ],
+            )?
+            .map(|t| ClaimOutcome::Started(Box::new(t)))
+        }
+        ClaimTarget::Ready => {
+            let sql = format!(
+                "UPDATE tasks SET state = 'ready', updated_at = ?2 \
+                 WHERE id = ?1 AND state = 'scheduled' AND due_at <= ?2 AND {FREE} \
+                 RETURNING {TASK_COLUMNS}"
+            );
+            update_returning(conn, &sql, &[&c.id.as_bytes().as_slice(), &now.0])?
+                .map(|t| ClaimOutcome::Readied(Box::new(t)))
+        }
+    };
+    if let Some(outcome) = claimed {
+        return Ok(outcome);
+    }
+    // Nothing changed: find out whether an exclusive key is what stood in the way.
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT exclusive_key, exclusive_mode FROM tasks \
+             WHERE id = ?1 AND state = 'scheduled' AND due_at <= ?2 AND exclusive_key IS NOT NULL",
+        )
+        .map_err(backend)?;
+    let blocked: Option<(String, String)> = stmt
+        .query_row(params![c.id.as_bytes(), now.0], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()
+        .map_err(backend)?;
+    match blocked {
+        None => Ok(ClaimOutcome::NotClaimable),
+        Some((key, mode)) if mode == "skip" => {
+            let sql = format!(
+                "UPDATE tasks SET state = 'cancelled', updated_at = ?2, finished_at = ?2, \
+                 last_error = ?3 WHERE id = ?1 AND state = 'scheduled' RETURNING {TASK_COLUMNS}"
+            );
+            let reason = format!("skipped: exclusive key {key:?} was held by a running task");
+            Ok(
+                update_returning(conn, &sql, &[&c.id.as_bytes().as_slice(), &now.0, &reason])?
+                    .map(|t| ClaimOutcome::Skipped(Box::new(t)))
+                    .unwrap_or(ClaimOutcome::NotClaimable),
+            )
+        }
+        Some((key, _)) => Ok(ClaimOutcome::Busy { exclusive_key: key }),
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn insert(&self, tasks: Vec<NewTask>) -> Result<Vec<Inserted>, StoreError> {
+        self.writer
+            .write(move |conn| tasks.iter().map(|t| insert_one(conn, t)).collect())
+            .await
+    }
+
+    async fn get(&self, id: TaskId) -> Result<Option<Task>, StoreError> {
+        self.read(move |conn| get_task(conn, &id)).await
+    }
+
+    async fn list(&self, filter: &TaskFilter, limit: usize) -> Result<TaskPage, StoreError> {
+        let filter = filter.clone();
+        self.read(move |conn| {
+            let mut sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE 1 = 1");
+            let mut args: Vec<Box<dyn rusqlite::ToSql>> = Vec::new();
+            if let Some(q) = filter.queue {
+                args.push(Box::new(q));
+                sql.push_str(&format!(" AND queue = ?{}", args.len()));
+            }
+            if let Some(k) = filter.kind {
+                args.push(Box::new(k));
+                sql.push_str(&format!(" AND kind = ?{}", args.len()));
+            }
+            if let Some(s) = filter.state {
+                args.push(Box::new(s.as_str()));
+                sql.push_str(&format!(" AND state = ?{}", args.len()));
+            }
+            if let Some(k) = filter.key {
+                args.push(Box::new(k));
+                sql.push_str(&format!(" AND key = ?{}", args.len()));
+            }
+            if let Some(b) = filter.before {
+                args.push(Box::new(b.as_bytes().to_vec()));
+                sql.push_str(&format!(" AND id < ?{}", args.len()));
+            }
+            args.push(Box::new(limit as i64));
+            sql.push_str(&format!(" ORDER BY id DESC LIMIT ?{}", args.len()));
+            let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
+            let params: Vec<&dyn rusqlite::ToSql> = args.iter().map(|b| b.as_ref()).collect();
+            let mut rows = stmt.query(params.as_slice()).map_err(backend)?;
+            let mut tasks = Vec::new();
+            while let Some(r) = rows.next().map_err(backend)? {
+                tasks.push(task_from_row(r)?);
+            }
+            let next_cursor = if tasks.len() == limit && limit > 0 {
+                tasks.last().map(|t| t.id)
+            } else {
+                None
+            };
+            Ok(TaskPage { tasks, next_cursor })
+        })
+        .await
+    }
+
+    async fn cancel(&self, id: TaskId, now: Timestamp) -> Result<Task, TransitionError> {
+        self.writer
+            .write(move |conn| {
+                let sql = format!(
+                    "UPDATE tasks SET state = 'cancelled', updated_at = ?2, finished_at = ?2, \
+                     lease_expires_at = NULL \
+                     WHERE id = ?1 AND state IN ('scheduled', 'ready', 'running') \
+                     RETURNING {TASK_COLUMNS}"
+                );
+                match update_returning(conn, &sql, &[&id.as_bytes().as_slice(), &now.0])? {
+                    Some(t) => Ok(t),
+                    None => Err(match state_of(conn, &id)? {
+                        None => TransitionError::NotFound,
+                        Some(state) => TransitionError::WrongState { state },
+                    }),
+                }
+            })
+            .await
+    }
+
+    async fn trigger(&self, id: TaskId, now: Timestamp) -> Result<Task, TransitionError> {
+        self.writer
+            .write(move |conn| {
+                let sql = format!(
+                    "UPDATE tasks SET due_at = MIN(due_at, ?2), updated_at = ?2 \
+                     WHERE id = ?1 AND state = 'scheduled' RETURNING {TASK_COLUMNS}"
+                );
+                match update_returning(conn, &sql, &[&id.as_bytes().as_slice(), &now.0])? {
+                    Some(t) => Ok(t),
+                    None => Err(match state_of(conn, &id)? {
+                        None => TransitionError::NotFound,
+                        Some(state) => TransitionError::WrongState { state },
+                    }),
+                }
+            })
+            .await
+    }
+
+    async fn scan_due(
+        &self,
+        shard: u32,
+        after: Option<DueKey>,
+        until: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<DueEntry>, StoreError> {
+        self.read(move |conn| {
+            let (after_due, after_id) = match after {
+                Some(k) => (k.due_at.0, k.id.as_bytes().to_vec()),
+                None => (i64::MIN, Vec::new()),
+            };
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT due_at, id, queue, kind FROM tasks INDEXED BY tasks_due \
+                     WHERE state = 'scheduled' AND shard = ?1 AND due_at <= ?2 \
+                     AND (due_at, id) > (?3, ?4) ORDER BY due_at, id LIMIT ?5",
+                )
+                .map_err(backend)?;
+            let mut rows = stmt
+                .query(params![shard, until.0, after_due, after_id, limit as i64])
+                .map_err(backend)?;
+            let mut out = Vec::new();
+            while let Some(r) = rows.next().map_err(backend)? {
+                let id: Vec<u8> = r.get(1).map_err(backend)?;
+                out.push(DueEntry {
+                    key: DueKey {
+                        due_at: Timestamp(r.get(0).map_err(backend)?),
+                        id: rows::task_id(&id)?,
+                    },
+                    queue: r.get(2).map_err(backend)?,
+                    kind: r.get(3).map_err(backend)?,
+                });
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn next_due(
+        &self,
+        shard: u32,
+        after: Option<DueKey>,
+    ) -> Result<Option<Timestamp>, StoreError> {
+        self.read(move |conn| {
+            let (after_due, after_id) = match after {
+                Some(k) => (k.due_at.0, k.id.as_bytes().to_vec()),
+                None => (i64::MIN, Vec::new()),
+            };
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT due_at FROM tasks INDEXED BY tasks_due \
+                     WHERE state = 'scheduled' AND shard = ?1 AND (due_at, id) > (?2, ?3) \
+                     ORDER BY due_at, id LIMIT 1",
+                )
+                .map_err(backend)?;
+            let t: Option<i64> = stmt
+                .query_row(params![shard, after_due, after_id], |r| r.get(0))
+                .optional()
+                .map_err(backend)?;
+            Ok(t.map(Timestamp))
+        })
+        .await
+    }
+
+    async fn claim_due(
+        &self,
+        claims: Vec<DueClaim>,
+        now: Timestamp,
+    ) -> Result<Vec<ClaimOutcome>, StoreError> {
+        self.writer
+            .write(move |conn| claims.iter().map(|c| claim_one(conn, c, now)).collect())
+            .await
+    }
+
+    async fn claim_ready(&self, claim: ReadyClaim) -> Result<Vec<Task>, StoreError> {
+        self.writer
+            .write(move |conn| {
+                let want = claim.execution_ids.len();
+                let kinds = claim
+                    .kinds
+                    .as_ref()
+                    .map(|k| serde_json::to_string(k).unwrap_or_else(|_| "[]".to_string()));
+                // Candidates in id order; over-fetch so that exclusive conflicts do not starve.
+                let mut stmt = conn
+                    .prepare_cached(
+                        "SELECT id FROM tasks INDEXED BY tasks_ready \
+                         WHERE state = 'ready' AND queue = ?1 \
+                         AND (?2 IS NULL OR kind IN (SELECT value FROM json_each(?2))) \
+                         ORDER BY id LIMIT ?3",
+                    )
+                    .map_err(backend)?;
+                let ids: Vec<Vec<u8>> = stmt
+                    .query_map(params![claim.queue, kinds, (want * 4 + 16) as i64], |r| {
+                        r.get(0)
+                    })
+                    .map_err(backend)?
+                    .collect::<Result<_, _>>()
+                    .map_err(backend)?;
+                let sql = format!(
+                    "UPDATE tasks SET state = 'running', attempt = attempt + 1, execution_id = ?2, \
+                     lease_expires_at = ?3, started_at = ?4, updated_at = ?4, worker = ?5 \
+                     WHERE id = ?1 AND state = 'ready' AND (exclusive_key IS NULL OR NOT EXISTS \
+                     (SELECT 1 FROM tasks r WHERE r.state = 'running' \
+                     AND r.exclusive_key = tasks.exclusive_key)) RETURNING {TASK_COLUMNS}"
+                );
+                let mut out = Vec::with_capacity(want);
+                for id in ids {
+                    let Some(exec) = claim.execution_ids.get(out.len()) else {
+                        break;
+                    };
+                    if let Some(t) = update_returning(
+                        conn,
+                        &sql,
+                        &[
+                            &id,
+                            &exec.as_bytes().as_slice(),
+                            &claim.lease_until.0,
+                            &claim.now.0,
+                            &claim.worker,
+                        ],
+                    )? {
+                        out.push(t);
+                    }
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    async fn heartbeat(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        now: Timestamp,
+        lease_until: Timestamp,
+    ) -> Result<Task, TransitionError> {
+        self.writer
+            .write(move |conn| {
+                let sql = format!(
+                    "UPDATE tasks SET lease_expires_at = MAX(lease_expires_at, ?3), updated_at = ?4 \
+                     WHERE id = ?1 AND state = 'running' AND execution_id = ?2 \
+                     RETURNING {TASK_COLUMNS}"
+                );
+                update_returning(
+                    conn,
+                    &sql,
+                    &[
+                        &id.as_bytes().as_slice(),
+                        &execution.as_bytes().as_slice(),
+                        &lease_until.0,
+                        &now.0,
+                    ],
+                )?
+                .ok_or_else(|| attempt_refusal(conn, &id))
+            })
+            .await
+    }
+
+    async fn complete(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        now: Timestamp,
+        result: Option<String>,
+    ) -> Result<Task, TransitionError> {
+        self.writer
+            .write(move |conn| {
+                let sql = format!(
+                    "UPDATE tasks SET state = 'succeeded', result = ?3, updated_at = ?4, \
+                     finished_at = ?4, lease_expires_at = NULL \
+                     WHERE id = ?1 AND state = 'running' AND execution_id = ?2 \
+                     RETURNING {TASK_COLUMNS}"
+                );
+                update_returning(
+                    conn,
+                    &sql,
+                    &[
+                        &id.as_bytes().as_slice(),
+                        &execution.as_bytes().as_slice(),
+                        &result,
+                        &now.0,
+                    ],
+                )?
+                .ok_or_else(|| attempt_refusal(conn, &id))
+            })
+            .await
+    }
+
+    async fn fail(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        now: Timestamp,
+        error: String,
+        retry_at: Option<Timestamp>,
+    ) -> Result<Task, TransitionError> {
+        self.writer
+            .write(move |conn| {
+                let sql = format!(
+                    "UPDATE tasks SET \
+                     state = CASE WHEN ?3 IS NULL THEN 'dead' ELSE 'scheduled' END, \
+                     due_at = COALESCE(?3, due_at), last_error = ?4, updated_at = ?5, \
+                     finished_at = CASE WHEN ?3 IS NULL THEN ?5 ELSE NULL END, \
+                     lease_expires_at = NULL \
+                     WHERE id = ?1 AND state = 'running' AND execution_id = ?2 \
+                     RETURNING {TASK_COLUMNS}"
+                );
+                update_returning(
+                    conn,
+                    &sql,
+                    &[
+                        &id.as_bytes().as_slice(),
+                        &execution.as_bytes().as_slice(),
+                        &retry_at.map(|t| t.0),
+                        &error,
+                        &now.0,
+                    ],
+                )?
+                .ok_or_else(|| attempt_refusal(conn, &id))
+            })
+            .await
+    }
+
+    async fn expire_leases(&self, now: Timestamp, limit: usize) -> Result<Vec<Task>, StoreError> {
+        self.writer
+            .write(move |conn| {
+                let sql = format!(
+                    "UPDATE tasks SET \
+                     state = CASE WHEN attempt < max_attempts THEN 'scheduled' ELSE 'dead' END, \
+                     due_at = CASE WHEN attempt < max_attempts THEN ?1 ELSE due_at END, \
+                     finished_at = CASE WHEN attempt < max_attempts THEN NULL ELSE ?1 END, \
+                     last_error = 'lease expired: the attempt neither finished nor heartbeated in time', \
+                     lease_expires_at = NULL, updated_at = ?1 \
+                     WHERE id IN (SELECT id FROM tasks INDEXED BY tasks_lease \
+                       WHERE state = 'running' AND lease_expires_at < ?1 \
+                       ORDER BY lease_expires_at LIMIT ?2) \
+                     RETURNING {TASK_COLUMNS}"
+                );
+                let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
+                let mut rows = stmt.query(params![now.0, limit as i64]).map_err(backend)?;
+                let mut out = Vec::new();
+                while let Some(r) = rows.next().map_err(backend)? {
+                    out.push(task_from_row(r)?);
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    async fn next_lease_expiry(&self) -> Result<Option<Timestamp>, StoreError> {
+        self.read(|conn| {
+            let t: Option<i64> = conn
+                .query_row(
+                    "SELECT MIN(lease_expires_at) FROM tasks INDEXED BY tasks_lease \
+                     WHERE state = 'running'",
+                    [],
+                    |r| r.get(0),
+                )
+                .map_err(backend)?;
+            Ok(t.map(Timestamp))
+        })
+        .await
+    }
+
+    async fn count_by_state(&self) -> Result<Vec<StateCount>, StoreError> {
+        self.read(|conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT queue, state, n FROM task_counts WHERE n > 0 ORDER BY queue, state",
+                )
+                .map_err(backend)?;
+            let mut rows = stmt.query([]).map_err(backend)?;
+            let mut out = Vec::new();
+            while let Some(r) = rows.next().map_err(backend)? {
+                let state: String = r.get(1).map_err(backend)?;
+                out.push(StateCount {
+                    queue: r.get(0).map_err(backend)?,
+                    state: rows::parse_state(&state)?,
+                    count: r.get::<_, i64>(2).map_err(backend)? as u64,
+                });
+            }
+            Ok(out)
+        })
+        .await
+    }
+}

@@ -1,0 +1,100 @@
+//! The on-disk schema and its migrations.
+//!
+//! Migrations are numbered SQL scripts applied in order inside one transaction each; the number of
+//! the last one applied is kept in SQLite's `user_version`. A database written by a newer Sundial
+//! (a higher `user_version` than this build knows) is refused rather than guessed at.
+//!
+//! Layout (see ARCHITECTURE.md, "Embedded store"):
+//! - `tasks`: one row per task. `id` is the 16-byte UUIDv7. Times are integer milliseconds.
+//! - `tasks_due (shard, due_at, id) WHERE state = 'scheduled'`: the persisted timers. Only
+//!   scheduled rows are in it, so fired and finished tasks leave it and a scan from the front of a
+//!   shard reads due work, not history.
+//! - `tasks_live_key (queue, key)`, unique over live states: business-key uniqueness enforced by
+//!   the database itself, atomically with the insert.
+//! - `tasks_ready`, `tasks_lease`, `tasks_running_exclusive`: the worker queue, the reaper's view
+//!   and the mutual-exclusion check, each a small partial index.
+//! - `task_counts`: per (queue, state) counters kept by triggers, so metrics never scan `tasks`.
+
+use rusqlite::Connection;
+
+use crate::SqliteError;
+
+const MIGRATIONS: &[&str] = &[
+    // 1: tasks and their indexes.
+    r#"
+CREATE TABLE tasks (
+    id               BLOB    NOT NULL PRIMARY KEY,
+    shard            INTEGER NOT NULL,
+    queue            TEXT    NOT NULL,
+    kind             TEXT    NOT NULL,
+    key              TEXT,
+    payload          TEXT    NOT NULL,
+    due_at           INTEGER NOT NULL,
+    state            TEXT    NOT NULL,
+    attempt          INTEGER NOT NULL DEFAULT 0,
+    max_attempts     INTEGER NOT NULL,
+    backoff          TEXT    NOT NULL,
+    timeout_ms       INTEGER NOT NULL,
+    exclusive_key    TEXT,
+    exclusive_mode   TEXT,
+    execution_id     BLOB,
+    lease_expires_at INTEGER,
+    worker           TEXT,
+    last_error       TEXT,
+    result           TEXT,
+    created_at       INTEGER NOT NULL,
+    updated_at       INTEGER NOT NULL,
+    started_at       INTEGER,
+    finished_at      INTEGER
+);
+CREATE INDEX tasks_due ON tasks (shard, due_at, id) WHERE state = 'scheduled';
+CREATE UNIQUE INDEX tasks_live_key ON tasks (queue, key)
+    WHERE key IS NOT NULL AND state IN ('scheduled', 'ready', 'running');
+CREATE INDEX tasks_ready ON tasks (queue, id) WHERE state = 'ready';
+CREATE INDEX tasks_lease ON tasks (lease_expires_at) WHERE state = 'running';
+CREATE INDEX tasks_running_exclusive ON tasks (exclusive_key)
+    WHERE state = 'running' AND exclusive_key IS NOT NULL;
+CREATE INDEX tasks_queue_id ON tasks (queue, id);
+
+CREATE TABLE task_counts (
+    queue TEXT    NOT NULL,
+    state TEXT    NOT NULL,
+    n     INTEGER NOT NULL,
+    PRIMARY KEY (queue, state)
+) WITHOUT ROWID;
+CREATE TRIGGER task_counts_insert AFTER INSERT ON tasks BEGIN
+    INSERT INTO task_counts (queue, state, n) VALUES (NEW.queue, NEW.state, 1)
+        ON CONFLICT (queue, state) DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER task_counts_update AFTER UPDATE OF state ON tasks
+    WHEN OLD.state <> NEW.state BEGIN
+    UPDATE task_counts SET n = n - 1 WHERE queue = OLD.queue AND state = OLD.state;
+    INSERT INTO task_counts (queue, state, n) VALUES (NEW.queue, NEW.state, 1)
+        ON CONFLICT (queue, state) DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER task_counts_delete AFTER DELETE ON tasks BEGIN
+    UPDATE task_counts SET n = n - 1 WHERE queue = OLD.queue AND state = OLD.state;
+END;
+"#,
+];
+
+/// The schema version this build writes.
+pub const CURRENT_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Brings the database up to [`CURRENT_VERSION`].
+pub fn migrate(conn: &mut Connection) -> Result<(), SqliteError> {
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if version > CURRENT_VERSION {
+        return Err(SqliteError::TooNew {
+            found: version,
+            supported: CURRENT_VERSION,
+        });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+        tx.commit()?;
+    }
+    Ok(())
+}

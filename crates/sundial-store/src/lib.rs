@@ -1,0 +1,120 @@
+//! # sundial-store
+//!
+//! The storage seam. [`Store`] is everything the engine asks of a database; each backend
+//! (`sundial-store-sqlite`, later PostgreSQL) implements it and passes the shared conformance suite
+//! in [`testkit`] (feature `testkit`).
+//!
+//! The store is the source of truth. Every state change it performs is one conditional update on
+//! the expected state (and, for an attempt, its execution id): a caller never reads a row and then
+//! writes on the strength of what it read. Time is always a parameter (`now`): a backend never reads
+//! a clock of its own, so the engine's [`sundial_core::Clock`] decides what is due.
+//!
+//! **API Boundary:** this crate defines types and the trait only; it does no I/O itself.
+
+mod error;
+#[cfg(feature = "testkit")]
+pub mod testkit;
+mod types;
+
+use async_trait::async_trait;
+use sundial_core::{ExecutionId, NewTask, Task, TaskId, Timestamp};
+
+pub use error::{StoreError, TransitionError};
+pub use types::{
+    ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Inserted, ReadyClaim, StateCount,
+    TaskFilter, TaskPage,
+};
+
+/// What the engine needs from a database.
+///
+/// Methods that change state return the row as it is after the change. Methods that may refuse a
+/// transition return [`TransitionError`], which says exactly why (unknown task, wrong state, stale
+/// execution id).
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Inserts every task, atomically: when this returns `Ok`, all of them are durable. A task
+    /// whose `(queue, key)` is held by a live (non-terminal) task is not inserted; its slot in the
+    /// result names the holder instead. On `Err` nothing was inserted.
+    async fn insert(&self, tasks: Vec<NewTask>) -> Result<Vec<Inserted>, StoreError>;
+
+    async fn get(&self, id: TaskId) -> Result<Option<Task>, StoreError>;
+
+    /// Tasks matching `filter`, newest first (by id), `limit` at most, strictly older than
+    /// `filter.before` when set.
+    async fn list(&self, filter: &TaskFilter, limit: usize) -> Result<TaskPage, StoreError>;
+
+    /// Any non-terminal state → `cancelled`. Terminal → `WrongState`.
+    async fn cancel(&self, id: TaskId, now: Timestamp) -> Result<Task, TransitionError>;
+
+    /// `scheduled` → `scheduled` with `due_at = now`. Any other state → `WrongState`.
+    async fn trigger(&self, id: TaskId, now: Timestamp) -> Result<Task, TransitionError>;
+
+    /// Scheduled tasks of `shard` with `due_at <= until`, in `(due_at, id)` order, strictly after
+    /// `after` when given, at most `limit`.
+    async fn scan_due(
+        &self,
+        shard: u32,
+        after: Option<DueKey>,
+        until: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<DueEntry>, StoreError>;
+
+    /// The earliest due time among scheduled tasks of `shard` strictly after `after`.
+    async fn next_due(
+        &self,
+        shard: u32,
+        after: Option<DueKey>,
+    ) -> Result<Option<Timestamp>, StoreError>;
+
+    /// Takes due tasks: each claim succeeds only if the task is still `scheduled` with
+    /// `due_at <= now` (and, for exclusive tasks, no task with its exclusive key is running).
+    /// One outcome per claim, in order.
+    async fn claim_due(
+        &self,
+        claims: Vec<DueClaim>,
+        now: Timestamp,
+    ) -> Result<Vec<ClaimOutcome>, StoreError>;
+
+    /// Moves up to `claim.execution_ids.len()` `ready` tasks of `queue` (of the given kinds, when
+    /// given) to `running`, oldest id first, skipping tasks whose exclusive key is busy.
+    async fn claim_ready(&self, claim: ReadyClaim) -> Result<Vec<Task>, StoreError>;
+
+    /// Extends the lease of a running attempt.
+    async fn heartbeat(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        now: Timestamp,
+        lease_until: Timestamp,
+    ) -> Result<Task, TransitionError>;
+
+    /// `running` (with this execution id) → `succeeded`.
+    async fn complete(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        now: Timestamp,
+        result: Option<String>,
+    ) -> Result<Task, TransitionError>;
+
+    /// `running` (with this execution id) → `scheduled` at `retry_at`, or → `dead` when
+    /// `retry_at` is `None`. The error is kept in `last_error` either way.
+    async fn fail(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        now: Timestamp,
+        error: String,
+        retry_at: Option<Timestamp>,
+    ) -> Result<Task, TransitionError>;
+
+    /// Running tasks whose lease ended before `now`: back to `scheduled` (due now) when attempts
+    /// remain, else `dead`. At most `limit`; returns the changed rows.
+    async fn expire_leases(&self, now: Timestamp, limit: usize) -> Result<Vec<Task>, StoreError>;
+
+    /// The earliest lease expiry among running tasks.
+    async fn next_lease_expiry(&self) -> Result<Option<Timestamp>, StoreError>;
+
+    /// How many tasks each queue has in each state.
+    async fn count_by_state(&self) -> Result<Vec<StateCount>, StoreError>;
+}

@@ -1,0 +1,1 @@
+//! The store conformance suite (feature `testkit`): behaviour every backend must show.
