@@ -450,7 +450,7 @@ impl Store for SqliteStore {
             };
             let mut stmt = conn
                 .prepare_cached(
-                    "SELECT due_at, id, queue, kind FROM tasks INDEXED BY tasks_due \
+                    "SELECT due_at, id, queue, kind, timeout_ms FROM tasks INDEXED BY tasks_due \
                      WHERE state = 'scheduled' AND shard = ?1 AND due_at <= ?2 \
                      AND (due_at, id) > (?3, ?4) ORDER BY due_at, id LIMIT ?5",
                 )
@@ -468,6 +468,7 @@ impl Store for SqliteStore {
                     },
                     queue: r.get(2).map_err(backend)?,
                     kind: r.get(3).map_err(backend)?,
+                    timeout_ms: r.get::<_, i64>(4).map_err(backend)? as u64,
                 });
             }
             Ok(out)
@@ -537,8 +538,8 @@ impl Store for SqliteStore {
                     .map_err(backend)?;
                 let sql = format!(
                     "UPDATE tasks SET state = 'running', attempt = attempt + 1, execution_id = ?2, \
-                     lease_expires_at = ?3, started_at = ?4, updated_at = ?4, worker = ?5 \
-                     WHERE id = ?1 AND state = 'ready' AND (exclusive_key IS NULL OR NOT EXISTS \
+                     lease_expires_at = ?3 + timeout_ms, started_at = ?3, updated_at = ?3, \
+                     worker = ?4 WHERE id = ?1 AND state = 'ready' AND (exclusive_key IS NULL OR NOT EXISTS \
                      (SELECT 1 FROM tasks r WHERE r.state = 'running' \
                      AND r.exclusive_key = tasks.exclusive_key)) RETURNING {TASK_COLUMNS}"
                 );
@@ -553,7 +554,6 @@ impl Store for SqliteStore {
                         &[
                             &id,
                             &exec.as_bytes().as_slice(),
-                            &claim.lease_until.0,
                             &claim.now.0,
                             &claim.worker,
                         ],

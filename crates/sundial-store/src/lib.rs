@@ -76,7 +76,8 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<ClaimOutcome>, StoreError>;
 
     /// Moves up to `claim.execution_ids.len()` `ready` tasks of `queue` (of the given kinds, when
-    /// given) to `running`, oldest id first, skipping tasks whose exclusive key is busy.
+    /// given) to `running`, oldest id first, skipping tasks whose exclusive key is busy. Each
+    /// claimed task's lease ends at `claim.now` plus the task's own timeout.
     async fn claim_ready(&self, claim: ReadyClaim) -> Result<Vec<Task>, StoreError>;
 
     /// Extends the lease of a running attempt.

@@ -15,6 +15,8 @@ pub struct DueEntry {
     pub key: DueKey,
     pub queue: String,
     pub kind: String,
+    /// The task's per-attempt timeout, so that a claim can set the attempt's lease.
+    pub timeout_ms: u64,
 }
 
 /// Result of inserting one task.
@@ -69,8 +71,8 @@ pub struct ReadyClaim {
     /// One fresh execution id per task wanted; their number is the batch size.
     pub execution_ids: Vec<ExecutionId>,
     pub worker: Option<String>,
+    /// Each claimed task's lease ends at `now` plus its own timeout.
     pub now: Timestamp,
-    pub lease_until: Timestamp,
 }
 
 /// Filter for listing tasks.

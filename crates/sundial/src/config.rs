@@ -1,0 +1,62 @@
+//! Engine settings, with defaults that suit a single process on a small machine.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use sundial_core::Limits;
+
+/// How the engine runs. Every field has a sensible default ([`Config::default`]).
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Number of shards of the due index; each has its own queue loop. Fixed when a store is
+    /// created: tasks remember their shard.
+    pub shard_count: u32,
+    /// How far ahead of now a shard loads due tasks into memory.
+    pub lookahead: Duration,
+    /// Most tasks one shard keeps in memory. Memory is bounded by this, not by the pending count.
+    pub window_capacity: usize,
+    /// Longest a shard sleeps when it knows of nothing due: the only polling, as a backstop. Each
+    /// wait is shortened by up to 10 % at random so shards do not wake in step.
+    pub idle_interval: Duration,
+    /// Concurrent in-process handler runs per queue, unless set in `queue_concurrency`.
+    pub default_concurrency: usize,
+    pub queue_concurrency: HashMap<String, usize>,
+    /// Added to an in-process attempt's timeout to form its lease (the engine enforces the timeout
+    /// itself; the lease only matters if the process dies).
+    pub lease_grace: Duration,
+    /// Longest a worker's poll may wait for work.
+    pub max_poll_wait: Duration,
+    /// Most tasks handed to one poll.
+    pub max_poll_batch: usize,
+    /// Tasks moved per claim round trip.
+    pub claim_batch: usize,
+    pub limits: Limits,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            shard_count: 4,
+            lookahead: Duration::from_secs(5),
+            window_capacity: 16_384,
+            idle_interval: Duration::from_secs(30),
+            default_concurrency: 64,
+            queue_concurrency: HashMap::new(),
+            lease_grace: Duration::from_secs(5),
+            max_poll_wait: Duration::from_secs(60),
+            max_poll_batch: 256,
+            claim_batch: 512,
+            limits: Limits::default(),
+        }
+    }
+}
+
+impl Config {
+    pub fn concurrency(&self, queue: &str) -> usize {
+        self.queue_concurrency
+            .get(queue)
+            .copied()
+            .unwrap_or(self.default_concurrency)
+            .max(1)
+    }
+}

@@ -1,0 +1,63 @@
+//! The library's error type.
+
+use sundial_core::{TaskId, TaskState, ValidationError};
+use sundial_store::{StoreError, TransitionError};
+use thiserror::Error;
+
+/// Everything a [`crate::Sundial`] call can fail with.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// The task specification was refused; nothing was stored.
+    #[error("invalid task: {0}")]
+    Invalid(#[from] ValidationError),
+    /// One item of a batch was refused; nothing of the batch was stored.
+    #[error("invalid task at index {index}: {error}")]
+    InvalidBatchItem {
+        index: usize,
+        error: ValidationError,
+    },
+    /// A live task of the same queue already holds this key; nothing new was stored.
+    #[error("a live task already holds this key: {existing}")]
+    Duplicate { existing: TaskId },
+    #[error("no such task")]
+    NotFound,
+    /// The task's state does not allow the operation (e.g. cancelling a finished task).
+    #[error("task is {state}")]
+    WrongState { state: TaskState },
+    /// The execution id no longer owns the task (lease lost, cancelled, retried): stop working on it.
+    #[error("stale execution: the task is {state}")]
+    StaleExecution { state: TaskState },
+    /// The engine is shutting down or stopped.
+    #[error("sundial is shutting down")]
+    ShuttingDown,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot open the embedded store: {0}")]
+    Open(#[from] sundial_store_sqlite::SqliteError),
+}
+
+impl From<TransitionError> for Error {
+    fn from(e: TransitionError) -> Self {
+        match e {
+            TransitionError::NotFound => Error::NotFound,
+            TransitionError::WrongState { state } => Error::WrongState { state },
+            TransitionError::StaleExecution { state } => Error::StaleExecution { state },
+            TransitionError::Store(s) => Error::Store(s),
+        }
+    }
+}
+
+impl Error {
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::NotFound)
+    }
+    pub fn is_conflict(&self) -> bool {
+        matches!(
+            self,
+            Error::Duplicate { .. } | Error::WrongState { .. } | Error::StaleExecution { .. }
+        )
+    }
+    pub fn is_invalid(&self) -> bool {
+        matches!(self, Error::Invalid(_) | Error::InvalidBatchItem { .. })
+    }
+}

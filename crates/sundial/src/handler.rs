@@ -1,0 +1,115 @@
+//! In-process handlers: the code an application registers for a task kind, and what it is given.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+
+use serde::Serialize;
+use sundial_core::{ExecutionId, Task};
+
+/// What a handler sees of the task it runs.
+#[derive(Debug, Clone)]
+pub struct TaskContext {
+    /// The task as claimed (state `running`, `attempt` counting this one).
+    pub task: Task,
+    /// This attempt's id. Effects keyed by it happen once even when a task runs more than once.
+    pub execution_id: ExecutionId,
+}
+
+impl TaskContext {
+    pub fn payload(&self) -> &serde_json::Value {
+        &self.task.payload
+    }
+    pub fn attempt(&self) -> u32 {
+        self.task.attempt
+    }
+}
+
+/// Why a handler run failed. Retryable by default; [`HandlerError::permanent`] sends the task
+/// straight to `dead`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandlerError {
+    pub message: String,
+    pub retryable: bool,
+}
+
+impl HandlerError {
+    pub fn retryable(message: impl Into<String>) -> Self {
+        HandlerError {
+            message: message.into(),
+            retryable: true,
+        }
+    }
+    pub fn permanent(message: impl Into<String>) -> Self {
+        HandlerError {
+            message: message.into(),
+            retryable: false,
+        }
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl From<String> for HandlerError {
+    fn from(s: String) -> Self {
+        HandlerError::retryable(s)
+    }
+}
+impl From<&str> for HandlerError {
+    fn from(s: &str) -> Self {
+        HandlerError::retryable(s)
+    }
+}
+impl From<Box<dyn std::error::Error + Send + Sync>> for HandlerError {
+    fn from(e: Box<dyn std::error::Error + Send + Sync>) -> Self {
+        HandlerError::retryable(e.to_string())
+    }
+}
+impl From<std::io::Error> for HandlerError {
+    fn from(e: std::io::Error) -> Self {
+        HandlerError::retryable(e.to_string())
+    }
+}
+impl From<serde_json::Error> for HandlerError {
+    fn from(e: serde_json::Error) -> Self {
+        HandlerError::retryable(e.to_string())
+    }
+}
+
+pub type HandlerFuture =
+    Pin<Box<dyn Future<Output = Result<Option<serde_json::Value>, HandlerError>> + Send>>;
+
+/// Something that runs tasks of one kind. Implemented for async closures
+/// `Fn(TaskContext) -> impl Future<Output = Result<T, E>>` where `T: Serialize` (kept as the task's
+/// result; `()` keeps none) and `E: Into<HandlerError>`.
+pub trait Handler: Send + Sync + 'static {
+    fn call(&self, ctx: TaskContext) -> HandlerFuture;
+}
+
+impl<F, Fut, T, E> Handler for F
+where
+    F: Fn(TaskContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<T, E>> + Send + 'static,
+    T: Serialize,
+    E: Into<HandlerError>,
+{
+    fn call(&self, ctx: TaskContext) -> HandlerFuture {
+        let fut = (self)(ctx);
+        Box::pin(async move {
+            match fut.await {
+                Ok(v) => match serde_json::to_value(v) {
+                    Ok(serde_json::Value::Null) => Ok(None),
+                    Ok(v) => Ok(Some(v)),
+                    Err(e) => Err(HandlerError::permanent(format!(
+                        "handler result is not serialisable: {e}"
+                    ))),
+                },
+                Err(e) => Err(e.into()),
+            }
+        })
+    }
+}

@@ -1,0 +1,330 @@
+//! # sundial
+//!
+//! A durable clock for applications: delayed tasks that run at the right moment even if every
+//! process dies in between. This crate is what applications depend on: the [`Sundial`] facade over
+//! the engine (shard loops, look-ahead windows, claims, handler runs, the lease reaper and the
+//! worker protocol) and the embedded SQLite store.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), sundial::Error> {
+//! use std::time::Duration;
+//! use sundial::{Sundial, TaskSpec};
+//!
+//! let sundial = Sundial::open("./sundial-data").await?;
+//! sundial.register("order.close", |task: sundial::TaskContext| async move {
+//!     println!("closing {}", task.payload());
+//!     Ok::<(), sundial::HandlerError>(())
+//! });
+//! let id = sundial
+//!     .schedule(
+//!         TaskSpec::new("order.close")
+//!             .key("order-123")
+//!             .payload(serde_json::json!({"order": 123}))
+//!             .delay(Duration::from_secs(30 * 60)),
+//!     )
+//!     .await?;
+//! sundial.cancel(id).await?;
+//! let running = sundial.start();
+//! running.shutdown(Duration::from_secs(10)).await;
+//! # Ok(()) }
+//! ```
+//!
+//! **Architecture Invariant:** the engine decides *when* to look; the store decides *whether* a
+//! change happens (every change is conditional). The engine's memory is bounded by its windows,
+//! never by the number of pending tasks.
+
+pub mod clock;
+mod config;
+mod engine;
+mod error;
+mod handler;
+mod window;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sundial_store::{Inserted, Store, TaskFilter, TaskPage};
+
+pub use clock::SystemClock;
+pub use config::Config;
+pub use error::Error;
+pub use handler::{Handler, HandlerError, HandlerFuture, TaskContext};
+pub use sundial_core::{
+    Backoff, Clock, Due, Exclusive, ExclusiveMode, ExecutionId, Limits, ManualClock, Task, TaskId,
+    TaskSpec, TaskState, Timestamp, ValidationError,
+};
+pub use sundial_store::{StateCount, StoreError};
+pub use sundial_store_sqlite::{Durability, SqliteOptions, SqliteStore};
+
+use engine::Engine;
+
+/// Result of scheduling one task of a batch.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Scheduled {
+    Created(Box<Task>),
+    /// A live task of the same queue already holds the key; this item was not stored.
+    Duplicate {
+        existing: TaskId,
+    },
+}
+
+/// A Sundial instance: a store, a clock and the engine that connects them.
+///
+/// Cheap to clone; clones share everything.
+#[derive(Clone)]
+pub struct Sundial {
+    engine: Arc<Engine>,
+}
+
+/// Builds a [`Sundial`] with a chosen store, clock and configuration.
+pub struct Builder {
+    config: Config,
+    clock: Arc<dyn Clock>,
+    sqlite: SqliteOptions,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            config: Config::default(),
+            clock: Arc::new(SystemClock),
+            sqlite: SqliteOptions::default(),
+        }
+    }
+}
+
+impl Builder {
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = config;
+        self
+    }
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+    pub fn sqlite_options(mut self, opts: SqliteOptions) -> Self {
+        self.sqlite = opts;
+        self
+    }
+    /// Opens (creating if needed) the embedded store in directory `dir`.
+    pub async fn open(self, dir: impl AsRef<Path>) -> Result<Sundial, Error> {
+        let dir = dir.as_ref().to_path_buf();
+        let opts = self.sqlite.clone();
+        let store = tokio::task::spawn_blocking(move || SqliteStore::open_dir(&dir, opts))
+            .await
+            .map_err(|e| Error::Store(StoreError::Backend(e.to_string())))??;
+        Ok(self.with_store(Arc::new(store)))
+    }
+    /// Uses an already opened store (any backend).
+    pub fn with_store(self, store: Arc<dyn Store>) -> Sundial {
+        Sundial {
+            engine: Engine::new(store, self.clock, self.config),
+        }
+    }
+}
+
+impl Sundial {
+    /// Opens the embedded store in `dir` with default settings and the system clock.
+    pub async fn open(dir: impl AsRef<Path>) -> Result<Self, Error> {
+        Builder::default().open(dir).await
+    }
+
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.engine.clock
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.engine.config
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.engine.store
+    }
+
+    /// Registers the in-process handler for tasks of `kind`. Due tasks of a kind with no handler
+    /// become `ready` for workers polling their queue (and wait there, visible, until one does).
+    pub fn register(&self, kind: impl Into<String>, handler: impl Handler) {
+        self.engine.register(kind.into(), Arc::new(handler));
+    }
+
+    /// Stores one task durably and returns its id. A live task holding the same `(queue, key)`
+    /// yields [`Error::Duplicate`] with its id; nothing new is stored.
+    pub async fn schedule(&self, spec: TaskSpec) -> Result<TaskId, Error> {
+        self.schedule_task(spec).await.map(|t| t.id)
+    }
+
+    /// Like [`Sundial::schedule`], returning the stored task.
+    pub async fn schedule_task(&self, spec: TaskSpec) -> Result<Task, Error> {
+        let mut out = self.schedule_many(vec![spec]).await.map_err(|e| match e {
+            Error::InvalidBatchItem { error, .. } => Error::Invalid(error),
+            e => e,
+        })?;
+        match out.pop() {
+            Some(Scheduled::Created(t)) => Ok(*t),
+            Some(Scheduled::Duplicate { existing }) => Err(Error::Duplicate { existing }),
+            None => Err(Error::Store(StoreError::Backend(
+                "insert returned nothing".into(),
+            ))),
+        }
+    }
+
+    /// Stores many tasks in one transaction. Any invalid item rejects the whole batch (the error
+    /// names its index) and nothing is stored. Key conflicts are reported per item.
+    pub async fn schedule_many(&self, specs: Vec<TaskSpec>) -> Result<Vec<Scheduled>, Error> {
+        if self.engine.is_stopping() {
+            return Err(Error::ShuttingDown);
+        }
+        let now = self.engine.clock.now();
+        let cfg = &self.engine.config;
+        let mut rows = Vec::with_capacity(specs.len());
+        for (index, spec) in specs.into_iter().enumerate() {
+            let id = TaskId(uuid::Uuid::now_v7());
+            let row = spec
+                .validate(id, now, cfg.shard_count, &cfg.limits)
+                .map_err(|error| Error::InvalidBatchItem { index, error })?;
+            rows.push(row);
+        }
+        let inserted = self.engine.store.insert(rows).await?;
+        let mut out = Vec::with_capacity(inserted.len());
+        for i in inserted {
+            match i {
+                Inserted::Created(t) => {
+                    metrics::counter!("sundial_tasks_scheduled_total", "queue" => t.queue.clone())
+                        .increment(1);
+                    self.engine.notify_task(&t);
+                    out.push(Scheduled::Created(t));
+                }
+                Inserted::Duplicate { existing } => out.push(Scheduled::Duplicate { existing }),
+            }
+        }
+        Ok(out)
+    }
+
+    pub async fn get(&self, id: TaskId) -> Result<Option<Task>, Error> {
+        Ok(self.engine.store.get(id).await?)
+    }
+
+    /// Lists tasks newest first; pass the page's `next_cursor` as `filter.before` for the next.
+    pub async fn list(&self, filter: TaskFilter, limit: usize) -> Result<TaskPage, Error> {
+        Ok(self
+            .engine
+            .store
+            .list(&filter, limit.clamp(1, 1_000))
+            .await?)
+    }
+
+    /// Cancels a task that has not finished. Once this returns, the task never starts a new
+    /// attempt; a running attempt loses its execution id (its result will be refused).
+    pub async fn cancel(&self, id: TaskId) -> Result<Task, Error> {
+        let now = self.engine.clock.now();
+        let t = self.engine.store.cancel(id, now).await?;
+        self.engine.release_exclusive(&t);
+        Ok(t)
+    }
+
+    /// Makes a scheduled task due now.
+    pub async fn trigger(&self, id: TaskId) -> Result<Task, Error> {
+        let now = self.engine.clock.now();
+        let t = self.engine.store.trigger(id, now).await?;
+        self.engine.notify_task(&t);
+        Ok(t)
+    }
+
+    /// Counts of tasks per queue and state.
+    pub async fn counts(&self) -> Result<Vec<StateCount>, Error> {
+        Ok(self.engine.store.count_by_state().await?)
+    }
+
+    // ---- Worker protocol (remote workers; see sundial-server) ---------------------------------
+
+    /// Waits up to `wait` for ready tasks of `queue` and hands out up to `max`, each `running` under
+    /// a fresh execution id with a lease of its own timeout.
+    pub async fn poll(
+        &self,
+        queue: &str,
+        worker: Option<String>,
+        kinds: Option<Vec<String>>,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Task>, Error> {
+        self.engine.poll(queue, worker, kinds, max, wait).await
+    }
+
+    /// Extends a running attempt's lease by its timeout.
+    pub async fn heartbeat(&self, id: TaskId, execution: ExecutionId) -> Result<Task, Error> {
+        self.engine.heartbeat(id, execution).await
+    }
+
+    /// Records a successful attempt.
+    pub async fn complete(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        result: Option<serde_json::Value>,
+    ) -> Result<Task, Error> {
+        let task = self.running_task(id, execution).await?;
+        self.engine.complete(&task, execution, result).await
+    }
+
+    /// Records a failed attempt: retried with the task's backoff while attempts remain and
+    /// `retryable`, otherwise `dead`.
+    pub async fn fail(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        error: String,
+        retryable: bool,
+    ) -> Result<Task, Error> {
+        let task = self.running_task(id, execution).await?;
+        self.engine
+            .fail(&task, execution, error, retryable, false)
+            .await
+    }
+
+    async fn running_task(&self, id: TaskId, execution: ExecutionId) -> Result<Task, Error> {
+        let task = self.engine.store.get(id).await?.ok_or(Error::NotFound)?;
+        if task.state != TaskState::Running || task.execution_id != Some(execution) {
+            return Err(Error::StaleExecution { state: task.state });
+        }
+        Ok(task)
+    }
+
+    /// Starts the engine (shard loops and lease reaper) on the current tokio runtime.
+    pub fn start(&self) -> Running {
+        let tasks = self.engine.start();
+        Running {
+            engine: self.engine.clone(),
+            tasks,
+        }
+    }
+
+    /// Handler runs under way in this process.
+    pub fn in_flight(&self) -> usize {
+        self.engine.in_flight()
+    }
+}
+
+/// The running engine. [`Running::shutdown`] stops it gracefully.
+pub struct Running {
+    engine: Arc<Engine>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops taking new work, lets running handlers finish for up to `deadline`, then interrupts
+    /// the rest (their tasks are rescheduled to run again at once). Returns how many were
+    /// interrupted.
+    pub async fn shutdown(self, deadline: Duration) -> usize {
+        self.engine.begin_stop();
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        self.engine.drain(deadline).await;
+        self.engine.in_flight()
+    }
+}

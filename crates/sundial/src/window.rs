@@ -1,0 +1,241 @@
+//! The look-ahead window of one shard: the due tasks it has loaded from the store, ordered by
+//! `(due_at, id)`, and the cursor that says how far the loading has got.
+//!
+//! **Invariant (the cursor):** every task that was scheduled with a key at or before `cursor` when
+//! it was scanned is either in the window or has been handed out. Tasks that become scheduled later
+//! with a key at or before the cursor reach the window through the notify path (the engine tells the
+//! shard about every write that makes a task scheduled). So a scan never needs to look behind the
+//! cursor, and a task is never forgotten: at worst it is seen twice, and the window is a set.
+//!
+//! **Bound:** the window never holds more than `capacity` entries. When an insert overflows it, the
+//! entries furthest in the future are dropped and the cursor moves back to the last entry kept:
+//! those tasks are still in the store and the next scan reads them again. Memory is therefore
+//! proportional to `capacity`, never to the number of pending tasks.
+//!
+//! The window holds no payloads: a key, a queue and a kind (shared strings) per entry.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use sundial_core::{TaskId, Timestamp};
+use sundial_store::{DueEntry, DueKey};
+
+/// What the window knows of a task besides its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Meta {
+    pub queue: Arc<str>,
+    pub kind: Arc<str>,
+    pub timeout_ms: u64,
+}
+
+#[derive(Debug)]
+pub struct Window {
+    entries: BTreeMap<DueKey, Meta>,
+    capacity: usize,
+    cursor: Option<DueKey>,
+}
+
+impl Window {
+    pub fn new(capacity: usize) -> Self {
+        Window {
+            entries: BTreeMap::new(),
+            capacity: capacity.max(1),
+            cursor: None,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn cursor(&self) -> Option<DueKey> {
+        self.cursor
+    }
+
+    /// Room for this many more entries.
+    pub fn room(&self) -> usize {
+        self.capacity.saturating_sub(self.entries.len())
+    }
+
+    /// Forgets how far scanning got, so the next scan starts from the front of the shard. Used by
+    /// the idle backstop to find anything a lost notification would have hidden.
+    pub fn reset_cursor(&mut self) {
+        self.cursor = None;
+    }
+
+    /// Whether the scan has covered everything due up to `horizon`.
+    pub fn covers(&self, horizon: Timestamp) -> bool {
+        matches!(self.cursor, Some(c) if c.due_at >= horizon)
+    }
+
+    /// Adds one entry (from a notification or a scan).
+    pub fn insert(&mut self, key: DueKey, meta: Meta) {
+        self.entries.insert(key, meta);
+        self.trim();
+    }
+
+    /// Takes the result of `scan(after = cursor, until, limit)`. When the scan returned fewer than
+    /// `limit` rows it saw everything up to `until`, and the cursor moves there; otherwise it moves
+    /// to the last row read.
+    pub fn absorb_scan(
+        &mut self,
+        rows: Vec<DueEntry>,
+        until: Timestamp,
+        limit: usize,
+        intern: &mut impl FnMut(&str) -> Arc<str>,
+    ) {
+        let complete = rows.len() < limit;
+        let last = rows.last().map(|r| r.key);
+        for r in rows {
+            let meta = Meta {
+                queue: intern(&r.queue),
+                kind: intern(&r.kind),
+                timeout_ms: r.timeout_ms,
+            };
+            self.entries.insert(r.key, meta);
+        }
+        let reached = if complete {
+            Some(DueKey {
+                due_at: until,
+                id: TaskId::MAX,
+            })
+        } else {
+            last
+        };
+        if let Some(r) = reached
+            && self.cursor.is_none_or(|c| r > c)
+        {
+            self.cursor = Some(r);
+        }
+        self.trim();
+    }
+
+    fn trim(&mut self) {
+        while self.entries.len() > self.capacity {
+            self.entries.pop_last();
+            if let Some((last, _)) = self.entries.last_key_value()
+                && self.cursor.is_none_or(|c| c > *last)
+            {
+                self.cursor = Some(*last);
+            }
+        }
+    }
+
+    /// The earliest due time held.
+    pub fn first_due(&self) -> Option<Timestamp> {
+        self.entries.first_key_value().map(|(k, _)| k.due_at)
+    }
+
+    /// The earliest due time strictly after `now`.
+    pub fn first_due_after(&self, now: Timestamp) -> Option<Timestamp> {
+        let from = DueKey {
+            due_at: Timestamp(now.0.saturating_add(1)),
+            id: TaskId::MIN,
+        };
+        self.entries.range(from..).next().map(|(k, _)| k.due_at)
+    }
+
+    /// Entries due at or before `now`, oldest first, without removing them.
+    pub fn due(&self, now: Timestamp) -> impl Iterator<Item = (&DueKey, &Meta)> {
+        let to = DueKey {
+            due_at: now,
+            id: TaskId::MAX,
+        };
+        self.entries.range(..=to)
+    }
+
+    pub fn remove(&mut self, key: &DueKey) -> Option<Meta> {
+        self.entries.remove(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(due: i64, id: u8) -> DueKey {
+        DueKey {
+            due_at: Timestamp(due),
+            id: TaskId::from_bytes([id; 16]),
+        }
+    }
+    fn meta() -> Meta {
+        Meta {
+            queue: Arc::from("q"),
+            kind: Arc::from("k"),
+            timeout_ms: 1_000,
+        }
+    }
+    fn row(due: i64, id: u8) -> DueEntry {
+        DueEntry {
+            key: key(due, id),
+            queue: "q".into(),
+            kind: "k".into(),
+            timeout_ms: 1_000,
+        }
+    }
+    fn intern() -> impl FnMut(&str) -> Arc<str> {
+        |s: &str| Arc::from(s)
+    }
+
+    #[test]
+    fn complete_scan_moves_cursor_to_horizon() {
+        let mut w = Window::new(10);
+        w.absorb_scan(
+            vec![row(5, 1), row(7, 2)],
+            Timestamp(100),
+            10,
+            &mut intern(),
+        );
+        assert_eq!(w.len(), 2);
+        assert!(w.covers(Timestamp(100)));
+        assert!(!w.covers(Timestamp(101)));
+    }
+
+    #[test]
+    fn truncated_scan_moves_cursor_to_last_row() {
+        let mut w = Window::new(10);
+        w.absorb_scan(vec![row(5, 1), row(7, 2)], Timestamp(100), 2, &mut intern());
+        assert_eq!(w.cursor(), Some(key(7, 2)));
+        assert!(!w.covers(Timestamp(100)));
+    }
+
+    #[test]
+    fn overflow_drops_the_latest_and_pulls_the_cursor_back() {
+        let mut w = Window::new(2);
+        w.absorb_scan(
+            vec![row(5, 1), row(7, 2)],
+            Timestamp(100),
+            10,
+            &mut intern(),
+        );
+        w.insert(key(6, 3), meta());
+        assert_eq!(w.len(), 2);
+        assert_eq!(w.cursor(), Some(key(6, 3)));
+        assert_eq!(w.first_due(), Some(Timestamp(5)));
+    }
+
+    #[test]
+    fn due_and_next_wake() {
+        let mut w = Window::new(10);
+        for (d, i) in [(5, 1), (5, 2), (9, 3), (20, 4)] {
+            w.insert(key(d, i), meta());
+        }
+        let due: Vec<_> = w.due(Timestamp(9)).map(|(k, _)| *k).collect();
+        assert_eq!(due, vec![key(5, 1), key(5, 2), key(9, 3)]);
+        assert_eq!(w.first_due_after(Timestamp(9)), Some(Timestamp(20)));
+        assert_eq!(w.first_due_after(Timestamp(20)), None);
+    }
+
+    #[test]
+    fn entries_are_a_set() {
+        let mut w = Window::new(10);
+        w.insert(key(5, 1), meta());
+        w.absorb_scan(vec![row(5, 1)], Timestamp(10), 10, &mut intern());
+        assert_eq!(w.len(), 1);
+    }
+}

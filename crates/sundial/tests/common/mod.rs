@@ -1,0 +1,106 @@
+//! Test helpers: an engine on a temporary store driven by a manual clock.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sundial::{Config, ManualClock, Sundial, Task, TaskId, TaskState, Timestamp};
+use tokio::sync::mpsc;
+
+pub const T0: Timestamp = Timestamp(1_700_000_000_000);
+
+pub struct Harness {
+    pub sundial: Sundial,
+    pub clock: ManualClock,
+    pub dir: tempfile::TempDir,
+}
+
+pub async fn harness() -> Harness {
+    harness_with(Config::default()).await
+}
+
+pub async fn harness_with(config: Config) -> Harness {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = ManualClock::new(T0);
+    let sundial = Sundial::builder()
+        .config(config)
+        .clock(Arc::new(clock.clone()))
+        .open(dir.path())
+        .await
+        .expect("open");
+    Harness {
+        sundial,
+        clock,
+        dir,
+    }
+}
+
+/// What a recording handler saw.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub id: TaskId,
+    pub attempt: u32,
+    pub at: Timestamp,
+    pub due: Timestamp,
+}
+
+/// Registers a handler for `kind` that records each run (with the clock's time) and then returns
+/// what `outcome` says for that attempt.
+pub fn record(
+    h: &Harness,
+    kind: &str,
+    outcome: impl Fn(u32) -> Result<(), String> + Send + Sync + 'static,
+) -> mpsc::UnboundedReceiver<Run> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let clock = h.clock.clone();
+    let outcome = Arc::new(outcome);
+    h.sundial.register(kind, move |ctx: sundial::TaskContext| {
+        let tx = tx.clone();
+        let at = sundial::Clock::now(&clock);
+        let outcome = outcome.clone();
+        async move {
+            let _ = tx.send(Run {
+                id: ctx.task.id,
+                attempt: ctx.task.attempt,
+                at,
+                due: ctx.task.due_at,
+            });
+            outcome(ctx.task.attempt).map_err(sundial::HandlerError::retryable)
+        }
+    });
+    rx
+}
+
+/// Waits (a bounded real-time wait) for the next run.
+pub async fn next_run(rx: &mut mpsc::UnboundedReceiver<Run>) -> Run {
+    tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("a run within 10s")
+        .expect("channel open")
+}
+
+/// Asserts that no run arrives within a short real-time wait.
+pub async fn no_run(rx: &mut mpsc::UnboundedReceiver<Run>) {
+    if let Ok(Some(r)) = tokio::time::timeout(Duration::from_millis(150), rx.recv()).await {
+        panic!("unexpected run: {r:?}");
+    }
+}
+
+/// Waits (bounded) until the task reaches `state`.
+pub async fn wait_state(s: &Sundial, id: TaskId, state: TaskState) -> Task {
+    for _ in 0..1_000 {
+        if let Some(t) = s.get(id).await.expect("get")
+            && t.state == state
+        {
+            return t;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let t = s.get(id).await.expect("get");
+    panic!("task {id} did not reach {state}: {t:?}");
+}
+
+/// Lets the engine settle on the current time: a few short real-time yields.
+pub async fn settle() {
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}

@@ -1,0 +1,104 @@
+//! Due-time behaviour on a manual clock: never early, due order, notify pulls the gate in.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use sundial::{TaskSpec, Timestamp};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_early_then_on_time() {
+    let h = harness().await;
+    let mut runs = record(&h, "k", |_| Ok(()));
+    let _engine = h.sundial.start();
+    let id = h
+        .sundial
+        .schedule(TaskSpec::new("k").delay(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    settle().await;
+    h.clock.advance(Duration::from_millis(59_999));
+    no_run(&mut runs).await;
+    h.clock.advance(Duration::from_millis(1));
+    let r = next_run(&mut runs).await;
+    assert_eq!(r.id, id);
+    assert!(r.at >= r.due, "started {:?} before due {:?}", r.at, r.due);
+    assert_eq!(r.due, Timestamp(T0.0 + 60_000));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fires_in_due_order() {
+    let mut cfg = sundial::Config::default();
+    cfg.shard_count = 1;
+    cfg.default_concurrency = 1;
+    let h = harness_with(cfg).await;
+    let mut runs = record(&h, "k", |_| Ok(()));
+    let _engine = h.sundial.start();
+    let mut ids = Vec::new();
+    for secs in [50u64, 10, 40, 20, 30] {
+        let id = h
+            .sundial
+            .schedule(TaskSpec::new("k").delay(Duration::from_secs(secs)))
+            .await
+            .unwrap();
+        ids.push((secs, id));
+    }
+    ids.sort();
+    settle().await;
+    h.clock.advance(Duration::from_secs(100));
+    for (_, id) in ids {
+        assert_eq!(next_run(&mut runs).await.id, id);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_task_pulls_the_gate_in() {
+    let h = harness().await;
+    let mut runs = record(&h, "k", |_| Ok(()));
+    let _engine = h.sundial.start();
+    h.sundial
+        .schedule(TaskSpec::new("k").delay(Duration::from_secs(3600)))
+        .await
+        .unwrap();
+    settle().await;
+    let early = h
+        .sundial
+        .schedule(TaskSpec::new("k").delay(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    settle().await;
+    h.clock.advance(Duration::from_secs(10));
+    assert_eq!(next_run(&mut runs).await.id, early);
+    no_run(&mut runs).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_beyond_the_lookahead_are_found_later() {
+    let h = harness().await;
+    let mut runs = record(&h, "k", |_| Ok(()));
+    let _engine = h.sundial.start();
+    let id = h
+        .sundial
+        .schedule(TaskSpec::new("k").delay(Duration::from_secs(86_400)))
+        .await
+        .unwrap();
+    settle().await;
+    // Move in steps, as real time would, across many idle intervals.
+    for _ in 0..48 {
+        h.clock.advance(Duration::from_secs(1_800));
+        settle().await;
+    }
+    let r = next_run(&mut runs).await;
+    assert_eq!(r.id, id);
+    assert!(r.at >= r.due);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduled_before_start_runs_after_start() {
+    let h = harness().await;
+    let mut runs = record(&h, "k", |_| Ok(()));
+    let id = h.sundial.schedule(TaskSpec::new("k")).await.unwrap();
+    let _engine = h.sundial.start();
+    assert_eq!(next_run(&mut runs).await.id, id);
+}
