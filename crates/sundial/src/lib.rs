@@ -44,7 +44,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sundial_store::{Inserted, Store, TaskFilter, TaskPage};
+use sundial_store::Inserted;
 
 pub use clock::SystemClock;
 pub use config::Config;
@@ -54,7 +54,7 @@ pub use sundial_core::{
     Backoff, Clock, Due, Exclusive, ExclusiveMode, ExecutionId, Limits, ManualClock, Task, TaskId,
     TaskSpec, TaskState, Timestamp, ValidationError,
 };
-pub use sundial_store::{StateCount, StoreError};
+pub use sundial_store::{StateCount, Store, StoreError, TaskFilter, TaskPage};
 pub use sundial_store_sqlite::{Durability, SqliteOptions, SqliteStore};
 
 use engine::Engine;

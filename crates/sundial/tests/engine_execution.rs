@@ -1,0 +1,587 @@
+//! Execution on a manual clock: retries and backoff, dead letters, timeouts, leases, cancel,
+//! trigger, keys, mutual exclusion, concurrency limits, workers, shutdown.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+use sundial::{Backoff, Config, Error, ExclusiveMode, TaskSpec, TaskState, Timestamp};
+
+fn no_jitter(initial_s: u64, factor: f64) -> Backoff {
+    let mut b = Backoff::exponential(
+        Duration::from_secs(initial_s),
+        factor,
+        Duration::from_secs(3600),
+    );
+    b.jitter = 0.0;
+    b
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_follow_the_backoff_then_dead_keeps_the_error() {
+    let h = harness().await;
+    let mut runs = record(&h, "k", |a| Err(format!("boom {a}")));
+    let _engine = h.sundial.start();
+    let id = h
+        .sundial
+        .schedule(
+            TaskSpec::new("k")
+                .max_attempts(3)
+                .backoff(no_jitter(5, 5.0)),
+        )
+        .await
+        .unwrap();
+    let r1 = next_run(&mut runs).await;
+    assert_eq!((r1.attempt, r1.at), (1, T0));
+    let t = wait_state(&h.sundial, id, TaskState::Scheduled).await;
+    assert_eq!(t.due_at, Timestamp(T0.0 + 5_000));
+    settle().await;
+    h.clock.advance(Duration::from_millis(4_999));
+    no_run(&mut runs).await;
+    h.clock.advance(Duration::from_millis(1));
+    let r2 = next_run(&mut runs).await;
+    assert_eq!((r2.attempt, r2.at), (2, Timestamp(T0.0 + 5_000)));
+    let t = wait_state(&h.sundial, id, TaskState::Scheduled).await;
+    assert_eq!(t.due_at, Timestamp(T0.0 + 5_000 + 25_000));
+    settle().await;
+    h.clock.advance(Duration::from_secs(25));
+    assert_eq!(next_run(&mut runs).await.attempt, 3);
+    let t = wait_state(&h.sundial, id, TaskState::Dead).await;
+    assert_eq!(t.last_error.as_deref(), Some("boom 3"));
+    assert_eq!(t.attempt, 3);
+    h.clock.advance(Duration::from_secs(3600));
+    no_run(&mut runs).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permanent_errors_and_panics() {
+    let h = harness().await;
+    h.sundial
+        .register("perm", |_ctx: sundial::TaskContext| async move {
+            Err::<(), _>(sundial::HandlerError::permanent("bad input"))
+        });
+    h.sundial
+        .register("panics", |_ctx: sundial::TaskContext| async move {
+            if true {
+                panic!("handler bug");
+            }
+            Ok::<(), String>(())
+        });
+    let _engine = h.sundial.start();
+    let a = h.sundial.schedule(TaskSpec::new("perm")).await.unwrap();
+    let b = h
+        .sundial
+        .schedule(TaskSpec::new("panics").max_attempts(1))
+        .await
+        .unwrap();
+    let ta = wait_state(&h.sundial, a, TaskState::Dead).await;
+    assert_eq!(
+        (ta.attempt, ta.last_error.as_deref()),
+        (1, Some("bad input"))
+    );
+    let tb = wait_state(&h.sundial, b, TaskState::Dead).await;
+    assert_eq!(tb.last_error.as_deref(), Some("handler panicked"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_are_kept() {
+    let h = harness().await;
+    h.sundial
+        .register("sum", |ctx: sundial::TaskContext| async move {
+            let xs: Vec<i64> = serde_json::from_value(ctx.payload().clone())?;
+            Ok::<_, sundial::HandlerError>(serde_json::json!({"sum": xs.iter().sum::<i64>()}))
+        });
+    let _engine = h.sundial.start();
+    let id = h
+        .sundial
+        .schedule(TaskSpec::new("sum").payload(serde_json::json!([1, 2, 3])))
+        .await
+        .unwrap();
+    let t = wait_state(&h.sundial, id, TaskState::Succeeded).await;
+    assert_eq!(t.result, Some(serde_json::json!({"sum": 6})));
+    assert_eq!(t.attempt, 1);
+    assert!(t.finished_at.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_attempt_times_out_and_is_retried() {
+    let h = harness().await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    h.sundial
+        .register("hang", move |_ctx: sundial::TaskContext| {
+            let n = c.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n == 0 {
+                    std::future::pending::<()>().await;
+                }
+                Ok::<(), String>(())
+            }
+        });
+    let _engine = h.sundial.start();
+    let id = h
+        .sundial
+        .schedule(
+            TaskSpec::new("hang")
+                .timeout(Duration::from_secs(10))
+                .backoff(Backoff::fixed(Duration::from_secs(1))),
+        )
+        .await
+        .unwrap();
+    wait_state(&h.sundial, id, TaskState::Running).await;
+    h.clock.advance(Duration::from_secs(10));
+    let t = wait_state(&h.sundial, id, TaskState::Scheduled).await;
+    assert!(t.last_error.unwrap().contains("timed out"));
+    settle().await;
+    h.clock.advance(Duration::from_secs(1));
+    let t = wait_state(&h.sundial, id, TaskState::Succeeded).await;
+    assert_eq!(t.attempt, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_lease_puts_the_task_back_and_it_runs_again() {
+    // A worker takes the task and disappears: after its lease (the task's timeout) the reaper
+    // makes it due again, and this time an in-process handler runs it.
+    let h = harness().await;
+    let _engine = h.sundial.start();
+    let id = h
+        .sundial
+        .schedule(TaskSpec::new("remote").timeout(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    wait_state(&h.sundial, id, TaskState::Ready).await;
+    let got = h
+        .sundial
+        .poll("default", Some("w1".into()), None, 10, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    let lost_exec = got[0].execution_id.unwrap();
+    assert_eq!(got[0].lease_expires_at, Some(Timestamp(T0.0 + 30_000)));
+    let mut runs = record(&h, "remote", |_| Ok(()));
+    settle().await;
+    h.clock.advance(Duration::from_millis(30_000));
+    no_run(&mut runs).await;
+    h.clock.advance(Duration::from_millis(1));
+    let r = next_run(&mut runs).await;
+    assert_eq!((r.id, r.attempt), (id, 2));
+    // The vanished worker's late answer is refused.
+    let late = h.sundial.complete(id, lost_exec, None).await;
+    assert!(
+        matches!(late, Err(Error::StaleExecution { .. })),
+        "{late:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_wins() {
+    let h = harness().await;
+    let mut runs = record(&h, "k", |_| Ok(()));
+    let _engine = h.sundial.start();
+    // Many tasks due at the same instant; cancel half of them right as they come due.
+    let mut ids = Vec::new();
+    for _ in 0..200 {
+        ids.push(
+            h.sundial
+                .schedule(TaskSpec::new("k").delay(Duration::from_secs(1)))
+                .await
+                .unwrap(),
+        );
+    }
+    settle().await;
+    let (cancel, keep): (Vec<_>, Vec<_>) = ids.iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    let s = h.sundial.clone();
+    let cancel_ids: Vec<_> = cancel.into_iter().map(|(_, id)| *id).collect();
+    let to_cancel = cancel_ids.clone();
+    let canceller = tokio::spawn(async move {
+        let mut cancelled = Vec::new();
+        for id in to_cancel {
+            if s.cancel(id).await.is_ok() {
+                cancelled.push(id);
+            }
+        }
+        cancelled
+    });
+    h.clock.advance(Duration::from_secs(1));
+    let cancelled = canceller.await.unwrap();
+    let mut seen = std::collections::HashSet::new();
+    while let Ok(Some(r)) = tokio::time::timeout(Duration::from_millis(500), runs.recv()).await {
+        seen.insert(r.id);
+    }
+    for id in &cancelled {
+        assert!(!seen.contains(id), "cancelled task {id} ran");
+        let t = h.sundial.get(*id).await.unwrap().unwrap();
+        assert_eq!(t.state, TaskState::Cancelled);
+    }
+    for (_, id) in keep {
+        assert!(seen.contains(id), "task {id} did not run");
+    }
+    // Cancelling a finished task is refused and changes nothing.
+    let (_, done) = ids.iter().enumerate().find(|(i, _)| i % 2 == 1).unwrap();
+    wait_state(&h.sundial, *done, TaskState::Succeeded).await;
+    assert!(matches!(
+        h.sundial.cancel(*done).await,
+        Err(Error::WrongState {
+            state: TaskState::Succeeded
+        })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_of_a_running_attempt_refuses_its_result() {
+    let h = harness().await;
+    let (go_tx, go_rx) = tokio::sync::watch::channel(false);
+    h.sundial
+        .register("slow", move |_ctx: sundial::TaskContext| {
+            let mut go = go_rx.clone();
+            async move {
+                while !*go.borrow_and_update() {
+                    if go.changed().await.is_err() {
+                        break;
+                    }
+                }
+                Ok::<(), String>(())
+            }
+        });
+    let _engine = h.sundial.start();
+    let id = h
+        .sundial
+        .schedule(TaskSpec::new("slow").max_attempts(5))
+        .await
+        .unwrap();
+    wait_state(&h.sundial, id, TaskState::Running).await;
+    h.sundial.cancel(id).await.unwrap();
+    go_tx.send_replace(true);
+    settle().await;
+    let t = h.sundial.get(id).await.unwrap().unwrap();
+    assert_eq!(t.state, TaskState::Cancelled);
+    h.clock.advance(Duration::from_secs(3600));
+    settle().await;
+    assert_eq!(h.sundial.get(id).await.unwrap().unwrap().attempt, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trigger_runs_a_scheduled_task_now() {
+    let h = harness().await;
+    let mut runs = record(&h, "k", |_| Ok(()));
+    let _engine = h.sundial.start();
+    let id = h
+        .sundial
+        .schedule(TaskSpec::new("k").delay(Duration::from_secs(86_400)))
+        .await
+        .unwrap();
+    settle().await;
+    let t = h.sundial.trigger(id).await.unwrap();
+    assert_eq!(t.due_at, T0);
+    let r = next_run(&mut runs).await;
+    assert_eq!((r.id, r.at), (id, T0));
+    wait_state(&h.sundial, id, TaskState::Succeeded).await;
+    assert!(matches!(
+        h.sundial.trigger(id).await,
+        Err(Error::WrongState { .. })
+    ));
+    assert!(matches!(
+        h.sundial.trigger(sundial::TaskId::MIN).await,
+        Err(Error::NotFound)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_live_task_per_queue_and_key() {
+    let h = harness().await;
+    let a = h
+        .sundial
+        .schedule(
+            TaskSpec::new("k")
+                .key("order-1")
+                .delay(Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    let dup = h.sundial.schedule(TaskSpec::new("k").key("order-1")).await;
+    assert!(matches!(dup, Err(Error::Duplicate { existing }) if existing == a));
+    // Another queue may use the same key.
+    h.sundial
+        .schedule(TaskSpec::new("k").queue("other").key("order-1"))
+        .await
+        .unwrap();
+    // Once the holder is terminal, the key is free again.
+    h.sundial.cancel(a).await.unwrap();
+    let b = h
+        .sundial
+        .schedule(TaskSpec::new("k").key("order-1"))
+        .await
+        .unwrap();
+    assert_ne!(a, b);
+    let page = h
+        .sundial
+        .list(
+            sundial::TaskFilter {
+                key: Some("order-1".into()),
+                queue: Some("default".into()),
+                ..Default::default()
+            },
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(page.tasks.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_input_stores_nothing() {
+    let h = harness().await;
+    let bad = vec![
+        TaskSpec::new("k"),
+        TaskSpec::new("k").max_attempts(0),
+        TaskSpec::new("k"),
+    ];
+    match h.sundial.schedule_many(bad).await {
+        Err(Error::InvalidBatchItem { index, error }) => {
+            assert_eq!(index, 1);
+            assert_eq!(error.field(), Some("max_attempts"));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        h.sundial
+            .schedule(TaskSpec::new(""))
+            .await
+            .unwrap_err()
+            .is_invalid()
+    );
+    let page = h.sundial.list(Default::default(), 100).await.unwrap();
+    assert!(page.tasks.is_empty());
+    assert!(h.sundial.counts().await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusive_wait_runs_after_the_holder() {
+    let h = harness().await;
+    let (go_tx, go_rx) = tokio::sync::watch::channel(false);
+    let (tx, mut started) = tokio::sync::mpsc::unbounded_channel();
+    h.sundial.register("x", move |ctx: sundial::TaskContext| {
+        let mut go = go_rx.clone();
+        let tx = tx.clone();
+        async move {
+            let _ = tx.send(ctx.task.id);
+            while !*go.borrow_and_update() {
+                if go.changed().await.is_err() {
+                    break;
+                }
+            }
+            Ok::<(), String>(())
+        }
+    });
+    let _engine = h.sundial.start();
+    let first = h
+        .sundial
+        .schedule(TaskSpec::new("x").exclusive("acct-1", ExclusiveMode::Wait))
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), started.recv())
+        .await
+        .unwrap();
+    assert_eq!(got, Some(first));
+    let second = h
+        .sundial
+        .schedule(TaskSpec::new("x").exclusive("acct-1", ExclusiveMode::Wait))
+        .await
+        .unwrap();
+    let skipped = h
+        .sundial
+        .schedule(TaskSpec::new("x").exclusive("acct-1", ExclusiveMode::Skip))
+        .await
+        .unwrap();
+    let other = h
+        .sundial
+        .schedule(TaskSpec::new("x").exclusive("acct-2", ExclusiveMode::Wait))
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), started.recv())
+        .await
+        .unwrap();
+    assert_eq!(got, Some(other), "a different key runs at once");
+    let t = wait_state(&h.sundial, skipped, TaskState::Cancelled).await;
+    assert!(t.last_error.unwrap().contains("skipped"));
+    assert_eq!(
+        h.sundial.get(second).await.unwrap().unwrap().state,
+        TaskState::Scheduled
+    );
+    go_tx.send_replace(true);
+    let got = tokio::time::timeout(Duration::from_secs(10), started.recv())
+        .await
+        .unwrap();
+    assert_eq!(got, Some(second));
+    wait_state(&h.sundial, second, TaskState::Succeeded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_limit_per_queue() {
+    let mut cfg = Config::default();
+    cfg.default_concurrency = 2;
+    let h = harness_with(cfg).await;
+    let live = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let (l, p) = (live.clone(), peak.clone());
+    h.sundial.register("c", move |_ctx: sundial::TaskContext| {
+        let (l, p) = (l.clone(), p.clone());
+        async move {
+            let n = l.fetch_add(1, Ordering::SeqCst) + 1;
+            p.fetch_max(n, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            l.fetch_sub(1, Ordering::SeqCst);
+            Ok::<(), String>(())
+        }
+    });
+    let _engine = h.sundial.start();
+    let specs = (0..12).map(|_| TaskSpec::new("c")).collect();
+    let ids: Vec<_> = h
+        .sundial
+        .schedule_many(specs)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| match s {
+            sundial::Scheduled::Created(t) => t.id,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    for id in ids {
+        wait_state(&h.sundial, id, TaskState::Succeeded).await;
+    }
+    assert_eq!(peak.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_kinds_wait_ready_for_a_worker() {
+    let h = harness().await;
+    let _engine = h.sundial.start();
+    let id = h
+        .sundial
+        .schedule(TaskSpec::new("nobody.handles.this").queue("emails"))
+        .await
+        .unwrap();
+    wait_state(&h.sundial, id, TaskState::Ready).await;
+    // A worker polling another queue gets nothing; one polling this queue gets it once.
+    assert!(
+        h.sundial
+            .poll("other", None, None, 10, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let got = h
+        .sundial
+        .poll("emails", Some("w".into()), None, 10, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert!(
+        h.sundial
+            .poll("emails", None, None, 10, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let exec = got[0].execution_id.unwrap();
+    h.sundial.heartbeat(id, exec).await.unwrap();
+    let t = h
+        .sundial
+        .complete(id, exec, Some(serde_json::json!("ok")))
+        .await
+        .unwrap();
+    assert_eq!(t.state, TaskState::Succeeded);
+    assert!(matches!(
+        h.sundial.heartbeat(id, exec).await,
+        Err(Error::StaleExecution { .. })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_poll_is_woken_when_work_arrives() {
+    let h = harness().await;
+    let _engine = h.sundial.start();
+    let s = h.sundial.clone();
+    let poll =
+        tokio::spawn(async move { s.poll("q", None, None, 1, Duration::from_secs(30)).await });
+    settle().await;
+    let id = h
+        .sundial
+        .schedule(TaskSpec::new("w").queue("q"))
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), poll)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].id, id);
+    // A worker's failure goes through the same retry policy.
+    let t = h
+        .sundial
+        .fail(id, got[0].execution_id.unwrap(), "nope".into(), false)
+        .await
+        .unwrap();
+    assert_eq!(t.state, TaskState::Dead);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_drains_running_handlers_and_takes_no_new_work() {
+    let h = harness().await;
+    let finished = Arc::new(AtomicUsize::new(0));
+    let f = finished.clone();
+    h.sundial
+        .register("drain", move |_ctx: sundial::TaskContext| {
+            let f = f.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                f.fetch_add(1, Ordering::SeqCst);
+                Ok::<(), String>(())
+            }
+        });
+    let engine = h.sundial.start();
+    let id = h.sundial.schedule(TaskSpec::new("drain")).await.unwrap();
+    wait_state(&h.sundial, id, TaskState::Running).await;
+    let interrupted = engine.shutdown(Duration::from_secs(30)).await;
+    assert_eq!(interrupted, 0);
+    assert_eq!(finished.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        h.sundial.get(id).await.unwrap().unwrap().state,
+        TaskState::Succeeded
+    );
+    assert!(matches!(
+        h.sundial.schedule(TaskSpec::new("drain")).await,
+        Err(Error::ShuttingDown)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_deadline_interrupts_and_reschedules() {
+    let h = harness().await;
+    h.sundial
+        .register("stuck", |_ctx: sundial::TaskContext| async move {
+            std::future::pending::<()>().await;
+            Ok::<(), String>(())
+        });
+    let engine = h.sundial.start();
+    let id = h.sundial.schedule(TaskSpec::new("stuck")).await.unwrap();
+    wait_state(&h.sundial, id, TaskState::Running).await;
+    let c = h.clock.clone();
+    let stopper = tokio::spawn(async move { engine.shutdown(Duration::from_secs(5)).await });
+    settle().await;
+    c.advance(Duration::from_secs(5));
+    let left = tokio::time::timeout(Duration::from_secs(10), stopper)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(left, 0);
+    let t = h.sundial.get(id).await.unwrap().unwrap();
+    assert_eq!(t.state, TaskState::Scheduled);
+    assert_eq!(t.last_error.as_deref(), Some("interrupted by shutdown"));
+    assert_eq!(t.due_at, Timestamp(T0.0 + 5_000));
+}
