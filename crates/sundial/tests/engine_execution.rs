@@ -421,8 +421,10 @@ async fn exclusive_wait_runs_after_the_holder() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrency_limit_per_queue() {
-    let mut cfg = Config::default();
-    cfg.default_concurrency = 2;
+    let cfg = Config {
+        default_concurrency: 2,
+        ..Default::default()
+    };
     let h = harness_with(cfg).await;
     let live = Arc::new(AtomicUsize::new(0));
     let peak = Arc::new(AtomicUsize::new(0));

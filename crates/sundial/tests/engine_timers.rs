@@ -29,9 +29,11 @@ async fn never_early_then_on_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fires_in_due_order() {
-    let mut cfg = sundial::Config::default();
-    cfg.shard_count = 1;
-    cfg.default_concurrency = 1;
+    let cfg = sundial::Config {
+        shard_count: 1,
+        default_concurrency: 1,
+        ..Default::default()
+    };
     let h = harness_with(cfg).await;
     let mut runs = record(&h, "k", |_| Ok(()));
     let _engine = h.sundial.start();
