@@ -1,5 +1,6 @@
 //! Layering is enforced, not hoped for: the pure crates must not pull in a runtime, a database
 //! driver or a web framework, and only the SQLite store crate may depend on rusqlite.
+#![allow(clippy::unwrap_used)] // test code: a panic is a failed test
 
 use std::collections::{BTreeSet, HashMap};
 use std::process::Command;
