@@ -379,7 +379,8 @@ impl Store for SqliteStore {
                 args.push(Box::new(b.as_bytes().to_vec()));
                 sql.push_str(&format!(" AND id < ?{}", args.len()));
             }
-            args.push(Box::new(limit as i64));
+            // One row more than asked for tells whether another page follows.
+            args.push(Box::new(limit.saturating_add(1) as i64));
             sql.push_str(&format!(" ORDER BY id DESC LIMIT ?{}", args.len()));
             let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
             let params: Vec<&dyn rusqlite::ToSql> = args.iter().map(|b| b.as_ref()).collect();
@@ -388,7 +389,8 @@ impl Store for SqliteStore {
             while let Some(r) = rows.next().map_err(backend)? {
                 tasks.push(task_from_row(r)?);
             }
-            let next_cursor = if tasks.len() == limit && limit > 0 {
+            let next_cursor = if tasks.len() > limit {
+                tasks.truncate(limit);
                 tasks.last().map(|t| t.id)
             } else {
                 None
@@ -520,21 +522,20 @@ impl Store for SqliteStore {
                     .kinds
                     .as_ref()
                     .map(|k| serde_json::to_string(k).unwrap_or_else(|_| "[]".to_string()));
-                // Candidates in id order; over-fetch so that exclusive conflicts do not starve.
+                // Candidates in id order, page by page, leaving out tasks whose exclusive key a
+                // running task holds: however many of those come first, the free ones behind them
+                // are reached. A candidate can still lose its key to a task started earlier in
+                // this call; the update checks again.
                 let mut stmt = conn
                     .prepare_cached(
                         "SELECT id FROM tasks INDEXED BY tasks_ready \
                          WHERE state = 'ready' AND queue = ?1 \
                          AND (?2 IS NULL OR kind IN (SELECT value FROM json_each(?2))) \
-                         ORDER BY id LIMIT ?3",
+                         AND id > ?3 AND (exclusive_key IS NULL OR NOT EXISTS \
+                         (SELECT 1 FROM tasks r WHERE r.state = 'running' \
+                         AND r.exclusive_key = tasks.exclusive_key)) \
+                         ORDER BY id LIMIT ?4",
                     )
-                    .map_err(backend)?;
-                let ids: Vec<Vec<u8>> = stmt
-                    .query_map(params![claim.queue, kinds, (want * 4 + 16) as i64], |r| {
-                        r.get(0)
-                    })
-                    .map_err(backend)?
-                    .collect::<Result<_, _>>()
                     .map_err(backend)?;
                 let sql = format!(
                     "UPDATE tasks SET state = 'running', attempt = attempt + 1, execution_id = ?2, \
@@ -543,22 +544,36 @@ impl Store for SqliteStore {
                      (SELECT 1 FROM tasks r WHERE r.state = 'running' \
                      AND r.exclusive_key = tasks.exclusive_key)) RETURNING {TASK_COLUMNS}"
                 );
+                let page = (want * 4 + 16) as i64;
+                // The empty blob sorts before every id.
+                let mut after: Vec<u8> = Vec::new();
                 let mut out = Vec::with_capacity(want);
-                for id in ids {
-                    let Some(exec) = claim.execution_ids.get(out.len()) else {
+                while out.len() < want {
+                    let ids: Vec<Vec<u8>> = stmt
+                        .query_map(params![claim.queue, kinds, after, page], |r| r.get(0))
+                        .map_err(backend)?
+                        .collect::<Result<_, _>>()
+                        .map_err(backend)?;
+                    let Some(last) = ids.last() else {
                         break;
                     };
-                    if let Some(t) = update_returning(
-                        conn,
-                        &sql,
-                        &[
-                            &id,
-                            &exec.as_bytes().as_slice(),
-                            &claim.now.0,
-                            &claim.worker,
-                        ],
-                    )? {
-                        out.push(t);
+                    after = last.clone();
+                    for id in ids {
+                        let Some(exec) = claim.execution_ids.get(out.len()) else {
+                            break;
+                        };
+                        if let Some(t) = update_returning(
+                            conn,
+                            &sql,
+                            &[
+                                &id,
+                                &exec.as_bytes().as_slice(),
+                                &claim.now.0,
+                                &claim.worker,
+                            ],
+                        )? {
+                            out.push(t);
+                        }
                     }
                 }
                 Ok(out)

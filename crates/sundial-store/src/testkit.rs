@@ -1,1 +1,2517 @@
 //! The store conformance suite (feature `testkit`): behaviour every backend must show.
+//!
+//! Each check is a public async function that takes a fresh, empty store and panics when the store
+//! misbehaves. Checks only call the [`Store`] trait: they need no async runtime of their own and read
+//! no clock (every `now` is an explicit [`Timestamp`]). A backend runs the whole suite from its
+//! test crate with [`store_conformance!`](crate::store_conformance), which expands to one
+//! `#[tokio::test]` per check:
+//!
+//! ```ignore
+//! async fn fresh_store() -> (Arc<dyn Store>, tempfile::TempDir) {
+//!     let dir = tempfile::tempdir().expect("temp dir");
+//!     let store = MyStore::open(dir.path()).expect("open");
+//!     (Arc::new(store), dir)
+//! }
+//!
+//! sundial_store::store_conformance!(fresh_store);
+//! ```
+//!
+//! The factory returns a [`Fixture`]: the store alone, or the store with a guard (a temporary
+//! directory, a scratch schema) that is dropped once the check is over.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Debug;
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
+use std::time::Duration;
+
+use serde_json::json;
+use sundial_core::{
+    Backoff, Exclusive, ExclusiveMode, ExecutionId, Limits, NewTask, Task, TaskId, TaskSpec,
+    TaskState, Timestamp,
+};
+use uuid::Uuid;
+
+use crate::{
+    ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Inserted, ReadyClaim, Store, TaskFilter,
+    TransitionError,
+};
+
+/// What a conformance factory hands back: the store under test, alone or with a guard that must
+/// live as long as the store is used (dropped after the check, after the store).
+pub trait Fixture {
+    fn store(&self) -> Arc<dyn Store>;
+}
+
+impl Fixture for Arc<dyn Store> {
+    fn store(&self) -> Arc<dyn Store> {
+        self.clone()
+    }
+}
+
+impl<G> Fixture for (Arc<dyn Store>, G) {
+    fn store(&self) -> Arc<dyn Store> {
+        self.0.clone()
+    }
+}
+
+/// Expands to one `#[tokio::test(flavor = "multi_thread", worker_threads = 2)]` per conformance
+/// check, each with a fresh store from `factory`: an async fn or closure taking no arguments and
+/// returning a [`Fixture`](crate::testkit::Fixture) (`Arc<dyn Store>`, or `(Arc<dyn Store>, guard)`).
+///
+/// The calling crate needs `tokio` with the `macros` and `rt-multi-thread` features. The tests are
+/// named after the checks; invoke the macro inside a module to run the suite more than once (for
+/// example with different store options).
+#[macro_export]
+macro_rules! store_conformance {
+    (@checks ($factory:expr) $($check:ident)*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                let fixture = ($factory)().await;
+                let store = $crate::testkit::Fixture::store(&fixture);
+                $crate::testkit::$check(store).await;
+                drop(fixture);
+            }
+        )*
+    };
+    ($factory:expr $(,)?) => {
+        $crate::store_conformance!(@checks ($factory)
+            insert_then_get_round_trips_every_field
+            insert_batch_returns_results_in_order
+            insert_batch_is_atomic
+            duplicate_live_key_is_refused
+            duplicate_key_within_one_batch_is_refused
+            same_key_in_another_queue_is_allowed
+            key_is_released_when_holder_is_terminal
+            scan_due_returns_due_scheduled_tasks_of_shard_in_order
+            scan_due_pages_with_after_and_limit
+            next_due_is_earliest_scheduled_after_cursor
+            claim_due_never_claims_before_due
+            claim_due_run_starts_an_attempt
+            claim_due_ready_makes_task_ready
+            claim_due_answers_each_claim_in_order
+            claim_due_of_cancelled_task_is_not_claimable
+            claim_due_is_exclusive_under_concurrency
+            exclusive_wait_is_busy_while_key_runs
+            exclusive_skip_is_cancelled_while_key_runs
+            claim_ready_takes_ready_tasks_in_id_order
+            claim_ready_respects_kinds_filter
+            claim_ready_respects_batch_size
+            claim_ready_skips_busy_exclusive_keys
+            claim_ready_never_returns_a_task_twice_under_concurrency
+            heartbeat_extends_lease
+            stale_execution_is_refused
+            unknown_task_is_not_found
+            complete_stores_result_and_is_terminal
+            fail_with_retry_reschedules
+            fail_without_retry_is_dead
+            cancel_from_live_states
+            cancel_from_terminal_is_wrong_state
+            trigger_moves_due_to_now_for_scheduled_only
+            expire_leases_reschedules_or_kills
+            expire_leases_honours_limit
+            next_lease_expiry_is_earliest_running_lease
+            count_by_state_follows_transitions
+            list_filters_newest_first
+            list_paginates_without_gaps_or_duplicates
+            terminal_states_never_change
+        );
+    };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+/// Shards the suite's tasks are spread over.
+const SHARDS: u32 = 4;
+/// The suite's origin of time (2023-11-14T22:13:20Z); every `now` is an offset from it.
+const T0: i64 = 1_700_000_000_000;
+/// A lease length, in milliseconds.
+const LEASE: i64 = 30_000;
+
+/// `T0 + ms`.
+fn at(ms: i64) -> Timestamp {
+    Timestamp(T0 + ms)
+}
+
+static ID_SEQUENCE: AtomicU64 = AtomicU64::new(0);
+
+/// A fresh task id, UUIDv7-shaped: a process-wide counter in the time field makes ids created later
+/// sort higher (so "oldest first" and "newest first" are predictable), and random bits after it keep
+/// ids unique across processes sharing one database.
+fn task_id() -> TaskId {
+    let n = ID_SEQUENCE.fetch_add(1, Ordering::Relaxed);
+    let mut random = [0u8; 10];
+    random.copy_from_slice(&Uuid::new_v4().as_bytes()[6..]);
+    TaskId(uuid::Builder::from_unix_timestamp_millis(T0 as u64 + n, &random).into_uuid())
+}
+
+fn execution_id() -> ExecutionId {
+    ExecutionId(Uuid::new_v4())
+}
+
+/// A validated task with a fresh id.
+fn make(spec: TaskSpec, now: Timestamp) -> NewTask {
+    spec.validate(task_id(), now, SHARDS, &Limits::default())
+        .expect("the conformance suite's specs are valid")
+}
+
+/// A validated task (without a key) whose fresh id places it on `shard`.
+fn make_on_shard(spec: TaskSpec, now: Timestamp, shard: u32) -> NewTask {
+    assert!(spec.key.is_none(), "a keyed task's shard follows its key");
+    for _ in 0..10_000 {
+        let t = make(spec.clone(), now);
+        if t.shard == shard {
+            return t;
+        }
+    }
+    panic!("no id found for shard {shard}");
+}
+
+/// A task of kind `kind` in `queue`, due `due` ms after `T0`, created at `T0`.
+fn due_task(queue: &str, kind: &str, due: i64) -> NewTask {
+    make(TaskSpec::new(kind).queue(queue).run_at(at(due)), at(0))
+}
+
+async fn insert(s: &dyn Store, t: NewTask) -> Task {
+    let id = t.id;
+    let mut out = s.insert(vec![t]).await.expect("insert");
+    assert_eq!(out.len(), 1, "one result per inserted task");
+    match out.pop() {
+        Some(Inserted::Created(t)) => {
+            assert_eq!(t.id, id, "insert returned another task");
+            *t
+        }
+        other => panic!("expected the task to be created, got {other:?}"),
+    }
+}
+
+async fn insert_all(s: &dyn Store, tasks: Vec<NewTask>) -> Vec<Task> {
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(insert(s, t).await);
+    }
+    out
+}
+
+async fn get(s: &dyn Store, id: TaskId) -> Task {
+    s.get(id)
+        .await
+        .expect("get")
+        .unwrap_or_else(|| panic!("task {id} should exist"))
+}
+
+async fn claim(s: &dyn Store, id: TaskId, target: ClaimTarget, now: Timestamp) -> ClaimOutcome {
+    let mut out = s
+        .claim_due(vec![DueClaim { id, target }], now)
+        .await
+        .expect("claim_due");
+    assert_eq!(out.len(), 1, "one outcome per claim");
+    out.pop().expect("one outcome")
+}
+
+fn run_target(execution: ExecutionId, lease_until: Timestamp) -> ClaimTarget {
+    ClaimTarget::Run {
+        execution,
+        lease_until,
+    }
+}
+
+/// Claims a due task with a `Run` target (lease until `lease_until`) and expects it to start.
+async fn start_with_lease(
+    s: &dyn Store,
+    id: TaskId,
+    now: Timestamp,
+    lease_until: Timestamp,
+) -> (ExecutionId, Task) {
+    let exec = execution_id();
+    match claim(s, id, run_target(exec, lease_until), now).await {
+        ClaimOutcome::Started(t) => (exec, *t),
+        other => panic!("expected task {id} to start at {now}, got {other:?}"),
+    }
+}
+
+/// Claims a due task with a `Run` target and a lease of [`LEASE`], and expects it to start.
+async fn start(s: &dyn Store, id: TaskId, now: Timestamp) -> (ExecutionId, Task) {
+    start_with_lease(s, id, now, Timestamp(now.0 + LEASE)).await
+}
+
+/// Claims a due task with a `Ready` target and expects it to become ready.
+async fn make_ready(s: &dyn Store, id: TaskId, now: Timestamp) -> Task {
+    match claim(s, id, ClaimTarget::Ready, now).await {
+        ClaimOutcome::Readied(t) => *t,
+        other => panic!("expected task {id} to become ready at {now}, got {other:?}"),
+    }
+}
+
+fn ready_claim(queue: &str, batch: usize, worker: &str, now: Timestamp) -> ReadyClaim {
+    ReadyClaim {
+        queue: queue.to_string(),
+        kinds: None,
+        execution_ids: (0..batch).map(|_| execution_id()).collect(),
+        worker: Some(worker.to_string()),
+        now,
+    }
+}
+
+fn ids(tasks: &[Task]) -> Vec<TaskId> {
+    tasks.iter().map(|t| t.id).collect()
+}
+
+fn assert_not_found<T: Debug>(r: Result<T, TransitionError>, what: &str) {
+    match r {
+        Err(TransitionError::NotFound) => {}
+        other => panic!("{what}: expected NotFound, got {other:?}"),
+    }
+}
+
+fn assert_wrong_state<T: Debug>(r: Result<T, TransitionError>, state: TaskState, what: &str) {
+    match r {
+        Err(TransitionError::WrongState { state: s }) if s == state => {}
+        other => panic!("{what}: expected WrongState {{ state: {state} }}, got {other:?}"),
+    }
+}
+
+fn assert_stale<T: Debug>(r: Result<T, TransitionError>, state: TaskState, what: &str) {
+    match r {
+        Err(TransitionError::StaleExecution { state: s }) if s == state => {}
+        other => panic!("{what}: expected StaleExecution {{ state: {state} }}, got {other:?}"),
+    }
+}
+
+fn assert_not_claimable(outcome: ClaimOutcome, what: &str) {
+    assert!(
+        matches!(outcome, ClaimOutcome::NotClaimable),
+        "{what}: expected NotClaimable, got {outcome:?}"
+    );
+}
+
+/// Every attempt write with `exec` is refused as stale with `state`.
+async fn assert_attempt_writes_stale(
+    s: &dyn Store,
+    id: TaskId,
+    exec: ExecutionId,
+    state: TaskState,
+    now: Timestamp,
+) {
+    let lease = Timestamp(now.0 + LEASE);
+    assert_stale(s.heartbeat(id, exec, now, lease).await, state, "heartbeat");
+    assert_stale(
+        s.complete(id, exec, now, Some("1".into())).await,
+        state,
+        "complete",
+    );
+    assert_stale(
+        s.fail(id, exec, now, "late".into(), Some(lease)).await,
+        state,
+        "fail with retry",
+    );
+    assert_stale(
+        s.fail(id, exec, now, "late".into(), None).await,
+        state,
+        "fail without retry",
+    );
+}
+
+/// The store's counts as a map, with zero counts dropped; each `(queue, state)` at most once.
+async fn counts(s: &dyn Store) -> HashMap<(String, TaskState), u64> {
+    let mut out = HashMap::new();
+    for c in s.count_by_state().await.expect("count_by_state") {
+        let key = (c.queue.clone(), c.state);
+        assert!(
+            !out.contains_key(&key),
+            "count_by_state reported {}/{} twice",
+            c.queue,
+            c.state
+        );
+        if c.count > 0 {
+            out.insert(key, c.count);
+        }
+    }
+    out
+}
+
+/// The counts the given tasks (read back from the store) add up to.
+async fn counts_of(s: &dyn Store, all: &[TaskId]) -> HashMap<(String, TaskState), u64> {
+    let mut out = HashMap::new();
+    for id in all {
+        let t = get(s, *id).await;
+        *out.entry((t.queue, t.state)).or_insert(0) += 1;
+    }
+    out
+}
+
+fn count_map(entries: &[(&str, TaskState, u64)]) -> HashMap<(String, TaskState), u64> {
+    entries
+        .iter()
+        .map(|(q, st, n)| ((q.to_string(), *st), *n))
+        .collect()
+}
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Drives all futures at once and returns their outputs in order. The store's own threads or
+/// connections do the work in parallel; this only keeps several requests in flight together.
+async fn join_all<T>(futures: Vec<BoxFuture<'_, T>>) -> Vec<T> {
+    let mut futures: Vec<Option<BoxFuture<'_, T>>> = futures.into_iter().map(Some).collect();
+    let mut outputs: Vec<Option<T>> = futures.iter().map(|_| None).collect();
+    poll_fn(|cx| {
+        let mut pending = false;
+        for (slot, out) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if let Some(f) = slot {
+                match f.as_mut().poll(cx) {
+                    Poll::Ready(v) => {
+                        *out = Some(v);
+                        *slot = None;
+                    }
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    outputs
+        .into_iter()
+        .map(|o| o.expect("every future completed"))
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Insert and get
+// ---------------------------------------------------------------------------------------------
+
+/// `insert` then `get` returns every field as given, with the defaults of a fresh task (scheduled,
+/// no attempt yet, no lease, no result); an unknown id reads as `None`.
+pub async fn insert_then_get_round_trips_every_field(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let now = at(0);
+    let payload = json!({
+        "to": "ada@example.com",
+        "n": 42,
+        "big": u64::MAX,
+        "ratio": 1.5,
+        "tags": ["a", "ß", "✓", "日本"],
+        "nested": {"ok": true, "none": null, "empty": {}},
+    });
+    let backoff = Backoff {
+        initial_ms: 250,
+        factor: 3.0,
+        max_ms: 60_000,
+        jitter: 0.1,
+    };
+    let full = make(
+        TaskSpec::new("email.send")
+            .queue("mail")
+            .key("order-17 / ü")
+            .payload(payload.clone())
+            .run_at(at(90_000))
+            .max_attempts(7)
+            .backoff(backoff.clone())
+            .timeout(Duration::from_secs(90))
+            .exclusive("mailbox:ada", ExclusiveMode::Skip),
+        now,
+    );
+    let expected = Task {
+        id: full.id,
+        shard: full.shard,
+        queue: "mail".into(),
+        kind: "email.send".into(),
+        key: Some("order-17 / ü".into()),
+        payload,
+        due_at: at(90_000),
+        state: TaskState::Scheduled,
+        attempt: 0,
+        max_attempts: 7,
+        backoff,
+        timeout_ms: 90_000,
+        exclusive: Some(Exclusive {
+            key: "mailbox:ada".into(),
+            mode: ExclusiveMode::Skip,
+        }),
+        execution_id: None,
+        lease_expires_at: None,
+        worker: None,
+        last_error: None,
+        result: None,
+        created_at: now,
+        updated_at: now,
+        started_at: None,
+        finished_at: None,
+    };
+    assert_eq!(insert(s, full.clone()).await, expected, "insert's answer");
+    assert_eq!(get(s, full.id).await, expected, "get after insert");
+
+    // Defaults: no key, no exclusivity, a null payload, due now.
+    let minimal = make(TaskSpec::new("noop"), at(5));
+    let expected_minimal = Task {
+        id: minimal.id,
+        shard: minimal.shard,
+        queue: TaskSpec::DEFAULT_QUEUE.into(),
+        kind: "noop".into(),
+        key: None,
+        payload: serde_json::Value::Null,
+        due_at: at(5),
+        state: TaskState::Scheduled,
+        attempt: 0,
+        max_attempts: TaskSpec::DEFAULT_MAX_ATTEMPTS,
+        backoff: Backoff::default(),
+        timeout_ms: 300_000,
+        exclusive: None,
+        execution_id: None,
+        lease_expires_at: None,
+        worker: None,
+        last_error: None,
+        result: None,
+        created_at: at(5),
+        updated_at: at(5),
+        started_at: None,
+        finished_at: None,
+    };
+    assert_eq!(insert(s, minimal.clone()).await, expected_minimal);
+    assert_eq!(get(s, minimal.id).await, expected_minimal);
+
+    // The other exclusive mode, a fixed backoff and a due time in the past.
+    let waiting = make(
+        TaskSpec::new("report")
+            .payload(json!("just a string"))
+            .run_at(Timestamp::MIN)
+            .backoff(Backoff::fixed(Duration::from_millis(1_500)))
+            .exclusive("reports", ExclusiveMode::Wait),
+        now,
+    );
+    let stored = insert(s, waiting.clone()).await;
+    assert_eq!(stored.due_at, Timestamp::MIN);
+    assert_eq!(stored.payload, json!("just a string"));
+    assert_eq!(stored.backoff, Backoff::fixed(Duration::from_millis(1_500)));
+    assert_eq!(
+        stored.exclusive,
+        Some(Exclusive {
+            key: "reports".into(),
+            mode: ExclusiveMode::Wait,
+        })
+    );
+    assert_eq!(get(s, waiting.id).await, stored);
+
+    assert!(
+        s.get(task_id()).await.expect("get").is_none(),
+        "an unknown id reads as None"
+    );
+}
+
+/// A batch insert answers one result per task, in the order given (not id order), and stores every
+/// created task; an empty batch does nothing.
+pub async fn insert_batch_returns_results_in_order(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let now = at(0);
+    let tasks: Vec<NewTask> = (0..5)
+        .map(|i| make(TaskSpec::new("batch").payload(json!({ "i": i })), now))
+        .collect();
+    let given: Vec<NewTask> = [3, 0, 4, 1, 2].iter().map(|&i| tasks[i].clone()).collect();
+    let out = s.insert(given.clone()).await.expect("insert");
+    assert_eq!(out.len(), given.len(), "one result per task");
+    for (result, t) in out.iter().zip(&given) {
+        match result {
+            Inserted::Created(created) => {
+                assert_eq!(created.id, t.id, "results are in the order given");
+                assert_eq!(created.payload.to_string(), t.payload);
+                assert_eq!(&get(s, t.id).await, created.as_ref());
+            }
+            other => panic!("expected Created for {}, got {other:?}", t.id),
+        }
+    }
+    assert!(
+        s.insert(Vec::new()).await.expect("empty insert").is_empty(),
+        "an empty batch has no results"
+    );
+    assert_eq!(
+        counts(s).await,
+        count_map(&[("default", TaskState::Scheduled, 5)])
+    );
+}
+
+/// A batch that fails (one of its ids is already stored, or appears twice in it) inserts none of its
+/// tasks, leaves the stored task with that id as it was, and keeps none of the batch's keys.
+pub async fn insert_batch_is_atomic(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let now = at(0);
+    let existing = insert(s, make(TaskSpec::new("a").payload(json!(1)), now)).await;
+
+    let keyed = make(TaskSpec::new("b").queue("q").key("kb"), now);
+    let plain = make(TaskSpec::new("c"), now);
+    let mut clash = make(TaskSpec::new("d").payload(json!("other")), now);
+    clash.id = existing.id;
+    let res = s.insert(vec![keyed.clone(), clash, plain.clone()]).await;
+    assert!(
+        res.is_err(),
+        "a batch reusing a stored id must fail, got {res:?}"
+    );
+    assert!(
+        s.get(keyed.id).await.expect("get").is_none(),
+        "nothing of a failed batch is kept"
+    );
+    assert!(
+        s.get(plain.id).await.expect("get").is_none(),
+        "nothing of a failed batch is kept"
+    );
+    assert_eq!(
+        get(s, existing.id).await,
+        existing,
+        "the stored task is untouched"
+    );
+
+    let first = make(TaskSpec::new("e"), now);
+    let mut twin = make(TaskSpec::new("f"), now);
+    twin.id = first.id;
+    let other = make(TaskSpec::new("g").queue("q").key("kg"), now);
+    let res = s.insert(vec![other.clone(), first.clone(), twin]).await;
+    assert!(
+        res.is_err(),
+        "a batch with one id twice must fail, got {res:?}"
+    );
+    assert!(s.get(other.id).await.expect("get").is_none());
+    assert!(s.get(first.id).await.expect("get").is_none());
+
+    // The failed batches' keys were never taken.
+    insert(s, keyed).await;
+    insert(s, other).await;
+    assert_eq!(
+        counts(s).await,
+        count_map(&[
+            ("default", TaskState::Scheduled, 1),
+            ("q", TaskState::Scheduled, 2),
+        ])
+    );
+}
+
+/// A task whose `(queue, key)` is held by a live task (scheduled, ready or running) is not stored:
+/// its result is `Duplicate` naming the holder.
+pub async fn duplicate_live_key_is_refused(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let holder = insert(s, make(TaskSpec::new("k").queue("q").key("K"), at(0))).await;
+    for phase in [TaskState::Scheduled, TaskState::Ready, TaskState::Running] {
+        match phase {
+            TaskState::Ready => {
+                make_ready(s, holder.id, at(1)).await;
+            }
+            TaskState::Running => {
+                let got = s
+                    .claim_ready(ready_claim("q", 1, "w", at(2)))
+                    .await
+                    .expect("claim_ready");
+                assert_eq!(ids(&got), vec![holder.id]);
+            }
+            _ => {}
+        }
+        assert_eq!(get(s, holder.id).await.state, phase);
+        let dup = make(
+            TaskSpec::new("another-kind")
+                .queue("q")
+                .key("K")
+                .payload(json!(2)),
+            at(3),
+        );
+        let out = s.insert(vec![dup.clone()]).await.expect("insert");
+        assert_eq!(
+            out,
+            vec![Inserted::Duplicate {
+                existing: holder.id
+            }],
+            "while the holder is {phase}"
+        );
+        assert!(
+            s.get(dup.id).await.expect("get").is_none(),
+            "a duplicate is not stored"
+        );
+    }
+    assert_eq!(counts(s).await, count_map(&[("q", TaskState::Running, 1)]));
+}
+
+/// Within one batch the first task with a key is created and later ones with the same
+/// `(queue, key)` come back as duplicates of it; the rest of the batch is unaffected.
+pub async fn duplicate_key_within_one_batch_is_refused(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let now = at(0);
+    let a = make(TaskSpec::new("k").queue("q").key("K"), now);
+    let b = make(TaskSpec::new("k").queue("q").key("L"), now);
+    let c = make(TaskSpec::new("k").queue("q").key("K"), now);
+    let d = make(TaskSpec::new("k").queue("q"), now);
+    let e = make(TaskSpec::new("k").queue("q").key("K"), now);
+    let out = s
+        .insert(vec![a.clone(), b.clone(), c.clone(), d.clone(), e.clone()])
+        .await
+        .expect("insert");
+    assert_eq!(out.len(), 5);
+    assert!(
+        matches!(&out[0], Inserted::Created(t) if t.id == a.id),
+        "{:?}",
+        out[0]
+    );
+    assert!(
+        matches!(&out[1], Inserted::Created(t) if t.id == b.id),
+        "{:?}",
+        out[1]
+    );
+    assert_eq!(out[2], Inserted::Duplicate { existing: a.id });
+    assert!(
+        matches!(&out[3], Inserted::Created(t) if t.id == d.id),
+        "{:?}",
+        out[3]
+    );
+    assert_eq!(out[4], Inserted::Duplicate { existing: a.id });
+    assert!(s.get(c.id).await.expect("get").is_none());
+    assert!(s.get(e.id).await.expect("get").is_none());
+    assert_eq!(
+        counts(s).await,
+        count_map(&[("q", TaskState::Scheduled, 3)])
+    );
+}
+
+/// The same key is independent in different queues, in separate inserts and within one batch.
+pub async fn same_key_in_another_queue_is_allowed(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let now = at(0);
+    insert(s, make(TaskSpec::new("k").queue("q1").key("K"), now)).await;
+    insert(s, make(TaskSpec::new("k").queue("q2").key("K"), now)).await;
+    let out = s
+        .insert(vec![
+            make(TaskSpec::new("k").queue("q3").key("K"), now),
+            make(TaskSpec::new("k").queue("q4").key("K"), now),
+        ])
+        .await
+        .expect("insert");
+    assert!(
+        out.iter().all(|r| matches!(r, Inserted::Created(_))),
+        "{out:?}"
+    );
+    let page = s
+        .list(
+            &TaskFilter {
+                key: Some("K".into()),
+                ..TaskFilter::default()
+            },
+            10,
+        )
+        .await
+        .expect("list");
+    assert_eq!(page.tasks.len(), 4);
+}
+
+/// Once the holder of a key is terminal (cancelled, succeeded or dead) the key can be used again in
+/// its queue, and the new task is then the holder.
+pub async fn key_is_released_when_holder_is_terminal(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let keyed = |now| make(TaskSpec::new("k").queue("q").key("K"), now);
+
+    let h1 = insert(s, keyed(at(0))).await;
+    s.cancel(h1.id, at(1)).await.expect("cancel");
+
+    let h2 = insert(s, keyed(at(2))).await;
+    let (e2, _) = start(s, h2.id, at(2)).await;
+    s.complete(h2.id, e2, at(3), None).await.expect("complete");
+
+    let h3 = insert(s, keyed(at(4))).await;
+    let (e3, _) = start(s, h3.id, at(4)).await;
+    s.fail(h3.id, e3, at(5), "boom".into(), None)
+        .await
+        .expect("fail");
+
+    let h4 = insert(s, keyed(at(6))).await;
+    let dup = keyed(at(7));
+    assert_eq!(
+        s.insert(vec![dup]).await.expect("insert"),
+        vec![Inserted::Duplicate { existing: h4.id }]
+    );
+    assert_eq!(
+        counts(s).await,
+        count_map(&[
+            ("q", TaskState::Cancelled, 1),
+            ("q", TaskState::Succeeded, 1),
+            ("q", TaskState::Dead, 1),
+            ("q", TaskState::Scheduled, 1),
+        ])
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The due index
+// ---------------------------------------------------------------------------------------------
+
+fn due_entry(t: &Task) -> DueEntry {
+    DueEntry {
+        key: DueKey {
+            due_at: t.due_at,
+            id: t.id,
+        },
+        queue: t.queue.clone(),
+        kind: t.kind.clone(),
+        timeout_ms: t.timeout_ms,
+    }
+}
+
+/// `scan_due` lists the `scheduled` tasks of one shard with `due_at <= until` (inclusive), in
+/// `(due_at, id)` order, with their queue and kind; other shards, later tasks and tasks that are
+/// ready, running or cancelled are left out.
+pub async fn scan_due_returns_due_scheduled_tasks_of_shard_in_order(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let shard = 1;
+    let on = |queue: &str, kind: &str, due: i64, shard: u32| {
+        make_on_shard(
+            TaskSpec::new(kind).queue(queue).run_at(at(due)),
+            at(0),
+            shard,
+        )
+    };
+    // Made in an order where ids do not follow due times.
+    let late = on("scan", "late", 30, shard);
+    let edge = on("scan", "edge", 20, shard);
+    let b10 = on("scan", "b", 10, shard);
+    let a10 = on("scan", "a", 10, shard);
+    let early = on("scan-other", "x", 5, shard);
+    let readied = on("scan", "readied", 15, shard);
+    let running = on("scan", "running", 8, shard);
+    let cancelled = on("scan", "cancelled", 12, shard);
+    let past = on("scan", "past", -1_000, shard);
+    let elsewhere = on("scan", "elsewhere", 5, 2);
+    let all = vec![
+        a10.clone(),
+        readied.clone(),
+        late.clone(),
+        past.clone(),
+        elsewhere.clone(),
+        running.clone(),
+        edge.clone(),
+        cancelled.clone(),
+        early.clone(),
+        b10.clone(),
+    ];
+    let out = s.insert(all).await.expect("insert");
+    assert!(out.iter().all(|r| matches!(r, Inserted::Created(_))));
+    make_ready(s, readied.id, at(15)).await;
+    start(s, running.id, at(8)).await;
+    s.cancel(cancelled.id, at(1)).await.expect("cancel");
+
+    let mut expected = Vec::new();
+    for t in [&past, &early, &b10, &a10, &edge] {
+        expected.push(due_entry(&get(s, t.id).await));
+    }
+    expected.sort_by_key(|e| e.key);
+    let got = s
+        .scan_due(shard, None, at(20), 100)
+        .await
+        .expect("scan_due");
+    assert_eq!(got, expected);
+
+    let got = s.scan_due(2, None, at(20), 100).await.expect("scan_due");
+    assert_eq!(got, vec![due_entry(&get(s, elsewhere.id).await)]);
+    assert!(
+        s.scan_due(shard, None, at(-1_001), 100)
+            .await
+            .expect("scan_due")
+            .is_empty(),
+        "nothing is due before the earliest due time"
+    );
+    assert!(
+        s.scan_due(3, None, at(1_000), 100)
+            .await
+            .expect("scan_due")
+            .is_empty(),
+        "an empty shard has nothing due"
+    );
+    let got = s
+        .scan_due(shard, None, at(1_000), 100)
+        .await
+        .expect("scan_due");
+    assert_eq!(got.len(), 6, "with a later bound, the late task is due too");
+    assert_eq!(got[5].key.id, late.id);
+}
+
+/// `scan_due` continues strictly after the `after` cursor (also between tasks due at the same time)
+/// and returns at most `limit` entries; paging with the last key as cursor visits each due task once.
+pub async fn scan_due_pages_with_after_and_limit(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let dues = [3, 1, 3, 2, 3, 5, 1, 4];
+    let tasks: Vec<NewTask> = dues
+        .iter()
+        .map(|d| make_on_shard(TaskSpec::new("page").run_at(at(*d)), at(0), 0))
+        .collect();
+    insert_all(s, tasks).await;
+    let until = at(10);
+    let full = s.scan_due(0, None, until, 100).await.expect("scan_due");
+    assert_eq!(full.len(), dues.len());
+    assert!(
+        full.windows(2).all(|w| w[0].key < w[1].key),
+        "entries are in strictly increasing (due_at, id) order"
+    );
+
+    assert_eq!(
+        s.scan_due(0, None, until, 3).await.expect("scan_due"),
+        full[..3].to_vec()
+    );
+    assert!(
+        s.scan_due(0, None, until, 0)
+            .await
+            .expect("scan_due")
+            .is_empty()
+    );
+
+    let mut paged = Vec::new();
+    let mut after = None;
+    let mut sizes = Vec::new();
+    loop {
+        let page = s.scan_due(0, after, until, 3).await.expect("scan_due");
+        if page.is_empty() {
+            break;
+        }
+        assert!(page.len() <= 3);
+        sizes.push(page.len());
+        after = page.last().map(|e| e.key);
+        paged.extend(page);
+        assert!(sizes.len() <= dues.len(), "paging does not end");
+    }
+    assert_eq!(paged, full);
+    assert_eq!(sizes, vec![3, 3, 2]);
+
+    // A cursor between two tasks due at the same time.
+    let i = (0..full.len() - 1)
+        .find(|&i| full[i].key.due_at == full[i + 1].key.due_at)
+        .expect("two tasks share a due time");
+    assert_eq!(
+        s.scan_due(0, Some(full[i].key), until, 100)
+            .await
+            .expect("scan_due"),
+        full[i + 1..].to_vec()
+    );
+    // Cursors that are not task keys.
+    let from_three: Vec<DueEntry> = full
+        .iter()
+        .filter(|e| e.key.due_at >= at(3))
+        .cloned()
+        .collect();
+    let low = DueKey {
+        due_at: at(3),
+        id: TaskId::MIN,
+    };
+    assert_eq!(
+        s.scan_due(0, Some(low), until, 100)
+            .await
+            .expect("scan_due"),
+        from_three
+    );
+    let high = DueKey {
+        due_at: at(3),
+        id: TaskId::MAX,
+    };
+    let after_three: Vec<DueEntry> = full
+        .iter()
+        .filter(|e| e.key.due_at > at(3))
+        .cloned()
+        .collect();
+    assert_eq!(
+        s.scan_due(0, Some(high), until, 100)
+            .await
+            .expect("scan_due"),
+        after_three
+    );
+    // `until` still applies after a cursor.
+    assert_eq!(
+        s.scan_due(0, Some(low), at(3), 100)
+            .await
+            .expect("scan_due"),
+        full.iter()
+            .filter(|e| e.key.due_at == at(3))
+            .cloned()
+            .collect::<Vec<_>>()
+    );
+}
+
+/// `next_due` is the earliest due time among scheduled tasks of the shard strictly after the cursor,
+/// however far ahead; other shards and tasks that are not scheduled do not count.
+pub async fn next_due_is_earliest_scheduled_after_cursor(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    assert_eq!(s.next_due(0, None).await.expect("next_due"), None);
+    let on0 = |due: i64| make_on_shard(TaskSpec::new("n").run_at(at(due)), at(0), 0);
+    let far_due = 10 * 365 * 86_400_000;
+    let a = insert(s, on0(50)).await;
+    let b = insert(s, on0(20)).await;
+    let c = insert(s, on0(20)).await;
+    let far = insert(s, on0(far_due)).await;
+    let readied = insert(s, on0(5)).await;
+    make_ready(s, readied.id, at(5)).await;
+    let running = insert(s, on0(6)).await;
+    start(s, running.id, at(6)).await;
+    insert(s, make_on_shard(TaskSpec::new("n").run_at(at(1)), at(0), 1)).await;
+
+    assert_eq!(s.next_due(0, None).await.expect("next_due"), Some(at(20)));
+    let mut keys: Vec<DueKey> = [&a, &b, &c, &far]
+        .iter()
+        .map(|t| DueKey {
+            due_at: t.due_at,
+            id: t.id,
+        })
+        .collect();
+    keys.sort();
+    let expect = [Some(at(20)), Some(at(50)), Some(at(far_due)), None];
+    for (key, want) in keys.iter().zip(expect) {
+        assert_eq!(
+            s.next_due(0, Some(*key)).await.expect("next_due"),
+            want,
+            "after {key:?}"
+        );
+    }
+    assert_eq!(s.next_due(1, None).await.expect("next_due"), Some(at(1)));
+    assert_eq!(s.next_due(2, None).await.expect("next_due"), None);
+
+    for t in [&a, &b, &c] {
+        s.cancel(t.id, at(7)).await.expect("cancel");
+    }
+    assert_eq!(
+        s.next_due(0, None).await.expect("next_due"),
+        Some(at(far_due))
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Claiming due tasks
+// ---------------------------------------------------------------------------------------------
+
+/// A claim succeeds only once `due_at <= now`: before that, either target is `NotClaimable` and the
+/// task is unchanged.
+pub async fn claim_due_never_claims_before_due(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let t = insert(s, due_task("q", "k", 100)).await;
+    let exec = execution_id();
+    assert_not_claimable(
+        claim(s, t.id, run_target(exec, at(99 + LEASE)), at(99)).await,
+        "run claim before due",
+    );
+    assert_not_claimable(
+        claim(s, t.id, ClaimTarget::Ready, at(99)).await,
+        "ready claim before due",
+    );
+    assert_not_claimable(
+        claim(s, t.id, run_target(exec, at(LEASE)), at(0)).await,
+        "run claim long before due",
+    );
+    assert_eq!(get(s, t.id).await, t, "a refused claim changes nothing");
+    let (_, started) = start(s, t.id, at(100)).await;
+    assert_eq!(started.attempt, 1, "due_at == now is due");
+}
+
+/// A `Run` claim moves a due task to `running` with attempt + 1, the claim's execution id and lease,
+/// `started_at = updated_at = now`, and nothing else changed; a second claim is `NotClaimable`; after
+/// a retry the next claim is attempt 2 with its own execution id.
+pub async fn claim_due_run_starts_an_attempt(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let t = insert(
+        s,
+        make(TaskSpec::new("k").queue("q").max_attempts(3), at(0)),
+    )
+    .await;
+    let exec = execution_id();
+    let outcome = claim(s, t.id, run_target(exec, at(10 + LEASE)), at(10)).await;
+    let expected = Task {
+        state: TaskState::Running,
+        attempt: 1,
+        execution_id: Some(exec),
+        lease_expires_at: Some(at(10 + LEASE)),
+        started_at: Some(at(10)),
+        updated_at: at(10),
+        ..t.clone()
+    };
+    match outcome {
+        ClaimOutcome::Started(got) => assert_eq!(*got, expected),
+        other => panic!("expected Started, got {other:?}"),
+    }
+    assert_eq!(get(s, t.id).await, expected);
+
+    assert_not_claimable(
+        claim(s, t.id, run_target(execution_id(), at(11 + LEASE)), at(11)).await,
+        "second run claim",
+    );
+    assert_not_claimable(
+        claim(s, t.id, ClaimTarget::Ready, at(11)).await,
+        "ready claim of a running task",
+    );
+    assert_eq!(get(s, t.id).await, expected);
+
+    s.fail(t.id, exec, at(20), "try again".into(), Some(at(30)))
+        .await
+        .expect("fail");
+    let (exec2, again) = start(s, t.id, at(30)).await;
+    assert_ne!(exec2, exec);
+    assert_eq!(again.attempt, 2);
+    assert_eq!(again.execution_id, Some(exec2));
+    assert_eq!(again.started_at, Some(at(30)));
+    assert_eq!(again.state, TaskState::Running);
+}
+
+/// A `Ready` claim moves a due task to `ready` without starting an attempt; it leaves the due index,
+/// a second claim is `NotClaimable`, and a worker can then take it.
+pub async fn claim_due_ready_makes_task_ready(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let t = insert(s, due_task("q", "k", 0)).await;
+    let got = make_ready(s, t.id, at(5)).await;
+    let expected = Task {
+        state: TaskState::Ready,
+        updated_at: at(5),
+        ..t.clone()
+    };
+    assert_eq!(got, expected);
+    assert_eq!(get(s, t.id).await, expected);
+    assert!(
+        s.scan_due(t.shard, None, at(1_000), 10)
+            .await
+            .expect("scan_due")
+            .is_empty(),
+        "a ready task is not in the due index"
+    );
+    assert_eq!(s.next_due(t.shard, None).await.expect("next_due"), None);
+    assert_not_claimable(
+        claim(s, t.id, ClaimTarget::Ready, at(6)).await,
+        "second ready claim",
+    );
+    assert_not_claimable(
+        claim(s, t.id, run_target(execution_id(), at(6 + LEASE)), at(6)).await,
+        "run claim of a ready task",
+    );
+    let taken = s
+        .claim_ready(ready_claim("q", 1, "w", at(7)))
+        .await
+        .expect("claim_ready");
+    assert_eq!(ids(&taken), vec![t.id]);
+    assert_eq!(taken[0].attempt, 1);
+}
+
+/// `claim_due` answers every claim of a batch, in order: due tasks are taken, while tasks not yet
+/// due, cancelled, unknown or already taken earlier in the same batch are `NotClaimable`.
+pub async fn claim_due_answers_each_claim_in_order(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let a = insert(s, due_task("q", "a", 0)).await;
+    let b = insert(s, due_task("q", "b", 500)).await;
+    let c = insert(s, due_task("q", "c", 0)).await;
+    s.cancel(c.id, at(1)).await.expect("cancel");
+    let d = insert(s, due_task("q", "d", 0)).await;
+    let (ea, ea2) = (execution_id(), execution_id());
+    let lease = at(10 + LEASE);
+    let claims = vec![
+        DueClaim {
+            id: a.id,
+            target: run_target(ea, lease),
+        },
+        DueClaim {
+            id: b.id,
+            target: run_target(execution_id(), lease),
+        },
+        DueClaim {
+            id: c.id,
+            target: run_target(execution_id(), lease),
+        },
+        DueClaim {
+            id: d.id,
+            target: ClaimTarget::Ready,
+        },
+        DueClaim {
+            id: task_id(),
+            target: ClaimTarget::Ready,
+        },
+        DueClaim {
+            id: a.id,
+            target: run_target(ea2, lease),
+        },
+    ];
+    let out = s.claim_due(claims, at(10)).await.expect("claim_due");
+    assert_eq!(out.len(), 6, "one outcome per claim: {out:?}");
+    assert!(
+        matches!(&out[0], ClaimOutcome::Started(t) if t.id == a.id && t.execution_id == Some(ea)),
+        "{:?}",
+        out[0]
+    );
+    assert!(
+        matches!(out[1], ClaimOutcome::NotClaimable),
+        "not due: {:?}",
+        out[1]
+    );
+    assert!(
+        matches!(out[2], ClaimOutcome::NotClaimable),
+        "cancelled: {:?}",
+        out[2]
+    );
+    assert!(
+        matches!(&out[3], ClaimOutcome::Readied(t) if t.id == d.id),
+        "{:?}",
+        out[3]
+    );
+    assert!(
+        matches!(out[4], ClaimOutcome::NotClaimable),
+        "unknown: {:?}",
+        out[4]
+    );
+    assert!(
+        matches!(out[5], ClaimOutcome::NotClaimable),
+        "taken: {:?}",
+        out[5]
+    );
+    assert_eq!(get(s, a.id).await.execution_id, Some(ea));
+    assert_eq!(get(s, b.id).await, b);
+    assert!(
+        s.claim_due(Vec::new(), at(10))
+            .await
+            .expect("claim_due")
+            .is_empty()
+    );
+}
+
+/// A cancelled task is `NotClaimable` for either target, however long past due, and stays cancelled.
+pub async fn claim_due_of_cancelled_task_is_not_claimable(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let t = insert(s, due_task("q", "k", 0)).await;
+    let cancelled = s.cancel(t.id, at(1)).await.expect("cancel");
+    assert_not_claimable(
+        claim(
+            s,
+            t.id,
+            run_target(execution_id(), at(1_000 + LEASE)),
+            at(1_000),
+        )
+        .await,
+        "run claim of a cancelled task",
+    );
+    assert_not_claimable(
+        claim(s, t.id, ClaimTarget::Ready, at(1_000)).await,
+        "ready claim of a cancelled task",
+    );
+    assert_eq!(get(s, t.id).await, cancelled);
+}
+
+/// Concurrent claims of one due task: exactly one starts it, the others are `NotClaimable`, and the
+/// task carries the winner's execution id.
+pub async fn claim_due_is_exclusive_under_concurrency(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    for round in 0..8 {
+        let t = insert(s, due_task("q", "race", 0)).await;
+        let execs: Vec<ExecutionId> = (0..4).map(|_| execution_id()).collect();
+        let now = at(10 + round);
+        let futures = execs
+            .iter()
+            .map(|e| {
+                s.claim_due(
+                    vec![DueClaim {
+                        id: t.id,
+                        target: run_target(*e, Timestamp(now.0 + LEASE)),
+                    }],
+                    now,
+                )
+            })
+            .collect();
+        let outcomes = join_all(futures).await;
+        let mut winners = Vec::new();
+        for (exec, out) in execs.iter().zip(outcomes) {
+            let mut out = out.expect("claim_due");
+            assert_eq!(out.len(), 1);
+            match out.pop().expect("one outcome") {
+                ClaimOutcome::Started(started) => {
+                    assert_eq!(started.execution_id, Some(*exec));
+                    winners.push(*exec);
+                }
+                ClaimOutcome::NotClaimable => {}
+                other => panic!("unexpected outcome {other:?}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "exactly one concurrent claim wins");
+        let stored = get(s, t.id).await;
+        assert_eq!(stored.execution_id, Some(winners[0]));
+        assert_eq!(stored.attempt, 1);
+    }
+}
+
+/// While a task with exclusive key X runs, a due `wait`-mode task with key X (in any queue, for
+/// either target) is `Busy` and stays scheduled; other keys and non-exclusive tasks are unaffected;
+/// a ready (not running) task does not hold its key; within one batch the first task with a key
+/// starts and the next is `Busy`; once the holder finishes the waiting task can start.
+pub async fn exclusive_wait_is_busy_while_key_runs(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let excl = |queue: &str, key: &str| {
+        make(
+            TaskSpec::new("k")
+                .queue(queue)
+                .exclusive(key, ExclusiveMode::Wait),
+            at(0),
+        )
+    };
+    let holder = insert(s, excl("a", "X")).await;
+    let (he, _) = start(s, holder.id, at(0)).await;
+
+    let waiting = insert(s, excl("b", "X")).await;
+    for target in [
+        run_target(execution_id(), at(1 + LEASE)),
+        ClaimTarget::Ready,
+    ] {
+        match claim(s, waiting.id, target, at(1)).await {
+            ClaimOutcome::Busy { exclusive_key } => assert_eq!(exclusive_key, "X"),
+            other => panic!("expected Busy, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        get(s, waiting.id).await,
+        waiting,
+        "a busy task stays as it was"
+    );
+    assert_eq!(
+        s.next_due(waiting.shard, None).await.expect("next_due"),
+        Some(waiting.due_at),
+        "a busy task stays in the due index"
+    );
+
+    let other_key = insert(s, excl("b", "Y")).await;
+    start(s, other_key.id, at(1)).await;
+    let plain = insert(s, make(TaskSpec::new("k").queue("a"), at(0))).await;
+    start(s, plain.id, at(1)).await;
+
+    s.complete(holder.id, he, at(2), None)
+        .await
+        .expect("complete");
+    let (_, started) = start(s, waiting.id, at(3)).await;
+    assert_eq!(started.attempt, 1);
+
+    // Two tasks with one key in one batch.
+    let p = insert(s, excl("c", "Z")).await;
+    let q = insert(s, excl("c", "Z")).await;
+    let out = s
+        .claim_due(
+            vec![
+                DueClaim {
+                    id: p.id,
+                    target: run_target(execution_id(), at(4 + LEASE)),
+                },
+                DueClaim {
+                    id: q.id,
+                    target: run_target(execution_id(), at(4 + LEASE)),
+                },
+            ],
+            at(4),
+        )
+        .await
+        .expect("claim_due");
+    assert!(
+        matches!(&out[0], ClaimOutcome::Started(t) if t.id == p.id),
+        "{:?}",
+        out[0]
+    );
+    assert_eq!(
+        out[1],
+        ClaimOutcome::Busy {
+            exclusive_key: "Z".into()
+        }
+    );
+    assert_eq!(get(s, q.id).await.state, TaskState::Scheduled);
+
+    // A ready task does not hold its key.
+    let r1 = insert(s, excl("d", "V")).await;
+    make_ready(s, r1.id, at(5)).await;
+    let r2 = insert(s, excl("d", "V")).await;
+    start(s, r2.id, at(5)).await;
+    assert!(
+        s.claim_ready(ready_claim("d", 1, "w", at(6)))
+            .await
+            .expect("claim_ready")
+            .is_empty(),
+        "the ready task's key is now held by the running one"
+    );
+    assert_eq!(get(s, r1.id).await.state, TaskState::Ready);
+}
+
+/// While a task with exclusive key X runs, a due `skip`-mode task with key X is `Skipped` (for
+/// either target): cancelled with the reason in `last_error`, no attempt made, its business key
+/// freed; with the key free a skip-mode task starts normally.
+pub async fn exclusive_skip_is_cancelled_while_key_runs(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let holder = insert(
+        s,
+        make(
+            TaskSpec::new("k").exclusive("X", ExclusiveMode::Wait),
+            at(0),
+        ),
+    )
+    .await;
+    let (he, _) = start(s, holder.id, at(0)).await;
+    let skip = |key: &str| {
+        make(
+            TaskSpec::new("k")
+                .queue("s")
+                .key(key)
+                .exclusive("X", ExclusiveMode::Skip),
+            at(0),
+        )
+    };
+
+    let s1 = insert(s, skip("b1")).await;
+    let skipped = match claim(s, s1.id, run_target(execution_id(), at(1 + LEASE)), at(1)).await {
+        ClaimOutcome::Skipped(t) => *t,
+        other => panic!("expected Skipped, got {other:?}"),
+    };
+    assert_eq!(skipped.id, s1.id);
+    assert_eq!(skipped.state, TaskState::Cancelled);
+    assert_eq!(skipped.attempt, 0, "a skipped task made no attempt");
+    assert_eq!(skipped.execution_id, None);
+    assert_eq!(skipped.updated_at, at(1));
+    assert!(
+        skipped.last_error.as_deref().is_some_and(|e| !e.is_empty()),
+        "the reason is kept: {:?}",
+        skipped.last_error
+    );
+    assert_eq!(get(s, s1.id).await, skipped);
+    assert_not_claimable(
+        claim(s, s1.id, ClaimTarget::Ready, at(2)).await,
+        "claim of a skipped task",
+    );
+    assert_wrong_state(s.cancel(s1.id, at(2)).await, TaskState::Cancelled, "cancel");
+    // Its business key is free again.
+    let again = insert(s, skip("b1")).await;
+
+    let s2 = insert(s, skip("b2")).await;
+    match claim(s, s2.id, ClaimTarget::Ready, at(2)).await {
+        ClaimOutcome::Skipped(t) => assert_eq!(t.state, TaskState::Cancelled),
+        other => panic!("expected Skipped, got {other:?}"),
+    }
+
+    s.complete(holder.id, he, at(3), None)
+        .await
+        .expect("complete");
+    let (_, started) = start(s, again.id, at(4)).await;
+    assert_eq!(started.state, TaskState::Running);
+    assert_eq!(started.last_error, None);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Claiming ready tasks
+// ---------------------------------------------------------------------------------------------
+
+/// `claim_ready` starts ready tasks of the requested queue, oldest id first, each with one of the
+/// request's execution ids, its worker and lease; tasks of other queues and tasks not ready are left
+/// alone, and a task is never handed out by two calls.
+pub async fn claim_ready_takes_ready_tasks_in_id_order(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    // Each with its own timeout: a claimed task's lease is `now` plus its timeout.
+    let rs: Vec<Task> = insert_all(
+        s,
+        (0..5)
+            .map(|i| {
+                make(
+                    TaskSpec::new("k")
+                        .queue("work")
+                        .timeout(Duration::from_millis(1_000 * (i + 1))),
+                    at(0),
+                )
+            })
+            .collect(),
+    )
+    .await;
+    for (i, n) in [3usize, 1, 4, 0, 2].into_iter().enumerate() {
+        make_ready(s, rs[n].id, at(i as i64)).await;
+    }
+    let scheduled = insert(s, due_task("work", "k", 0)).await;
+    let far = insert(s, due_task("work", "k", 1_000_000)).await;
+    let elsewhere = insert(s, due_task("elsewhere", "k", 0)).await;
+    make_ready(s, elsewhere.id, at(5)).await;
+
+    let first = ready_claim("work", 3, "worker-1", at(10));
+    let got = s.claim_ready(first.clone()).await.expect("claim_ready");
+    assert_eq!(ids(&got), ids(&rs[..3]), "oldest ids first");
+    let mut used = HashSet::new();
+    for t in &got {
+        assert_eq!(t.state, TaskState::Running);
+        assert_eq!(t.attempt, 1);
+        assert_eq!(t.worker.as_deref(), Some("worker-1"));
+        assert_eq!(
+            t.lease_expires_at,
+            Some(Timestamp(at(10).0 + t.timeout_ms as i64)),
+            "lease = now + the task's own timeout"
+        );
+        assert_eq!(t.started_at, Some(at(10)));
+        assert_eq!(t.updated_at, at(10));
+        let exec = t.execution_id.expect("a running task has an execution id");
+        assert!(
+            first.execution_ids.contains(&exec),
+            "execution id from the request"
+        );
+        assert!(used.insert(exec), "each task gets its own execution id");
+        assert_eq!(&get(s, t.id).await, t);
+    }
+
+    let second = s
+        .claim_ready(ready_claim("work", 3, "worker-2", at(11)))
+        .await
+        .expect("claim_ready");
+    assert_eq!(ids(&second), ids(&rs[3..]), "only the tasks not yet taken");
+    assert!(
+        s.claim_ready(ready_claim("work", 3, "worker-3", at(12)))
+            .await
+            .expect("claim_ready")
+            .is_empty()
+    );
+    assert!(
+        s.claim_ready(ready_claim("nowhere", 3, "worker-3", at(12)))
+            .await
+            .expect("claim_ready")
+            .is_empty()
+    );
+    assert_eq!(get(s, scheduled.id).await, scheduled);
+    assert_eq!(get(s, far.id).await, far);
+    assert_eq!(get(s, elsewhere.id).await.state, TaskState::Ready);
+}
+
+/// With `kinds`, `claim_ready` takes only tasks of those kinds (still oldest first); an empty kind
+/// list takes nothing.
+pub async fn claim_ready_respects_kinds_filter(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let mut by_kind: HashMap<&str, Vec<TaskId>> = HashMap::new();
+    for kind in ["a", "b", "c", "a", "b"] {
+        let t = insert(s, due_task("q", kind, 0)).await;
+        make_ready(s, t.id, at(1)).await;
+        by_kind.entry(kind).or_default().push(t.id);
+    }
+    let with_kinds = |kinds: &[&str], now| ReadyClaim {
+        kinds: Some(kinds.iter().map(|k| k.to_string()).collect()),
+        ..ready_claim("q", 5, "w", now)
+    };
+    assert!(
+        s.claim_ready(with_kinds(&[], at(2)))
+            .await
+            .expect("claim_ready")
+            .is_empty(),
+        "an empty kind list takes nothing"
+    );
+    assert!(
+        s.claim_ready(with_kinds(&["zzz"], at(2)))
+            .await
+            .expect("claim_ready")
+            .is_empty()
+    );
+    let got = s
+        .claim_ready(with_kinds(&["a", "c"], at(3)))
+        .await
+        .expect("claim_ready");
+    let mut expected = by_kind["a"].clone();
+    expected.extend(&by_kind["c"]);
+    expected.sort();
+    assert_eq!(ids(&got), expected);
+    for id in &by_kind["b"] {
+        assert_eq!(get(s, *id).await.state, TaskState::Ready);
+    }
+    let rest = s
+        .claim_ready(ready_claim("q", 5, "w", at(4)))
+        .await
+        .expect("claim_ready");
+    assert_eq!(ids(&rest), by_kind["b"]);
+}
+
+/// `claim_ready` takes at most as many tasks as execution ids were given; with none it takes nothing.
+pub async fn claim_ready_respects_batch_size(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let tasks = insert_all(s, (0..6).map(|_| due_task("q", "k", 0)).collect()).await;
+    for t in &tasks {
+        make_ready(s, t.id, at(1)).await;
+    }
+    assert!(
+        s.claim_ready(ready_claim("q", 0, "w", at(2)))
+            .await
+            .expect("claim_ready")
+            .is_empty()
+    );
+    assert_eq!(counts(s).await, count_map(&[("q", TaskState::Ready, 6)]));
+    let mut taken = Vec::new();
+    for (batch, want) in [(2, 2), (1, 1), (10, 3), (4, 0)] {
+        let got = s
+            .claim_ready(ready_claim("q", batch, "w", at(3)))
+            .await
+            .expect("claim_ready");
+        assert_eq!(got.len(), want, "batch of {batch}");
+        taken.extend(ids(&got));
+    }
+    assert_eq!(taken, ids(&tasks));
+}
+
+/// `claim_ready` passes over ready tasks whose exclusive key is held by a running task (or by a task
+/// it started earlier in the same call), however many come first, and those stay ready.
+pub async fn claim_ready_skips_busy_exclusive_keys(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let excl = |queue: &str, key: &str| {
+        make(
+            TaskSpec::new("k")
+                .queue(queue)
+                .exclusive(key, ExclusiveMode::Wait),
+            at(0),
+        )
+    };
+    let holder = insert(s, excl("holders", "X")).await;
+    let blocked = insert_all(s, (0..40).map(|_| excl("w", "X")).collect()).await;
+    for t in &blocked {
+        make_ready(s, t.id, at(1)).await;
+    }
+    let (he, _) = start(s, holder.id, at(2)).await;
+    let free = insert(s, make(TaskSpec::new("k").queue("w"), at(0))).await;
+    make_ready(s, free.id, at(2)).await;
+
+    let got = s
+        .claim_ready(ready_claim("w", 1, "w", at(3)))
+        .await
+        .expect("claim_ready");
+    assert_eq!(
+        ids(&got),
+        vec![free.id],
+        "the free task is found behind the blocked ones"
+    );
+    assert!(
+        s.claim_ready(ready_claim("w", 3, "w", at(3)))
+            .await
+            .expect("claim_ready")
+            .is_empty()
+    );
+    assert_eq!(
+        counts(s).await,
+        count_map(&[
+            ("holders", TaskState::Running, 1),
+            ("w", TaskState::Ready, 40),
+            ("w", TaskState::Running, 1),
+        ])
+    );
+
+    s.complete(holder.id, he, at(4), None)
+        .await
+        .expect("complete");
+    let got = s
+        .claim_ready(ready_claim("w", 3, "w", at(5)))
+        .await
+        .expect("claim_ready");
+    assert_eq!(
+        ids(&got),
+        vec![blocked[0].id],
+        "only one task per exclusive key starts, the oldest"
+    );
+
+    // Within one call: the second task with key G waits for the first.
+    let g1 = insert(s, excl("w", "G")).await;
+    let g2 = insert(s, excl("w", "G")).await;
+    let f2 = insert(s, make(TaskSpec::new("k").queue("w"), at(0))).await;
+    let f3 = insert(s, make(TaskSpec::new("k").queue("w"), at(0))).await;
+    for t in [&g1, &g2, &f2, &f3] {
+        make_ready(s, t.id, at(6)).await;
+    }
+    let got = s
+        .claim_ready(ready_claim("w", 3, "w", at(7)))
+        .await
+        .expect("claim_ready");
+    assert_eq!(ids(&got), vec![g1.id, f2.id, f3.id]);
+    assert_eq!(get(s, g2.id).await.state, TaskState::Ready);
+    assert_eq!(get(s, blocked[1].id).await.state, TaskState::Ready);
+}
+
+/// Several workers claiming one queue at once never receive the same task, each task carries the
+/// execution id of the call that received it, and every ready task is handed out exactly once.
+pub async fn claim_ready_never_returns_a_task_twice_under_concurrency(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let tasks = insert_all(s, (0..20).map(|_| due_task("q", "k", 0)).collect()).await;
+    for t in &tasks {
+        make_ready(s, t.id, at(1)).await;
+    }
+    let claims: Vec<ReadyClaim> = (0..4)
+        .map(|i| ready_claim("q", 4, &format!("worker-{i}"), at(2)))
+        .collect();
+    let futures = claims.iter().map(|c| s.claim_ready(c.clone())).collect();
+    let results = join_all(futures).await;
+    let mut seen = HashSet::new();
+    for (c, got) in claims.iter().zip(results) {
+        let got = got.expect("claim_ready");
+        assert!(got.len() <= 4);
+        for t in got {
+            assert!(seen.insert(t.id), "task {} handed out twice", t.id);
+            let exec = t.execution_id.expect("execution id");
+            assert!(c.execution_ids.contains(&exec));
+            assert_eq!(t.worker, c.worker);
+            assert_eq!(get(s, t.id).await.execution_id, Some(exec));
+        }
+    }
+    let rest = s
+        .claim_ready(ready_claim("q", 20, "last", at(3)))
+        .await
+        .expect("claim_ready");
+    for t in rest {
+        assert!(seen.insert(t.id), "task {} handed out twice", t.id);
+    }
+    let all: HashSet<TaskId> = ids(&tasks).into_iter().collect();
+    assert_eq!(seen, all, "every ready task is handed out once");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attempts: heartbeat, complete, fail
+// ---------------------------------------------------------------------------------------------
+
+/// A heartbeat with the current execution id moves the lease to `lease_until`, sets `updated_at`
+/// and leaves the attempt running.
+pub async fn heartbeat_extends_lease(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let t = insert(s, due_task("q", "k", 0)).await;
+    let (exec, started) = start(s, t.id, at(0)).await;
+    let beat = s
+        .heartbeat(t.id, exec, at(10), at(10 + 2 * LEASE))
+        .await
+        .expect("heartbeat");
+    let expected = Task {
+        lease_expires_at: Some(at(10 + 2 * LEASE)),
+        updated_at: at(10),
+        ..started
+    };
+    assert_eq!(beat, expected);
+    assert_eq!(get(s, t.id).await, expected);
+    assert_eq!(
+        s.next_lease_expiry().await.expect("next_lease_expiry"),
+        Some(at(10 + 2 * LEASE))
+    );
+    // Nothing expires before the new lease ends.
+    assert!(
+        s.expire_leases(at(LEASE + 1), 10)
+            .await
+            .expect("expire_leases")
+            .is_empty()
+    );
+}
+
+/// `heartbeat`, `complete` and `fail` with an execution id that is not the task's current attempt
+/// are refused with `StaleExecution` carrying the task's state, and change nothing: for a task that
+/// never started, for a foreign id, and for the previous attempt's id after a retry.
+pub async fn stale_execution_is_refused(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let t = insert(s, due_task("q", "k", 0)).await;
+    assert_attempt_writes_stale(s, t.id, execution_id(), TaskState::Scheduled, at(1)).await;
+    assert_eq!(get(s, t.id).await, t);
+
+    let (e1, running) = start(s, t.id, at(2)).await;
+    assert_attempt_writes_stale(s, t.id, execution_id(), TaskState::Running, at(3)).await;
+    assert_eq!(get(s, t.id).await, running);
+
+    s.fail(t.id, e1, at(4), "retry".into(), Some(at(50)))
+        .await
+        .expect("fail");
+    let retrying = get(s, t.id).await;
+    assert_attempt_writes_stale(s, t.id, e1, TaskState::Scheduled, at(5)).await;
+    assert_eq!(get(s, t.id).await, retrying);
+
+    let (e2, second) = start(s, t.id, at(50)).await;
+    assert_attempt_writes_stale(s, t.id, e1, TaskState::Running, at(51)).await;
+    assert_eq!(get(s, t.id).await, second);
+    s.complete(t.id, e2, at(52), None)
+        .await
+        .expect("the current attempt still completes");
+}
+
+/// Every state change on an id the store does not know is `NotFound`.
+pub async fn unknown_task_is_not_found(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    insert(s, due_task("q", "k", 0)).await;
+    let id = task_id();
+    let exec = execution_id();
+    assert_not_found(
+        s.heartbeat(id, exec, at(1), at(1 + LEASE)).await,
+        "heartbeat",
+    );
+    assert_not_found(s.complete(id, exec, at(1), None).await, "complete");
+    assert_not_found(
+        s.fail(id, exec, at(1), "x".into(), Some(at(2))).await,
+        "fail with retry",
+    );
+    assert_not_found(s.fail(id, exec, at(1), "x".into(), None).await, "fail");
+    assert_not_found(s.cancel(id, at(1)).await, "cancel");
+    assert_not_found(s.trigger(id, at(1)).await, "trigger");
+    assert!(s.get(id).await.expect("get").is_none());
+}
+
+/// `complete` with the current execution id ends the task `succeeded` with its result (JSON text,
+/// read back as JSON) and `finished_at`; the task leaves the lease view and cannot complete again.
+pub async fn complete_stores_result_and_is_terminal(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let t = insert(s, due_task("q", "k", 0)).await;
+    let (exec, _) = start(s, t.id, at(0)).await;
+    let done = s
+        .complete(
+            t.id,
+            exec,
+            at(5),
+            Some(r#"{"sent":true,"id":"m-1","n":[1,2]}"#.into()),
+        )
+        .await
+        .expect("complete");
+    assert_eq!(done.state, TaskState::Succeeded);
+    assert_eq!(
+        done.result,
+        Some(json!({"sent": true, "id": "m-1", "n": [1, 2]}))
+    );
+    assert_eq!(done.finished_at, Some(at(5)));
+    assert_eq!(done.updated_at, at(5));
+    assert_eq!(done.attempt, 1);
+    assert_eq!(done.execution_id, Some(exec));
+    assert_eq!(done.last_error, None);
+    assert_eq!(get(s, t.id).await, done);
+    assert_eq!(
+        s.next_lease_expiry().await.expect("next_lease_expiry"),
+        None
+    );
+    assert!(
+        s.expire_leases(at(10 * LEASE), 10)
+            .await
+            .expect("expire_leases")
+            .is_empty()
+    );
+    assert_stale(
+        s.complete(t.id, exec, at(6), None).await,
+        TaskState::Succeeded,
+        "second complete",
+    );
+    assert_eq!(get(s, t.id).await, done);
+
+    let u = insert(s, due_task("q", "k", 0)).await;
+    let (exec, _) = start(s, u.id, at(0)).await;
+    let done = s.complete(u.id, exec, at(7), None).await.expect("complete");
+    assert_eq!(done.state, TaskState::Succeeded);
+    assert_eq!(done.result, None);
+}
+
+/// `fail` with `retry_at` puts the task back to `scheduled` due at `retry_at`, with the error in
+/// `last_error` and the attempt count kept; it is not claimable before `retry_at`, and the next
+/// claim is attempt 2.
+pub async fn fail_with_retry_reschedules(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let t = insert(s, make(TaskSpec::new("k").max_attempts(3), at(0))).await;
+    let (e1, _) = start(s, t.id, at(0)).await;
+    let failed = s
+        .fail(
+            t.id,
+            e1,
+            at(100),
+            "connection refused".into(),
+            Some(at(5_000)),
+        )
+        .await
+        .expect("fail");
+    assert_eq!(failed.state, TaskState::Scheduled);
+    assert_eq!(failed.due_at, at(5_000));
+    assert_eq!(failed.last_error.as_deref(), Some("connection refused"));
+    assert_eq!(failed.attempt, 1);
+    assert_eq!(failed.updated_at, at(100));
+    assert_eq!(failed.finished_at, None, "a retrying task is not finished");
+    assert_eq!(get(s, t.id).await, failed);
+
+    assert!(
+        s.scan_due(t.shard, None, at(4_999), 10)
+            .await
+            .expect("scan_due")
+            .is_empty()
+    );
+    assert_eq!(
+        s.scan_due(t.shard, None, at(5_000), 10)
+            .await
+            .expect("scan_due"),
+        vec![due_entry(&failed)]
+    );
+    assert_eq!(
+        s.next_due(t.shard, None).await.expect("next_due"),
+        Some(at(5_000))
+    );
+    assert_eq!(
+        s.next_lease_expiry().await.expect("next_lease_expiry"),
+        None
+    );
+
+    assert_not_claimable(
+        claim(
+            s,
+            t.id,
+            run_target(execution_id(), at(4_999 + LEASE)),
+            at(4_999),
+        )
+        .await,
+        "claim before retry_at",
+    );
+    let (e2, again) = start(s, t.id, at(5_000)).await;
+    assert_eq!(again.attempt, 2);
+    assert_eq!(again.execution_id, Some(e2));
+}
+
+/// `fail` without `retry_at` ends the task `dead` with the error kept and `finished_at` set; it is
+/// never due or leased again.
+pub async fn fail_without_retry_is_dead(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let t = insert(s, due_task("q", "k", 0)).await;
+    let (exec, _) = start(s, t.id, at(0)).await;
+    let dead = s
+        .fail(t.id, exec, at(10), "bad input".into(), None)
+        .await
+        .expect("fail");
+    assert_eq!(dead.state, TaskState::Dead);
+    assert_eq!(dead.last_error.as_deref(), Some("bad input"));
+    assert_eq!(dead.finished_at, Some(at(10)));
+    assert_eq!(dead.updated_at, at(10));
+    assert_eq!(dead.attempt, 1);
+    assert_eq!(get(s, t.id).await, dead);
+    assert!(
+        s.scan_due(t.shard, None, Timestamp::MAX, 10)
+            .await
+            .expect("scan_due")
+            .is_empty()
+    );
+    assert_eq!(s.next_due(t.shard, None).await.expect("next_due"), None);
+    assert_eq!(
+        s.next_lease_expiry().await.expect("next_lease_expiry"),
+        None
+    );
+    assert_not_claimable(
+        claim(s, t.id, ClaimTarget::Ready, at(11)).await,
+        "claim of a dead task",
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cancel and trigger
+// ---------------------------------------------------------------------------------------------
+
+/// `cancel` ends a scheduled, ready or running task `cancelled` (with `updated_at = now`); it is then
+/// never due, ready or leased again, and the cancelled attempt's execution id is stale.
+pub async fn cancel_from_live_states(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let sched = insert(s, due_task("q", "k", 1_000)).await;
+    let rdy = insert(s, due_task("q", "k", 0)).await;
+    make_ready(s, rdy.id, at(1)).await;
+    let run = insert(s, due_task("q", "k", 0)).await;
+    let (exec, _) = start(s, run.id, at(1)).await;
+
+    for (t, from) in [
+        (&sched, TaskState::Scheduled),
+        (&rdy, TaskState::Ready),
+        (&run, TaskState::Running),
+    ] {
+        let c = s.cancel(t.id, at(10)).await.expect("cancel");
+        assert_eq!(c.state, TaskState::Cancelled, "cancel from {from}");
+        assert_eq!(c.updated_at, at(10));
+        assert_eq!(get(s, t.id).await, c);
+    }
+    assert_attempt_writes_stale(s, run.id, exec, TaskState::Cancelled, at(11)).await;
+    for shard in 0..SHARDS {
+        assert!(
+            s.scan_due(shard, None, Timestamp::MAX, 10)
+                .await
+                .expect("scan_due")
+                .is_empty()
+        );
+        assert_eq!(s.next_due(shard, None).await.expect("next_due"), None);
+    }
+    assert!(
+        s.claim_ready(ready_claim("q", 5, "w", at(12)))
+            .await
+            .expect("claim_ready")
+            .is_empty()
+    );
+    assert_eq!(
+        s.next_lease_expiry().await.expect("next_lease_expiry"),
+        None
+    );
+    assert!(
+        s.expire_leases(at(10 * LEASE), 10)
+            .await
+            .expect("expire_leases")
+            .is_empty()
+    );
+    assert_eq!(
+        counts(s).await,
+        count_map(&[("q", TaskState::Cancelled, 3)])
+    );
+}
+
+/// `cancel` on a terminal task (succeeded, dead, cancelled) is `WrongState` with that state and
+/// changes nothing.
+pub async fn cancel_from_terminal_is_wrong_state(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let ok = insert(s, due_task("q", "k", 0)).await;
+    let (e, _) = start(s, ok.id, at(0)).await;
+    s.complete(ok.id, e, at(1), None).await.expect("complete");
+    let dead = insert(s, due_task("q", "k", 0)).await;
+    let (e, _) = start(s, dead.id, at(0)).await;
+    s.fail(dead.id, e, at(1), "x".into(), None)
+        .await
+        .expect("fail");
+    let gone = insert(s, due_task("q", "k", 0)).await;
+    s.cancel(gone.id, at(1)).await.expect("cancel");
+
+    for (id, state) in [
+        (ok.id, TaskState::Succeeded),
+        (dead.id, TaskState::Dead),
+        (gone.id, TaskState::Cancelled),
+    ] {
+        let before = get(s, id).await;
+        assert_wrong_state(
+            s.cancel(id, at(2)).await,
+            state,
+            "cancel of a terminal task",
+        );
+        assert_eq!(get(s, id).await, before);
+    }
+}
+
+/// `trigger` moves a scheduled task's due time to `now` (never later than it was: an overdue task
+/// keeps its due time) and leaves it scheduled; on a ready, running or terminal task it is
+/// `WrongState` with that state.
+pub async fn trigger_moves_due_to_now_for_scheduled_only(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let future = insert(s, due_task("q", "k", 10_000)).await;
+    let triggered = s.trigger(future.id, at(100)).await.expect("trigger");
+    assert_eq!(triggered.state, TaskState::Scheduled);
+    assert_eq!(triggered.due_at, at(100));
+    assert_eq!(triggered.attempt, 0);
+    assert_eq!(get(s, future.id).await, triggered);
+    assert_eq!(
+        s.scan_due(future.shard, None, at(100), 10)
+            .await
+            .expect("scan_due"),
+        vec![due_entry(&triggered)]
+    );
+
+    let overdue = insert(s, due_task("q", "k", 50)).await;
+    let t = s.trigger(overdue.id, at(100)).await.expect("trigger");
+    assert_eq!(t.state, TaskState::Scheduled);
+    assert_eq!(t.due_at, at(50), "trigger never moves a due time later");
+    assert_eq!(get(s, overdue.id).await.due_at, at(50));
+
+    let rdy = insert(s, due_task("q", "k", 0)).await;
+    make_ready(s, rdy.id, at(1)).await;
+    let (exec, _) = start(s, future.id, at(100)).await;
+    let done = insert(s, due_task("q", "k", 0)).await;
+    let (e, _) = start(s, done.id, at(1)).await;
+    s.complete(done.id, e, at(2), None).await.expect("complete");
+    let gone = insert(s, due_task("q", "k", 5_000)).await;
+    s.cancel(gone.id, at(2)).await.expect("cancel");
+
+    for (id, state) in [
+        (rdy.id, TaskState::Ready),
+        (future.id, TaskState::Running),
+        (done.id, TaskState::Succeeded),
+        (gone.id, TaskState::Cancelled),
+    ] {
+        let before = get(s, id).await;
+        assert_wrong_state(s.trigger(id, at(200)).await, state, "trigger");
+        assert_eq!(
+            get(s, id).await,
+            before,
+            "a refused trigger changes nothing"
+        );
+    }
+    s.complete(future.id, exec, at(201), None)
+        .await
+        .expect("the running attempt is unaffected");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Leases
+// ---------------------------------------------------------------------------------------------
+
+/// `expire_leases` takes running tasks whose lease ended before `now` back to `scheduled`, due `now`,
+/// when attempts remain, or to `dead` when they do not; a lease ending at or after `now`, and tasks
+/// not running, are untouched; the expired attempt's execution id is stale.
+pub async fn expire_leases_reschedules_or_kills(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let with_attempts = |n: u32| make(TaskSpec::new("k").queue("q").max_attempts(n), at(0));
+    let retry = insert(s, with_attempts(3)).await;
+    let (e_retry, _) = start_with_lease(s, retry.id, at(0), at(1_000)).await;
+    let last = insert(s, with_attempts(1)).await;
+    let (e_last, _) = start_with_lease(s, last.id, at(0), at(1_000)).await;
+    let later = insert(s, with_attempts(3)).await;
+    start_with_lease(s, later.id, at(0), at(5_000)).await;
+    let edge = insert(s, with_attempts(3)).await;
+    start_with_lease(s, edge.id, at(0), at(2_000)).await;
+    let sched = insert(s, with_attempts(3)).await;
+    let rdy = insert(s, with_attempts(3)).await;
+    make_ready(s, rdy.id, at(0)).await;
+
+    let untouched = [
+        get(s, later.id).await,
+        get(s, edge.id).await,
+        get(s, sched.id).await,
+        get(s, rdy.id).await,
+    ];
+    let now = at(2_000);
+    let out = s.expire_leases(now, 100).await.expect("expire_leases");
+    let got: HashSet<TaskId> = ids(&out).into_iter().collect();
+    assert_eq!(got, HashSet::from([retry.id, last.id]));
+    for t in &out {
+        assert_eq!(&get(s, t.id).await, t, "returns the rows as changed");
+        assert_eq!(t.updated_at, now);
+        assert_eq!(t.attempt, 1);
+        if t.id == retry.id {
+            assert_eq!(t.state, TaskState::Scheduled);
+            assert_eq!(t.due_at, now, "due again right away");
+            assert_eq!(t.finished_at, None);
+        } else {
+            assert_eq!(t.state, TaskState::Dead, "attempts exhausted");
+            assert_eq!(t.finished_at, Some(now));
+        }
+    }
+    for t in &untouched {
+        assert_eq!(&get(s, t.id).await, t);
+    }
+    assert_stale(
+        s.complete(retry.id, e_retry, at(2_001), None).await,
+        TaskState::Scheduled,
+        "complete after lease expiry",
+    );
+    assert_stale(
+        s.heartbeat(last.id, e_last, at(2_001), at(9_000)).await,
+        TaskState::Dead,
+        "heartbeat after lease expiry",
+    );
+    assert!(
+        s.expire_leases(now, 100)
+            .await
+            .expect("expire_leases")
+            .is_empty(),
+        "nothing expires twice"
+    );
+    let (_, again) = start(s, retry.id, now).await;
+    assert_eq!(again.attempt, 2);
+}
+
+/// `expire_leases` changes at most `limit` tasks per call; repeated calls drain the rest, each task
+/// once.
+pub async fn expire_leases_honours_limit(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let mut all = HashSet::new();
+    for lease in [100, 300, 200, 500, 400] {
+        let t = insert(s, due_task("q", "k", 0)).await;
+        start_with_lease(s, t.id, at(0), at(lease)).await;
+        all.insert(t.id);
+    }
+    let mut seen = HashSet::new();
+    for want in [2, 2, 1, 0] {
+        let out = s.expire_leases(at(1_000), 2).await.expect("expire_leases");
+        assert_eq!(out.len(), want);
+        for t in out {
+            assert!(seen.insert(t.id), "task {} expired twice", t.id);
+            assert_eq!(t.state, TaskState::Scheduled);
+        }
+    }
+    assert_eq!(seen, all);
+}
+
+/// `next_lease_expiry` is the earliest lease among running tasks, following starts, heartbeats and
+/// finishes; `None` when nothing runs.
+pub async fn next_lease_expiry_is_earliest_running_lease(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let lease = move || async move { s.next_lease_expiry().await.expect("next_lease_expiry") };
+    assert_eq!(lease().await, None);
+    insert(s, due_task("q", "k", 0)).await;
+    let rdy = insert(s, due_task("q", "k", 0)).await;
+    make_ready(s, rdy.id, at(0)).await;
+    assert_eq!(lease().await, None, "only running tasks have leases");
+
+    let a = insert(s, due_task("q", "k", 0)).await;
+    let (ea, _) = start_with_lease(s, a.id, at(0), at(500)).await;
+    assert_eq!(lease().await, Some(at(500)));
+    let b = insert(s, due_task("q", "k", 0)).await;
+    let (eb, _) = start_with_lease(s, b.id, at(0), at(300)).await;
+    assert_eq!(lease().await, Some(at(300)));
+    s.heartbeat(b.id, eb, at(100), at(900))
+        .await
+        .expect("heartbeat");
+    assert_eq!(lease().await, Some(at(500)));
+    s.complete(a.id, ea, at(200), None).await.expect("complete");
+    assert_eq!(lease().await, Some(at(900)));
+    s.fail(b.id, eb, at(300), "x".into(), None)
+        .await
+        .expect("fail");
+    assert_eq!(lease().await, None);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Counting and listing
+// ---------------------------------------------------------------------------------------------
+
+/// `count_by_state` counts tasks per queue and state, and the counts follow every transition
+/// (duplicates and refused changes count nothing); states without tasks may be left out or be zero.
+pub async fn count_by_state_follows_transitions(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    assert!(counts(s).await.is_empty(), "an empty store counts nothing");
+    let mut all = Vec::new();
+    let alpha = insert_all(
+        s,
+        (0..4)
+            .map(|i| {
+                make(
+                    TaskSpec::new("k").queue("alpha").key(format!("a{i}")),
+                    at(0),
+                )
+            })
+            .collect(),
+    )
+    .await;
+    let beta = insert_all(s, (0..3).map(|_| due_task("beta", "k", 0)).collect()).await;
+    all.extend(ids(&alpha));
+    all.extend(ids(&beta));
+    assert_eq!(
+        counts(s).await,
+        count_map(&[
+            ("alpha", TaskState::Scheduled, 4),
+            ("beta", TaskState::Scheduled, 3),
+        ])
+    );
+
+    let dup = make(TaskSpec::new("k").queue("alpha").key("a0"), at(1));
+    assert!(matches!(
+        s.insert(vec![dup]).await.expect("insert")[0],
+        Inserted::Duplicate { .. }
+    ));
+    assert_eq!(counts(s).await, counts_of(s, &all).await);
+
+    make_ready(s, alpha[0].id, at(1)).await;
+    let (e1, _) = start(s, alpha[1].id, at(1)).await;
+    let (e2, _) = start(s, beta[0].id, at(1)).await;
+    assert_eq!(counts(s).await, counts_of(s, &all).await);
+
+    s.complete(alpha[1].id, e1, at(2), None)
+        .await
+        .expect("complete");
+    s.fail(beta[0].id, e2, at(2), "x".into(), Some(at(3)))
+        .await
+        .expect("fail");
+    s.cancel(alpha[2].id, at(2)).await.expect("cancel");
+    assert_eq!(counts(s).await, counts_of(s, &all).await);
+
+    let _ = s.cancel(alpha[2].id, at(3)).await;
+    let _ = s.complete(alpha[1].id, e1, at(3), None).await;
+    assert_eq!(counts(s).await, counts_of(s, &all).await);
+
+    start_with_lease(s, beta[0].id, at(3), at(4)).await;
+    let taken = s
+        .claim_ready(ready_claim("alpha", 5, "w", at(3)))
+        .await
+        .expect("claim_ready");
+    assert_eq!(ids(&taken), vec![alpha[0].id]);
+    s.expire_leases(at(5), 10).await.expect("expire_leases");
+    assert_eq!(counts(s).await, counts_of(s, &all).await);
+    let (e4, _) = start(s, beta[1].id, at(6)).await;
+    s.fail(beta[1].id, e4, at(7), "x".into(), None)
+        .await
+        .expect("fail");
+    assert_eq!(
+        counts(s).await,
+        count_map(&[
+            ("alpha", TaskState::Running, 1),
+            ("alpha", TaskState::Succeeded, 1),
+            ("alpha", TaskState::Cancelled, 1),
+            ("alpha", TaskState::Scheduled, 1),
+            ("beta", TaskState::Scheduled, 2),
+            ("beta", TaskState::Dead, 1),
+        ])
+    );
+    assert_eq!(counts(s).await, counts_of(s, &all).await);
+}
+
+fn matches_filter(f: &TaskFilter, t: &Task) -> bool {
+    f.queue.as_ref().is_none_or(|q| &t.queue == q)
+        && f.kind.as_ref().is_none_or(|k| &t.kind == k)
+        && f.state.is_none_or(|st| t.state == st)
+        && f.key.as_ref().is_none_or(|k| t.key.as_ref() == Some(k))
+        && f.before.is_none_or(|b| t.id < b)
+}
+
+/// `list` returns exactly the tasks matching every given filter field (queue, kind, state, key and
+/// the `before` cursor), newest id first, as `get` reads them.
+pub async fn list_filters_newest_first(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let spec = |queue: &str, kind: &str| TaskSpec::new(kind).queue(queue);
+    let t1 = insert(s, make(spec("q1", "a").key("k1"), at(0))).await;
+    let t2 = insert(s, make(spec("q1", "b"), at(0))).await;
+    let t3 = insert(s, make(spec("q2", "a").key("k1"), at(0))).await;
+    let t4 = insert(s, make(spec("q2", "b").key("k2"), at(0))).await;
+    let t5 = insert(s, make(spec("q1", "a").key("k2"), at(0))).await;
+    let t6 = insert(s, make(spec("q1", "a"), at(0))).await;
+    let t7 = insert(s, make(spec("q2", "a").key("k3"), at(0))).await;
+    make_ready(s, t2.id, at(1)).await;
+    start(s, t3.id, at(1)).await;
+    s.cancel(t4.id, at(1)).await.expect("cancel");
+    let (e5, _) = start(s, t5.id, at(1)).await;
+    s.complete(t5.id, e5, at(2), None).await.expect("complete");
+    // A second live holder of k2 in q1, now that t5 is done.
+    let t8 = insert(s, make(spec("q1", "b").key("k2"), at(2))).await;
+
+    let mut all = Vec::new();
+    for t in [&t1, &t2, &t3, &t4, &t5, &t6, &t7, &t8] {
+        all.push(get(s, t.id).await);
+    }
+    let f = TaskFilter::default;
+    let filters = vec![
+        f(),
+        TaskFilter {
+            queue: Some("q1".into()),
+            ..f()
+        },
+        TaskFilter {
+            queue: Some("q2".into()),
+            ..f()
+        },
+        TaskFilter {
+            queue: Some("nowhere".into()),
+            ..f()
+        },
+        TaskFilter {
+            kind: Some("a".into()),
+            ..f()
+        },
+        TaskFilter {
+            state: Some(TaskState::Scheduled),
+            ..f()
+        },
+        TaskFilter {
+            state: Some(TaskState::Ready),
+            ..f()
+        },
+        TaskFilter {
+            state: Some(TaskState::Running),
+            ..f()
+        },
+        TaskFilter {
+            state: Some(TaskState::Succeeded),
+            ..f()
+        },
+        TaskFilter {
+            state: Some(TaskState::Cancelled),
+            ..f()
+        },
+        TaskFilter {
+            state: Some(TaskState::Dead),
+            ..f()
+        },
+        TaskFilter {
+            key: Some("k1".into()),
+            ..f()
+        },
+        TaskFilter {
+            key: Some("k2".into()),
+            ..f()
+        },
+        TaskFilter {
+            queue: Some("q1".into()),
+            kind: Some("a".into()),
+            ..f()
+        },
+        TaskFilter {
+            queue: Some("q1".into()),
+            key: Some("k2".into()),
+            ..f()
+        },
+        TaskFilter {
+            queue: Some("q2".into()),
+            state: Some(TaskState::Scheduled),
+            ..f()
+        },
+        TaskFilter {
+            before: Some(t4.id),
+            ..f()
+        },
+        TaskFilter {
+            before: Some(TaskId::MAX),
+            ..f()
+        },
+        TaskFilter {
+            before: Some(t1.id),
+            ..f()
+        },
+        TaskFilter {
+            queue: Some("q1".into()),
+            before: Some(t6.id),
+            ..f()
+        },
+        TaskFilter {
+            queue: Some("q1".into()),
+            kind: Some("a".into()),
+            state: Some(TaskState::Scheduled),
+            key: Some("k1".into()),
+            before: Some(t8.id),
+        },
+    ];
+    for filter in filters {
+        let mut expected: Vec<Task> = all
+            .iter()
+            .filter(|t| matches_filter(&filter, t))
+            .cloned()
+            .collect();
+        expected.sort_by_key(|t| std::cmp::Reverse(t.id));
+        let page = s.list(&filter, 100).await.expect("list");
+        assert_eq!(ids(&page.tasks), ids(&expected), "filter {filter:?}");
+        assert_eq!(page.tasks, expected, "filter {filter:?}");
+        assert_eq!(
+            page.next_cursor, None,
+            "everything fit in one page: {filter:?}"
+        );
+    }
+}
+
+/// Paging `list` with `next_cursor` as `before` visits every matching task exactly once, newest
+/// first, in pages of at most `limit`; `next_cursor` is `None` on the last page (also when that page
+/// is exactly full) and a page with a cursor is never empty.
+pub async fn list_paginates_without_gaps_or_duplicates(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let mut expected = Vec::new();
+    for i in 0..7 {
+        expected.push(insert(s, due_task("pages", "k", i)).await.id);
+        if i % 2 == 0 {
+            insert(s, due_task("noise", "k", i)).await;
+        }
+    }
+    expected.reverse();
+    let filter = TaskFilter {
+        queue: Some("pages".into()),
+        ..TaskFilter::default()
+    };
+    for limit in [1, 2, 3, 6, 7, 8, 100] {
+        let mut seen = Vec::new();
+        let mut before = None;
+        let mut pages = 0;
+        loop {
+            let page = s
+                .list(
+                    &TaskFilter {
+                        before,
+                        ..filter.clone()
+                    },
+                    limit,
+                )
+                .await
+                .expect("list");
+            pages += 1;
+            assert!(page.tasks.len() <= limit, "limit {limit}: page too large");
+            assert!(!page.tasks.is_empty(), "limit {limit}: empty page {pages}");
+            seen.extend(ids(&page.tasks));
+            match page.next_cursor {
+                Some(c) => before = Some(c),
+                None => break,
+            }
+            assert!(
+                pages <= expected.len(),
+                "limit {limit}: paging does not end"
+            );
+        }
+        assert_eq!(seen, expected, "limit {limit}");
+        assert_eq!(
+            pages,
+            expected.len().div_ceil(limit),
+            "limit {limit}: page count"
+        );
+    }
+
+    // Filters apply on every page; tasks changing state between pages move out of a state filter.
+    let scheduled = TaskFilter {
+        queue: Some("pages".into()),
+        state: Some(TaskState::Scheduled),
+        ..TaskFilter::default()
+    };
+    let first = s.list(&scheduled, 3).await.expect("list");
+    assert_eq!(ids(&first.tasks), expected[..3].to_vec());
+    s.cancel(expected[4], at(10)).await.expect("cancel");
+    let second = s
+        .list(
+            &TaskFilter {
+                before: first.next_cursor,
+                ..scheduled.clone()
+            },
+            3,
+        )
+        .await
+        .expect("list");
+    assert_eq!(
+        ids(&second.tasks),
+        vec![expected[3], expected[5], expected[6]]
+    );
+    assert_eq!(second.next_cursor, None);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Terminal states
+// ---------------------------------------------------------------------------------------------
+
+/// A terminal task never changes again: attempt writes are `StaleExecution`, `cancel` and `trigger`
+/// are `WrongState`, claims are `NotClaimable`, leases do not expire and workers never receive it;
+/// its row stays exactly as it was.
+pub async fn terminal_states_never_change(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    // Succeeded.
+    let ok = insert(s, due_task("q", "k", 0)).await;
+    let (e_ok, _) = start(s, ok.id, at(0)).await;
+    s.complete(ok.id, e_ok, at(1), Some("true".into()))
+        .await
+        .expect("complete");
+    // Dead.
+    let dead = insert(s, due_task("q", "k", 0)).await;
+    let (e_dead, _) = start(s, dead.id, at(0)).await;
+    s.fail(dead.id, e_dead, at(1), "x".into(), None)
+        .await
+        .expect("fail");
+    // Cancelled while running, with a lease that has long ended.
+    let gone = insert(s, due_task("q", "k", 0)).await;
+    let (e_gone, _) = start_with_lease(s, gone.id, at(0), at(10)).await;
+    s.cancel(gone.id, at(1)).await.expect("cancel");
+    // Cancelled while ready.
+    let gone_ready = insert(s, due_task("q", "k", 0)).await;
+    make_ready(s, gone_ready.id, at(0)).await;
+    s.cancel(gone_ready.id, at(1)).await.expect("cancel");
+
+    let cases = [
+        (ok.id, e_ok, TaskState::Succeeded),
+        (dead.id, e_dead, TaskState::Dead),
+        (gone.id, e_gone, TaskState::Cancelled),
+        (gone_ready.id, execution_id(), TaskState::Cancelled),
+    ];
+    let mut before = Vec::new();
+    for (id, _, _) in &cases {
+        before.push(get(s, *id).await);
+    }
+    let later = at(100_000);
+    for (id, exec, state) in cases {
+        assert_attempt_writes_stale(s, id, exec, state, later).await;
+        assert_wrong_state(s.cancel(id, later).await, state, "cancel");
+        assert_wrong_state(s.trigger(id, later).await, state, "trigger");
+        assert_not_claimable(
+            claim(s, id, run_target(execution_id(), at(200_000)), later).await,
+            "run claim",
+        );
+        assert_not_claimable(claim(s, id, ClaimTarget::Ready, later).await, "ready claim");
+    }
+    assert!(
+        s.expire_leases(later, 100)
+            .await
+            .expect("expire_leases")
+            .is_empty()
+    );
+    assert!(
+        s.claim_ready(ready_claim("q", 10, "w", later))
+            .await
+            .expect("claim_ready")
+            .is_empty()
+    );
+    for t in &before {
+        assert_eq!(&get(s, t.id).await, t, "a terminal task never changes");
+    }
+    assert_eq!(
+        counts(s).await,
+        count_map(&[
+            ("q", TaskState::Succeeded, 1),
+            ("q", TaskState::Dead, 1),
+            ("q", TaskState::Cancelled, 2),
+        ])
+    );
+}
