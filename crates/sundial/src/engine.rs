@@ -227,6 +227,9 @@ impl Engine {
             if *stopping.borrow() {
                 break;
             }
+            // While the loop is busy, any notification must wake it again: the gate it is about
+            // to arm may be computed from reads that missed the notified write.
+            signal.gate.store(i64::MAX, Ordering::Release);
             // 1. Notifications.
             let inbox: Vec<DueEntry> = signal
                 .inbox
@@ -240,8 +243,11 @@ impl Engine {
             // 2. Refill the look-ahead.
             let now = self.clock.now();
             let horizon = now.saturating_add(lookahead);
-            if !window.covers(horizon) && window.room() > 0 {
+            if window.needs_refill(now, lookahead) {
                 let limit = window.room();
+                // Writes that commit while the scan runs may be missing from its snapshot: route
+                // their notifications into the inbox, which is read after the scan.
+                signal.covered_until.store(horizon.0, Ordering::Release);
                 metrics::counter!("sundial_store_scans_total", "shard" => shard_label.clone())
                     .increment(1);
                 match self
@@ -260,9 +266,8 @@ impl Engine {
                         continue;
                     }
                 }
-                if let Some(c) = window.cursor() {
-                    signal.covered_until.store(c.due_at.0, Ordering::Release);
-                }
+                let covered = window.cursor().map_or(i64::MIN, |c| c.due_at.0);
+                signal.covered_until.store(covered, Ordering::Release);
             }
             // Anything that arrived while scanning.
             let late: Vec<DueEntry> = signal
@@ -306,14 +311,8 @@ impl Engine {
                         gate = now.saturating_add(Duration::from_secs(1));
                     }
                 }
-            } else if window.room() > 0 {
-                // Keep the look-ahead streaming: refill when half of it has been used.
-                let refill = match window.cursor() {
-                    Some(c) => Timestamp(c.due_at.0 - (lookahead.as_millis() / 2) as i64)
-                        .max(Timestamp(now.0 + 1)),
-                    None => now,
-                };
-                gate = gate.min(refill);
+            } else if let Some(refill) = window.refill_at(lookahead) {
+                gate = gate.min(refill.max(Timestamp(now.0 + 1)));
             }
             signal.gate.store(gate.0, Ordering::Release);
             if gate <= now && !starved {
@@ -349,7 +348,11 @@ impl Engine {
         let mut starved = false;
         let mut starved_queues: HashSet<Arc<str>> = HashSet::new();
         let mut batch: Vec<(DueKey, Meta, DueClaim, Option<OwnedSemaphorePermit>)> = Vec::new();
-        for (key, meta) in window.due(now) {
+        // Bounded walk: entries of starved queues are skipped, but not without limit.
+        for (key, meta) in window
+            .due(now)
+            .take(self.config.claim_batch.saturating_mul(4))
+        {
             if batch.len() >= self.config.claim_batch {
                 break;
             }
@@ -591,6 +594,8 @@ impl Engine {
             if *stopping.borrow() {
                 break;
             }
+            // As in the shard loop: while busy, any new lease must wake the reaper again.
+            self.reaper.gate.store(i64::MAX, Ordering::Release);
             let now = self.clock.now();
             match self.store.expire_leases(now, 1_000).await {
                 Ok(expired) => {

@@ -67,9 +67,22 @@ impl Window {
         self.cursor = None;
     }
 
-    /// Whether the scan has covered everything due up to `horizon`.
-    pub fn covers(&self, horizon: Timestamp) -> bool {
-        matches!(self.cursor, Some(c) if c.due_at >= horizon)
+    /// When the look-ahead should be refilled: once half of what the cursor covers beyond now has
+    /// been used. `None` when the window is full (firing makes room first).
+    pub fn refill_at(&self, lookahead: std::time::Duration) -> Option<Timestamp> {
+        if self.room() == 0 {
+            return None;
+        }
+        let half = (lookahead.as_millis() / 2) as i64;
+        Some(match self.cursor {
+            Some(c) => Timestamp(c.due_at.0.saturating_sub(half)),
+            None => Timestamp(i64::MIN),
+        })
+    }
+
+    /// Whether a scan is due at `now`.
+    pub fn needs_refill(&self, now: Timestamp, lookahead: std::time::Duration) -> bool {
+        self.refill_at(lookahead).is_some_and(|t| t <= now)
     }
 
     /// Adds one entry (from a notification or a scan).
@@ -192,8 +205,7 @@ mod tests {
             &mut intern(),
         );
         assert_eq!(w.len(), 2);
-        assert!(w.covers(Timestamp(100)));
-        assert!(!w.covers(Timestamp(101)));
+        assert_eq!(w.cursor().map(|c| c.due_at), Some(Timestamp(100)));
     }
 
     #[test]
@@ -201,7 +213,6 @@ mod tests {
         let mut w = Window::new(10);
         w.absorb_scan(vec![row(5, 1), row(7, 2)], Timestamp(100), 2, &mut intern());
         assert_eq!(w.cursor(), Some(key(7, 2)));
-        assert!(!w.covers(Timestamp(100)));
     }
 
     #[test]
@@ -229,6 +240,18 @@ mod tests {
         assert_eq!(due, vec![key(5, 1), key(5, 2), key(9, 3)]);
         assert_eq!(w.first_due_after(Timestamp(9)), Some(Timestamp(20)));
         assert_eq!(w.first_due_after(Timestamp(20)), None);
+    }
+
+    #[test]
+    fn refills_when_half_the_lookahead_is_used_and_there_is_room() {
+        let la = std::time::Duration::from_millis(1_000);
+        let mut w = Window::new(2);
+        assert!(w.needs_refill(Timestamp(0), la));
+        w.absorb_scan(vec![row(5, 1)], Timestamp(1_000), 2, &mut intern());
+        assert!(!w.needs_refill(Timestamp(499), la));
+        assert!(w.needs_refill(Timestamp(500), la));
+        w.insert(key(6, 2), meta());
+        assert_eq!(w.refill_at(la), None, "full");
     }
 
     #[test]

@@ -192,6 +192,12 @@ async fn cancel_wins() {
         );
     }
     settle().await;
+    // Cancelled before they are due: these must never run.
+    let early: Vec<_> = ids.split_off(150);
+    for id in &early {
+        h.sundial.cancel(*id).await.unwrap();
+    }
+    // The rest: cancel every other one while they come due.
     let (cancel, keep): (Vec<_>, Vec<_>) = ids.iter().enumerate().partition(|(i, _)| i % 2 == 0);
     let s = h.sundial.clone();
     let cancel_ids: Vec<_> = cancel.into_iter().map(|(_, id)| *id).collect();
@@ -199,25 +205,40 @@ async fn cancel_wins() {
     let canceller = tokio::spawn(async move {
         let mut cancelled = Vec::new();
         for id in to_cancel {
-            if s.cancel(id).await.is_ok() {
-                cancelled.push(id);
+            // A cancel may land before the start or while the attempt runs; the returned row says
+            // which (`attempt` counts attempts started).
+            if let Ok(t) = s.cancel(id).await {
+                cancelled.push((id, t.attempt));
             }
         }
         cancelled
     });
     h.clock.advance(Duration::from_secs(1));
     let cancelled = canceller.await.unwrap();
-    let mut seen = std::collections::HashSet::new();
+    let mut seen = std::collections::HashMap::new();
     while let Ok(Some(r)) = tokio::time::timeout(Duration::from_millis(500), runs.recv()).await {
-        seen.insert(r.id);
+        seen.insert(r.id, r.attempt);
     }
-    for id in &cancelled {
-        assert!(!seen.contains(id), "cancelled task {id} ran");
+    let mut before_start = 0;
+    for (id, attempts_at_cancel) in &cancelled {
+        // No attempt starts after the cancel returned.
+        let ran = seen.get(id).copied().unwrap_or(0);
+        assert!(
+            ran <= *attempts_at_cancel,
+            "cancelled task {id} started attempt {ran} after the cancel"
+        );
+        if *attempts_at_cancel == 0 {
+            before_start += 1;
+        }
         let t = h.sundial.get(*id).await.unwrap().unwrap();
         assert_eq!(t.state, TaskState::Cancelled);
     }
+    let _ = before_start; // how many won the race outright depends on timing: not asserted
+    for id in &early {
+        assert!(!seen.contains_key(id), "task {id} cancelled before due ran");
+    }
     for (_, id) in keep {
-        assert!(seen.contains(id), "task {id} did not run");
+        assert!(seen.contains_key(id), "task {id} did not run");
     }
     // Cancelling a finished task is refused and changes nothing.
     let (_, done) = ids.iter().enumerate().find(|(i, _)| i % 2 == 1).unwrap();
