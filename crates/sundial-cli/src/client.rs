@@ -1,0 +1,213 @@
+//! A small typed client for the v1 HTTP API, shared by the `task` and `worker` commands and the
+//! load generator. It speaks the wire types of [`sundial_server::wire`].
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sundial_server::ErrorBody;
+use sundial_server::wire::{
+    BatchResponse, CompleteRequest, CreateBatch, CreateTask, FailRequest, HeartbeatRequest,
+    ListQuery, PollRequest, PollResponse, TaskList, TaskView,
+};
+use uuid::Uuid;
+
+/// What a call can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The server answered with an error status and body.
+    #[error("{status}: {} ({})", body.error.message, body.error.code)]
+    Api {
+        status: StatusCode,
+        body: Box<ErrorBody>,
+    },
+    /// The server answered with something that is not the expected JSON.
+    #[error("unexpected response ({status}): {text}")]
+    Unexpected { status: StatusCode, text: String },
+    /// The request did not get an answer (connection refused, timeout, ...).
+    #[error("cannot reach the server: {0}")]
+    Transport(#[from] reqwest::Error),
+}
+
+impl ClientError {
+    /// The HTTP status, when the server answered.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            ClientError::Api { status, .. } | ClientError::Unexpected { status, .. } => {
+                Some(*status)
+            }
+            ClientError::Transport(_) => None,
+        }
+    }
+    pub fn is_conflict(&self) -> bool {
+        self.status() == Some(StatusCode::CONFLICT)
+    }
+    pub fn is_not_found(&self) -> bool {
+        self.status() == Some(StatusCode::NOT_FOUND)
+    }
+}
+
+/// A client for one server. Cheap to clone (connections are pooled and shared).
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Client {
+    /// A client for the server at `base` (e.g. `http://127.0.0.1:7373`).
+    pub fn new(base: &str) -> Result<Self, ClientError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(30))
+            .tcp_nodelay(true)
+            .build()?;
+        Ok(Client {
+            http,
+            base: base.trim_end_matches('/').to_string(),
+        })
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    async fn decode<T: DeserializeOwned>(resp: reqwest::Response) -> Result<T, ClientError> {
+        let status = resp.status();
+        let bytes = resp.bytes().await?;
+        if status.is_success() {
+            return serde_json::from_slice(&bytes).map_err(|e| ClientError::Unexpected {
+                status,
+                text: format!("{e}: {}", String::from_utf8_lossy(&bytes)),
+            });
+        }
+        match serde_json::from_slice::<ErrorBody>(&bytes) {
+            Ok(body) => Err(ClientError::Api {
+                status,
+                body: Box::new(body),
+            }),
+            Err(_) => Err(ClientError::Unexpected {
+                status,
+                text: String::from_utf8_lossy(&bytes).into_owned(),
+            }),
+        }
+    }
+
+    async fn post<B: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ClientError> {
+        let resp = self.http.post(self.url(path)).json(body).send().await?;
+        Self::decode(resp).await
+    }
+
+    pub async fn create(&self, task: &CreateTask) -> Result<TaskView, ClientError> {
+        self.post("/v1/tasks", task).await
+    }
+
+    pub async fn create_batch(&self, tasks: &CreateBatch) -> Result<BatchResponse, ClientError> {
+        self.post("/v1/tasks:batch", tasks).await
+    }
+
+    pub async fn get(&self, id: &str) -> Result<TaskView, ClientError> {
+        let resp = self
+            .http
+            .get(self.url(&format!("/v1/tasks/{id}")))
+            .send()
+            .await?;
+        Self::decode(resp).await
+    }
+
+    pub async fn list(&self, query: &ListQuery) -> Result<TaskList, ClientError> {
+        let resp = self
+            .http
+            .get(self.url("/v1/tasks"))
+            .query(query)
+            .send()
+            .await?;
+        Self::decode(resp).await
+    }
+
+    pub async fn cancel(&self, id: &str) -> Result<TaskView, ClientError> {
+        self.post(&format!("/v1/tasks/{id}/cancel"), &serde_json::json!({}))
+            .await
+    }
+
+    pub async fn trigger(&self, id: &str) -> Result<TaskView, ClientError> {
+        self.post(&format!("/v1/tasks/{id}/trigger"), &serde_json::json!({}))
+            .await
+    }
+
+    /// Long-polls `queue`; the request may stay open for `wait`.
+    pub async fn poll(
+        &self,
+        queue: &str,
+        worker: &str,
+        max: u32,
+        wait: Duration,
+        kinds: Option<Vec<String>>,
+    ) -> Result<PollResponse, ClientError> {
+        let body = PollRequest {
+            worker: worker.to_string(),
+            max: Some(max),
+            wait: Some(sundial_server::duration::format(wait)),
+            kinds,
+        };
+        let resp = self
+            .http
+            .post(self.url(&format!("/v1/queues/{queue}/poll")))
+            .timeout(wait + Duration::from_secs(30))
+            .json(&body)
+            .send()
+            .await?;
+        Self::decode(resp).await
+    }
+
+    pub async fn heartbeat(&self, id: Uuid, execution_id: Uuid) -> Result<TaskView, ClientError> {
+        self.post(
+            &format!("/v1/tasks/{id}/heartbeat"),
+            &HeartbeatRequest { execution_id },
+        )
+        .await
+    }
+
+    pub async fn complete(
+        &self,
+        id: Uuid,
+        execution_id: Uuid,
+        result: Option<serde_json::Value>,
+    ) -> Result<TaskView, ClientError> {
+        self.post(
+            &format!("/v1/tasks/{id}/complete"),
+            &CompleteRequest {
+                execution_id,
+                result,
+            },
+        )
+        .await
+    }
+
+    pub async fn fail(
+        &self,
+        id: Uuid,
+        execution_id: Uuid,
+        error: String,
+        retryable: bool,
+    ) -> Result<TaskView, ClientError> {
+        self.post(
+            &format!("/v1/tasks/{id}/fail"),
+            &FailRequest {
+                execution_id,
+                error: Some(error),
+                retryable: Some(retryable),
+            },
+        )
+        .await
+    }
+}

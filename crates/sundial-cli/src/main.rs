@@ -1,0 +1,83 @@
+//! `sundial`: the server, task commands and a ready-made remote worker.
+//!
+//! ```text
+//! sundial server [--data-dir DIR] [--listen ADDR]      run the service (embedded store)
+//! sundial task add|get|ls|cancel|trigger ...           talk to a running server
+//! sundial worker --queue Q -- CMD ARGS...              run CMD once per task of Q
+//! ```
+
+mod server;
+mod task;
+mod worker;
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+/// The default address of the server; clients use it when given no `--server`.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7373";
+pub const DEFAULT_SERVER: &str = "http://127.0.0.1:7373";
+
+#[derive(Parser)]
+#[command(
+    name = "sundial",
+    version,
+    about = "Sundial: a durable task scheduler. Run this at that time, even if every process dies in between."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the server: the engine on the embedded store, and the HTTP API.
+    Server(server::ServerArgs),
+    /// Create, inspect, cancel and trigger tasks on a running server.
+    Task(task::TaskArgs),
+    /// Run a command once per task of a queue (a remote worker).
+    Worker(worker::WorkerArgs),
+}
+
+fn init_logs(default_level: &str) {
+    use std::io::IsTerminal;
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    // People read task commands' output: only warnings and errors go to the log there.
+    init_logs(match cli.command {
+        Command::Task(_) => "warn",
+        _ => "info",
+    });
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Server(args) => server::run(args).await,
+            Command::Task(args) => task::run(args).await,
+            Command::Worker(args) => worker::run(args).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! `sundial server`: the engine on the embedded store, served over HTTP.
+//!
+//! Start-up: install the Prometheus recorder, open the store, bind, print
+//! `sundial listening on http://ADDR` on stdout (scripts and tests read the address from it, which
+//! is how `--listen 127.0.0.1:0` is useful), start the engine and serve.
+//!
+//! Shutdown (SIGTERM or Ctrl-C): stop accepting connections, stop the engine (waiting polls return
+//! empty, new creates get 503), let in-process work finish within `--shutdown-grace`, let HTTP
+//! requests in flight finish, exit 0.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use std::future::IntoFuture;
+use sundial::{Config, Sundial};
+use sundial_server::ServerConfig;
+use tokio::sync::watch;
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    sundial_server::duration::parse(s).map_err(|e| e.to_string())
+}
+
+#[derive(Args, Debug)]
+pub struct ServerArgs {
+    /// Directory of the embedded store (created if missing).
+    #[arg(long, env = "SUNDIAL_DATA_DIR", default_value = "./sundial-data")]
+    data_dir: PathBuf,
+    /// Address to listen on; port 0 picks a free port (the address is printed at start).
+    #[arg(long, env = "SUNDIAL_LISTEN", default_value = crate::DEFAULT_LISTEN)]
+    listen: SocketAddr,
+    /// Longest a worker's poll may wait for tasks.
+    #[arg(long, env = "SUNDIAL_MAX_POLL_WAIT", default_value = "60s", value_parser = parse_duration)]
+    max_poll_wait: Duration,
+    /// Most tasks in one `POST /v1/tasks:batch`.
+    #[arg(long, env = "SUNDIAL_MAX_BATCH", default_value_t = 1_000)]
+    max_batch: usize,
+    /// On shutdown, how long in-process work may take to finish.
+    #[arg(long, env = "SUNDIAL_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
+    shutdown_grace: Duration,
+}
+
+pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
+    let prometheus = sundial_server::prometheus_builder()
+        .install_recorder()
+        .context("cannot install the metrics recorder")?;
+    sundial_server::describe_metrics();
+    let upkeep = prometheus.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+
+    let config = Config {
+        max_poll_wait: args.max_poll_wait,
+        ..Config::default()
+    };
+    let sundial = Sundial::builder()
+        .config(config)
+        .open(&args.data_dir)
+        .await
+        .with_context(|| format!("cannot open the store in {}", args.data_dir.display()))?;
+
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let addr = listener
+        .local_addr()
+        .context("cannot read the bound address")?;
+    let app = sundial_server::router(
+        sundial.clone(),
+        ServerConfig {
+            max_poll_wait: args.max_poll_wait,
+            max_batch_items: args.max_batch,
+            prometheus: Some(prometheus),
+            ..ServerConfig::default()
+        },
+    );
+    let running = sundial.start();
+    tracing::info!(data_dir = %args.data_dir.display(), %addr, "sundial started");
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "sundial listening on http://{addr}").context("cannot write to stdout")?;
+        out.flush().context("cannot write to stdout")?;
+    }
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let mut serve_stop = stop_rx.clone();
+    let serve = axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            let _ = serve_stop.wait_for(|v| *v).await;
+        })
+        .into_future();
+    let mut serve = tokio::spawn(serve);
+
+    let mut stop = stop_rx;
+    tokio::select! {
+        r = &mut serve => {
+            // The server ended on its own: an accept error. Stop the engine and report it.
+            running.shutdown(args.shutdown_grace).await;
+            return match r {
+                Ok(Ok(())) => Ok(ExitCode::SUCCESS),
+                Ok(Err(e)) => Err(e).context("serving failed"),
+                Err(e) => Err(e).context("the server task failed"),
+            };
+        }
+        _ = stop.wait_for(|v| *v) => {}
+    }
+    tracing::info!("shutting down");
+    // Stopping the engine makes waiting polls return at once, so HTTP can drain.
+    let interrupted = running.shutdown(args.shutdown_grace).await;
+    if interrupted > 0 {
+        tracing::warn!(
+            interrupted,
+            "in-process work did not finish in time; it will run again"
+        );
+    }
+    match tokio::time::timeout(Duration::from_secs(10), &mut serve).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "server error during shutdown"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "server task failed during shutdown"),
+        Err(_) => {
+            tracing::warn!("HTTP requests still open after 10s; closing them");
+            serve.abort();
+        }
+    }
+    tracing::info!("stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Completes on SIGTERM or Ctrl-C (SIGINT).
+pub async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

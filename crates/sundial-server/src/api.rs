@@ -1,0 +1,450 @@
+//! The v1 handlers. Each one validates its request completely before it calls the library, so a
+//! refused request changes nothing; the library then does every state change as one conditional
+//! update in the store.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use sundial::{ExecutionId, Scheduled, TaskId, TaskSpec, TaskState, Timestamp};
+use sundial_store::TaskFilter;
+
+use crate::AppState;
+use crate::duration;
+use crate::error::{ApiError, ErrorBody};
+use crate::extract::{ApiJson, ApiQuery};
+use crate::wire::{
+    BatchItem, BatchResponse, CompleteRequest, CreateBatch, CreateTask, FailRequest, Health,
+    HeartbeatRequest, ListQuery, PollRequest, PollResponse, PolledTask, TaskList, TaskView,
+};
+
+/// Longest `last_error` kept from a worker's `fail` (the end of the text is kept).
+pub const MAX_ERROR_BYTES: usize = 16 * 1024;
+
+fn parse_id(raw: &str) -> Result<TaskId, ApiError> {
+    // An id that is not a UUID names no task: 404, like any other unknown id.
+    raw.parse::<TaskId>()
+        .map_err(|_| ApiError::not_found(format!("no such task: {raw:?} is not a task id")))
+}
+
+fn created(task: &sundial::Task) -> Response {
+    let mut resp = (StatusCode::CREATED, Json(TaskView::from(task))).into_response();
+    if let Ok(v) = HeaderValue::from_str(&format!("/v1/tasks/{}", task.id)) {
+        resp.headers_mut().insert(header::LOCATION, v);
+    }
+    resp
+}
+
+/// Create a task.
+#[utoipa::path(
+    post, path = "/v1/tasks", tag = "tasks",
+    request_body = CreateTask,
+    responses(
+        (status = 201, description = "Stored durably", body = TaskView),
+        (status = 400, description = "Not JSON", body = ErrorBody),
+        (status = 409, description = "A live task of the queue holds the key (`existing_id`); nothing stored", body = ErrorBody),
+        (status = 413, description = "Body or payload over the limit", body = ErrorBody),
+        (status = 422, description = "Invalid (unknown field, bad value)", body = ErrorBody),
+    )
+)]
+pub async fn create_task(
+    State(st): State<AppState>,
+    ApiJson(body): ApiJson<CreateTask>,
+) -> Result<Response, ApiError> {
+    let spec = body.into_spec()?;
+    let task = st.sundial.schedule_task(spec).await?;
+    Ok(created(&task))
+}
+
+/// Create many tasks in one transaction.
+///
+/// Any invalid item refuses the whole batch (the error names its `index`). An item whose key is
+/// held by a live task is reported as `duplicate` and not stored; the others are.
+#[utoipa::path(
+    post, path = "/v1/tasks:batch", tag = "tasks",
+    request_body = CreateBatch,
+    responses(
+        (status = 201, description = "One result per item, in order", body = BatchResponse),
+        (status = 400, description = "Not JSON", body = ErrorBody),
+        (status = 413, description = "Too many items, body or a payload over the limit", body = ErrorBody),
+        (status = 422, description = "An invalid item (its `index` is given); nothing stored", body = ErrorBody),
+    )
+)]
+pub async fn create_batch(
+    State(st): State<AppState>,
+    ApiJson(body): ApiJson<CreateBatch>,
+) -> Result<Response, ApiError> {
+    if body.tasks.len() > st.config.max_batch_items {
+        return Err(ApiError::too_large(format!(
+            "a batch holds at most {} tasks; this one has {}",
+            st.config.max_batch_items,
+            body.tasks.len()
+        ))
+        .with_field("tasks"));
+    }
+    let specs = body
+        .tasks
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| t.into_spec().map_err(|e| e.at_index(i)))
+        .collect::<Result<Vec<TaskSpec>, ApiError>>()?;
+    let results = st
+        .sundial
+        .schedule_many(specs)
+        .await?
+        .into_iter()
+        .map(|r| match r {
+            Scheduled::Created(t) => BatchItem::Created {
+                task: Box::new(TaskView::from(&*t)),
+            },
+            Scheduled::Duplicate { existing } => BatchItem::Duplicate {
+                existing_id: existing.0,
+            },
+        })
+        .collect();
+    Ok((StatusCode::CREATED, Json(BatchResponse { results })).into_response())
+}
+
+/// Get a task.
+#[utoipa::path(
+    get, path = "/v1/tasks/{id}", tag = "tasks",
+    params(("id" = uuid::Uuid, Path, description = "Task id")),
+    responses(
+        (status = 200, description = "The task", body = TaskView),
+        (status = 404, description = "No such task", body = ErrorBody),
+    )
+)]
+pub async fn get_task(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<TaskView>, ApiError> {
+    let id = parse_id(&id)?;
+    let task = st
+        .sundial
+        .get(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("no such task"))?;
+    Ok(Json(TaskView::from(&task)))
+}
+
+/// List tasks, newest first, a page at a time.
+#[utoipa::path(
+    get, path = "/v1/tasks", tag = "tasks",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of tasks", body = TaskList),
+        (status = 422, description = "Unknown parameter or bad value", body = ErrorBody),
+    )
+)]
+pub async fn list_tasks(
+    State(st): State<AppState>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> Result<Json<TaskList>, ApiError> {
+    let state = match q.state.as_deref() {
+        Some(s) => Some(
+            s.parse::<TaskState>()
+                .map_err(|e| ApiError::invalid("state", e.to_string()))?,
+        ),
+        None => None,
+    };
+    let limit = q.limit.unwrap_or(50);
+    if !(1..=1_000).contains(&limit) {
+        return Err(ApiError::invalid(
+            "limit",
+            "limit must be between 1 and 1000",
+        ));
+    }
+    let before = match q.cursor.as_deref() {
+        Some(c) => Some(
+            c.parse::<TaskId>()
+                .map_err(|_| ApiError::invalid("cursor", "not a cursor from a previous page"))?,
+        ),
+        None => None,
+    };
+    let filter = TaskFilter {
+        queue: q.queue,
+        kind: q.kind,
+        state,
+        key: q.key,
+        before,
+    };
+    let page = st.sundial.list(filter, limit).await?;
+    Ok(Json(TaskList {
+        tasks: page.tasks.iter().map(TaskView::from).collect(),
+        next_cursor: page.next_cursor.map(|c| c.to_string()),
+    }))
+}
+
+/// Cancel a task that has not finished. Once this returns it never starts a new attempt.
+#[utoipa::path(
+    post, path = "/v1/tasks/{id}/cancel", tag = "tasks",
+    params(("id" = uuid::Uuid, Path, description = "Task id")),
+    responses(
+        (status = 200, description = "Cancelled", body = TaskView),
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 409, description = "Already finished (`state`)", body = ErrorBody),
+    )
+)]
+pub async fn cancel_task(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<TaskView>, ApiError> {
+    let id = parse_id(&id)?;
+    let task = st.sundial.cancel(id).await?;
+    Ok(Json(TaskView::from(&task)))
+}
+
+/// Make a scheduled task due now.
+#[utoipa::path(
+    post, path = "/v1/tasks/{id}/trigger", tag = "tasks",
+    params(("id" = uuid::Uuid, Path, description = "Task id")),
+    responses(
+        (status = 200, description = "Due now", body = TaskView),
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 409, description = "Not scheduled (`state`)", body = ErrorBody),
+    )
+)]
+pub async fn trigger_task(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<TaskView>, ApiError> {
+    let id = parse_id(&id)?;
+    let task = st.sundial.trigger(id).await?;
+    Ok(Json(TaskView::from(&task)))
+}
+
+fn check_worker_name(w: &str) -> Result<(), ApiError> {
+    if w.is_empty() || w.len() > 128 || w.chars().any(char::is_control) {
+        return Err(ApiError::invalid(
+            "worker",
+            "worker must be 1 to 128 bytes without control characters",
+        ));
+    }
+    Ok(())
+}
+
+fn check_queue_name(st: &AppState, queue: &str) -> Result<(), ApiError> {
+    // The library's own rules for queue names, applied through a throwaway spec.
+    let limits = &st.sundial.config().limits;
+    match TaskSpec::new("probe")
+        .queue(queue)
+        .validate(TaskId::MIN, Timestamp::MIN, 1, limits)
+    {
+        Ok(_) => Ok(()),
+        Err(e) => Err(ApiError::from(e).with_field("queue")),
+    }
+}
+
+/// Long-poll a queue for ready tasks.
+///
+/// Holds the request open up to `wait` until tasks are ready, then hands out up to `max` of them,
+/// each `running` under a fresh `execution_id` with a lease of the task's timeout. Answers with an
+/// empty list when nothing became ready in time (or the server is stopping).
+#[utoipa::path(
+    post, path = "/v1/queues/{queue}/poll", tag = "workers",
+    params(("queue" = String, Path, description = "Queue name")),
+    request_body = PollRequest,
+    responses(
+        (status = 200, description = "Tasks now running for this worker (maybe none)", body = PollResponse),
+        (status = 400, description = "Not JSON", body = ErrorBody),
+        (status = 422, description = "Invalid request", body = ErrorBody),
+    )
+)]
+pub async fn poll_queue(
+    State(st): State<AppState>,
+    Path(queue): Path<String>,
+    ApiJson(body): ApiJson<PollRequest>,
+) -> Result<Json<PollResponse>, ApiError> {
+    check_queue_name(&st, &queue)?;
+    check_worker_name(&body.worker)?;
+    let max = match body.max {
+        None => 1,
+        Some(0) => return Err(ApiError::invalid("max", "max must be at least 1")),
+        Some(n) => (n as usize).min(st.sundial.config().max_poll_batch),
+    };
+    let wait = match body.wait.as_deref() {
+        None => st.config.default_poll_wait,
+        Some(w) => duration::parse(w).map_err(|e| ApiError::invalid("wait", e.to_string()))?,
+    }
+    .min(st.config.max_poll_wait);
+    if body.kinds.as_ref().is_some_and(Vec::is_empty) {
+        return Err(ApiError::invalid(
+            "kinds",
+            "kinds must not be empty when given",
+        ));
+    }
+    let tasks = st
+        .sundial
+        .poll(&queue, Some(body.worker), body.kinds, max, wait)
+        .await?;
+    Ok(Json(PollResponse {
+        tasks: tasks.iter().filter_map(PolledTask::from_task).collect(),
+    }))
+}
+
+fn execution(id: uuid::Uuid) -> ExecutionId {
+    ExecutionId(id)
+}
+
+/// Extend a running attempt's lease by the task's timeout.
+#[utoipa::path(
+    post, path = "/v1/tasks/{id}/heartbeat", tag = "workers",
+    params(("id" = uuid::Uuid, Path, description = "Task id")),
+    request_body = HeartbeatRequest,
+    responses(
+        (status = 200, description = "Lease extended (`lease_expires_at`)", body = TaskView),
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 409, description = "Stale execution: stop working on the task", body = ErrorBody),
+    )
+)]
+pub async fn heartbeat_task(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<HeartbeatRequest>,
+) -> Result<Json<TaskView>, ApiError> {
+    let id = parse_id(&id)?;
+    let task = st
+        .sundial
+        .heartbeat(id, execution(body.execution_id))
+        .await?;
+    Ok(Json(TaskView::from(&task)))
+}
+
+/// Record a successful attempt.
+#[utoipa::path(
+    post, path = "/v1/tasks/{id}/complete", tag = "workers",
+    params(("id" = uuid::Uuid, Path, description = "Task id")),
+    request_body = CompleteRequest,
+    responses(
+        (status = 200, description = "Succeeded", body = TaskView),
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 409, description = "Stale execution: the result was not recorded", body = ErrorBody),
+        (status = 413, description = "Result over the limit", body = ErrorBody),
+    )
+)]
+pub async fn complete_task(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<CompleteRequest>,
+) -> Result<Json<TaskView>, ApiError> {
+    let id = parse_id(&id)?;
+    if let Some(r) = &body.result {
+        let len = serde_json::to_string(r).map(|s| s.len()).unwrap_or(0);
+        let max = st.sundial.config().limits.max_payload_bytes;
+        if len > max {
+            return Err(
+                ApiError::too_large(format!("result is {len} bytes; the limit is {max}"))
+                    .with_field("result"),
+            );
+        }
+    }
+    let task = st
+        .sundial
+        .complete(id, execution(body.execution_id), body.result)
+        .await?;
+    Ok(Json(TaskView::from(&task)))
+}
+
+/// Keeps the last `max` bytes of `s` (on a character boundary).
+fn tail(s: String, max: usize) -> String {
+    if s.len() <= max {
+        return s;
+    }
+    let mut start = s.len() - max;
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("…{}", &s[start..])
+}
+
+/// Record a failed attempt: retried with the task's backoff while attempts remain (and
+/// `retryable`), else `dead`.
+#[utoipa::path(
+    post, path = "/v1/tasks/{id}/fail", tag = "workers",
+    params(("id" = uuid::Uuid, Path, description = "Task id")),
+    request_body = FailRequest,
+    responses(
+        (status = 200, description = "Rescheduled or dead", body = TaskView),
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 409, description = "Stale execution: the failure was not recorded", body = ErrorBody),
+    )
+)]
+pub async fn fail_task(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<FailRequest>,
+) -> Result<Json<TaskView>, ApiError> {
+    let id = parse_id(&id)?;
+    let error = tail(
+        body.error.unwrap_or_else(|| "failed".to_string()),
+        MAX_ERROR_BYTES,
+    );
+    let task = st
+        .sundial
+        .fail(
+            id,
+            execution(body.execution_id),
+            error,
+            body.retryable.unwrap_or(true),
+        )
+        .await?;
+    Ok(Json(TaskView::from(&task)))
+}
+
+/// Liveness. Never touches the store, so it answers while the task endpoints are saturated.
+#[utoipa::path(
+    get, path = "/healthz", tag = "service",
+    responses((status = 200, description = "The process is serving", body = Health))
+)]
+pub async fn healthz() -> Json<Health> {
+    Json(Health {
+        status: "ok".to_string(),
+    })
+}
+
+/// Prometheus metrics (text exposition format).
+#[utoipa::path(
+    get, path = "/metrics", tag = "service",
+    responses(
+        (status = 200, description = "Prometheus text format", content_type = "text/plain"),
+        (status = 404, description = "Metrics are not enabled in this embedding", body = ErrorBody),
+    )
+)]
+pub async fn metrics(State(st): State<AppState>) -> Result<Response, ApiError> {
+    let Some(handle) = st.config.prometheus.clone() else {
+        return Err(ApiError::not_found(
+            "metrics are not enabled (no Prometheus recorder was given)",
+        ));
+    };
+    match st.sundial.counts().await {
+        Ok(counts) => st.gauges.record(&counts),
+        Err(e) => tracing::warn!(error = %e, "counting tasks for /metrics failed"),
+    }
+    let body = handle.render();
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        )],
+        body,
+    )
+        .into_response())
+}
+
+/// The wait a poll uses when it names none.
+pub const DEFAULT_POLL_WAIT: Duration = Duration::from_secs(30);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_keeps_the_end_on_a_char_boundary() {
+        assert_eq!(tail("abc".into(), 5), "abc");
+        assert_eq!(tail("abcdef".into(), 3), "…def");
+        let s = "ééé".to_string(); // 6 bytes
+        assert_eq!(tail(s, 3), "…é");
+    }
+}

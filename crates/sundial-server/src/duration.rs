@@ -1,0 +1,176 @@
+//! Durations on the wire: a whole number followed by a unit, optionally several in a row from the
+//! largest unit down: `"1500ms"`, `"30s"`, `"5m"`, `"2h"`, `"3d"`, `"1h30m"`.
+//!
+//! Units: `ms` (milliseconds), `s`, `m` (minutes), `h`, `d` (days of 24 hours). Resolution is one
+//! millisecond, like the rest of Sundial. Signs, fractions, spaces, a missing unit, an empty string
+//! and values past `u64` milliseconds are refused: a typo must never become a default.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Why a duration string was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct DurationError(String);
+
+const UNITS: [(&str, u64); 5] = [
+    ("d", 86_400_000),
+    ("h", 3_600_000),
+    ("m", 60_000),
+    ("s", 1_000),
+    ("ms", 1),
+];
+
+const HINT: &str = "use a whole number and a unit (ms, s, m, h, d), e.g. \"1500ms\", \"30s\", \"5m\", \"1h30m\", \"3d\"";
+
+/// Parses a wire duration.
+pub fn parse(input: &str) -> Result<Duration, DurationError> {
+    let err = |what: &str| DurationError(format!("invalid duration {input:?}: {what}; {HINT}"));
+    if input.is_empty() {
+        return Err(err("empty"));
+    }
+    if input.starts_with('-') {
+        return Err(err("negative durations are not allowed"));
+    }
+    let bytes = input.as_bytes();
+    let mut i = 0;
+    let mut total: u64 = 0;
+    // Index into UNITS of the last unit used: units must go from largest to smallest, once each.
+    let mut last_unit: Option<usize> = None;
+    while i < bytes.len() {
+        let start = i;
+        while i < bytes.len() && bytes[i].is_ascii_digit() {
+            i += 1;
+        }
+        if i == start {
+            return Err(err("expected a digit"));
+        }
+        let number: u64 = input[start..i]
+            .parse()
+            .map_err(|_| err("the number is too large"))?;
+        let ustart = i;
+        while i < bytes.len() && bytes[i].is_ascii_alphabetic() {
+            i += 1;
+        }
+        let unit = &input[ustart..i];
+        if unit.is_empty() {
+            return Err(err("missing unit"));
+        }
+        let Some(pos) = UNITS.iter().position(|(u, _)| *u == unit) else {
+            return Err(err(&format!("unknown unit {unit:?}")));
+        };
+        if last_unit.is_some_and(|l| pos <= l) {
+            return Err(err(
+                "units must go from largest to smallest, each at most once",
+            ));
+        }
+        last_unit = Some(pos);
+        let ms = number
+            .checked_mul(UNITS[pos].1)
+            .and_then(|v| total.checked_add(v))
+            .ok_or_else(|| err("too large"))?;
+        total = ms;
+    }
+    Ok(Duration::from_millis(total))
+}
+
+/// Formats a duration the way [`parse`] reads it: the largest units that represent it exactly
+/// (`"5m"`, `"1h30m"`, `"1500ms"`, `"0s"`). Sub-millisecond parts are dropped.
+pub fn format(d: Duration) -> String {
+    WireDuration(d).to_string()
+}
+
+/// Displays a duration in wire form.
+pub struct WireDuration(pub Duration);
+
+impl fmt::Display for WireDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut ms = u64::try_from(self.0.as_millis()).unwrap_or(u64::MAX);
+        if ms == 0 {
+            return f.write_str("0s");
+        }
+        // Whole seconds print as d/h/m/s; anything with milliseconds prints entirely as
+        // milliseconds, which reads better than "1s500ms".
+        if ms % 1_000 != 0 {
+            return write!(f, "{ms}ms");
+        }
+        for (unit, size) in UNITS.iter().take(4) {
+            if ms >= *size {
+                write!(f, "{}{unit}", ms / size)?;
+                ms %= size;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(v: u64) -> Duration {
+        Duration::from_millis(v)
+    }
+
+    #[test]
+    fn parses_single_units() {
+        assert_eq!(parse("1500ms"), Ok(ms(1_500)));
+        assert_eq!(parse("30s"), Ok(ms(30_000)));
+        assert_eq!(parse("5m"), Ok(ms(300_000)));
+        assert_eq!(parse("2h"), Ok(ms(7_200_000)));
+        assert_eq!(parse("3d"), Ok(ms(259_200_000)));
+        assert_eq!(parse("0s"), Ok(ms(0)));
+        assert_eq!(parse("0ms"), Ok(ms(0)));
+    }
+
+    #[test]
+    fn parses_compound() {
+        assert_eq!(parse("1h30m"), Ok(ms(5_400_000)));
+        assert_eq!(parse("1d2h3m4s5ms"), Ok(ms(93_784_005)));
+        assert_eq!(parse("1m500ms"), Ok(ms(60_500)));
+    }
+
+    #[test]
+    fn rejects_garbage() {
+        for bad in [
+            "", "-5s", "-0s", "+5s", "5", "s", "5 s", " 5s", "5s ", "1.5s", "5sec", "5S", "5us",
+            "1m1h", "1s1s", "5mss", "abc", "1_000ms", "٣s",
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} should be refused");
+        }
+    }
+
+    #[test]
+    fn rejects_overflow() {
+        assert!(parse("18446744073709551616ms").is_err());
+        assert!(parse("213503982334602d").is_err());
+        assert_eq!(parse("18446744073709551615ms"), Ok(ms(u64::MAX)));
+    }
+
+    #[test]
+    fn error_names_the_input() {
+        let e = parse("-5s").unwrap_err().to_string();
+        assert!(e.contains("\"-5s\"") && e.contains("negative"), "{e}");
+    }
+
+    #[test]
+    fn formats_exactly_and_round_trips() {
+        let cases = [
+            (0, "0s"),
+            (1, "1ms"),
+            (1_500, "1500ms"),
+            (30_000, "30s"),
+            (300_000, "5m"),
+            (5_400_000, "1h30m"),
+            (86_400_000, "1d"),
+            (90_061_000, "1d1h1m1s"),
+        ];
+        for (v, s) in cases {
+            assert_eq!(format(ms(v)), s);
+            assert_eq!(parse(s), Ok(ms(v)));
+        }
+        for v in [7, 999, 1_001, 59_999, 3_600_001, 123_456_789, u64::MAX] {
+            assert_eq!(parse(&format(ms(v))), Ok(ms(v)), "{v}");
+        }
+    }
+}

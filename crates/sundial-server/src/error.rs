@@ -1,0 +1,269 @@
+//! Errors on the wire: `{"error": {"code", "message", ...}}` with a status that says who must act.
+//!
+//! | status | code(s) | meaning |
+//! |---|---|---|
+//! | 400 | `malformed` | the body is not JSON (syntax error, truncated) |
+//! | 404 | `not_found` | no such task (or no such route) |
+//! | 409 | `duplicate_key` (+ `existing_id`), `wrong_state` (+ `state`), `stale_execution` (+ `state`) | the request is valid but conflicts with the task's current state |
+//! | 413 | `too_large` | a body, payload, result or batch over its limit |
+//! | 422 | `invalid` (+ `field`, `index` in a batch) | well-formed but invalid: unknown fields, bad values |
+//! | 503 | `shutting_down`, `unavailable` | the server is stopping or its store is closed |
+//! | 500 | `internal` | anything else (the store failed) |
+//!
+//! **Architecture Invariant:** a request that gets an error stored nothing (the library refuses a
+//! whole batch for one invalid item; the server validates before it calls the library).
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use sundial::{Error, StoreError, ValidationError};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+/// The body of every error response.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorDetail {
+    /// Stable machine-readable code: `malformed`, `invalid`, `too_large`, `not_found`,
+    /// `duplicate_key`, `wrong_state`, `stale_execution`, `shutting_down`, `unavailable`,
+    /// `method_not_allowed`, `internal`.
+    pub code: String,
+    /// Human-readable explanation.
+    pub message: String,
+    /// The request field at fault, when known (`kind`, `delay`, `tasks[3].payload`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// For a batch: the index of the item at fault.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<usize>,
+    /// For `duplicate_key`: the live task that holds the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub existing_id: Option<Uuid>,
+    /// For `wrong_state` and `stale_execution`: the task's current state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+}
+
+/// An error response.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    /// Boxed: errors travel in `Result`s on hot paths; keep them one pointer wide.
+    pub detail: Box<ErrorDetail>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            detail: Box::new(ErrorDetail {
+                code: code.to_string(),
+                message: message.into(),
+                field: None,
+                index: None,
+                existing_id: None,
+                state: None,
+            }),
+        }
+    }
+    pub fn malformed(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "malformed", message)
+    }
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        let mut e = Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", message);
+        e.detail.field = Some(field.into());
+        e
+    }
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
+    }
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+    pub fn with_field(mut self, field: impl Into<String>) -> Self {
+        self.detail.field = Some(field.into());
+        self
+    }
+    /// Marks the error as about item `index` of a batch (its field becomes `tasks[index].field`).
+    pub fn at_index(mut self, index: usize) -> Self {
+        self.detail.index = Some(index);
+        self.detail.field = Some(match self.detail.field.take() {
+            Some(f) => format!("tasks[{index}].{f}"),
+            None => format!("tasks[{index}]"),
+        });
+        if !self.detail.message.starts_with("tasks[") {
+            self.detail.message = format!("tasks[{index}]: {}", self.detail.message);
+        }
+        self
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            Json(ErrorBody {
+                error: *self.detail,
+            }),
+        )
+            .into_response()
+    }
+}
+
+impl From<ValidationError> for ApiError {
+    fn from(e: ValidationError) -> Self {
+        let msg = e.to_string();
+        let mut err = match e {
+            ValidationError::PayloadTooLarge { .. } => ApiError::too_large(msg),
+            _ => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", msg),
+        };
+        err.detail.field = e.field().map(str::to_string);
+        err
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Invalid(v) => v.into(),
+            Error::InvalidBatchItem { index, error } => ApiError::from(error).at_index(index),
+            Error::Duplicate { existing } => {
+                let mut err = ApiError::new(
+                    StatusCode::CONFLICT,
+                    "duplicate_key",
+                    format!("a live task of this queue already holds this key: {existing}"),
+                );
+                err.detail.existing_id = Some(existing.0);
+                err
+            }
+            Error::NotFound => ApiError::not_found("no such task"),
+            Error::WrongState { state } => {
+                let mut err = ApiError::new(
+                    StatusCode::CONFLICT,
+                    "wrong_state",
+                    format!("the task is {state}"),
+                );
+                err.detail.state = Some(state.to_string());
+                err
+            }
+            Error::StaleExecution { state } => {
+                let mut err = ApiError::new(
+                    StatusCode::CONFLICT,
+                    "stale_execution",
+                    format!(
+                        "this execution no longer owns the task (it is {state}): stop working on it"
+                    ),
+                );
+                err.detail.state = Some(state.to_string());
+                err
+            }
+            Error::ShuttingDown => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                "the server is shutting down",
+            ),
+            Error::Store(StoreError::Closed) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the store is closed",
+            ),
+            Error::Store(StoreError::LeaseLost { shard }) => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                format!("shard {shard} is owned by another node; retry"),
+            ),
+            other => {
+                tracing::error!(error = %other, "request failed");
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    other.to_string(),
+                )
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sundial::{TaskId, TaskState};
+
+    #[test]
+    fn maps_library_errors() {
+        let id = TaskId(Uuid::nil());
+        let cases: Vec<(Error, StatusCode, &str)> = vec![
+            (
+                Error::Invalid(ValidationError::Empty { field: "kind" }),
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid",
+            ),
+            (
+                Error::Invalid(ValidationError::PayloadTooLarge { len: 10, max: 5 }),
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+            ),
+            (
+                Error::Duplicate { existing: id },
+                StatusCode::CONFLICT,
+                "duplicate_key",
+            ),
+            (Error::NotFound, StatusCode::NOT_FOUND, "not_found"),
+            (
+                Error::WrongState {
+                    state: TaskState::Succeeded,
+                },
+                StatusCode::CONFLICT,
+                "wrong_state",
+            ),
+            (
+                Error::StaleExecution {
+                    state: TaskState::Cancelled,
+                },
+                StatusCode::CONFLICT,
+                "stale_execution",
+            ),
+            (
+                Error::ShuttingDown,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+            ),
+            (
+                Error::Store(StoreError::Backend("disk".into())),
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+            ),
+        ];
+        for (e, status, code) in cases {
+            let api = ApiError::from(e);
+            assert_eq!(api.status, status);
+            assert_eq!(api.detail.code, code);
+        }
+    }
+
+    #[test]
+    fn batch_item_errors_name_the_index() {
+        let api = ApiError::from(Error::InvalidBatchItem {
+            index: 3,
+            error: ValidationError::Empty { field: "kind" },
+        });
+        assert_eq!(api.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(api.detail.index, Some(3));
+        assert_eq!(api.detail.field.as_deref(), Some("tasks[3].kind"));
+        assert!(api.detail.message.starts_with("tasks[3]: "));
+    }
+
+    #[test]
+    fn duplicate_carries_existing_id() {
+        let id = TaskId(Uuid::from_u128(7));
+        let api = ApiError::from(Error::Duplicate { existing: id });
+        assert_eq!(api.detail.existing_id, Some(id.0));
+    }
+}

@@ -1,0 +1,148 @@
+//! Request extractors that answer in Sundial's error format.
+//!
+//! [`ApiJson`] reads the whole body (bounded by the route's body limit: over it is `413`), then
+//! parses it as JSON whatever the `Content-Type` says (so `curl -d` works): a syntax error or a
+//! truncated body is `400`; a well-formed body that does not fit the type (missing or unknown
+//! field, wrong type, negative number) is `422` and names the field, and for a batch the item's
+//! index. [`ApiQuery`] does the same for query strings (always `422`: a query string cannot be
+//! malformed, only invalid).
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Query, Request};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+use serde_path_to_error::Segment;
+
+use crate::error::ApiError;
+
+/// A JSON body.
+pub struct ApiJson<T>(pub T);
+
+impl<S, T> FromRequest<S> for ApiJson<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::too_large(format!("request body too large: {}", e.body_text()))
+            } else {
+                ApiError::malformed(format!("cannot read the request body: {}", e.body_text()))
+            }
+        })?;
+        parse_json(&bytes).map(ApiJson)
+    }
+}
+
+/// Parses `bytes` as JSON into `T`, classifying errors as described in the module doc.
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let index = e.path().iter().find_map(|s| match s {
+            Segment::Seq { index } => Some(*index),
+            _ => None,
+        });
+        classify(e.into_inner(), path, index)
+    })?;
+    // Anything but whitespace after the value is a syntax error.
+    de.end().map_err(|e| classify(e, ".".to_string(), None))?;
+    Ok(value)
+}
+
+fn classify(inner: serde_json::Error, field: String, index: Option<usize>) -> ApiError {
+    match inner.classify() {
+        serde_json::error::Category::Data => {
+            let at_root = field == "." || field.is_empty();
+            let mut err = ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid",
+                if at_root {
+                    inner.to_string()
+                } else {
+                    format!("{field}: {inner}")
+                },
+            );
+            if !at_root {
+                err.detail.field = Some(field);
+            }
+            err.detail.index = index;
+            err
+        }
+        _ => ApiError::malformed(format!("the body is not valid JSON: {inner}")),
+    }
+}
+
+/// Query-string parameters; any problem (unknown parameter, bad number) is `422`.
+pub struct ApiQuery<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for ApiQuery<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(v)| ApiQuery(v))
+            .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", e.body_text()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Item {
+        kind: String,
+        n: Option<u32>,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Batch {
+        tasks: Vec<Item>,
+    }
+
+    #[test]
+    fn syntax_errors_are_400() {
+        for bad in ["", "{", "{\"kind\":}", "nope", "{\"kind\":\"a\"} x"] {
+            let e = parse_json::<Item>(bad.as_bytes()).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{bad:?}");
+            assert_eq!(e.detail.code, "malformed");
+        }
+    }
+
+    #[test]
+    fn data_errors_are_422_and_name_the_field() {
+        let e = parse_json::<Item>(br#"{"kind":"a","colour":1}"#).unwrap_err();
+        assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(e.detail.message.contains("colour"), "{e:?}");
+        let e = parse_json::<Item>(br#"{"kind":"a","n":-1}"#).unwrap_err();
+        assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(e.detail.field.as_deref(), Some("n"));
+        let e = parse_json::<Item>(br#"{}"#).unwrap_err();
+        assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(e.detail.message.contains("kind"), "{e:?}");
+    }
+
+    #[test]
+    fn batch_errors_name_the_index() {
+        let e =
+            parse_json::<Batch>(br#"{"tasks":[{"kind":"a"},{"kind":"b","typo":1}]}"#).unwrap_err();
+        assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(e.detail.index, Some(1));
+        assert!(e.detail.message.contains("tasks[1]"), "{e:?}");
+    }
+}

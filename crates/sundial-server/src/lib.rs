@@ -1,0 +1,266 @@
+//! # sundial-server
+//!
+//! Sundial's HTTP API (v1) as an axum [`Router`]: tasks, the long-poll worker protocol, health,
+//! Prometheus metrics and the OpenAPI document, over a [`Sundial`] instance.
+//!
+//! ```text
+//! POST /v1/tasks                  create one task                     201 | 400 409 413 422
+//! POST /v1/tasks:batch            create many in one transaction      201 | 400 413 422
+//! GET  /v1/tasks/{id}             one task                            200 | 404
+//! GET  /v1/tasks?queue=&kind=&state=&key=&limit=&cursor=   newest first, by cursor
+//! POST /v1/tasks/{id}/cancel      cancel                              200 | 404 409
+//! POST /v1/tasks/{id}/trigger     make a scheduled task due now       200 | 404 409
+//! POST /v1/queues/{queue}/poll    long-poll for ready tasks           200
+//! POST /v1/tasks/{id}/heartbeat   extend the lease                    200 | 404 409
+//! POST /v1/tasks/{id}/complete    record success                      200 | 404 409 413
+//! POST /v1/tasks/{id}/fail        record failure (retry or dead)      200 | 404 409
+//! GET  /healthz                   liveness; never touches the store
+//! GET  /metrics                   Prometheus text
+//! GET  /openapi.json              this API, generated from the code
+//! ```
+//!
+//! Error bodies and statuses are described in [`error`]; wire types in [`wire`].
+//!
+//! **API Boundary:** this crate only translates HTTP to calls on the [`Sundial`] facade; it never
+//! reaches into the engine or the store for a state change. **Architecture Invariant:** a request
+//! that is answered with an error has stored nothing.
+//!
+//! The library does not install a metrics recorder: the embedding program does (the `sundial`
+//! binary installs the one from [`prometheus_builder`]) and hands its handle in [`ServerConfig`].
+
+pub mod api;
+pub mod duration;
+pub mod error;
+pub mod extract;
+pub mod time;
+pub mod wire;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use sundial::{StateCount, Sundial};
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+pub use error::{ApiError, ErrorBody, ErrorDetail};
+
+/// How the HTTP layer behaves. Engine settings live in [`sundial::Config`].
+#[derive(Clone)]
+pub struct ServerConfig {
+    /// A poll that names no `wait` waits this long.
+    pub default_poll_wait: Duration,
+    /// No poll waits longer than this (the engine's `max_poll_wait` caps it too).
+    pub max_poll_wait: Duration,
+    /// Largest request body, except for batches.
+    pub max_body_bytes: usize,
+    /// Largest batch request body.
+    pub max_batch_body_bytes: usize,
+    /// Most tasks in one batch.
+    pub max_batch_items: usize,
+    /// Renders `/metrics`; `None` answers `/metrics` with 404.
+    pub prometheus: Option<PrometheusHandle>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            default_poll_wait: api::DEFAULT_POLL_WAIT,
+            max_poll_wait: Duration::from_secs(60),
+            max_body_bytes: 1024 * 1024,
+            max_batch_body_bytes: 32 * 1024 * 1024,
+            max_batch_items: 1_000,
+            prometheus: None,
+        }
+    }
+}
+
+/// Shared state of the handlers.
+#[derive(Clone)]
+pub struct AppState {
+    pub sundial: Sundial,
+    pub config: Arc<ServerConfig>,
+    gauges: Arc<TaskGauges>,
+}
+
+/// The `sundial_tasks{queue,state}` gauges, refreshed from the store's counts on every scrape.
+/// Remembers which label pairs it has set so that a pair whose count fell to zero reads 0 rather
+/// than its last value.
+#[derive(Default)]
+struct TaskGauges {
+    seen: Mutex<HashSet<(String, &'static str)>>,
+}
+
+impl TaskGauges {
+    fn record(&self, counts: &[StateCount]) {
+        let Ok(mut seen) = self.seen.lock() else {
+            return;
+        };
+        let now: HashSet<(String, &'static str)> = counts
+            .iter()
+            .map(|c| (c.queue.clone(), c.state.as_str()))
+            .collect();
+        for (queue, state) in seen.difference(&now) {
+            metrics::gauge!("sundial_tasks", "queue" => queue.clone(), "state" => *state).set(0.0);
+        }
+        for c in counts {
+            metrics::gauge!("sundial_tasks", "queue" => c.queue.clone(), "state" => c.state.as_str())
+                .set(c.count as f64);
+        }
+        seen.extend(now);
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Sundial",
+        description = "A durable task scheduler: delayed tasks that run on time even if every process dies in between. Durations are strings such as \"1500ms\", \"30s\", \"5m\", \"3d\"; times are RFC 3339. Errors are `{\"error\": {\"code\", \"message\"}}`.",
+    ),
+    tags(
+        (name = "tasks", description = "Create, inspect, cancel and trigger tasks"),
+        (name = "workers", description = "The long-poll protocol for remote workers"),
+        (name = "service", description = "Health and metrics"),
+    )
+)]
+struct ApiDoc;
+
+fn api_router(batch_body_limit: usize) -> OpenApiRouter<AppState> {
+    let mut doc = ApiDoc::openapi();
+    doc.info.version = env!("CARGO_PKG_VERSION").to_string();
+    // The batch route has its own, larger body limit (the innermost limit wins).
+    let (schemas, paths, batch) = routes!(api::create_batch);
+    let batch = batch.layer(DefaultBodyLimit::max(batch_body_limit));
+    OpenApiRouter::with_openapi(doc)
+        .routes(routes!(api::create_task, api::list_tasks))
+        .routes((schemas, paths, batch))
+        .routes(routes!(api::get_task))
+        .routes(routes!(api::cancel_task))
+        .routes(routes!(api::trigger_task))
+        .routes(routes!(api::poll_queue))
+        .routes(routes!(api::heartbeat_task))
+        .routes(routes!(api::complete_task))
+        .routes(routes!(api::fail_task))
+        .routes(routes!(api::healthz))
+        .routes(routes!(api::metrics))
+}
+
+/// The OpenAPI document of the v1 API, as served at `/openapi.json`.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    api_router(ServerConfig::default().max_batch_body_bytes).into_openapi()
+}
+
+/// The whole HTTP service over `sundial`. The caller runs the engine (`sundial.start()`) and
+/// serves the router (`axum::serve`).
+pub fn router(sundial: Sundial, config: ServerConfig) -> Router {
+    let body_limit = config.max_body_bytes;
+    let batch_limit = config.max_batch_body_bytes;
+    let state = AppState {
+        sundial,
+        config: Arc::new(config),
+        gauges: Arc::new(TaskGauges::default()),
+    };
+    let (router, doc) = api_router(batch_limit).split_for_parts();
+    let doc_json: Arc<str> = match doc.to_json() {
+        Ok(s) => Arc::from(s),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot serialise the OpenAPI document");
+            Arc::from("{}")
+        }
+    };
+    router
+        .route(
+            "/openapi.json",
+            get(move || {
+                let doc = doc_json.clone();
+                async move {
+                    (
+                        [(header::CONTENT_TYPE, "application/json")],
+                        doc.to_string(),
+                    )
+                }
+            }),
+        )
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "method not allowed on this route",
+            )
+            .into_response()
+        })
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(state)
+}
+
+/// A Prometheus recorder builder with Sundial's histogram buckets (seconds, from 0.5 ms to 10 min)
+/// for lateness, waits and durations. The embedding program installs it
+/// (`prometheus_builder().install_recorder()`) and runs the handle's upkeep periodically.
+pub fn prometheus_builder() -> PrometheusBuilder {
+    const BUCKETS: [f64; 16] = [
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0,
+        300.0, 600.0,
+    ];
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".to_string()), &BUCKETS)
+        .unwrap_or_else(|_| PrometheusBuilder::new())
+}
+
+/// Registers descriptions of the metrics the engine and the server emit (shown as `# HELP`).
+pub fn describe_metrics() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!(
+        "sundial_tasks",
+        "Tasks by queue and state (refreshed on scrape)"
+    );
+    describe_counter!("sundial_tasks_scheduled_total", "Tasks created, by queue");
+    describe_histogram!(
+        "sundial_fire_lateness_seconds",
+        metrics::Unit::Seconds,
+        "Start (handler) or readiness (worker) minus due time"
+    );
+    describe_histogram!(
+        "sundial_dispatch_wait_seconds",
+        metrics::Unit::Seconds,
+        "A worker's claim minus the task's due time"
+    );
+    describe_histogram!(
+        "sundial_poll_wait_seconds",
+        metrics::Unit::Seconds,
+        "How long a poll that got tasks waited for them"
+    );
+    describe_histogram!(
+        "sundial_task_duration_seconds",
+        metrics::Unit::Seconds,
+        "In-process handler run time, by kind"
+    );
+    describe_counter!(
+        "sundial_task_failures_total",
+        "Failed attempts, by kind and attempt"
+    );
+    describe_counter!(
+        "sundial_task_retries_total",
+        "Failed attempts that were rescheduled, by kind and attempt"
+    );
+    describe_counter!("sundial_tasks_dead_total", "Tasks that went dead, by kind");
+    describe_counter!(
+        "sundial_lease_expiries_total",
+        "Running attempts whose lease expired, by queue"
+    );
+    describe_gauge!(
+        "sundial_window_size",
+        "Tasks held in a shard's in-memory look-ahead window"
+    );
+    describe_counter!(
+        "sundial_store_scans_total",
+        "Due-index range scans, by shard"
+    );
+}

@@ -1,0 +1,123 @@
+//! Times on the wire: RFC 3339 with an explicit offset (`"2030-01-02T03:04:05Z"`,
+//! `"2030-01-02T05:04:05.250+02:00"`). Sundial keeps milliseconds; finer digits are refused rather
+//! than rounded. Output is always UTC with `Z`, with milliseconds only when they are not zero.
+
+use sundial::Timestamp;
+
+/// Formats a timestamp as RFC 3339 in UTC (`2030-01-02T03:04:05Z`, or `...05.250Z` when the
+/// milliseconds are not zero). Covers Sundial's whole range, year 1970 to 9999, and beyond.
+pub fn format(t: Timestamp) -> String {
+    let ms = t.as_millis();
+    let days = ms.div_euclid(86_400_000);
+    let in_day = ms.rem_euclid(86_400_000);
+    let (y, m, d) = civil_from_days(days);
+    let (hh, mm, ss, milli) = (
+        in_day / 3_600_000,
+        in_day / 60_000 % 60,
+        in_day / 1_000 % 60,
+        in_day % 1_000,
+    );
+    if milli == 0 {
+        format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}Z")
+    } else {
+        format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}.{milli:03}Z")
+    }
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian (year, month, day) (H. Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+/// Parses an RFC 3339 time with an offset.
+pub fn parse(input: &str) -> Result<Timestamp, String> {
+    let ts: jiff::Timestamp = input.parse().map_err(|e| {
+        format!("invalid time {input:?}: {e}; use RFC 3339 with an offset, e.g. \"2030-01-02T03:04:05Z\"")
+    })?;
+    if ts.subsec_nanosecond() % 1_000_000 != 0 {
+        return Err(format!(
+            "invalid time {input:?}: Sundial keeps milliseconds; drop the finer digits"
+        ));
+    }
+    Ok(Timestamp::from_millis(ts.as_millisecond()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips() {
+        for ms in [
+            0,
+            1,
+            1_500,
+            951_782_400_000,
+            1_700_000_000_000,
+            1_700_000_000_123,
+        ] {
+            let s = format(Timestamp::from_millis(ms));
+            assert_eq!(parse(&s), Ok(Timestamp::from_millis(ms)), "{s}");
+        }
+        assert_eq!(format(Timestamp::from_millis(0)), "1970-01-01T00:00:00Z");
+        assert_eq!(
+            format(Timestamp::from_millis(1_500)),
+            "1970-01-01T00:00:01.500Z"
+        );
+        assert_eq!(
+            format(Timestamp::from_millis(951_782_400_000)),
+            "2000-02-29T00:00:00Z"
+        );
+        assert_eq!(format(Timestamp::MAX), "9999-12-31T23:59:59.999Z");
+    }
+
+    #[test]
+    fn agrees_with_jiff_across_the_range() {
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for _ in 0..20_000 {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let ms = ((x >> 11) % 253_402_000_000_000) as i64;
+            let ours = format(Timestamp::from_millis(ms));
+            let theirs: jiff::Timestamp = ours.parse().unwrap();
+            assert_eq!(theirs.as_millisecond(), ms, "{ours}");
+        }
+    }
+
+    #[test]
+    fn accepts_offsets() {
+        assert_eq!(
+            parse("1970-01-01T02:00:01+02:00"),
+            Ok(Timestamp::from_millis(1_000))
+        );
+        assert_eq!(
+            parse("1970-01-01T00:00:00.250Z"),
+            Ok(Timestamp::from_millis(250))
+        );
+    }
+
+    #[test]
+    fn rejects_garbage() {
+        for bad in [
+            "",
+            "tomorrow",
+            "2030-01-02",
+            "2030-01-02T03:04:05",
+            "2030-13-02T03:04:05Z",
+            "1700000000",
+            "2030-01-02T03:04:05.0001Z",
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} should be refused");
+        }
+    }
+}

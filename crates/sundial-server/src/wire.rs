@@ -1,0 +1,522 @@
+//! Wire types of the v1 API: what requests carry and responses return.
+//!
+//! Requests refuse unknown fields (`deny_unknown_fields`): a misspelt `delya` is a `422`, never a
+//! task that silently runs now. Responses are open for extension: clients (including this crate's
+//! own CLI) ignore fields they do not know. Durations are strings (`"30s"`, see
+//! [`crate::duration`]); times are RFC 3339 strings (see [`crate::time`]).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sundial::{Backoff, ExclusiveMode, Task, TaskSpec, TaskState};
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+use crate::duration::{self, WireDuration};
+use crate::error::ApiError;
+use crate::time;
+
+/// A task to create. Neither `run_at` nor `delay` means now; giving both is an error.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTask {
+    /// Queue name (default `"default"`): letters, digits and `. _ : / -`, at most 128 bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    /// What the task is, for handlers and workers (same characters as a queue name).
+    pub kind: String,
+    /// Business key: at most one live (not finished) task per queue and key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Any JSON value (default `null`), at most 256 KiB serialised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub payload: Option<serde_json::Value>,
+    /// When the task is due, RFC 3339 with an offset. A time in the past means now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(format = DateTime, example = "2030-01-02T03:04:05Z")]
+    pub run_at: Option<String>,
+    /// Due after this delay from now: `"1500ms"`, `"30s"`, `"5m"`, `"3d"`, `"1h30m"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "30s")]
+    pub delay: Option<String>,
+    /// Attempts including the first (default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    /// Delay between attempts (default: 5 s × 5 per attempt, capped at 1 h, 20 % jitter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<BackoffSpec>,
+    /// Time limit of one attempt, and a worker's lease (default `"5m"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "5m")]
+    pub timeout: Option<String>,
+    /// Mutual exclusion: at most one running task per exclusive key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclusive: Option<ExclusiveSpec>,
+}
+
+/// Retry backoff; omitted fields take their defaults.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BackoffSpec {
+    /// Delay after the first failed attempt (default `"5s"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial: Option<String>,
+    /// Growth per attempt, 1 to 100 (default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub factor: Option<f64>,
+    /// Longest delay (default `"1h"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<String>,
+    /// Fraction of each delay randomised away, 0 to 1 (default 0.2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExclusiveSpec {
+    pub key: String,
+    /// `wait` (default): start once the holder finishes; `skip`: end `cancelled` instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<ExclusiveModeView>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ExclusiveModeView {
+    Wait,
+    Skip,
+}
+
+fn parse_duration(field: &str, s: &str) -> Result<Duration, ApiError> {
+    duration::parse(s).map_err(|e| ApiError::invalid(field, e.to_string()))
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl CreateTask {
+    /// A task of `kind` with every other field left to its default.
+    pub fn new(kind: impl Into<String>) -> Self {
+        CreateTask {
+            kind: kind.into(),
+            ..CreateTask::default()
+        }
+    }
+
+    /// Turns the wire form into a library spec. Field rules that the library checks (names, key
+    /// characters, limits) are left to it; this checks what only the wire has (duration and time
+    /// syntax, `run_at` with `delay`).
+    pub fn into_spec(self) -> Result<TaskSpec, ApiError> {
+        let mut spec = TaskSpec::new(self.kind);
+        if let Some(q) = self.queue {
+            spec = spec.queue(q);
+        }
+        if let Some(k) = self.key {
+            spec = spec.key(k);
+        }
+        if let Some(p) = self.payload {
+            spec = spec.payload(p);
+        }
+        match (self.run_at, self.delay) {
+            (Some(_), Some(_)) => {
+                return Err(ApiError::invalid(
+                    "delay",
+                    "give either run_at or delay, not both",
+                ));
+            }
+            (Some(at), None) => {
+                let t = time::parse(&at).map_err(|e| ApiError::invalid("run_at", e))?;
+                spec = spec.run_at(t);
+            }
+            (None, Some(d)) => spec = spec.delay(parse_duration("delay", &d)?),
+            (None, None) => {}
+        }
+        if let Some(n) = self.max_attempts {
+            spec = spec.max_attempts(n);
+        }
+        if let Some(b) = self.backoff {
+            let mut backoff = Backoff::default();
+            if let Some(i) = b.initial {
+                backoff.initial_ms = ms(parse_duration("backoff.initial", &i)?);
+                // A short initial delay with the default cap still makes sense; a long one must
+                // not be refused only because the default cap is smaller.
+                backoff.max_ms = backoff.max_ms.max(backoff.initial_ms);
+            }
+            if let Some(f) = b.factor {
+                backoff.factor = f;
+            }
+            if let Some(m) = b.max {
+                backoff.max_ms = ms(parse_duration("backoff.max", &m)?);
+            }
+            if let Some(j) = b.jitter {
+                backoff.jitter = j;
+            }
+            spec = spec.backoff(backoff);
+        }
+        if let Some(t) = self.timeout {
+            spec = spec.timeout(parse_duration("timeout", &t)?);
+        }
+        if let Some(ex) = self.exclusive {
+            let mode = match ex.mode.unwrap_or(ExclusiveModeView::Wait) {
+                ExclusiveModeView::Wait => ExclusiveMode::Wait,
+                ExclusiveModeView::Skip => ExclusiveMode::Skip,
+            };
+            spec = spec.exclusive(ex.key, mode);
+        }
+        Ok(spec)
+    }
+}
+
+/// Many tasks, stored in one transaction.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CreateBatch {
+    pub tasks: Vec<CreateTask>,
+}
+
+/// One result per item of a batch, in order.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct BatchResponse {
+    pub results: Vec<BatchItem>,
+}
+
+/// `created` with the task, or `duplicate` with the live task that holds the key (nothing stored
+/// for that item).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum BatchItem {
+    Created { task: Box<TaskView> },
+    Duplicate { existing_id: Uuid },
+}
+
+/// Where a task is in its life.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum StateView {
+    Scheduled,
+    Ready,
+    Running,
+    Succeeded,
+    Dead,
+    Cancelled,
+}
+
+impl From<TaskState> for StateView {
+    fn from(s: TaskState) -> Self {
+        match s {
+            TaskState::Scheduled => StateView::Scheduled,
+            TaskState::Ready => StateView::Ready,
+            TaskState::Running => StateView::Running,
+            TaskState::Succeeded => StateView::Succeeded,
+            TaskState::Dead => StateView::Dead,
+            TaskState::Cancelled => StateView::Cancelled,
+        }
+    }
+}
+
+impl StateView {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            StateView::Scheduled => "scheduled",
+            StateView::Ready => "ready",
+            StateView::Running => "running",
+            StateView::Succeeded => "succeeded",
+            StateView::Dead => "dead",
+            StateView::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// The backoff a task retries with.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct BackoffView {
+    pub initial: String,
+    pub factor: f64,
+    pub max: String,
+    pub jitter: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct ExclusiveView {
+    pub key: String,
+    pub mode: ExclusiveModeView,
+}
+
+/// A task as stored.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct TaskView {
+    pub id: Uuid,
+    pub queue: String,
+    pub kind: String,
+    pub key: Option<String>,
+    #[schema(value_type = Object)]
+    pub payload: serde_json::Value,
+    pub state: StateView,
+    /// When the task is (or was last) due.
+    #[schema(format = DateTime)]
+    pub run_at: String,
+    /// Attempts started so far.
+    pub attempt: u32,
+    pub max_attempts: u32,
+    pub backoff: BackoffView,
+    pub timeout: String,
+    pub exclusive: Option<ExclusiveView>,
+    /// The current (or last) attempt's execution id.
+    pub execution_id: Option<Uuid>,
+    #[schema(format = DateTime)]
+    pub lease_expires_at: Option<String>,
+    /// The worker that took the current (or last) attempt.
+    pub worker: Option<String>,
+    pub last_error: Option<String>,
+    #[schema(value_type = Option<Object>)]
+    pub result: Option<serde_json::Value>,
+    #[schema(format = DateTime)]
+    pub created_at: String,
+    #[schema(format = DateTime)]
+    pub updated_at: String,
+    #[schema(format = DateTime)]
+    pub started_at: Option<String>,
+    #[schema(format = DateTime)]
+    pub finished_at: Option<String>,
+}
+
+impl From<&Task> for TaskView {
+    fn from(t: &Task) -> Self {
+        TaskView {
+            id: t.id.0,
+            queue: t.queue.clone(),
+            kind: t.kind.clone(),
+            key: t.key.clone(),
+            payload: t.payload.clone(),
+            state: t.state.into(),
+            run_at: time::format(t.due_at),
+            attempt: t.attempt,
+            max_attempts: t.max_attempts,
+            backoff: BackoffView {
+                initial: WireDuration(Duration::from_millis(t.backoff.initial_ms)).to_string(),
+                factor: t.backoff.factor,
+                max: WireDuration(Duration::from_millis(t.backoff.max_ms)).to_string(),
+                jitter: t.backoff.jitter,
+            },
+            timeout: WireDuration(t.timeout()).to_string(),
+            exclusive: t.exclusive.as_ref().map(|e| ExclusiveView {
+                key: e.key.clone(),
+                mode: match e.mode {
+                    ExclusiveMode::Wait => ExclusiveModeView::Wait,
+                    ExclusiveMode::Skip => ExclusiveModeView::Skip,
+                },
+            }),
+            execution_id: t.execution_id.map(|e| e.0),
+            lease_expires_at: t.lease_expires_at.map(time::format),
+            worker: t.worker.clone(),
+            last_error: t.last_error.clone(),
+            result: t.result.clone(),
+            created_at: time::format(t.created_at),
+            updated_at: time::format(t.updated_at),
+            started_at: t.started_at.map(time::format),
+            finished_at: t.finished_at.map(time::format),
+        }
+    }
+}
+
+/// Filters and paging for `GET /v1/tasks`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, IntoParams, PartialEq)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    pub queue: Option<String>,
+    pub kind: Option<String>,
+    /// `scheduled`, `ready`, `running`, `succeeded`, `dead` or `cancelled`.
+    pub state: Option<String>,
+    pub key: Option<String>,
+    /// Page size, 1 to 1000 (default 50).
+    pub limit: Option<usize>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// A page of tasks, newest first.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct TaskList {
+    pub tasks: Vec<TaskView>,
+    /// Pass as `cursor` for the next page; `null` on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// A worker asks for tasks of a queue.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PollRequest {
+    /// The worker's name, recorded on the tasks it takes.
+    pub worker: String,
+    /// Most tasks to take (default 1; larger values are capped by the server).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<u32>,
+    /// How long to hold the request open when nothing is ready (default `"30s"`; capped by the
+    /// server's `--max-poll-wait`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<String>,
+    /// Only tasks of these kinds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kinds: Option<Vec<String>>,
+}
+
+/// Tasks handed to a worker; empty when nothing became ready during the wait.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct PollResponse {
+    pub tasks: Vec<PolledTask>,
+}
+
+/// A task a worker now runs. Every later call about it must present `execution_id`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct PolledTask {
+    pub id: Uuid,
+    pub queue: String,
+    pub kind: String,
+    pub key: Option<String>,
+    #[schema(value_type = Object)]
+    pub payload: serde_json::Value,
+    /// This attempt's number, from 1.
+    pub attempt: u32,
+    pub max_attempts: u32,
+    pub execution_id: Uuid,
+    /// Heartbeat before this, or the task goes back to `scheduled`.
+    #[schema(format = DateTime)]
+    pub lease_expires_at: String,
+    #[schema(format = DateTime)]
+    pub run_at: String,
+    /// The attempt's time limit; a heartbeat extends the lease by this much.
+    pub timeout: String,
+}
+
+impl PolledTask {
+    pub fn from_task(t: &Task) -> Option<Self> {
+        Some(PolledTask {
+            id: t.id.0,
+            queue: t.queue.clone(),
+            kind: t.kind.clone(),
+            key: t.key.clone(),
+            payload: t.payload.clone(),
+            attempt: t.attempt,
+            max_attempts: t.max_attempts,
+            execution_id: t.execution_id?.0,
+            lease_expires_at: time::format(t.lease_expires_at?),
+            run_at: time::format(t.due_at),
+            timeout: WireDuration(t.timeout()).to_string(),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatRequest {
+    pub execution_id: Uuid,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteRequest {
+    pub execution_id: Uuid,
+    /// Any JSON value, kept on the task (at most 256 KiB serialised).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub result: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FailRequest {
+    pub execution_id: Uuid,
+    /// Why the attempt failed; kept in `last_error` (longer than 16 KiB is cut, keeping the end).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// `false` sends the task to `dead` now; default `true` (retry while attempts remain).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retryable: Option<bool>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct Health {
+    pub status: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sundial::{Due, Timestamp};
+
+    #[test]
+    fn defaults_leave_the_library_defaults() {
+        let spec = CreateTask::new("k").into_spec().unwrap();
+        assert_eq!(spec, TaskSpec::new("k"));
+    }
+
+    #[test]
+    fn maps_every_field() {
+        let wire: CreateTask = serde_json::from_value(serde_json::json!({
+            "queue": "q", "kind": "k", "key": "a b", "payload": {"x": 1},
+            "delay": "1m30s", "max_attempts": 3,
+            "backoff": {"initial": "100ms", "factor": 2.0, "max": "1s", "jitter": 0.0},
+            "timeout": "10s", "exclusive": {"key": "lock", "mode": "skip"}
+        }))
+        .unwrap();
+        let spec = wire.into_spec().unwrap();
+        assert_eq!(spec.queue, "q");
+        assert_eq!(spec.key.as_deref(), Some("a b"));
+        assert_eq!(spec.payload, serde_json::json!({"x": 1}));
+        assert_eq!(spec.due, Due::After(Duration::from_secs(90)));
+        assert_eq!(spec.max_attempts, 3);
+        assert_eq!(spec.backoff.initial_ms, 100);
+        assert_eq!(spec.backoff.max_ms, 1_000);
+        assert_eq!(spec.timeout, Duration::from_secs(10));
+        assert_eq!(
+            spec.exclusive.map(|e| (e.key, e.mode)),
+            Some(("lock".to_string(), ExclusiveMode::Skip))
+        );
+    }
+
+    #[test]
+    fn run_at_and_delay_conflict() {
+        let mut w = CreateTask::new("k");
+        w.run_at = Some("2030-01-01T00:00:00Z".into());
+        assert_eq!(
+            w.clone().into_spec().unwrap().due,
+            Due::At(Timestamp::from_millis(1_893_456_000_000))
+        );
+        w.delay = Some("1s".into());
+        let e = w.into_spec().unwrap_err();
+        assert_eq!(e.status.as_u16(), 422);
+    }
+
+    #[test]
+    fn bad_durations_name_the_field() {
+        let mut w = CreateTask::new("k");
+        w.delay = Some("-5s".into());
+        assert_eq!(
+            w.into_spec().unwrap_err().detail.field.as_deref(),
+            Some("delay")
+        );
+        let mut w = CreateTask::new("k");
+        w.backoff = Some(BackoffSpec {
+            max: Some("soon".into()),
+            ..BackoffSpec::default()
+        });
+        assert_eq!(
+            w.into_spec().unwrap_err().detail.field.as_deref(),
+            Some("backoff.max")
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        assert!(serde_json::from_str::<CreateTask>(r#"{"kind":"k","delya":"5s"}"#).is_err());
+        assert!(
+            serde_json::from_str::<CreateTask>(r#"{"kind":"k","backoff":{"inital":"1s"}}"#)
+                .is_err()
+        );
+        assert!(serde_json::from_str::<PollRequest>(r#"{"worker":"w","wiat":"1s"}"#).is_err());
+    }
+}
