@@ -19,6 +19,7 @@ mod rows;
 mod schema;
 mod writer;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -215,61 +216,110 @@ fn attempt_refusal(conn: &Connection, id: &TaskId) -> TransitionError {
     }
 }
 
-fn insert_one(conn: &Connection, t: &NewTask) -> Result<Inserted, StoreError> {
-    let backoff =
-        serde_json::to_string(&t.backoff).map_err(|e| StoreError::Backend(e.to_string()))?;
+/// Rows per multi-row `INSERT` statement (13 parameters each; SQLite allows 32,766).
+///
+/// Inserting a batch row by row is quadratic in SQLite here: every statement inside the job's
+/// savepoint opens a statement savepoint that copies the pages it touches into the in-memory
+/// sub-journal again, and releasing it walks that journal from the start. One statement per chunk
+/// keeps both costs per chunk instead of per row.
+const INSERT_CHUNK: usize = 64;
+const INSERT_PARAMS: usize = 13;
+
+/// Inserts `tasks` in order; a task whose live `(queue, key)` is already held (by an earlier
+/// task, possibly of the same batch) becomes [`Inserted::Duplicate`].
+fn insert_many(conn: &Connection, tasks: &[NewTask]) -> Result<Vec<Inserted>, StoreError> {
+    let mut out = Vec::with_capacity(tasks.len());
+    for chunk in tasks.chunks(INSERT_CHUNK) {
+        insert_chunk(conn, chunk, &mut out)?;
+    }
+    Ok(out)
+}
+
+fn insert_chunk(
+    conn: &Connection,
+    chunk: &[NewTask],
+    out: &mut Vec<Inserted>,
+) -> Result<(), StoreError> {
+    let backoffs = chunk
+        .iter()
+        .map(|t| serde_json::to_string(&t.backoff))
+        .collect::<Result<Vec<String>, _>>()
+        .map_err(|e| StoreError::Backend(e.to_string()))?;
+    let values = (0..chunk.len())
+        .map(|i| {
+            let p = |n: usize| i * INSERT_PARAMS + n;
+            format!(
+                "(?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, 'scheduled', 0, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})",
+                p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9), p(10), p(11), p(12), p(13), p(13)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    // No conflict target: a row that would break any uniqueness (a live key, a reused id) is
+    // skipped and simply not returned; the loop below says why.
     let sql = format!(
         "INSERT INTO tasks (id, shard, queue, kind, key, payload, due_at, state, attempt, \
          max_attempts, backoff, timeout_ms, exclusive_key, exclusive_mode, created_at, updated_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'scheduled', 0, ?8, ?9, ?10, ?11, ?12, ?13, ?13) \
-         RETURNING {TASK_COLUMNS}"
+         VALUES {values} ON CONFLICT DO NOTHING RETURNING {TASK_COLUMNS}"
     );
-    let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
-    let res = stmt.query_row(
-        params![
-            t.id.as_bytes(),
-            t.shard,
-            t.queue,
-            t.kind,
-            t.key,
-            t.payload,
-            t.due_at.0,
-            t.max_attempts,
-            backoff,
-            t.timeout_ms as i64,
-            t.exclusive.as_ref().map(|e| e.key.as_str()),
-            t.exclusive.as_ref().map(|e| rows::mode_str(e.mode)),
-            t.created_at.0,
-        ],
-        |r| Ok(task_from_row(r)),
-    );
-    match res {
-        Ok(task) => Ok(Inserted::Created(Box::new(task?))),
-        Err(rusqlite::Error::SqliteFailure(e, _))
-            if e.code == rusqlite::ErrorCode::ConstraintViolation =>
-        {
-            let Some(key) = &t.key else {
-                return Err(StoreError::Backend(format!("duplicate task id {}", t.id)));
-            };
-            let mut q = conn
-                .prepare_cached(
-                    "SELECT id FROM tasks WHERE queue = ?1 AND key = ?2 \
-                     AND state IN ('scheduled', 'ready', 'running')",
-                )
-                .map_err(backend)?;
-            let existing: Option<Vec<u8>> = q
-                .query_row(params![t.queue, key], |r| r.get(0))
-                .optional()
-                .map_err(backend)?;
-            match existing {
-                Some(b) => Ok(Inserted::Duplicate {
-                    existing: rows::task_id(&b)?,
-                }),
-                None => Err(StoreError::Backend(format!("duplicate task id {}", t.id))),
-            }
-        }
-        Err(e) => Err(backend(e)),
+    let timeouts: Vec<i64> = chunk.iter().map(|t| t.timeout_ms as i64).collect();
+    let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(chunk.len() * INSERT_PARAMS);
+    let modes: Vec<Option<&str>> = chunk
+        .iter()
+        .map(|t| t.exclusive.as_ref().map(|e| rows::mode_str(e.mode)))
+        .collect();
+    for (((t, backoff), timeout), mode) in chunk.iter().zip(&backoffs).zip(&timeouts).zip(&modes) {
+        args.push(t.id.as_bytes());
+        args.push(&t.shard);
+        args.push(&t.queue);
+        args.push(&t.kind);
+        args.push(&t.key);
+        args.push(&t.payload);
+        args.push(&t.due_at.0);
+        args.push(&t.max_attempts);
+        args.push(backoff);
+        args.push(timeout);
+        args.push(match &t.exclusive {
+            Some(e) => &e.key,
+            None => &rusqlite::types::Null,
+        });
+        args.push(mode);
+        args.push(&t.created_at.0);
     }
+    let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
+    let mut rows = stmt.query(args.as_slice()).map_err(backend)?;
+    let mut created: HashMap<TaskId, Task> = HashMap::with_capacity(chunk.len());
+    while let Some(r) = rows.next().map_err(backend)? {
+        let task = task_from_row(r)?;
+        created.insert(task.id, task);
+    }
+    drop(rows);
+    for t in chunk {
+        if let Some(task) = created.remove(&t.id) {
+            out.push(Inserted::Created(Box::new(task)));
+            continue;
+        }
+        let Some(key) = &t.key else {
+            return Err(StoreError::Backend(format!("duplicate task id {}", t.id)));
+        };
+        let mut q = conn
+            .prepare_cached(
+                "SELECT id FROM tasks WHERE queue = ?1 AND key = ?2 \
+                 AND state IN ('scheduled', 'ready', 'running')",
+            )
+            .map_err(backend)?;
+        let existing: Option<Vec<u8>> = q
+            .query_row(params![t.queue, key], |r| r.get(0))
+            .optional()
+            .map_err(backend)?;
+        match existing {
+            Some(b) => out.push(Inserted::Duplicate {
+                existing: rows::task_id(&b)?,
+            }),
+            None => return Err(StoreError::Backend(format!("duplicate task id {}", t.id))),
+        }
+    }
+    Ok(())
 }
 
 fn claim_one(conn: &Connection, c: &DueClaim, now: Timestamp) -> Result<ClaimOutcome, StoreError> {
@@ -346,7 +396,7 @@ fn claim_one(conn: &Connection, c: &DueClaim, now: Timestamp) -> Result<ClaimOut
 impl Store for SqliteStore {
     async fn insert(&self, tasks: Vec<NewTask>) -> Result<Vec<Inserted>, StoreError> {
         self.writer
-            .write(move |conn| tasks.iter().map(|t| insert_one(conn, t)).collect())
+            .write(move |conn| insert_many(conn, &tasks))
             .await
     }
 

@@ -1,0 +1,256 @@
+//! A [`Store`] that forwards every call to another store and counts it: per method, and per shard
+//! for the methods that name a shard. Used by the idle benchmark to see how often the engine asks
+//! the store anything while nothing is due.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use sundial_core::{ExecutionId, NewTask, Task, TaskId, Timestamp};
+use sundial_store::{
+    ClaimOutcome, DueClaim, DueEntry, DueKey, Inserted, ReadyClaim, StateCount, Store, StoreError,
+    TaskFilter, TaskPage, TransitionError,
+};
+
+/// Whether a method only reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Access {
+    Read,
+    Write,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Method {
+    Insert,
+    Get,
+    List,
+    Cancel,
+    Trigger,
+    ScanDue,
+    NextDue,
+    ClaimDue,
+    ClaimReady,
+    Heartbeat,
+    Complete,
+    Fail,
+    ExpireLeases,
+    NextLeaseExpiry,
+    CountByState,
+}
+
+impl Method {
+    pub const ALL: [Method; 15] = [
+        Method::Insert,
+        Method::Get,
+        Method::List,
+        Method::Cancel,
+        Method::Trigger,
+        Method::ScanDue,
+        Method::NextDue,
+        Method::ClaimDue,
+        Method::ClaimReady,
+        Method::Heartbeat,
+        Method::Complete,
+        Method::Fail,
+        Method::ExpireLeases,
+        Method::NextLeaseExpiry,
+        Method::CountByState,
+    ];
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Method::Insert => "insert",
+            Method::Get => "get",
+            Method::List => "list",
+            Method::Cancel => "cancel",
+            Method::Trigger => "trigger",
+            Method::ScanDue => "scan_due",
+            Method::NextDue => "next_due",
+            Method::ClaimDue => "claim_due",
+            Method::ClaimReady => "claim_ready",
+            Method::Heartbeat => "heartbeat",
+            Method::Complete => "complete",
+            Method::Fail => "fail",
+            Method::ExpireLeases => "expire_leases",
+            Method::NextLeaseExpiry => "next_lease_expiry",
+            Method::CountByState => "count_by_state",
+        }
+    }
+
+    pub fn access(&self) -> Access {
+        match self {
+            Method::Get
+            | Method::List
+            | Method::ScanDue
+            | Method::NextDue
+            | Method::NextLeaseExpiry
+            | Method::CountByState => Access::Read,
+            _ => Access::Write,
+        }
+    }
+}
+
+/// Counts of one snapshot: `(method, shard)` → calls; `shard` is `None` for methods without one.
+pub type Counts = BTreeMap<(Method, Option<u32>), u64>;
+
+pub struct CountingStore {
+    inner: Arc<dyn Store>,
+    /// One counter per method and shard (index `shards` for calls without a shard).
+    counters: Vec<Vec<AtomicU64>>,
+    shards: u32,
+}
+
+impl CountingStore {
+    pub fn new(inner: Arc<dyn Store>, shards: u32) -> Self {
+        let counters = Method::ALL
+            .iter()
+            .map(|_| (0..=shards).map(|_| AtomicU64::new(0)).collect())
+            .collect();
+        CountingStore {
+            inner,
+            counters,
+            shards,
+        }
+    }
+
+    fn count(&self, m: Method, shard: Option<u32>) {
+        let slot = shard.map(|s| s.min(self.shards)).unwrap_or(self.shards) as usize;
+        if let Some(c) = self.counters.get(m as usize).and_then(|v| v.get(slot)) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn reset(&self) {
+        for v in &self.counters {
+            for c in v {
+                c.store(0, Ordering::Relaxed);
+            }
+        }
+    }
+
+    pub fn snapshot(&self) -> Counts {
+        let mut out = Counts::new();
+        for m in Method::ALL {
+            for (slot, c) in self.counters[m as usize].iter().enumerate() {
+                let n = c.load(Ordering::Relaxed);
+                if n > 0 {
+                    let shard = (slot < self.shards as usize).then_some(slot as u32);
+                    out.insert((m, shard), n);
+                }
+            }
+        }
+        out
+    }
+}
+
+#[async_trait]
+impl Store for CountingStore {
+    async fn insert(&self, tasks: Vec<NewTask>) -> Result<Vec<Inserted>, StoreError> {
+        self.count(Method::Insert, None);
+        self.inner.insert(tasks).await
+    }
+
+    async fn get(&self, id: TaskId) -> Result<Option<Task>, StoreError> {
+        self.count(Method::Get, None);
+        self.inner.get(id).await
+    }
+
+    async fn list(&self, filter: &TaskFilter, limit: usize) -> Result<TaskPage, StoreError> {
+        self.count(Method::List, None);
+        self.inner.list(filter, limit).await
+    }
+
+    async fn cancel(&self, id: TaskId, now: Timestamp) -> Result<Task, TransitionError> {
+        self.count(Method::Cancel, None);
+        self.inner.cancel(id, now).await
+    }
+
+    async fn trigger(&self, id: TaskId, now: Timestamp) -> Result<Task, TransitionError> {
+        self.count(Method::Trigger, None);
+        self.inner.trigger(id, now).await
+    }
+
+    async fn scan_due(
+        &self,
+        shard: u32,
+        after: Option<DueKey>,
+        until: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<DueEntry>, StoreError> {
+        self.count(Method::ScanDue, Some(shard));
+        self.inner.scan_due(shard, after, until, limit).await
+    }
+
+    async fn next_due(
+        &self,
+        shard: u32,
+        after: Option<DueKey>,
+    ) -> Result<Option<Timestamp>, StoreError> {
+        self.count(Method::NextDue, Some(shard));
+        self.inner.next_due(shard, after).await
+    }
+
+    async fn claim_due(
+        &self,
+        claims: Vec<DueClaim>,
+        now: Timestamp,
+    ) -> Result<Vec<ClaimOutcome>, StoreError> {
+        self.count(Method::ClaimDue, None);
+        self.inner.claim_due(claims, now).await
+    }
+
+    async fn claim_ready(&self, claim: ReadyClaim) -> Result<Vec<Task>, StoreError> {
+        self.count(Method::ClaimReady, None);
+        self.inner.claim_ready(claim).await
+    }
+
+    async fn heartbeat(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        now: Timestamp,
+        lease_until: Timestamp,
+    ) -> Result<Task, TransitionError> {
+        self.count(Method::Heartbeat, None);
+        self.inner.heartbeat(id, execution, now, lease_until).await
+    }
+
+    async fn complete(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        now: Timestamp,
+        result: Option<String>,
+    ) -> Result<Task, TransitionError> {
+        self.count(Method::Complete, None);
+        self.inner.complete(id, execution, now, result).await
+    }
+
+    async fn fail(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        now: Timestamp,
+        error: String,
+        retry_at: Option<Timestamp>,
+    ) -> Result<Task, TransitionError> {
+        self.count(Method::Fail, None);
+        self.inner.fail(id, execution, now, error, retry_at).await
+    }
+
+    async fn expire_leases(&self, now: Timestamp, limit: usize) -> Result<Vec<Task>, StoreError> {
+        self.count(Method::ExpireLeases, None);
+        self.inner.expire_leases(now, limit).await
+    }
+
+    async fn next_lease_expiry(&self) -> Result<Option<Timestamp>, StoreError> {
+        self.count(Method::NextLeaseExpiry, None);
+        self.inner.next_lease_expiry().await
+    }
+
+    async fn count_by_state(&self) -> Result<Vec<StateCount>, StoreError> {
+        self.count(Method::CountByState, None);
+        self.inner.count_by_state().await
+    }
+}

@@ -1,0 +1,191 @@
+//! Fire lateness: how long after its due time a task's handler starts, while tasks come due at a
+//! steady rate and many more wait far in the future.
+//!
+//! Lateness is read inside the (no-op) handler as the engine's clock minus the task's `due_at`, in
+//! whole milliseconds (the clock's resolution). The load: a producer schedules each second's tasks
+//! `--lead-ms` before that second starts, in batches, with due times spread evenly over the second.
+//! Before the load, `--pending` tasks are stored 24–48 hours ahead with batched schedules; memory is
+//! read after that preload and after the run, so one can see whether it grows with the pending count.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use clap::Args;
+use hdrhistogram::Histogram;
+use sundial::{Config, TaskSpec, Timestamp};
+
+use crate::common::{
+    Common, DataDir, Stopwatch, histogram, preload, print_rss, sleep_until, summary,
+};
+
+#[derive(Debug, Clone, Args)]
+pub struct FireArgs {
+    /// Tasks coming due per second.
+    #[arg(long, default_value_t = 5_000)]
+    pub rate: u64,
+    /// Seconds of load.
+    #[arg(long, default_value_t = 20)]
+    pub secs: u64,
+    /// Tasks pending far in the future (24-48 h) during the run, e.g. 10000, 1000000, 10000000.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub pending: u64,
+    /// How long before its second the load's tasks are scheduled.
+    #[arg(long, default_value_t = 3_000)]
+    pub lead_ms: i64,
+    /// Tasks per schedule call, for the load and the preload.
+    #[arg(long, default_value_t = 1_000)]
+    pub batch: usize,
+    /// Concurrent in-process handler runs (the engine's per-queue limit).
+    #[arg(long, default_value_t = Config::default().default_concurrency)]
+    pub concurrency: usize,
+}
+
+struct Stats {
+    /// (whole run, current reporting interval), lateness in ms.
+    hist: Mutex<(Histogram<u64>, Histogram<u64>)>,
+    fired: AtomicU64,
+    early: AtomicU64,
+    worst_early_ms: AtomicI64,
+}
+
+pub async fn run(common: &Common, args: &FireArgs) -> Result<()> {
+    let dir = DataDir::new(common)?;
+    println!(
+        "fire: {} tasks/s for {}s with {} pending; data dir {}, durability {:?}, shards {}, concurrency {}",
+        args.rate,
+        args.secs,
+        args.pending,
+        dir.path().display(),
+        common.durability,
+        common.shards,
+        args.concurrency
+    );
+    let config = Config {
+        default_concurrency: args.concurrency,
+        ..common.config()
+    };
+    let sundial = common.open(dir.path(), config).await?;
+    print_rss("after open");
+    preload(&sundial, args.pending, args.batch, 4).await?;
+    let after_preload = print_rss("after preload");
+
+    let stats = Arc::new(Stats {
+        hist: Mutex::new((histogram(), histogram())),
+        fired: AtomicU64::new(0),
+        early: AtomicU64::new(0),
+        worst_early_ms: AtomicI64::new(0),
+    });
+    {
+        let stats = stats.clone();
+        let clock = sundial.clock().clone();
+        sundial.register("bench.noop", move |ctx: sundial::TaskContext| {
+            let late = clock.now().0 - ctx.task.due_at.0;
+            if late < 0 {
+                stats.early.fetch_add(1, Ordering::Relaxed);
+                stats.worst_early_ms.fetch_min(late, Ordering::Relaxed);
+            } else if let Ok(mut h) = stats.hist.lock() {
+                h.0.saturating_record(late as u64);
+                h.1.saturating_record(late as u64);
+            }
+            stats.fired.fetch_add(1, Ordering::Relaxed);
+            async { Ok::<(), sundial::HandlerError>(()) }
+        });
+    }
+    let engine = sundial.start();
+
+    let clock = sundial.clock().clone();
+    let total = args.rate * args.secs;
+    let base = clock.now().0 + args.lead_ms + 1_000;
+    let producer = {
+        let sundial = sundial.clone();
+        let clock = clock.clone();
+        let (rate, secs, lead, batch) = (args.rate, args.secs, args.lead_ms, args.batch.max(1));
+        tokio::spawn(async move {
+            // Smallest margin between a second's scheduling finishing and its first due time.
+            let mut min_margin = i64::MAX;
+            for k in 0..secs as i64 {
+                let second = base + k * 1_000;
+                sleep_until(&clock, Timestamp(second - lead)).await;
+                let dues: Vec<Timestamp> = (0..rate as i64)
+                    .map(|i| Timestamp(second + i * 1_000 / rate as i64))
+                    .collect();
+                for chunk in dues.chunks(batch) {
+                    let specs = chunk
+                        .iter()
+                        .map(|t| TaskSpec::new("bench.noop").queue("fire").run_at(*t))
+                        .collect();
+                    sundial.schedule_many(specs).await?;
+                }
+                min_margin = min_margin.min(second - clock.now().0);
+            }
+            Ok::<i64, anyhow::Error>(min_margin)
+        })
+    };
+
+    // Report every 5 s while waiting for every task to fire.
+    let watch = Stopwatch::start();
+    let give_up = Timestamp(base + args.secs as i64 * 1_000 + 60_000);
+    let mut last = 0;
+    loop {
+        let tick = Timestamp(clock.now().0 + 5_000);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        while clock.now() < tick && stats.fired.load(Ordering::Relaxed) < total {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let fired = stats.fired.load(Ordering::Relaxed);
+        let interval = match stats.hist.lock() {
+            Ok(mut h) => {
+                let s = format!("p99 {}ms max {}ms", h.1.value_at_quantile(0.99), h.1.max());
+                h.1.reset();
+                s
+            }
+            Err(_) => String::new(),
+        };
+        eprintln!(
+            "  [{:>5.1}s] fired {fired}/{total} (+{}), interval lateness {interval}",
+            watch.elapsed().as_secs_f64(),
+            fired - last
+        );
+        last = fired;
+        if fired >= total {
+            break;
+        }
+        if clock.now() > give_up {
+            bail!("only {fired} of {total} tasks fired within 60 s after the last was due");
+        }
+    }
+    let min_margin = producer.await??;
+    let after_run = print_rss("after the run");
+    engine.shutdown(Duration::from_secs(5)).await;
+
+    let h = stats
+        .hist
+        .lock()
+        .map(|h| h.0.clone())
+        .unwrap_or_else(|_| histogram());
+    println!(
+        "  scheduled each second's tasks at least {min_margin} ms before they were due{}",
+        if min_margin < 0 {
+            " (NEGATIVE: the producer fell behind; lateness includes its delay)"
+        } else {
+            ""
+        }
+    );
+    println!("  fire lateness: {}", summary(&h, "ms", 1.0));
+    let early = stats.early.load(Ordering::Relaxed);
+    if early > 0 {
+        println!(
+            "  EARLY STARTS: {early} (worst {} ms before due)",
+            stats.worst_early_ms.load(Ordering::Relaxed)
+        );
+    } else {
+        println!("  early starts: 0");
+    }
+    println!(
+        "  memory: rss after preload {:.1} MiB, after the run {:.1} MiB, peak {:.1} MiB",
+        after_preload.current_mib, after_run.current_mib, after_run.peak_mib
+    );
+    Ok(())
+}

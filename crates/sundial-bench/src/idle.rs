@@ -1,0 +1,91 @@
+//! Idle reads: with many tasks pending a day ahead and nothing due, how often does the engine ask
+//! the store anything? The store is wrapped in a [`CountingStore`]; counters are reset after a
+//! short warm-up and read after `--secs`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Args;
+use sundial::Sundial;
+
+use crate::common::{Common, DataDir, Stopwatch, preload, print_rss};
+use crate::counting::{Access, CountingStore};
+
+#[derive(Debug, Clone, Args)]
+pub struct IdleArgs {
+    /// Tasks pending 24-48 hours ahead.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub pending: u64,
+    /// Seconds measured (after the warm-up).
+    #[arg(long, default_value_t = 180)]
+    pub secs: u64,
+    /// Seconds after start before counting begins.
+    #[arg(long, default_value_t = 5)]
+    pub warmup_secs: u64,
+}
+
+pub async fn run(common: &Common, args: &IdleArgs) -> Result<()> {
+    let dir = DataDir::new(common)?;
+    println!(
+        "idle: {} pending, {}s measured; data dir {}, shards {}",
+        args.pending,
+        args.secs,
+        dir.path().display(),
+        common.shards
+    );
+    let store = common.open_store(dir.path())?;
+    let counting = Arc::new(CountingStore::new(Arc::new(store), common.shards));
+    let sundial = Sundial::builder()
+        .config(common.config())
+        .with_store(counting.clone());
+    preload(&sundial, args.pending, 1_000, 4).await?;
+
+    let engine = sundial.start();
+    tokio::time::sleep(Duration::from_secs(args.warmup_secs)).await;
+    counting.reset();
+    let watch = Stopwatch::start();
+    tokio::time::sleep(Duration::from_secs(args.secs)).await;
+    let counts = counting.snapshot();
+    let minutes = watch.elapsed().as_secs_f64() / 60.0;
+    engine.shutdown(Duration::from_secs(5)).await;
+
+    println!("  store calls over {:.2} min while idle:", minutes);
+    let mut reads = 0u64;
+    let mut writes = 0u64;
+    for ((m, shard), n) in &counts {
+        let who = match shard {
+            Some(s) => format!("shard {s}"),
+            None => "engine-wide".to_string(),
+        };
+        println!(
+            "    {:<18} {:<12} {:>6} calls  {:>6.2}/min  ({:?})",
+            m.name(),
+            who,
+            n,
+            *n as f64 / minutes,
+            m.access()
+        );
+        match m.access() {
+            Access::Read => reads += n,
+            Access::Write => writes += n,
+        }
+    }
+    let shards = common.shards.max(1);
+    for s in 0..shards {
+        let r: u64 = counts
+            .iter()
+            .filter(|((m, sh), _)| *sh == Some(s) && m.access() == Access::Read)
+            .map(|(_, n)| n)
+            .sum();
+        println!("  shard {s}: {:.2} reads/min", r as f64 / minutes);
+    }
+    println!(
+        "  total: {:.2} reads/min ({:.2} per shard), {:.2} writes/min (the lease reaper's sweeps)",
+        reads as f64 / minutes,
+        reads as f64 / minutes / f64::from(shards),
+        writes as f64 / minutes
+    );
+    print_rss("at the end");
+    Ok(())
+}
