@@ -48,7 +48,7 @@ struct AddArgs {
     #[arg(long, short)]
     payload: Option<String>,
     /// Due after this delay: 1500ms, 30s, 5m, 3d, 1h30m.
-    #[arg(long, short, conflicts_with = "at")]
+    #[arg(long, short, conflicts_with = "at", allow_hyphen_values = true)]
     delay: Option<String>,
     /// Due at this time (RFC 3339, e.g. 2030-01-02T03:04:05Z).
     #[arg(long)]
