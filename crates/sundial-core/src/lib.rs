@@ -11,6 +11,7 @@
 pub mod error;
 pub mod id;
 pub mod retry;
+pub mod schedule;
 pub mod shard;
 pub mod task;
 pub mod time;
@@ -18,6 +19,10 @@ pub mod time;
 pub use error::ValidationError;
 pub use id::{ExecutionId, TaskId};
 pub use retry::Backoff;
+pub use schedule::{
+    CompiledSpec, DstPolicy, Recurrence, RepeatedTime, ScheduleSpec, SkippedTime, SpecError,
+    SpecErrorKind,
+};
 pub use shard::shard_for;
 pub use task::{Due, Exclusive, ExclusiveMode, Limits, NewTask, Task, TaskSpec, TaskState};
 pub use time::{Clock, ManualClock, Timestamp};

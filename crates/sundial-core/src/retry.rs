@@ -121,15 +121,22 @@ mod tests {
 
     #[test]
     fn rejects_nonsense() {
-        let mut b = Backoff::default();
-        b.factor = 0.5;
-        assert!(b.validate().is_err());
-        let mut b = Backoff::default();
-        b.jitter = 1.5;
-        assert!(b.validate().is_err());
-        let mut b = Backoff::default();
-        b.max_ms = 1;
-        assert!(b.validate().is_err());
+        for b in [
+            Backoff {
+                factor: 0.5,
+                ..Backoff::default()
+            },
+            Backoff {
+                jitter: 1.5,
+                ..Backoff::default()
+            },
+            Backoff {
+                max_ms: 1,
+                ..Backoff::default()
+            },
+        ] {
+            assert!(b.validate().is_err(), "{b:?}");
+        }
         assert!(Backoff::fixed(Duration::from_secs(1)).validate().is_ok());
     }
 }
