@@ -16,6 +16,7 @@
 //! every time it writes was handed to it.
 
 mod rows;
+mod schedules;
 mod schema;
 mod writer;
 
@@ -227,7 +228,10 @@ const INSERT_PARAMS: usize = 13;
 
 /// Inserts `tasks` in order; a task whose live `(queue, key)` is already held (by an earlier
 /// task, possibly of the same batch) becomes [`Inserted::Duplicate`].
-fn insert_many(conn: &Connection, tasks: &[NewTask]) -> Result<Vec<Inserted>, StoreError> {
+pub(crate) fn insert_many(
+    conn: &Connection,
+    tasks: &[NewTask],
+) -> Result<Vec<Inserted>, StoreError> {
     let mut out = Vec::with_capacity(tasks.len());
     for chunk in tasks.chunks(INSERT_CHUNK) {
         insert_chunk(conn, chunk, &mut out)?;

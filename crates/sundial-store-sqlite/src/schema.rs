@@ -14,6 +14,11 @@
 //! - `tasks_ready`, `tasks_lease`, `tasks_running_exclusive`: the worker queue, the reaper's view
 //!   and the mutual-exclusion check, each a small partial index.
 //! - `task_counts`: per (queue, state) counters kept by triggers, so metrics never scan `tasks`.
+//! - `schedules` (migration 2): one row per schedule. `def` is the `ScheduleDef` as JSON; the row
+//!   keeps the armed tick and its nominal time (`next_fire_at`, `armed_tick`), the latest fire's
+//!   task, and per-outcome fire counters.
+//! - `schedule_fires` (migration 2): one row per recorded fire, primary key
+//!   `(schedule_id, nominal_at)`: a fire is recorded at most once, by the database itself.
 
 use rusqlite::Connection;
 
@@ -75,6 +80,36 @@ END;
 CREATE TRIGGER task_counts_delete AFTER DELETE ON tasks BEGIN
     UPDATE task_counts SET n = n - 1 WHERE queue = OLD.queue AND state = OLD.state;
 END;
+"#,
+    // 2: schedules and their fire records.
+    r#"
+CREATE TABLE schedules (
+    id           TEXT    NOT NULL PRIMARY KEY,
+    def          TEXT    NOT NULL,
+    paused       INTEGER NOT NULL DEFAULT 0,
+    note         TEXT,
+    next_fire_at INTEGER,
+    armed_tick   BLOB,
+    last_task    BLOB,
+    last_fire_at INTEGER,
+    fired        INTEGER NOT NULL DEFAULT 0,
+    skipped      INTEGER NOT NULL DEFAULT 0,
+    missed       INTEGER NOT NULL DEFAULT 0,
+    created_at   INTEGER NOT NULL,
+    updated_at   INTEGER NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE schedule_fires (
+    schedule_id TEXT    NOT NULL,
+    nominal_at  INTEGER NOT NULL,
+    outcome     TEXT    NOT NULL,
+    reason      TEXT    NOT NULL,
+    task_id     BLOB,
+    count       INTEGER NOT NULL DEFAULT 1,
+    through     INTEGER,
+    recorded_at INTEGER NOT NULL,
+    PRIMARY KEY (schedule_id, nominal_at)
+) WITHOUT ROWID;
 "#,
 ];
 

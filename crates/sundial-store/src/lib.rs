@@ -13,6 +13,9 @@
 
 mod error;
 #[cfg(feature = "testkit")]
+pub mod schedule_testkit;
+mod schedules;
+#[cfg(feature = "testkit")]
 pub mod testkit;
 mod types;
 
@@ -20,6 +23,11 @@ use async_trait::async_trait;
 use sundial_core::{ExecutionId, NewTask, Task, TaskId, Timestamp};
 
 pub use error::{StoreError, TransitionError};
+pub use schedules::{
+    Arm, ArmChange, FireApplied, FireCounts, FireOp, FireOutcome, FirePage, FireReason, FireRecord,
+    FireResult, NewFire, NewSchedule, Schedule, ScheduleError, SchedulePage, ScheduleStore,
+    TICK_KIND, TICK_QUEUE,
+};
 pub use types::{
     ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Inserted, ReadyClaim, StateCount,
     TaskFilter, TaskPage,

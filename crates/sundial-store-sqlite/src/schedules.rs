@@ -1,0 +1,452 @@
+//! [`ScheduleStore`] on SQLite: tables `schedules` and `schedule_fires` (schema migration 2).
+//!
+//! Every write runs as one job of the group-committing writer, so everything it does (the fire
+//! record, the fire's task, the next tick, the counters) commits or rolls back together. The fire
+//! record's primary key `(schedule_id, nominal_at)` makes a repeated fire a no-op.
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, Row, params};
+use sundial_core::schedule::{ScheduleDef, ScheduleId};
+use sundial_core::{Task, TaskId, Timestamp};
+use sundial_store::{
+    ArmChange, FireApplied, FireCounts, FireOp, FireOutcome, FirePage, FireReason, FireRecord,
+    FireResult, Inserted, NewSchedule, Schedule, ScheduleError, SchedulePage, ScheduleStore,
+    StoreError,
+};
+
+use crate::{SqliteStore, backend, insert_many, rows};
+
+const SCHEDULE_COLUMNS: &str = "id, def, paused, note, next_fire_at, armed_tick, last_task, \
+    last_fire_at, fired, skipped, missed, created_at, updated_at";
+
+const FIRE_COLUMNS: &str =
+    "schedule_id, nominal_at, outcome, reason, task_id, count, through, recorded_at";
+
+fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!("{what}: {e}"))
+}
+
+fn schedule_id(s: String) -> Result<ScheduleId, StoreError> {
+    ScheduleId::new(s).map_err(|e| corrupt("schedule id", e))
+}
+
+fn opt_task_id(b: Option<Vec<u8>>) -> Result<Option<TaskId>, StoreError> {
+    b.map(|b| rows::task_id(&b)).transpose()
+}
+
+fn schedule_from_row(r: &Row<'_>) -> Result<Schedule, StoreError> {
+    let def: String = r.get(1).map_err(backend)?;
+    let def: ScheduleDef = serde_json::from_str(&def).map_err(|e| corrupt("schedule def", e))?;
+    let count = |i: usize| -> Result<u64, StoreError> {
+        Ok(r.get::<_, i64>(i).map_err(backend)?.max(0) as u64)
+    };
+    Ok(Schedule {
+        id: schedule_id(r.get(0).map_err(backend)?)?,
+        def,
+        paused: r.get::<_, i64>(2).map_err(backend)? != 0,
+        note: r.get(3).map_err(backend)?,
+        next_fire_at: r.get::<_, Option<i64>>(4).map_err(backend)?.map(Timestamp),
+        armed_tick: opt_task_id(r.get(5).map_err(backend)?)?,
+        last_task: opt_task_id(r.get(6).map_err(backend)?)?,
+        last_fire_at: r.get::<_, Option<i64>>(7).map_err(backend)?.map(Timestamp),
+        counts: FireCounts {
+            fired: count(8)?,
+            skipped: count(9)?,
+            missed: count(10)?,
+        },
+        created_at: Timestamp(r.get(11).map_err(backend)?),
+        updated_at: Timestamp(r.get(12).map_err(backend)?),
+    })
+}
+
+fn fire_from_row(r: &Row<'_>) -> Result<FireRecord, StoreError> {
+    let outcome: String = r.get(2).map_err(backend)?;
+    let reason: String = r.get(3).map_err(backend)?;
+    Ok(FireRecord {
+        schedule_id: schedule_id(r.get(0).map_err(backend)?)?,
+        nominal: Timestamp(r.get(1).map_err(backend)?),
+        outcome: FireOutcome::parse(&outcome).ok_or_else(|| corrupt("fire outcome", &outcome))?,
+        reason: FireReason::parse(&reason).ok_or_else(|| corrupt("fire reason", &reason))?,
+        task_id: opt_task_id(r.get(4).map_err(backend)?)?,
+        count: r.get::<_, i64>(5).map_err(backend)?.max(0) as u64,
+        through: r.get::<_, Option<i64>>(6).map_err(backend)?.map(Timestamp),
+        recorded_at: Timestamp(r.get(7).map_err(backend)?),
+    })
+}
+
+fn load(conn: &Connection, id: &ScheduleId) -> Result<Option<Schedule>, StoreError> {
+    let sql = format!("SELECT {SCHEDULE_COLUMNS} FROM schedules WHERE id = ?1");
+    let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
+    stmt.query_row(params![id.as_str()], |r| Ok(schedule_from_row(r)))
+        .optional()
+        .map_err(backend)?
+        .transpose()
+}
+
+fn must_load(conn: &Connection, id: &ScheduleId) -> Result<Schedule, ScheduleError> {
+    load(conn, id)?.ok_or(ScheduleError::NotFound)
+}
+
+fn load_fire(
+    conn: &Connection,
+    id: &ScheduleId,
+    nominal: Timestamp,
+) -> Result<Option<FireRecord>, StoreError> {
+    let sql = format!(
+        "SELECT {FIRE_COLUMNS} FROM schedule_fires WHERE schedule_id = ?1 AND nominal_at = ?2"
+    );
+    let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
+    stmt.query_row(params![id.as_str(), nominal.0], |r| Ok(fire_from_row(r)))
+        .optional()
+        .map_err(backend)?
+        .transpose()
+}
+
+/// Cancels a superseded tick, unless it already left `scheduled` (a running tick is the one
+/// firing; it finishes on its own).
+fn cancel_tick(conn: &Connection, tick: TaskId, now: Timestamp) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "UPDATE tasks SET state = 'cancelled', updated_at = ?2, finished_at = ?2, \
+         last_error = 'superseded: the schedule was re-armed or removed' \
+         WHERE id = ?1 AND state = 'scheduled'",
+    )
+    .map_err(backend)?
+    .execute(params![tick.as_bytes(), now.0])
+    .map_err(backend)?;
+    Ok(())
+}
+
+/// Applies an arming change: returns the new `(next_fire_at, armed_tick)` and the inserted tick.
+/// `None` for the pair means "keep".
+#[allow(clippy::type_complexity)]
+fn apply_arm(
+    conn: &Connection,
+    current: Option<TaskId>,
+    arm: ArmChange,
+    now: Timestamp,
+) -> Result<(Option<(Option<i64>, Option<TaskId>)>, Option<Task>), StoreError> {
+    match arm {
+        ArmChange::Keep => Ok((None, None)),
+        ArmChange::Disarm => {
+            if let Some(t) = current {
+                cancel_tick(conn, t, now)?;
+            }
+            Ok((Some((None, None)), None))
+        }
+        ArmChange::Arm(a) => {
+            if let Some(t) = current
+                && t != a.tick.id
+            {
+                cancel_tick(conn, t, now)?;
+            }
+            let tick = match insert_many(conn, std::slice::from_ref(&a.tick))?.pop() {
+                Some(Inserted::Created(t)) => *t,
+                Some(Inserted::Duplicate { existing }) => {
+                    return Err(StoreError::Backend(format!(
+                        "tick key held by task {existing}"
+                    )));
+                }
+                None => return Err(StoreError::Backend("tick insert returned nothing".into())),
+            };
+            Ok((Some((Some(a.nominal.0), Some(tick.id))), Some(tick)))
+        }
+    }
+}
+
+fn set_arm(
+    conn: &Connection,
+    id: &ScheduleId,
+    armed: Option<(Option<i64>, Option<TaskId>)>,
+) -> Result<(), StoreError> {
+    if let Some((next, tick)) = armed {
+        conn.prepare_cached(
+            "UPDATE schedules SET next_fire_at = ?2, armed_tick = ?3 WHERE id = ?1",
+        )
+        .map_err(backend)?
+        .execute(params![
+            id.as_str(),
+            next,
+            tick.map(|t| t.as_bytes().to_vec())
+        ])
+        .map_err(backend)?;
+    }
+    Ok(())
+}
+
+fn def_json(def: &ScheduleDef) -> Result<String, StoreError> {
+    serde_json::to_string(def).map_err(|e| StoreError::Backend(format!("schedule def: {e}")))
+}
+
+fn fire(conn: &Connection, op: FireOp) -> Result<FireApplied, ScheduleError> {
+    let current = must_load(conn, &op.schedule_id)?;
+    if let Some(expect) = op.expect_armed
+        && current.armed_tick != Some(expect)
+    {
+        return Err(ScheduleError::StaleTick {
+            armed: current.armed_tick,
+        });
+    }
+    let id = &op.schedule_id;
+    let mut results = Vec::with_capacity(op.fires.len());
+    let (mut fired, mut skipped, mut missed) = (0i64, 0i64, 0i64);
+    let mut last_task: Option<TaskId> = None;
+    let mut last_fire: Option<i64> = None;
+    for f in op.fires {
+        if let Some(existing) = load_fire(conn, id, f.nominal)? {
+            results.push(FireResult::AlreadyRecorded(existing));
+            continue;
+        }
+        let (task_id, task) = match f.task {
+            Some(t) => match insert_many(conn, std::slice::from_ref(&t))?.pop() {
+                Some(Inserted::Created(t)) => (Some(t.id), Some(t)),
+                Some(Inserted::Duplicate { existing }) => (Some(existing), None),
+                None => return Err(StoreError::Backend("insert returned nothing".into()).into()),
+            },
+            None => (None, None),
+        };
+        let count = i64::try_from(f.count.max(1)).unwrap_or(i64::MAX);
+        conn.prepare_cached(
+            "INSERT INTO schedule_fires (schedule_id, nominal_at, outcome, reason, task_id, \
+             count, through, recorded_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        )
+        .map_err(backend)?
+        .execute(params![
+            id.as_str(),
+            f.nominal.0,
+            f.outcome.as_str(),
+            f.reason.as_str(),
+            task_id.map(|t| t.as_bytes().to_vec()),
+            count,
+            f.through.map(|t| t.0),
+            op.now.0,
+        ])
+        .map_err(backend)?;
+        match f.outcome {
+            FireOutcome::Fired => fired += count,
+            FireOutcome::Skipped => skipped += count,
+            FireOutcome::Missed => missed += count,
+        }
+        if task_id.is_some() {
+            last_task = task_id;
+        }
+        let latest = f.through.unwrap_or(f.nominal).0;
+        last_fire = Some(last_fire.map_or(latest, |l| l.max(latest)));
+        results.push(FireResult::Recorded {
+            record: FireRecord {
+                schedule_id: id.clone(),
+                nominal: f.nominal,
+                outcome: f.outcome,
+                reason: f.reason,
+                task_id,
+                count: count as u64,
+                through: f.through,
+                recorded_at: op.now,
+            },
+            task,
+        });
+    }
+    let (armed, tick) = apply_arm(conn, current.armed_tick, op.arm, op.now)?;
+    set_arm(conn, id, armed)?;
+    conn.prepare_cached(
+        "UPDATE schedules SET fired = fired + ?2, skipped = skipped + ?3, missed = missed + ?4, \
+         last_task = COALESCE(?5, last_task), \
+         last_fire_at = CASE WHEN ?6 IS NULL THEN last_fire_at \
+                             ELSE MAX(COALESCE(last_fire_at, ?6), ?6) END, \
+         updated_at = ?7 WHERE id = ?1",
+    )
+    .map_err(backend)?
+    .execute(params![
+        id.as_str(),
+        fired,
+        skipped,
+        missed,
+        last_task.map(|t| t.as_bytes().to_vec()),
+        last_fire,
+        op.now.0
+    ])
+    .map_err(backend)?;
+    Ok(FireApplied {
+        schedule: must_load(conn, id)?,
+        fires: results,
+        tick: tick.map(Box::new),
+    })
+}
+
+#[async_trait]
+impl ScheduleStore for SqliteStore {
+    async fn create_schedule(
+        &self,
+        s: NewSchedule,
+    ) -> Result<(Schedule, Option<Task>), ScheduleError> {
+        let def = def_json(&s.def)?;
+        self.writer
+            .write(move |conn| {
+                if load(conn, &s.id)?.is_some() {
+                    return Err(ScheduleError::AlreadyExists);
+                }
+                conn.prepare_cached(
+                    "INSERT INTO schedules (id, def, paused, note, created_at, updated_at) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
+                )
+                .map_err(backend)?
+                .execute(params![
+                    s.id.as_str(),
+                    def,
+                    i64::from(s.paused),
+                    s.note,
+                    s.now.0
+                ])
+                .map_err(backend)?;
+                let arm = s.arm.map_or(ArmChange::Keep, ArmChange::arm);
+                let (armed, tick) = apply_arm(conn, None, arm, s.now)?;
+                set_arm(conn, &s.id, armed)?;
+                Ok((must_load(conn, &s.id)?, tick))
+            })
+            .await
+    }
+
+    async fn get_schedule(&self, id: &ScheduleId) -> Result<Option<Schedule>, StoreError> {
+        let id = id.clone();
+        self.read(move |conn| load(conn, &id)).await
+    }
+
+    async fn list_schedules(
+        &self,
+        after: Option<&ScheduleId>,
+        limit: usize,
+    ) -> Result<SchedulePage, StoreError> {
+        let after = after.map(|a| a.as_str().to_string()).unwrap_or_default();
+        self.read(move |conn| {
+            let sql = format!(
+                "SELECT {SCHEDULE_COLUMNS} FROM schedules WHERE id > ?1 ORDER BY id LIMIT ?2"
+            );
+            let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
+            let mut rows = stmt
+                .query(params![after, limit.saturating_add(1) as i64])
+                .map_err(backend)?;
+            let mut schedules = Vec::new();
+            while let Some(r) = rows.next().map_err(backend)? {
+                schedules.push(schedule_from_row(r)?);
+            }
+            let next_cursor = if schedules.len() > limit {
+                schedules.truncate(limit);
+                schedules.last().map(|s| s.id.clone())
+            } else {
+                None
+            };
+            Ok(SchedulePage {
+                schedules,
+                next_cursor,
+            })
+        })
+        .await
+    }
+
+    async fn update_schedule(
+        &self,
+        id: &ScheduleId,
+        def: ScheduleDef,
+        arm: ArmChange,
+        now: Timestamp,
+    ) -> Result<(Schedule, Option<Task>), ScheduleError> {
+        let id = id.clone();
+        let def = def_json(&def)?;
+        self.writer
+            .write(move |conn| {
+                let current = must_load(conn, &id)?;
+                let (armed, tick) = apply_arm(conn, current.armed_tick, arm, now)?;
+                set_arm(conn, &id, armed)?;
+                conn.prepare_cached("UPDATE schedules SET def = ?2, updated_at = ?3 WHERE id = ?1")
+                    .map_err(backend)?
+                    .execute(params![id.as_str(), def, now.0])
+                    .map_err(backend)?;
+                Ok((must_load(conn, &id)?, tick))
+            })
+            .await
+    }
+
+    async fn set_paused(
+        &self,
+        id: &ScheduleId,
+        paused: bool,
+        note: Option<String>,
+        now: Timestamp,
+    ) -> Result<Schedule, ScheduleError> {
+        let id = id.clone();
+        self.writer
+            .write(move |conn| {
+                let n = conn
+                    .prepare_cached(
+                        "UPDATE schedules SET paused = ?2, note = ?3, updated_at = ?4 WHERE id = ?1",
+                    )
+                    .map_err(backend)?
+                    .execute(params![id.as_str(), i64::from(paused), note, now.0])
+                    .map_err(backend)?;
+                if n == 0 {
+                    return Err(ScheduleError::NotFound);
+                }
+                must_load(conn, &id)
+            })
+            .await
+    }
+
+    async fn delete_schedule(&self, id: &ScheduleId, now: Timestamp) -> Result<(), ScheduleError> {
+        let id = id.clone();
+        self.writer
+            .write(move |conn| {
+                let current = must_load(conn, &id)?;
+                if let Some(t) = current.armed_tick {
+                    cancel_tick(conn, t, now)?;
+                }
+                conn.prepare_cached("DELETE FROM schedule_fires WHERE schedule_id = ?1")
+                    .map_err(backend)?
+                    .execute(params![id.as_str()])
+                    .map_err(backend)?;
+                conn.prepare_cached("DELETE FROM schedules WHERE id = ?1")
+                    .map_err(backend)?
+                    .execute(params![id.as_str()])
+                    .map_err(backend)?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn fire(&self, op: FireOp) -> Result<FireApplied, ScheduleError> {
+        self.writer.write(move |conn| fire(conn, op)).await
+    }
+
+    async fn list_fires(
+        &self,
+        id: &ScheduleId,
+        before: Option<Timestamp>,
+        limit: usize,
+    ) -> Result<FirePage, StoreError> {
+        let id = id.clone();
+        self.read(move |conn| {
+            let sql = format!(
+                "SELECT {FIRE_COLUMNS} FROM schedule_fires WHERE schedule_id = ?1 \
+                 AND nominal_at < ?2 ORDER BY nominal_at DESC LIMIT ?3"
+            );
+            let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
+            let mut rows = stmt
+                .query(params![
+                    id.as_str(),
+                    before.map_or(i64::MAX, |b| b.0),
+                    limit.saturating_add(1) as i64
+                ])
+                .map_err(backend)?;
+            let mut fires = Vec::new();
+            while let Some(r) = rows.next().map_err(backend)? {
+                fires.push(fire_from_row(r)?);
+            }
+            let next_cursor = if fires.len() > limit {
+                fires.truncate(limit);
+                fires.last().map(|f| f.nominal)
+            } else {
+                None
+            };
+            Ok(FirePage { fires, next_cursor })
+        })
+        .await
+    }
+}

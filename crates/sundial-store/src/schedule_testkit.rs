@@ -1,0 +1,652 @@
+//! The schedule store conformance suite (feature `testkit`): what every [`ScheduleStore`] must do.
+//! Separate from [`crate::store_conformance!`] so that a backend adds schedules when it is ready.
+//!
+//! ```ignore
+//! async fn fresh() -> (Arc<MyStore>, TempDir) { … }
+//! sundial_store::schedule_store_conformance!(fresh);
+//! ```
+//!
+//! The factory returns a [`ScheduleFixture`]: `Arc<S>` or `(Arc<S>, guard)` where `S` implements
+//! both [`Store`] and [`ScheduleStore`] (the fire operation writes task rows).
+
+use std::collections::HashSet;
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+
+use serde_json::json;
+use sundial_core::schedule::{ScheduleDef, ScheduleId, ScheduleSpec, TaskTemplate};
+use sundial_core::{Limits, NewTask, TaskId, TaskSpec, TaskState, Timestamp};
+use uuid::Uuid;
+
+use crate::{
+    Arm, ArmChange, FireOp, FireOutcome, FireReason, FireResult, NewFire, NewSchedule,
+    ScheduleError, ScheduleStore, Store, TICK_KIND, TICK_QUEUE,
+};
+
+/// What a schedule conformance factory hands back.
+pub trait ScheduleFixture {
+    fn tasks(&self) -> Arc<dyn Store>;
+    fn schedules(&self) -> Arc<dyn ScheduleStore>;
+}
+
+impl<S: Store + ScheduleStore> ScheduleFixture for Arc<S> {
+    fn tasks(&self) -> Arc<dyn Store> {
+        self.clone()
+    }
+    fn schedules(&self) -> Arc<dyn ScheduleStore> {
+        self.clone()
+    }
+}
+
+impl<S: Store + ScheduleStore, G> ScheduleFixture for (Arc<S>, G) {
+    fn tasks(&self) -> Arc<dyn Store> {
+        self.0.clone()
+    }
+    fn schedules(&self) -> Arc<dyn ScheduleStore> {
+        self.0.clone()
+    }
+}
+
+/// Expands to one `#[tokio::test(flavor = "multi_thread", worker_threads = 2)]` per schedule
+/// conformance check, each with a fresh store from `factory` (an async fn or closure returning a
+/// [`ScheduleFixture`](crate::schedule_testkit::ScheduleFixture)).
+#[macro_export]
+macro_rules! schedule_store_conformance {
+    (@checks ($factory:expr) $($check:ident)*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                let fixture = ($factory)().await;
+                let tasks = $crate::schedule_testkit::ScheduleFixture::tasks(&fixture);
+                let schedules = $crate::schedule_testkit::ScheduleFixture::schedules(&fixture);
+                $crate::schedule_testkit::$check(tasks, schedules).await;
+                drop(fixture);
+            }
+        )*
+    };
+    ($factory:expr $(,)?) => {
+        $crate::schedule_store_conformance!(@checks ($factory)
+            schedule_create_get_list_round_trip
+            schedule_fire_records_task_and_arms_next
+            schedule_repeated_fire_is_a_no_op
+            schedule_failed_fire_stores_nothing
+            schedule_concurrent_fires_of_one_tick_commit_once
+            schedule_pause_and_unpause_keep_a_note
+            schedule_update_rearms_and_cancels_the_old_tick
+            schedule_delete_cancels_tick_and_removes_fires
+            schedule_fires_list_newest_first_and_count
+        );
+    };
+}
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Drives all futures at once (the store's own threads do the work in parallel) and returns
+/// their outputs in order.
+async fn join_all<T>(futures: Vec<BoxFuture<'_, T>>) -> Vec<T> {
+    let mut futures: Vec<Option<BoxFuture<'_, T>>> = futures.into_iter().map(Some).collect();
+    let mut outputs: Vec<Option<T>> = futures.iter().map(|_| None).collect();
+    poll_fn(|cx| {
+        let mut pending = false;
+        for (slot, out) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if let Some(f) = slot {
+                match f.as_mut().poll(cx) {
+                    Poll::Ready(v) => {
+                        *out = Some(v);
+                        *slot = None;
+                    }
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    outputs
+        .into_iter()
+        .map(|o| o.expect("every future completed"))
+        .collect()
+}
+
+const SHARDS: u32 = 4;
+/// 2023-11-14T22:13:20Z.
+const T0: i64 = 1_700_000_000_000;
+const MIN: i64 = 60_000;
+
+fn at(ms: i64) -> Timestamp {
+    Timestamp(T0 + ms)
+}
+
+fn fresh_id() -> TaskId {
+    TaskId(Uuid::new_v4())
+}
+
+fn sid(s: &str) -> ScheduleId {
+    ScheduleId::new(s).expect("valid schedule id")
+}
+
+fn def() -> ScheduleDef {
+    ScheduleDef::new(
+        ScheduleSpec::cron("* * * * *"),
+        TaskTemplate::new("report").payload(json!({"to": "ops"})),
+    )
+}
+
+fn tick(id: &ScheduleId, nominal: Timestamp) -> NewTask {
+    TaskSpec::new(TICK_KIND)
+        .queue(TICK_QUEUE)
+        .payload(json!({"schedule": id.as_str(), "nominal": nominal.0}))
+        .run_at(nominal)
+        .validate(fresh_id(), at(0), SHARDS, &Limits::default())
+        .expect("valid tick")
+}
+
+fn arm(id: &ScheduleId, nominal: Timestamp) -> Arm {
+    Arm {
+        nominal,
+        tick: tick(id, nominal),
+    }
+}
+
+fn fire_task(d: &ScheduleDef, id: &ScheduleId, nominal: Timestamp) -> NewTask {
+    d.task_for(id, fresh_id(), nominal, nominal, SHARDS, &Limits::default())
+        .expect("valid task")
+}
+
+async fn create(s: &dyn ScheduleStore, id: &ScheduleId, first: Option<Timestamp>) -> TaskId {
+    let (sch, tick) = s
+        .create_schedule(NewSchedule {
+            id: id.clone(),
+            def: def(),
+            paused: false,
+            note: None,
+            arm: first.map(|n| arm(id, n)),
+            now: at(0),
+        })
+        .await
+        .expect("create");
+    match (first, tick) {
+        (Some(n), Some(t)) => {
+            assert_eq!(sch.next_fire_at, Some(n));
+            assert_eq!(sch.armed_tick, Some(t.id));
+            t.id
+        }
+        (None, None) => TaskId::MIN,
+        (f, t) => panic!("armed {f:?} but tick {t:?}"),
+    }
+}
+
+async fn state(tasks: &dyn Store, id: TaskId) -> TaskState {
+    tasks
+        .get(id)
+        .await
+        .expect("get")
+        .unwrap_or_else(|| panic!("task {id} should exist"))
+        .state
+}
+
+/// Create, get and list: every field round-trips; ids are unique; pages have no gaps.
+pub async fn schedule_create_get_list_round_trip(
+    tasks: Arc<dyn Store>,
+    schedules: Arc<dyn ScheduleStore>,
+) {
+    let s = schedules.as_ref();
+    let a = sid("a");
+    let t = create(s, &a, Some(at(MIN))).await;
+    let tick = tasks.get(t).await.expect("get").expect("tick stored");
+    assert_eq!(
+        (tick.queue.as_str(), tick.kind.as_str()),
+        (TICK_QUEUE, TICK_KIND)
+    );
+    assert_eq!(tick.due_at, at(MIN));
+    let got = s.get_schedule(&a).await.expect("get").expect("exists");
+    assert_eq!(got.def, def());
+    assert!(!got.paused);
+    assert_eq!(got.created_at, at(0));
+    assert_eq!(got.counts.fired + got.counts.skipped + got.counts.missed, 0);
+    assert_eq!(got.last_task, None);
+    assert!(s.get_schedule(&sid("nope")).await.expect("get").is_none());
+
+    let dup = s
+        .create_schedule(NewSchedule {
+            id: a.clone(),
+            def: def(),
+            paused: true,
+            note: None,
+            arm: None,
+            now: at(1),
+        })
+        .await;
+    assert!(matches!(dup, Err(ScheduleError::AlreadyExists)), "{dup:?}");
+
+    let paused = s
+        .create_schedule(NewSchedule {
+            id: sid("b"),
+            def: def(),
+            paused: true,
+            note: Some("created paused".into()),
+            arm: None,
+            now: at(0),
+        })
+        .await
+        .expect("create paused")
+        .0;
+    assert!(paused.paused);
+    assert_eq!(paused.note.as_deref(), Some("created paused"));
+    assert_eq!(paused.next_fire_at, None);
+
+    for i in 0..10 {
+        create(s, &sid(&format!("c{i:02}")), None).await;
+    }
+    let mut seen = Vec::new();
+    let mut after: Option<ScheduleId> = None;
+    loop {
+        let page = s.list_schedules(after.as_ref(), 5).await.expect("list");
+        assert!(page.schedules.len() <= 5);
+        seen.extend(page.schedules.iter().map(|s| s.id.to_string()));
+        match page.next_cursor {
+            Some(c) => after = Some(c),
+            None => break,
+        }
+    }
+    let mut want: Vec<String> = ["a", "b"].iter().map(|s| s.to_string()).collect();
+    want.extend((0..10).map(|i| format!("c{i:02}")));
+    assert_eq!(seen, want, "id order, no gaps, no duplicates");
+}
+
+/// One op records the fire, creates its task (with the fire key) and arms the next tick; the
+/// schedule row follows (last task, counts, next fire).
+pub async fn schedule_fire_records_task_and_arms_next(
+    tasks: Arc<dyn Store>,
+    schedules: Arc<dyn ScheduleStore>,
+) {
+    let s = schedules.as_ref();
+    let id = sid("nightly");
+    let t1 = create(s, &id, Some(at(MIN))).await;
+    let d = def();
+    let task = fire_task(&d, &id, at(MIN));
+    let task_id = task.id;
+    let next = arm(&id, at(2 * MIN));
+    let next_tick = next.tick.id;
+    let out = s
+        .fire(FireOp {
+            schedule_id: id.clone(),
+            expect_armed: Some(t1),
+            fires: vec![NewFire::fired(at(MIN), FireReason::Schedule, task)],
+            arm: ArmChange::arm(next),
+            now: at(MIN + 5),
+        })
+        .await
+        .expect("fire");
+    assert_eq!(out.fires.len(), 1);
+    match &out.fires[0] {
+        FireResult::Recorded { record, task } => {
+            assert_eq!(record.nominal, at(MIN));
+            assert_eq!(record.outcome, FireOutcome::Fired);
+            assert_eq!(record.reason, FireReason::Schedule);
+            assert_eq!(record.task_id, Some(task_id));
+            assert_eq!(record.recorded_at, at(MIN + 5));
+            let t = task.as_ref().expect("task created");
+            assert_eq!(t.id, task_id);
+            assert_eq!(
+                t.key.as_deref(),
+                Some(sundial_core::schedule::FireKey::format(&id, at(MIN)).as_str())
+            );
+            assert_eq!(t.payload, json!({"to": "ops"}));
+        }
+        other => panic!("expected a recorded fire, got {other:?}"),
+    }
+    assert_eq!(out.tick.as_ref().map(|t| t.id), Some(next_tick));
+    assert_eq!(out.schedule.next_fire_at, Some(at(2 * MIN)));
+    assert_eq!(out.schedule.armed_tick, Some(next_tick));
+    assert_eq!(out.schedule.last_task, Some(task_id));
+    assert_eq!(out.schedule.last_fire_at, Some(at(MIN)));
+    assert_eq!(out.schedule.counts.fired, 1);
+    assert_eq!(state(tasks.as_ref(), task_id).await, TaskState::Scheduled);
+    assert_eq!(state(tasks.as_ref(), next_tick).await, TaskState::Scheduled);
+    // The replaced tick was still scheduled (never claimed): it is cancelled, so it cannot fire.
+    assert_eq!(state(tasks.as_ref(), t1).await, TaskState::Cancelled);
+    let stored = s.get_schedule(&id).await.expect("get").expect("exists");
+    assert_eq!(stored, out.schedule);
+}
+
+/// A tick that fires again after its op committed is refused (stale); the same nominal time
+/// recorded again is a no-op that creates no second task.
+pub async fn schedule_repeated_fire_is_a_no_op(
+    tasks: Arc<dyn Store>,
+    schedules: Arc<dyn ScheduleStore>,
+) {
+    let s = schedules.as_ref();
+    let id = sid("once");
+    let t1 = create(s, &id, Some(at(MIN))).await;
+    let d = def();
+    let op = |expect: Option<TaskId>, next: Option<Arm>| FireOp {
+        schedule_id: id.clone(),
+        expect_armed: expect,
+        fires: vec![NewFire::fired(
+            at(MIN),
+            FireReason::Schedule,
+            fire_task(&d, &id, at(MIN)),
+        )],
+        arm: next.map_or(ArmChange::Keep, ArmChange::arm),
+        now: at(MIN),
+    };
+    let first = s
+        .fire(op(Some(t1), Some(arm(&id, at(2 * MIN)))))
+        .await
+        .expect("first fire");
+    let armed = first.schedule.armed_tick;
+    match s.fire(op(Some(t1), Some(arm(&id, at(2 * MIN))))).await {
+        Err(ScheduleError::StaleTick { armed: a }) => assert_eq!(a, armed),
+        other => panic!("expected StaleTick, got {other:?}"),
+    }
+    let again = s.fire(op(None, None)).await.expect("repeat without a tick");
+    assert!(
+        matches!(&again.fires[0], FireResult::AlreadyRecorded(r) if r.nominal == at(MIN)),
+        "{:?}",
+        again.fires
+    );
+    assert_eq!(again.schedule.counts.fired, 1);
+    assert_eq!(
+        again.schedule.armed_tick, armed,
+        "keep leaves the arming alone"
+    );
+    let page = s.list_fires(&id, None, 10).await.expect("fires");
+    assert_eq!(page.fires.len(), 1);
+    let live = tasks
+        .list(
+            &crate::TaskFilter {
+                queue: Some("default".into()),
+                ..Default::default()
+            },
+            10,
+        )
+        .await
+        .expect("list");
+    assert_eq!(live.tasks.len(), 1, "one task for one fire");
+}
+
+/// A fire op that fails part-way (here: its next tick reuses an existing task id) leaves no
+/// trace: no fire record, no task, no counter, arming unchanged.
+pub async fn schedule_failed_fire_stores_nothing(
+    tasks: Arc<dyn Store>,
+    schedules: Arc<dyn ScheduleStore>,
+) {
+    let s = schedules.as_ref();
+    let id = sid("atomic");
+    let t1 = create(s, &id, Some(at(MIN))).await;
+    let d = def();
+    let task = fire_task(&d, &id, at(MIN));
+    let task_id = task.id;
+    let mut bad = arm(&id, at(2 * MIN));
+    bad.tick.id = t1; // collides with the armed tick's row
+    let r = s
+        .fire(FireOp {
+            schedule_id: id.clone(),
+            expect_armed: Some(t1),
+            fires: vec![NewFire::fired(at(MIN), FireReason::Schedule, task)],
+            arm: ArmChange::arm(bad),
+            now: at(MIN),
+        })
+        .await;
+    assert!(r.is_err(), "{r:?}");
+    assert!(
+        tasks.get(task_id).await.expect("get").is_none(),
+        "task rolled back"
+    );
+    assert!(
+        s.list_fires(&id, None, 10)
+            .await
+            .expect("fires")
+            .fires
+            .is_empty()
+    );
+    let sch = s.get_schedule(&id).await.expect("get").expect("exists");
+    assert_eq!(sch.armed_tick, Some(t1));
+    assert_eq!(sch.next_fire_at, Some(at(MIN)));
+    assert_eq!(sch.counts.fired, 0);
+    assert_eq!(state(tasks.as_ref(), t1).await, TaskState::Scheduled);
+}
+
+/// Many ops for the same armed tick at once: exactly one commits.
+pub async fn schedule_concurrent_fires_of_one_tick_commit_once(
+    tasks: Arc<dyn Store>,
+    schedules: Arc<dyn ScheduleStore>,
+) {
+    let _ = tasks;
+    let id = sid("race");
+    let t1 = create(schedules.as_ref(), &id, Some(at(MIN))).await;
+    let d = def();
+    let mut handles = Vec::new();
+    for _ in 0..8 {
+        let s = schedules.clone();
+        let op = FireOp {
+            schedule_id: id.clone(),
+            expect_armed: Some(t1),
+            fires: vec![NewFire::fired(
+                at(MIN),
+                FireReason::Schedule,
+                fire_task(&d, &id, at(MIN)),
+            )],
+            arm: ArmChange::arm(arm(&id, at(2 * MIN))),
+            now: at(MIN),
+        };
+        let fut: BoxFuture<'static, _> = Box::pin(async move { s.fire(op).await });
+        handles.push(fut);
+    }
+    let mut ok = 0;
+    for r in join_all(handles).await {
+        match r {
+            Ok(_) => ok += 1,
+            Err(ScheduleError::StaleTick { .. }) => {}
+            Err(e) => panic!("unexpected error {e:?}"),
+        }
+    }
+    assert_eq!(ok, 1);
+    let sch = schedules
+        .get_schedule(&id)
+        .await
+        .expect("get")
+        .expect("exists");
+    assert_eq!(sch.counts.fired, 1);
+}
+
+/// Pause and unpause keep the note and leave the arming alone; unknown ids are NotFound.
+pub async fn schedule_pause_and_unpause_keep_a_note(
+    tasks: Arc<dyn Store>,
+    schedules: Arc<dyn ScheduleStore>,
+) {
+    let s = schedules.as_ref();
+    let id = sid("p");
+    let t1 = create(s, &id, Some(at(MIN))).await;
+    let p = s
+        .set_paused(&id, true, Some("maintenance".into()), at(10))
+        .await
+        .expect("pause");
+    assert!(p.paused);
+    assert_eq!(p.note.as_deref(), Some("maintenance"));
+    assert_eq!(p.updated_at, at(10));
+    assert_eq!(p.armed_tick, Some(t1));
+    assert_eq!(state(tasks.as_ref(), t1).await, TaskState::Scheduled);
+    let u = s
+        .set_paused(&id, false, None, at(20))
+        .await
+        .expect("unpause");
+    assert!(!u.paused);
+    assert_eq!(u.note, None);
+    let missing = s.set_paused(&sid("nope"), true, None, at(0)).await;
+    assert!(
+        matches!(missing, Err(ScheduleError::NotFound)),
+        "{missing:?}"
+    );
+}
+
+/// Updating the definition with a new arming cancels the old (scheduled) tick; disarming leaves
+/// nothing armed.
+pub async fn schedule_update_rearms_and_cancels_the_old_tick(
+    tasks: Arc<dyn Store>,
+    schedules: Arc<dyn ScheduleStore>,
+) {
+    let s = schedules.as_ref();
+    let id = sid("u");
+    let t1 = create(s, &id, Some(at(MIN))).await;
+    let mut d = def();
+    d.spec = ScheduleSpec::cron("*/5 * * * *");
+    let next = arm(&id, at(5 * MIN));
+    let t2 = next.tick.id;
+    let (sch, tick) = s
+        .update_schedule(&id, d.clone(), ArmChange::arm(next), at(30))
+        .await
+        .expect("update");
+    assert_eq!(sch.def, d);
+    assert_eq!(sch.armed_tick, Some(t2));
+    assert_eq!(sch.next_fire_at, Some(at(5 * MIN)));
+    assert_eq!(tick.map(|t| t.id), Some(t2));
+    assert_eq!(state(tasks.as_ref(), t1).await, TaskState::Cancelled);
+    let (sch, tick) = s
+        .update_schedule(&id, d.clone(), ArmChange::Disarm, at(40))
+        .await
+        .expect("disarm");
+    assert!(tick.is_none());
+    assert_eq!((sch.armed_tick, sch.next_fire_at), (None, None));
+    assert_eq!(state(tasks.as_ref(), t2).await, TaskState::Cancelled);
+    let missing = s
+        .update_schedule(&sid("nope"), d, ArmChange::Keep, at(0))
+        .await;
+    assert!(
+        matches!(missing, Err(ScheduleError::NotFound)),
+        "{missing:?}"
+    );
+}
+
+/// Delete removes the schedule and its fire records and cancels its tick; the tasks its fires
+/// created stay.
+pub async fn schedule_delete_cancels_tick_and_removes_fires(
+    tasks: Arc<dyn Store>,
+    schedules: Arc<dyn ScheduleStore>,
+) {
+    let s = schedules.as_ref();
+    let id = sid("d");
+    let t1 = create(s, &id, Some(at(MIN))).await;
+    let d = def();
+    let task = fire_task(&d, &id, at(0));
+    let task_id = task.id;
+    s.fire(FireOp {
+        schedule_id: id.clone(),
+        expect_armed: None,
+        fires: vec![NewFire::fired(at(0), FireReason::Trigger, task)],
+        arm: ArmChange::Keep,
+        now: at(0),
+    })
+    .await
+    .expect("trigger");
+    s.delete_schedule(&id, at(1)).await.expect("delete");
+    assert!(s.get_schedule(&id).await.expect("get").is_none());
+    assert!(
+        s.list_fires(&id, None, 10)
+            .await
+            .expect("fires")
+            .fires
+            .is_empty()
+    );
+    assert_eq!(state(tasks.as_ref(), t1).await, TaskState::Cancelled);
+    assert_eq!(state(tasks.as_ref(), task_id).await, TaskState::Scheduled);
+    let again = s.delete_schedule(&id, at(2)).await;
+    assert!(matches!(again, Err(ScheduleError::NotFound)), "{again:?}");
+}
+
+/// Fire records list newest first by nominal time, page without gaps, and the schedule's
+/// counters add them up (a collapsed run of missed fires counts as many).
+pub async fn schedule_fires_list_newest_first_and_count(
+    tasks: Arc<dyn Store>,
+    schedules: Arc<dyn ScheduleStore>,
+) {
+    let _ = tasks;
+    let s = schedules.as_ref();
+    let id = sid("f");
+    create(s, &id, None).await;
+    let other = sid("other");
+    create(s, &other, None).await;
+    let d = def();
+    let mut fires = vec![NewFire::missed(at(0), 5, Some(at(4 * MIN)))];
+    for i in 5..25 {
+        let n = at(i * MIN);
+        fires.push(match i % 3 {
+            0 => NewFire::skipped(n, FireReason::Overlap),
+            1 => NewFire::skipped(n, FireReason::Paused),
+            _ => NewFire::fired(n, FireReason::Schedule, fire_task(&d, &id, n)),
+        });
+    }
+    let applied = s
+        .fire(FireOp {
+            schedule_id: id.clone(),
+            expect_armed: None,
+            fires,
+            arm: ArmChange::Keep,
+            now: at(30 * MIN),
+        })
+        .await
+        .expect("fire");
+    s.fire(FireOp {
+        schedule_id: other.clone(),
+        expect_armed: None,
+        fires: vec![NewFire::skipped(at(MIN), FireReason::Paused)],
+        arm: ArmChange::Keep,
+        now: at(0),
+    })
+    .await
+    .expect("other fire");
+    let c = applied.schedule.counts;
+    let fired = (5..25).filter(|i| i % 3 == 2).count() as u64;
+    assert_eq!(c.fired, fired);
+    assert_eq!(c.skipped, 20 - fired);
+    assert_eq!(c.missed, 5);
+    assert_eq!(applied.schedule.last_fire_at, Some(at(24 * MIN)));
+
+    let mut seen = Vec::new();
+    let mut before = None;
+    loop {
+        let page = s.list_fires(&id, before, 7).await.expect("fires");
+        assert!(page.fires.len() <= 7);
+        for f in &page.fires {
+            assert_eq!(f.schedule_id, id);
+        }
+        seen.extend(page.fires.iter().map(|f| f.nominal));
+        match page.next_cursor {
+            Some(c) => before = Some(c),
+            None => break,
+        }
+    }
+    let mut want: Vec<Timestamp> = (5..25).map(|i| at(i * MIN)).collect();
+    want.push(at(0));
+    want.sort_by(|a, b| b.cmp(a));
+    assert_eq!(seen, want);
+    let unique: HashSet<Timestamp> = seen.iter().copied().collect();
+    assert_eq!(unique.len(), seen.len());
+    let missed = s
+        .list_fires(&id, Some(at(MIN)), 10)
+        .await
+        .expect("fires")
+        .fires;
+    assert_eq!(missed.len(), 1);
+    assert_eq!(
+        (
+            missed[0].outcome,
+            missed[0].reason,
+            missed[0].count,
+            missed[0].through
+        ),
+        (
+            FireOutcome::Missed,
+            FireReason::OutsideCatchupWindow,
+            5,
+            Some(at(4 * MIN))
+        )
+    );
+}

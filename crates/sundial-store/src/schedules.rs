@@ -1,0 +1,334 @@
+//! The schedule storage seam: [`ScheduleStore`], separate from [`crate::Store`] so that a backend
+//! can add schedules independently (conformance: [`crate::schedule_store_conformance!`]).
+//!
+//! A schedule is *armed* by one kernel task, its *tick*: an ordinary task row (queue
+//! [`TICK_QUEUE`], kind [`TICK_KIND`]) due at the next fire time, so the engine's timers wake the
+//! runner and nothing polls. The schedule row remembers which tick is armed and for which nominal
+//! time. [`ScheduleStore::fire`] does everything one fire needs in **one transaction**: record the
+//! fire (unique per schedule and nominal time; a repeat is a no-op), insert the fire's task, and arm
+//! the next tick, conditional on the tick that fired still being the armed one. A crash before the
+//! commit leaves the tick to run again; a crash after it leaves a stale tick whose fire is refused.
+//! Either way a fire is neither lost nor doubled.
+
+use async_trait::async_trait;
+use sundial_core::schedule::{ScheduleDef, ScheduleId};
+use sundial_core::{NewTask, Task, TaskId, Timestamp};
+use thiserror::Error;
+
+use crate::StoreError;
+
+/// The queue of schedule ticks (handled in-process by the schedules runner).
+pub const TICK_QUEUE: &str = "sundial.schedules";
+/// The kind of schedule ticks.
+pub const TICK_KIND: &str = "sundial.schedule.tick";
+
+/// How a fire ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FireOutcome {
+    /// A task was created.
+    Fired,
+    /// Deliberately not run (paused, overlap).
+    Skipped,
+    /// Not run because it was noticed too late (outside the catch-up window).
+    Missed,
+}
+
+impl FireOutcome {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FireOutcome::Fired => "fired",
+            FireOutcome::Skipped => "skipped",
+            FireOutcome::Missed => "missed",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            FireOutcome::Fired,
+            FireOutcome::Skipped,
+            FireOutcome::Missed,
+        ]
+        .into_iter()
+        .find(|o| o.as_str() == s)
+    }
+}
+
+/// Why a fire ended as it did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FireReason {
+    /// Fired at its time (or late, inside the catch-up window).
+    Schedule,
+    /// Fired by "trigger now".
+    Trigger,
+    /// Fired by a backfill over a past range.
+    Backfill,
+    /// Skipped: the previous fire's task had not finished (overlap policy).
+    Overlap,
+    /// Skipped: the schedule was paused.
+    Paused,
+    /// Missed: noticed after the catch-up window had passed (the process was down).
+    OutsideCatchupWindow,
+}
+
+impl FireReason {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FireReason::Schedule => "schedule",
+            FireReason::Trigger => "trigger",
+            FireReason::Backfill => "backfill",
+            FireReason::Overlap => "overlap",
+            FireReason::Paused => "paused",
+            FireReason::OutsideCatchupWindow => "outside_catchup_window",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            FireReason::Schedule,
+            FireReason::Trigger,
+            FireReason::Backfill,
+            FireReason::Overlap,
+            FireReason::Paused,
+            FireReason::OutsideCatchupWindow,
+        ]
+        .into_iter()
+        .find(|o| o.as_str() == s)
+    }
+}
+
+/// Fires per outcome, kept on the schedule row (no scans).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FireCounts {
+    pub fired: u64,
+    pub skipped: u64,
+    pub missed: u64,
+}
+
+/// A stored schedule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Schedule {
+    pub id: ScheduleId,
+    pub def: ScheduleDef,
+    pub paused: bool,
+    /// Why it was paused or unpaused, as given.
+    pub note: Option<String>,
+    /// The nominal time of the armed fire; `None` when nothing is armed (ended).
+    pub next_fire_at: Option<Timestamp>,
+    /// The tick task armed for `next_fire_at`.
+    pub armed_tick: Option<TaskId>,
+    /// The task of the latest fire that created one (overlap decisions look at it).
+    pub last_task: Option<TaskId>,
+    /// The nominal time of the latest recorded fire of any outcome.
+    pub last_fire_at: Option<Timestamp>,
+    pub counts: FireCounts,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+/// The tick that arms a schedule's next fire.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Arm {
+    pub nominal: Timestamp,
+    /// A task of queue [`TICK_QUEUE`] and kind [`TICK_KIND`], due when the fire should happen.
+    pub tick: NewTask,
+}
+
+/// What a write does to a schedule's armed tick. Replacing or removing an armed tick cancels it
+/// when it is still `scheduled` (a tick that is running is the one firing and is left alone).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ArmChange {
+    Keep,
+    Disarm,
+    Arm(Box<Arm>),
+}
+
+impl ArmChange {
+    pub fn arm(arm: Arm) -> Self {
+        ArmChange::Arm(Box::new(arm))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewSchedule {
+    pub id: ScheduleId,
+    pub def: ScheduleDef,
+    pub paused: bool,
+    pub note: Option<String>,
+    pub arm: Option<Arm>,
+    pub now: Timestamp,
+}
+
+/// One fire to record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewFire {
+    pub nominal: Timestamp,
+    pub outcome: FireOutcome,
+    pub reason: FireReason,
+    /// The task to create (only with [`FireOutcome::Fired`]).
+    pub task: Option<NewTask>,
+    /// How many fire times this record stands for (1, or more for a collapsed run of missed
+    /// fires from `nominal` through `through`).
+    pub count: u64,
+    pub through: Option<Timestamp>,
+}
+
+impl NewFire {
+    pub fn fired(nominal: Timestamp, reason: FireReason, task: NewTask) -> Self {
+        NewFire {
+            nominal,
+            outcome: FireOutcome::Fired,
+            reason,
+            task: Some(task),
+            count: 1,
+            through: None,
+        }
+    }
+    pub fn skipped(nominal: Timestamp, reason: FireReason) -> Self {
+        NewFire {
+            nominal,
+            outcome: FireOutcome::Skipped,
+            reason,
+            task: None,
+            count: 1,
+            through: None,
+        }
+    }
+    pub fn missed(nominal: Timestamp, count: u64, through: Option<Timestamp>) -> Self {
+        NewFire {
+            nominal,
+            outcome: FireOutcome::Missed,
+            reason: FireReason::OutsideCatchupWindow,
+            task: None,
+            count,
+            through,
+        }
+    }
+}
+
+/// A stored fire.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FireRecord {
+    pub schedule_id: ScheduleId,
+    pub nominal: Timestamp,
+    pub outcome: FireOutcome,
+    pub reason: FireReason,
+    pub task_id: Option<TaskId>,
+    pub count: u64,
+    pub through: Option<Timestamp>,
+    pub recorded_at: Timestamp,
+}
+
+/// Everything one fire (or a batch of fires of one schedule) writes, in one transaction.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FireOp {
+    pub schedule_id: ScheduleId,
+    /// When set, nothing happens unless this is the schedule's armed tick (the tick that fired):
+    /// a tick that fires twice (its first run's result was lost) is refused the second time.
+    pub expect_armed: Option<TaskId>,
+    /// Recorded in order; one that exists already (same schedule and nominal time) is left as it
+    /// is and its task is not created.
+    pub fires: Vec<NewFire>,
+    pub arm: ArmChange,
+    pub now: Timestamp,
+}
+
+/// What became of one [`NewFire`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum FireResult {
+    Recorded {
+        record: FireRecord,
+        /// The task created for it. A live task holding the fire's key already (never expected)
+        /// is linked instead and not returned.
+        task: Option<Box<Task>>,
+    },
+    /// A fire with this nominal time was recorded before: nothing changed.
+    AlreadyRecorded(FireRecord),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct FireApplied {
+    pub schedule: Schedule,
+    pub fires: Vec<FireResult>,
+    /// The tick armed by this op, if it armed one.
+    pub tick: Option<Box<Task>>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SchedulePage {
+    pub schedules: Vec<Schedule>,
+    /// Pass as `after` for the next page; `None` on the last.
+    pub next_cursor: Option<ScheduleId>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct FirePage {
+    pub fires: Vec<FireRecord>,
+    /// Pass as `before` for the next page; `None` on the last.
+    pub next_cursor: Option<Timestamp>,
+}
+
+/// Why a schedule write did not happen.
+#[derive(Debug, Clone, Error)]
+pub enum ScheduleError {
+    #[error("no such schedule")]
+    NotFound,
+    #[error("a schedule with this id exists")]
+    AlreadyExists,
+    /// [`FireOp::expect_armed`] did not match: another tick is armed now (or none).
+    #[error("stale tick: the schedule has moved on")]
+    StaleTick { armed: Option<TaskId> },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Schedules, their fires, and the atomic fire operation. Time is always a parameter.
+#[async_trait]
+pub trait ScheduleStore: Send + Sync + 'static {
+    /// Stores a new schedule and, when given, its first tick, atomically.
+    async fn create_schedule(
+        &self,
+        schedule: NewSchedule,
+    ) -> Result<(Schedule, Option<Task>), ScheduleError>;
+
+    async fn get_schedule(&self, id: &ScheduleId) -> Result<Option<Schedule>, StoreError>;
+
+    /// Schedules in id order, strictly after `after` when given, at most `limit`.
+    async fn list_schedules(
+        &self,
+        after: Option<&ScheduleId>,
+        limit: usize,
+    ) -> Result<SchedulePage, StoreError>;
+
+    /// Replaces the definition and changes the arming, atomically.
+    async fn update_schedule(
+        &self,
+        id: &ScheduleId,
+        def: ScheduleDef,
+        arm: ArmChange,
+        now: Timestamp,
+    ) -> Result<(Schedule, Option<Task>), ScheduleError>;
+
+    /// Pauses or unpauses with a note (the tick stays armed: fires while paused are recorded as
+    /// skipped).
+    async fn set_paused(
+        &self,
+        id: &ScheduleId,
+        paused: bool,
+        note: Option<String>,
+        now: Timestamp,
+    ) -> Result<Schedule, ScheduleError>;
+
+    /// Deletes the schedule and its fire records and cancels its armed tick if still scheduled.
+    /// Tasks already created by its fires are left alone.
+    async fn delete_schedule(&self, id: &ScheduleId, now: Timestamp) -> Result<(), ScheduleError>;
+
+    /// Records fires, creates their tasks and changes the arming in one transaction.
+    async fn fire(&self, op: FireOp) -> Result<FireApplied, ScheduleError>;
+
+    /// Fire records of a schedule, newest nominal time first, strictly before `before` when
+    /// given, at most `limit`.
+    async fn list_fires(
+        &self,
+        id: &ScheduleId,
+        before: Option<Timestamp>,
+        limit: usize,
+    ) -> Result<FirePage, StoreError>;
+}
