@@ -1,0 +1,1015 @@
+//! # sundial-store-postgres
+//!
+//! Sundial's store on PostgreSQL, for several nodes that share one database. It implements
+//! [`sundial_store::Store`] with the same semantics as the embedded SQLite store and passes the
+//! same conformance suite.
+//!
+//! ## Schema
+//!
+//! Everything lives in one PostgreSQL schema (default `sundial`, see
+//! [`PostgresOptions::schema`]); every statement names it explicitly rather than relying on a
+//! connection's `search_path`, so no pooled connection carries state that could be lost or wrong.
+//! Migrations are numbered and recorded in `<schema>.schema_migrations (version, name)`; they run
+//! at [`PostgresStore::connect`] in one transaction under a transaction-scoped advisory lock, so
+//! nodes starting together queue on the lock and migrate once, and a schema newer than this build
+//! is refused ([`PostgresError::TooNew`]) without being touched.
+//!
+//! - **`tasks`**: one row per task. `id` and `execution_id` are `uuid`; every time is a `bigint`
+//!   of milliseconds since the epoch, exactly as handed in (SQL never calls `now()`: the engine's
+//!   clock is the only clock). `state` is `text` with a `CHECK` on the six states. `payload`,
+//!   `result` and `backoff` are JSON kept as `text`: what the trait is given is stored byte for
+//!   byte and read back with `serde_json`, as in SQLite. (`jsonb` would re-render numbers and
+//!   reorder keys, and refuses a `\u0000` escape that is valid JSON; the store never looks inside
+//!   a payload, so it gains nothing from parsing one.) `CHECK`s also keep an exclusive key paired
+//!   with its mode and a running task with an execution id and a lease.
+//! - **`tasks_due (shard, due_at, id) WHERE state = 'scheduled'`**: the persisted timers. Only
+//!   scheduled rows are in it, so a scan from the front of a shard reads due work, not history;
+//!   `scan_due`/`next_due` page through it with a row comparison `(due_at, id) > (…)`.
+//! - **`tasks_live_key (queue, key)`**, `UNIQUE` over live states (`scheduled`, `ready`,
+//!   `running`): business-key uniqueness enforced by the database, atomically with the insert.
+//!   `insert` names it as the arbiter of `ON CONFLICT … DO NOTHING`, so a taken key skips only
+//!   that task (the holder is then looked up in the same transaction) while a reused *id* still
+//!   fails the whole batch.
+//! - **`tasks_ready (queue, id) WHERE state = 'ready'`**: the worker queue `claim_ready` walks in
+//!   id order with `FOR UPDATE SKIP LOCKED`.
+//! - **`tasks_lease (lease_expires_at) WHERE state = 'running'`**: the reaper's view.
+//! - **`tasks_running_exclusive (exclusive_key) WHERE state = 'running' AND exclusive_key IS NOT
+//!   NULL`**: the "is this exclusive key held?" probe.
+//! - **`tasks_queue_id (queue, id)`**: listing a queue newest first.
+//! - **`task_counts (queue, state, stripe, n)`**: per-(queue, state) counters kept by
+//!   statement-level triggers (with transition tables: one upsert per statement, not per row),
+//!   so `count_by_state` never scans `tasks`. A single counter row per (queue, state) would be
+//!   written by every transaction and serialise them all on its row lock until commit; so each
+//!   backend adds to its own stripe (`pg_backend_pid()`), and no two transactions ever wait for
+//!   each other on a counter. `count_by_state` sums the stripes, after folding the stripes of
+//!   backends that no longer exist into stripe 0 (with `SKIP LOCKED`, so it waits for nobody).
+//!
+//! All state changes are single conditional `UPDATE … WHERE state = … [AND execution_id = …]
+//! RETURNING …` statements. Every task row carries its `shard`, so the shard-lease check that
+//! fencing will add (`shard_leases (shard, owner, expires_at, range_id)`) can be one more
+//! condition in the same statement or transaction as the write it guards.
+//!
+//! ## Concurrency
+//!
+//! Transactions run at `READ COMMITTED`. Claims lock rows before deciding, so no two callers can
+//! take one task; they never wait in a way that can form a cycle:
+//!
+//! - **`claim_due`** first takes a transaction-scoped advisory lock on every exclusive key of its
+//!   `Run` claims, in sorted lock order, then locks the claimable rows (`scheduled`, due) in id
+//!   order with `FOR UPDATE`, reads which of their exclusive keys a running task holds (a fresh
+//!   snapshot, taken after the locks), decides every claim in the order given (so the first of two
+//!   tasks with one key starts and the second is `Busy`), and applies the decisions with
+//!   conditional set-based updates.
+//! - **`claim_ready`** pages through `tasks_ready` in id order with `FOR UPDATE SKIP LOCKED`,
+//!   never waiting for a row; for exclusive keys it uses `pg_try_advisory_xact_lock`, so it never
+//!   waits for a key either: a key another transaction is claiming right now is busy for this
+//!   call. At most one task per exclusive key starts per call.
+//! - Two transactions starting tasks with the same exclusive key therefore hold the same advisory
+//!   lock in turn, and the later one sees the earlier one's running task (its statement snapshot
+//!   is taken after the lock, which is released only once the earlier commit is visible).
+//! - `insert` writes its rows in `(queue, key)` order, so two batches waiting for each other's
+//!   keys cannot deadlock; `expire_leases` locks in id order with `SKIP LOCKED`; the counter
+//!   triggers only touch the writing backend's own stripe.
+//!
+//! This crate is the only one in the workspace that depends on tokio-postgres. It never reads a
+//! clock: every time it writes was handed to it.
+
+mod rows;
+mod schema;
+mod sql;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, PoolError, Runtime};
+use sundial_core::{ExclusiveMode, ExecutionId, NewTask, Task, TaskId, Timestamp};
+use sundial_store::{
+    ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Inserted, ReadyClaim, StateCount, Store,
+    StoreError, TaskFilter, TaskPage, TransitionError,
+};
+use thiserror::Error;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{NoTls, Row};
+use uuid::Uuid;
+
+use rows::{col, task_from_row, tasks_from_rows};
+use schema::{EXCLUSIVE_LOCK_CLASS, SchemaName};
+use sql::Sql;
+
+pub use schema::CURRENT_VERSION as SCHEMA_VERSION;
+
+/// Errors from connecting (operations report [`StoreError`]).
+#[derive(Debug, Error)]
+pub enum PostgresError {
+    #[error("invalid database url: {0}")]
+    Url(String),
+    #[error("invalid schema name {name:?}: {reason}")]
+    SchemaName { name: String, reason: &'static str },
+    #[error("cannot set up the connection pool: {0}")]
+    Pool(String),
+    #[error("postgres: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error(
+        "database schema version {found} is newer than this build supports ({supported}); upgrade Sundial"
+    )]
+    TooNew { found: i64, supported: i64 },
+}
+
+impl From<PoolError> for PostgresError {
+    fn from(e: PoolError) -> Self {
+        match e {
+            PoolError::Backend(e) => PostgresError::Postgres(e),
+            other => PostgresError::Pool(other.to_string()),
+        }
+    }
+}
+
+impl From<PostgresError> for StoreError {
+    fn from(e: PostgresError) -> Self {
+        StoreError::Backend(e.to_string())
+    }
+}
+
+fn pg(e: tokio_postgres::Error) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+fn pool_error(e: PoolError) -> StoreError {
+    match e {
+        PoolError::Closed => StoreError::Closed,
+        PoolError::Backend(e) => pg(e),
+        other => StoreError::Backend(format!("cannot get a connection: {other}")),
+    }
+}
+
+/// How to connect.
+#[derive(Debug, Clone)]
+pub struct PostgresOptions {
+    /// The PostgreSQL schema that holds Sundial's tables; created if missing. Lower-case letters,
+    /// digits and `_`.
+    pub schema: String,
+    /// Most connections kept open.
+    pub pool_size: usize,
+    /// Longest wait for a free connection (and for a new one to be established).
+    pub acquire_timeout: Duration,
+}
+
+impl Default for PostgresOptions {
+    fn default() -> Self {
+        PostgresOptions {
+            schema: "sundial".to_string(),
+            pool_size: 16,
+            acquire_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The PostgreSQL store. Cheap to clone; clones share one connection pool.
+#[derive(Clone)]
+pub struct PostgresStore {
+    pool: Pool,
+    schema: SchemaName,
+    sql: std::sync::Arc<Sql>,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("schema", &self.schema.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStore {
+    /// Connects to the database at `url` (a `postgres://` URL or a `key=value` string), creates
+    /// the schema if it is missing and migrates it. TLS is not supported yet.
+    pub async fn connect(url: &str, opts: PostgresOptions) -> Result<Self, PostgresError> {
+        let schema = SchemaName::parse(&opts.schema)?;
+        let mut config: tokio_postgres::Config =
+            url.parse().map_err(|e: tokio_postgres::Error| {
+                // The parser's message never contains the password.
+                PostgresError::Url(e.to_string())
+            })?;
+        if config.get_application_name().is_none() {
+            config.application_name("sundial");
+        }
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(opts.acquire_timeout);
+        }
+        let manager = Manager::from_config(config, NoTls, ManagerConfig::default());
+        let pool = Pool::builder(manager)
+            .max_size(opts.pool_size.max(1))
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(opts.acquire_timeout))
+            .create_timeout(Some(opts.acquire_timeout))
+            .build()
+            .map_err(|e| PostgresError::Pool(e.to_string()))?;
+        let mut client = pool.get().await?;
+        schema::migrate(&mut client, &schema).await?;
+        let store = PostgresStore {
+            sql: std::sync::Arc::new(Sql::new(&schema)),
+            pool,
+            schema,
+        };
+        // Counter stripes of backends that are gone (earlier runs) fold into one.
+        client.execute(&store.sql.fold_counts, &[]).await?;
+        drop(client);
+        Ok(store)
+    }
+
+    /// The schema this store works in.
+    pub fn schema(&self) -> &str {
+        &self.schema.name
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Client, StoreError> {
+        self.pool.get().await.map_err(pool_error)
+    }
+
+    /// Runs `UPDATE … RETURNING <task>` for one task and decodes the row, if any.
+    async fn update_one(
+        &self,
+        client: &impl GenericClient,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Task>, StoreError> {
+        query_opt(client, sql, params)
+            .await?
+            .map(|r| task_from_row(&r))
+            .transpose()
+    }
+
+    async fn state_of(
+        &self,
+        client: &impl GenericClient,
+        id: &Uuid,
+    ) -> Result<Option<sundial_core::TaskState>, StoreError> {
+        let row = query_opt(client, &self.sql.state_of, &[id]).await?;
+        match row {
+            None => Ok(None),
+            Some(r) => {
+                let s: String = col(&r, 0)?;
+                rows::parse_state(&s).map(Some)
+            }
+        }
+    }
+
+    /// Why a conditional update on an attempt touched nothing.
+    async fn attempt_refusal(&self, client: &impl GenericClient, id: &Uuid) -> TransitionError {
+        match self.state_of(client, id).await {
+            Ok(None) => TransitionError::NotFound,
+            Ok(Some(state)) => TransitionError::StaleExecution { state },
+            Err(e) => e.into(),
+        }
+    }
+
+    /// Why a conditional update on a task's state touched nothing.
+    async fn state_refusal(&self, client: &impl GenericClient, id: &Uuid) -> TransitionError {
+        match self.state_of(client, id).await {
+            Ok(None) => TransitionError::NotFound,
+            Ok(Some(state)) => TransitionError::WrongState { state },
+            Err(e) => e.into(),
+        }
+    }
+
+    /// Runs an attempt write (heartbeat, complete, fail): the updated row, or why it was refused.
+    async fn attempt_write(
+        &self,
+        sql: &str,
+        id: TaskId,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Task, TransitionError> {
+        let client = self.client().await?;
+        match self.update_one(&client, sql, params).await? {
+            Some(t) => Ok(t),
+            None => Err(self.attempt_refusal(&client, &id.0).await),
+        }
+    }
+
+    /// Takes the advisory locks of `keys`, in sorted lock order (so two callers never wait for
+    /// each other crosswise).
+    async fn lock_keys(
+        &self,
+        client: &impl GenericClient,
+        keys: &[String],
+    ) -> Result<(), StoreError> {
+        let mut locks: Vec<i32> = keys
+            .iter()
+            .map(|k| schema::exclusive_lock_key(&self.schema, k))
+            .collect();
+        locks.sort_unstable();
+        locks.dedup();
+        if locks.is_empty() {
+            return Ok(());
+        }
+        let stmt = client
+            .prepare_cached(&self.sql.lock_keys)
+            .await
+            .map_err(pg)?;
+        client
+            .execute(&stmt, &[&EXCLUSIVE_LOCK_CLASS, &locks])
+            .await
+            .map_err(pg)?;
+        Ok(())
+    }
+
+    /// Inserts `tasks` (one round) and returns, per task, `Some` when it was settled (created, or
+    /// a duplicate of a live holder) and `None` when its key's holder vanished before it could be
+    /// named (to be tried again).
+    async fn insert_round(
+        &self,
+        client: &impl GenericClient,
+        tasks: &[&NewTask],
+    ) -> Result<Vec<Option<Inserted>>, StoreError> {
+        let mut ids = Vec::with_capacity(tasks.len());
+        let mut shards = Vec::with_capacity(tasks.len());
+        let mut queues = Vec::with_capacity(tasks.len());
+        let mut kinds = Vec::with_capacity(tasks.len());
+        let mut keys = Vec::with_capacity(tasks.len());
+        let mut payloads = Vec::with_capacity(tasks.len());
+        let mut dues = Vec::with_capacity(tasks.len());
+        let mut max_attempts = Vec::with_capacity(tasks.len());
+        let mut backoffs = Vec::with_capacity(tasks.len());
+        let mut timeouts = Vec::with_capacity(tasks.len());
+        let mut ex_keys = Vec::with_capacity(tasks.len());
+        let mut ex_modes = Vec::with_capacity(tasks.len());
+        let mut created = Vec::with_capacity(tasks.len());
+        let mut ords = Vec::with_capacity(tasks.len());
+        for (i, t) in tasks.iter().enumerate() {
+            ids.push(t.id.0);
+            shards.push(i64::from(t.shard));
+            queues.push(t.queue.as_str());
+            kinds.push(t.kind.as_str());
+            keys.push(t.key.as_deref());
+            payloads.push(t.payload.as_str());
+            dues.push(t.due_at.0);
+            max_attempts.push(i64::from(t.max_attempts));
+            backoffs.push(
+                serde_json::to_string(&t.backoff)
+                    .map_err(|e| StoreError::Backend(format!("backoff: {e}")))?,
+            );
+            timeouts.push(i64::try_from(t.timeout_ms).map_err(|_| {
+                StoreError::Backend(format!("timeout of {} ms is too large", t.timeout_ms))
+            })?);
+            ex_keys.push(t.exclusive.as_ref().map(|e| e.key.as_str()));
+            ex_modes.push(t.exclusive.as_ref().map(|e| rows::mode_str(e.mode)));
+            created.push(t.created_at.0);
+            ords.push(i as i64);
+        }
+        let rows = query(
+            client,
+            &self.sql.insert,
+            &[
+                &ids,
+                &shards,
+                &queues,
+                &kinds,
+                &keys,
+                &payloads,
+                &dues,
+                &max_attempts,
+                &backoffs,
+                &timeouts,
+                &ex_keys,
+                &ex_modes,
+                &created,
+                &ords,
+            ],
+        )
+        .await?;
+        let mut made: HashMap<Uuid, Task> = HashMap::with_capacity(rows.len());
+        for r in &rows {
+            let t = task_from_row(r)?;
+            made.insert(t.id.0, t);
+        }
+        // Tasks not created: their key is taken. Name the holders (committed ones, or earlier
+        // tasks of this batch), seen by a fresh snapshot in the same transaction.
+        let (mut hq, mut hk) = (Vec::new(), Vec::new());
+        for t in tasks {
+            if !made.contains_key(&t.id.0) {
+                match &t.key {
+                    Some(k) => {
+                        hq.push(t.queue.as_str());
+                        hk.push(k.as_str());
+                    }
+                    None => {
+                        return Err(StoreError::Backend(format!(
+                            "task {} was neither inserted nor refused",
+                            t.id
+                        )));
+                    }
+                }
+            }
+        }
+        let mut holders: HashMap<(String, String), Uuid> = HashMap::new();
+        if !hq.is_empty() {
+            for r in query(client, &self.sql.holders, &[&hq, &hk]).await? {
+                holders.insert((col(&r, 0)?, col(&r, 1)?), col(&r, 2)?);
+            }
+        }
+        Ok(tasks
+            .iter()
+            .map(|t| match made.remove(&t.id.0) {
+                Some(task) => Some(Inserted::Created(Box::new(task))),
+                None => t.key.as_ref().and_then(|k| {
+                    holders
+                        .get(&(t.queue.clone(), k.clone()))
+                        .map(|h| Inserted::Duplicate {
+                            existing: TaskId(*h),
+                        })
+                }),
+            })
+            .collect())
+    }
+}
+
+async fn query(
+    client: &impl GenericClient,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<Row>, StoreError> {
+    let stmt = client.prepare_cached(sql).await.map_err(pg)?;
+    client.query(&stmt, params).await.map_err(pg)
+}
+
+async fn query_opt(
+    client: &impl GenericClient,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Option<Row>, StoreError> {
+    let stmt = client.prepare_cached(sql).await.map_err(pg)?;
+    client.query_opt(&stmt, params).await.map_err(pg)
+}
+
+fn limit_param(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
+
+fn due_entry(r: &Row) -> Result<DueEntry, StoreError> {
+    let timeout: i64 = col(r, 4)?;
+    Ok(DueEntry {
+        key: DueKey {
+            due_at: Timestamp(col(r, 0)?),
+            id: TaskId(col(r, 1)?),
+        },
+        queue: col(r, 2)?,
+        kind: col(r, 3)?,
+        timeout_ms: u64::try_from(timeout)
+            .map_err(|_| StoreError::Corrupt(format!("timeout_ms {timeout} is negative")))?,
+    })
+}
+
+/// What `claim_due` decided for one claim, before applying it.
+enum Plan {
+    NotClaimable,
+    Busy(String),
+    Start {
+        execution: ExecutionId,
+        lease_until: Timestamp,
+    },
+    Ready,
+    Skip(String),
+}
+
+/// How many times `insert` retries a task whose key's holder finished between the conflict and
+/// the lookup of its id. Each retry needs another task to finish at exactly that moment.
+const INSERT_ROUNDS: usize = 8;
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn insert(&self, tasks: Vec<NewTask>) -> Result<Vec<Inserted>, StoreError> {
+        if tasks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        let mut out: Vec<Option<Inserted>> = vec![None; tasks.len()];
+        for _ in 0..INSERT_ROUNDS {
+            let pending: Vec<usize> = (0..tasks.len()).filter(|&i| out[i].is_none()).collect();
+            if pending.is_empty() {
+                break;
+            }
+            let batch: Vec<&NewTask> = pending.iter().map(|&i| &tasks[i]).collect();
+            let settled = self.insert_round(&tx, &batch).await?;
+            for (i, s) in pending.into_iter().zip(settled) {
+                out[i] = s;
+            }
+        }
+        let out: Vec<Inserted> = out
+            .into_iter()
+            .zip(&tasks)
+            .map(|(o, t)| {
+                o.ok_or_else(|| {
+                    StoreError::Backend(format!(
+                        "the key of task {} kept changing hands; nothing was inserted",
+                        t.id
+                    ))
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        tx.commit().await.map_err(pg)?;
+        Ok(out)
+    }
+
+    async fn get(&self, id: TaskId) -> Result<Option<Task>, StoreError> {
+        let client = self.client().await?;
+        query_opt(&client, &self.sql.get, &[&id.0])
+            .await?
+            .map(|r| task_from_row(&r))
+            .transpose()
+    }
+
+    async fn list(&self, filter: &TaskFilter, limit: usize) -> Result<TaskPage, StoreError> {
+        let mut sql = format!(
+            "SELECT {} FROM {} t WHERE true",
+            self.sql.columns, self.sql.tasks
+        );
+        let mut args: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
+        let mut arg = |sql: &mut String, cond: &str, v: Box<dyn ToSql + Sync + Send>| {
+            args.push(v);
+            sql.push_str(&format!(" AND {cond} ${}", args.len()));
+        };
+        if let Some(q) = &filter.queue {
+            arg(&mut sql, "t.queue =", Box::new(q.clone()));
+        }
+        if let Some(k) = &filter.kind {
+            arg(&mut sql, "t.kind =", Box::new(k.clone()));
+        }
+        if let Some(s) = filter.state {
+            arg(&mut sql, "t.state =", Box::new(s.as_str()));
+        }
+        if let Some(k) = &filter.key {
+            arg(&mut sql, "t.key =", Box::new(k.clone()));
+        }
+        if let Some(b) = filter.before {
+            arg(&mut sql, "t.id <", Box::new(b.0));
+        }
+        // One row more than asked for tells whether another page follows.
+        args.push(Box::new(limit_param(limit.saturating_add(1))));
+        sql.push_str(&format!(" ORDER BY t.id DESC LIMIT ${}", args.len()));
+        let params: Vec<&(dyn ToSql + Sync)> = args
+            .iter()
+            .map(|b| b.as_ref() as &(dyn ToSql + Sync))
+            .collect();
+        let client = self.client().await?;
+        let rows = query(&client, &sql, &params).await?;
+        let mut tasks = tasks_from_rows(&rows)?;
+        let next_cursor = if tasks.len() > limit {
+            tasks.truncate(limit);
+            tasks.last().map(|t| t.id)
+        } else {
+            None
+        };
+        Ok(TaskPage { tasks, next_cursor })
+    }
+
+    async fn cancel(&self, id: TaskId, now: Timestamp) -> Result<Task, TransitionError> {
+        let client = self.client().await?;
+        match self
+            .update_one(&client, &self.sql.cancel, &[&id.0, &now.0])
+            .await?
+        {
+            Some(t) => Ok(t),
+            None => Err(self.state_refusal(&client, &id.0).await),
+        }
+    }
+
+    async fn trigger(&self, id: TaskId, now: Timestamp) -> Result<Task, TransitionError> {
+        let client = self.client().await?;
+        match self
+            .update_one(&client, &self.sql.trigger, &[&id.0, &now.0])
+            .await?
+        {
+            Some(t) => Ok(t),
+            None => Err(self.state_refusal(&client, &id.0).await),
+        }
+    }
+
+    async fn scan_due(
+        &self,
+        shard: u32,
+        after: Option<DueKey>,
+        until: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<DueEntry>, StoreError> {
+        let client = self.client().await?;
+        let shard = i64::from(shard);
+        let limit = limit_param(limit);
+        let rows = match after {
+            None => {
+                query(
+                    &client,
+                    &self.sql.scan_due_from_start,
+                    &[&shard, &until.0, &limit],
+                )
+                .await?
+            }
+            Some(k) => {
+                query(
+                    &client,
+                    &self.sql.scan_due_after,
+                    &[&shard, &until.0, &k.due_at.0, &k.id.0, &limit],
+                )
+                .await?
+            }
+        };
+        rows.iter().map(due_entry).collect()
+    }
+
+    async fn next_due(
+        &self,
+        shard: u32,
+        after: Option<DueKey>,
+    ) -> Result<Option<Timestamp>, StoreError> {
+        let client = self.client().await?;
+        let shard = i64::from(shard);
+        let row = match after {
+            None => query_opt(&client, &self.sql.next_due_from_start, &[&shard]).await?,
+            Some(k) => {
+                query_opt(
+                    &client,
+                    &self.sql.next_due_after,
+                    &[&shard, &k.due_at.0, &k.id.0],
+                )
+                .await?
+            }
+        };
+        row.map(|r| col::<i64>(&r, 0).map(Timestamp)).transpose()
+    }
+
+    async fn claim_due(
+        &self,
+        claims: Vec<DueClaim>,
+        now: Timestamp,
+    ) -> Result<Vec<ClaimOutcome>, StoreError> {
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+
+        // 1. Serialise starts per exclusive key: lock the keys of the tasks this call may start
+        //    (keys never change, so reading them unlocked is enough), in sorted order.
+        let run_ids: Vec<Uuid> = claims
+            .iter()
+            .filter(|c| matches!(c.target, ClaimTarget::Run { .. }))
+            .map(|c| c.id.0)
+            .collect();
+        if !run_ids.is_empty() {
+            let keys: Vec<String> = query(&tx, &self.sql.exclusive_keys_of, &[&run_ids])
+                .await?
+                .iter()
+                .map(|r| col(r, 0))
+                .collect::<Result<_, _>>()?;
+            self.lock_keys(&tx, &keys).await?;
+        }
+
+        // 2. Lock the claimable rows (scheduled and due), in id order.
+        let all_ids: Vec<Uuid> = claims.iter().map(|c| c.id.0).collect();
+        let mut available: HashMap<Uuid, Option<(String, ExclusiveMode)>> = HashMap::new();
+        for r in query(&tx, &self.sql.lock_claimable, &[&all_ids, &now.0]).await? {
+            let id: Uuid = col(&r, 0)?;
+            let key: Option<String> = col(&r, 1)?;
+            let mode: Option<String> = col(&r, 2)?;
+            let exclusive = match (key, mode) {
+                (Some(k), Some(m)) => Some((k, rows::parse_mode(&m)?)),
+                (Some(_), None) => {
+                    return Err(StoreError::Corrupt(format!(
+                        "task {id}: exclusive key without a mode"
+                    )));
+                }
+                (None, _) => None,
+            };
+            available.insert(id, exclusive);
+        }
+
+        // 3. Which of their exclusive keys a running task holds (a snapshot taken after the
+        //    locks: every earlier start of a locked key is committed and visible).
+        let mut keys: Vec<String> = available
+            .values()
+            .flatten()
+            .map(|(k, _)| k.clone())
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let mut busy: HashSet<String> = HashSet::new();
+        if !keys.is_empty() {
+            for r in query(&tx, &self.sql.running_keys, &[&keys]).await? {
+                busy.insert(col(&r, 0)?);
+            }
+        }
+
+        // 4. Decide each claim in the order given, as if they ran one after another.
+        let plans: Vec<Plan> = claims
+            .iter()
+            .map(|c| {
+                let Some(exclusive) = available.get(&c.id.0) else {
+                    return Plan::NotClaimable;
+                };
+                if let Some((key, mode)) = exclusive
+                    && busy.contains(key)
+                {
+                    return match mode {
+                        ExclusiveMode::Wait => Plan::Busy(key.clone()),
+                        ExclusiveMode::Skip => {
+                            let key = key.clone();
+                            available.remove(&c.id.0);
+                            Plan::Skip(key)
+                        }
+                    };
+                }
+                let plan = match c.target {
+                    ClaimTarget::Run {
+                        execution,
+                        lease_until,
+                    } => {
+                        if let Some((key, _)) = exclusive {
+                            busy.insert(key.clone());
+                        }
+                        Plan::Start {
+                            execution,
+                            lease_until,
+                        }
+                    }
+                    ClaimTarget::Ready => Plan::Ready,
+                };
+                available.remove(&c.id.0);
+                plan
+            })
+            .collect();
+
+        // 5. Apply, each a conditional update: readies (they hold no key), starts, skips.
+        let mut ready_ids = Vec::new();
+        let (mut start_ids, mut start_execs, mut start_leases) =
+            (Vec::new(), Vec::new(), Vec::new());
+        let (mut skip_ids, mut skip_reasons) = (Vec::new(), Vec::new());
+        for (c, plan) in claims.iter().zip(&plans) {
+            match plan {
+                Plan::Ready => ready_ids.push(c.id.0),
+                Plan::Start {
+                    execution,
+                    lease_until,
+                } => {
+                    start_ids.push(c.id.0);
+                    start_execs.push(execution.0);
+                    start_leases.push(lease_until.0);
+                }
+                Plan::Skip(key) => {
+                    skip_ids.push(c.id.0);
+                    skip_reasons.push(format!(
+                        "skipped: exclusive key {key:?} was held by a running task"
+                    ));
+                }
+                Plan::NotClaimable | Plan::Busy(_) => {}
+            }
+        }
+        let mut changed: HashMap<Uuid, Task> = HashMap::new();
+        if !ready_ids.is_empty() {
+            for r in query(&tx, &self.sql.ready_claimed, &[&ready_ids, &now.0]).await? {
+                let t = task_from_row(&r)?;
+                changed.insert(t.id.0, t);
+            }
+        }
+        if !start_ids.is_empty() {
+            for r in query(
+                &tx,
+                &self.sql.start_claimed,
+                &[&start_ids, &start_execs, &start_leases, &now.0],
+            )
+            .await?
+            {
+                let t = task_from_row(&r)?;
+                changed.insert(t.id.0, t);
+            }
+        }
+        if !skip_ids.is_empty() {
+            for r in query(
+                &tx,
+                &self.sql.skip_claimed,
+                &[&skip_ids, &skip_reasons, &now.0],
+            )
+            .await?
+            {
+                let t = task_from_row(&r)?;
+                changed.insert(t.id.0, t);
+            }
+        }
+        tx.commit().await.map_err(pg)?;
+
+        Ok(claims
+            .iter()
+            .zip(plans)
+            .map(|(c, plan)| match plan {
+                Plan::NotClaimable => ClaimOutcome::NotClaimable,
+                Plan::Busy(exclusive_key) => ClaimOutcome::Busy { exclusive_key },
+                Plan::Start { execution, .. } => match changed.remove(&c.id.0) {
+                    Some(t) if t.execution_id == Some(execution) => {
+                        ClaimOutcome::Started(Box::new(t))
+                    }
+                    _ => ClaimOutcome::NotClaimable,
+                },
+                Plan::Ready => changed
+                    .remove(&c.id.0)
+                    .map(|t| ClaimOutcome::Readied(Box::new(t)))
+                    .unwrap_or(ClaimOutcome::NotClaimable),
+                Plan::Skip(_) => changed
+                    .remove(&c.id.0)
+                    .map(|t| ClaimOutcome::Skipped(Box::new(t)))
+                    .unwrap_or(ClaimOutcome::NotClaimable),
+            })
+            .collect())
+    }
+
+    async fn claim_ready(&self, claim: ReadyClaim) -> Result<Vec<Task>, StoreError> {
+        let want = claim.execution_ids.len();
+        if want == 0 || claim.kinds.as_ref().is_some_and(|k| k.is_empty()) {
+            return Ok(Vec::new());
+        }
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        let execs: Vec<Uuid> = claim.execution_ids.iter().map(|e| e.0).collect();
+        let kinds: Option<Vec<&str>> = claim
+            .kinds
+            .as_ref()
+            .map(|k| k.iter().map(String::as_str).collect());
+        // Keys this call passes over from now on: started by it (one task per key) or being
+        // claimed by another transaction at this moment.
+        let mut passed: Vec<String> = Vec::new();
+        // Keys whose advisory lock this transaction holds.
+        let mut held: HashSet<String> = HashSet::new();
+        let mut after: Option<Uuid> = None;
+        let mut out: Vec<Task> = Vec::with_capacity(want);
+        while out.len() < want {
+            let room = limit_param(want - out.len());
+            let variant = usize::from(kinds.is_some()) * 2 + usize::from(after.is_some());
+            let sql = &self.sql.ready_candidates[variant];
+            let rows = match (&kinds, &after) {
+                (None, None) => query(&tx, sql, &[&claim.queue, &passed, &room]).await?,
+                (None, Some(a)) => query(&tx, sql, &[&claim.queue, &passed, &room, a]).await?,
+                (Some(k), None) => query(&tx, sql, &[&claim.queue, &passed, &room, k]).await?,
+                (Some(k), Some(a)) => {
+                    query(&tx, sql, &[&claim.queue, &passed, &room, k, a]).await?
+                }
+            };
+            let Some(last) = rows.last() else {
+                break;
+            };
+            after = Some(col(last, 0)?);
+            let mut candidates: Vec<(Uuid, Option<String>)> = Vec::with_capacity(rows.len());
+            for r in &rows {
+                candidates.push((col(r, 0)?, col(r, 1)?));
+            }
+            // Try (never wait for) the locks of keys not yet held.
+            let mut to_lock: Vec<String> = candidates
+                .iter()
+                .filter_map(|(_, k)| k.clone())
+                .filter(|k| !held.contains(k))
+                .collect();
+            to_lock.sort_unstable();
+            to_lock.dedup();
+            if !to_lock.is_empty() {
+                let locks: Vec<i32> = to_lock
+                    .iter()
+                    .map(|k| schema::exclusive_lock_key(&self.schema, k))
+                    .collect();
+                let got: HashSet<String> = query(
+                    &tx,
+                    &self.sql.try_lock_keys,
+                    &[&EXCLUSIVE_LOCK_CLASS, &to_lock, &locks],
+                )
+                .await?
+                .iter()
+                .map(|r| col(r, 0))
+                .collect::<Result<_, _>>()?;
+                for k in to_lock {
+                    if got.contains(&k) {
+                        held.insert(k);
+                    } else {
+                        passed.push(k);
+                    }
+                }
+            }
+            // At most one task per key; keyless tasks always.
+            let mut pick: Vec<Uuid> = Vec::with_capacity(candidates.len());
+            for (id, key) in candidates {
+                match key {
+                    None => pick.push(id),
+                    Some(k) => {
+                        if held.contains(&k) && !passed.contains(&k) {
+                            passed.push(k);
+                            pick.push(id);
+                        }
+                    }
+                }
+            }
+            if pick.is_empty() {
+                continue;
+            }
+            let rest = &execs[out.len()..];
+            let rows = query(
+                &tx,
+                &self.sql.start_ready,
+                &[&pick, &rest, &claim.now.0, &claim.worker],
+            )
+            .await?;
+            let mut started = tasks_from_rows(&rows)?;
+            started.sort_by_key(|t| t.id);
+            out.extend(started);
+        }
+        tx.commit().await.map_err(pg)?;
+        Ok(out)
+    }
+
+    async fn heartbeat(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        now: Timestamp,
+        lease_until: Timestamp,
+    ) -> Result<Task, TransitionError> {
+        self.attempt_write(
+            &self.sql.heartbeat,
+            id,
+            &[&id.0, &execution.0, &lease_until.0, &now.0],
+        )
+        .await
+    }
+
+    async fn complete(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        now: Timestamp,
+        result: Option<String>,
+    ) -> Result<Task, TransitionError> {
+        self.attempt_write(
+            &self.sql.complete,
+            id,
+            &[&id.0, &execution.0, &result, &now.0],
+        )
+        .await
+    }
+
+    async fn fail(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        now: Timestamp,
+        error: String,
+        retry_at: Option<Timestamp>,
+    ) -> Result<Task, TransitionError> {
+        self.attempt_write(
+            &self.sql.fail,
+            id,
+            &[&id.0, &execution.0, &retry_at.map(|t| t.0), &error, &now.0],
+        )
+        .await
+    }
+
+    async fn expire_leases(&self, now: Timestamp, limit: usize) -> Result<Vec<Task>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let client = self.client().await?;
+        let rows = query(
+            &client,
+            &self.sql.expire_leases,
+            &[&now.0, &limit_param(limit)],
+        )
+        .await?;
+        let mut out = tasks_from_rows(&rows)?;
+        out.sort_by_key(|t| t.id);
+        Ok(out)
+    }
+
+    async fn next_lease_expiry(&self) -> Result<Option<Timestamp>, StoreError> {
+        let client = self.client().await?;
+        let rows = query(&client, &self.sql.next_lease_expiry, &[]).await?;
+        match rows.first() {
+            None => Ok(None),
+            Some(r) => Ok(col::<Option<i64>>(r, 0)?.map(Timestamp)),
+        }
+    }
+
+    async fn count_by_state(&self) -> Result<Vec<StateCount>, StoreError> {
+        let client = self.client().await?;
+        // Keep the counter table small: stripes of backends that are gone fold into one.
+        if let Err(e) = query(&client, &self.sql.fold_counts, &[]).await {
+            tracing::warn!(error = %e, "folding task counter stripes failed");
+        }
+        let rows = query(&client, &self.sql.count_by_state, &[]).await?;
+        rows.iter()
+            .map(|r| {
+                let state: String = col(r, 1)?;
+                let n: i64 = col(r, 2)?;
+                Ok(StateCount {
+                    queue: col(r, 0)?,
+                    state: rows::parse_state(&state)?,
+                    count: u64::try_from(n)
+                        .map_err(|_| StoreError::Corrupt(format!("negative task count {n}")))?,
+                })
+            })
+            .collect()
+    }
+}

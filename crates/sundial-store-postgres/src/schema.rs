@@ -1,0 +1,306 @@
+//! The schema, its numbered migrations, and the runner that applies them.
+//!
+//! Every object lives in one PostgreSQL schema whose name is configurable
+//! ([`crate::PostgresOptions::schema`]), so several Sundial deployments (or test runs) can share a
+//! database. The runner works in one transaction: it takes a transaction-scoped advisory lock
+//! derived from the schema name, creates the schema if it is missing, reads the versions recorded
+//! in `<schema>.schema_migrations`, refuses a schema newer than this build, applies the missing
+//! migrations in order and records them, then commits. Nodes that start together therefore queue
+//! on the lock and the later ones find nothing left to do; a runner that fails leaves nothing
+//! behind (DDL is transactional in PostgreSQL).
+//!
+//! SQL text is schema-qualified rather than relying on a per-connection `search_path`: a pooled
+//! connection carries no state that could be lost (a reconnect, a transaction-mode pooler) or
+//! point at the wrong schema, and every statement names exactly the table it touches. The schema
+//! name is validated (lower-case letters, digits and `_`) and always quoted, so it can be
+//! interpolated safely.
+
+use deadpool_postgres::GenericClient;
+
+use crate::PostgresError;
+
+/// The advisory-lock class (first key of the two-key form) of the migration lock. The second key
+/// is a hash of the schema name, so deployments in different schemas do not wait for each other.
+pub(crate) const MIGRATION_LOCK_CLASS: i32 = 0x5355_4e44; // "SUND"
+/// The advisory-lock class of exclusive keys (see `claim_due` and `claim_ready`).
+pub(crate) const EXCLUSIVE_LOCK_CLASS: i32 = 0x5355_4e58; // "SUNX"
+
+/// One numbered migration. `{schema}` in the SQL stands for the quoted schema name.
+struct Migration {
+    version: i32,
+    name: &'static str,
+    sql: &'static str,
+}
+
+const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "tasks, indexes and counters",
+    sql: r#"
+CREATE TABLE {schema}.tasks (
+    id               uuid   NOT NULL PRIMARY KEY,
+    shard            bigint NOT NULL CHECK (shard >= 0),
+    queue            text   NOT NULL,
+    kind             text   NOT NULL,
+    key              text,
+    payload          text   NOT NULL,
+    due_at           bigint NOT NULL,
+    state            text   NOT NULL CHECK (state IN
+                         ('scheduled', 'ready', 'running', 'succeeded', 'dead', 'cancelled')),
+    attempt          bigint NOT NULL DEFAULT 0 CHECK (attempt >= 0),
+    max_attempts     bigint NOT NULL CHECK (max_attempts >= 1),
+    backoff          text   NOT NULL,
+    timeout_ms       bigint NOT NULL CHECK (timeout_ms >= 0),
+    exclusive_key    text,
+    exclusive_mode   text   CHECK (exclusive_mode IN ('wait', 'skip')),
+    execution_id     uuid,
+    lease_expires_at bigint,
+    worker           text,
+    last_error       text,
+    result           text,
+    created_at       bigint NOT NULL,
+    updated_at       bigint NOT NULL,
+    started_at       bigint,
+    finished_at      bigint,
+    CONSTRAINT tasks_exclusive_pair CHECK ((exclusive_key IS NULL) = (exclusive_mode IS NULL)),
+    CONSTRAINT tasks_running_attempt CHECK
+        (state <> 'running' OR (execution_id IS NOT NULL AND lease_expires_at IS NOT NULL))
+);
+
+CREATE INDEX tasks_due ON {schema}.tasks (shard, due_at, id) WHERE state = 'scheduled';
+CREATE UNIQUE INDEX tasks_live_key ON {schema}.tasks (queue, key)
+    WHERE key IS NOT NULL AND state IN ('scheduled', 'ready', 'running');
+CREATE INDEX tasks_ready ON {schema}.tasks (queue, id) WHERE state = 'ready';
+CREATE INDEX tasks_lease ON {schema}.tasks (lease_expires_at) WHERE state = 'running';
+CREATE INDEX tasks_running_exclusive ON {schema}.tasks (exclusive_key)
+    WHERE state = 'running' AND exclusive_key IS NOT NULL;
+CREATE INDEX tasks_queue_id ON {schema}.tasks (queue, id);
+
+CREATE TABLE {schema}.task_counts (
+    queue  text    NOT NULL,
+    state  text    NOT NULL,
+    stripe integer NOT NULL,
+    n      bigint  NOT NULL,
+    PRIMARY KEY (queue, state, stripe)
+);
+
+CREATE FUNCTION {schema}.task_counts_after_insert() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    INSERT INTO {schema}.task_counts AS c (queue, state, stripe, n)
+    SELECT queue, state, pg_backend_pid(), count(*) FROM new_rows
+    GROUP BY queue, state ORDER BY queue, state
+    ON CONFLICT (queue, state, stripe) DO UPDATE SET n = c.n + EXCLUDED.n;
+    RETURN NULL;
+END
+$fn$;
+
+CREATE FUNCTION {schema}.task_counts_after_update() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    INSERT INTO {schema}.task_counts AS c (queue, state, stripe, n)
+    SELECT queue, state, pg_backend_pid(), sum(d) FROM (
+        SELECT o.queue, o.state, -1 AS d
+            FROM old_rows o JOIN new_rows w ON w.id = o.id WHERE o.state <> w.state
+        UNION ALL
+        SELECT w.queue, w.state, 1 AS d
+            FROM old_rows o JOIN new_rows w ON w.id = o.id WHERE o.state <> w.state
+    ) moves
+    GROUP BY queue, state HAVING sum(d) <> 0 ORDER BY queue, state
+    ON CONFLICT (queue, state, stripe) DO UPDATE SET n = c.n + EXCLUDED.n;
+    RETURN NULL;
+END
+$fn$;
+
+CREATE FUNCTION {schema}.task_counts_after_delete() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    INSERT INTO {schema}.task_counts AS c (queue, state, stripe, n)
+    SELECT queue, state, pg_backend_pid(), -count(*) FROM old_rows
+    GROUP BY queue, state ORDER BY queue, state
+    ON CONFLICT (queue, state, stripe) DO UPDATE SET n = c.n + EXCLUDED.n;
+    RETURN NULL;
+END
+$fn$;
+
+CREATE TRIGGER task_counts_insert AFTER INSERT ON {schema}.tasks
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION {schema}.task_counts_after_insert();
+CREATE TRIGGER task_counts_update AFTER UPDATE ON {schema}.tasks
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION {schema}.task_counts_after_update();
+CREATE TRIGGER task_counts_delete AFTER DELETE ON {schema}.tasks
+    REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION {schema}.task_counts_after_delete();
+"#,
+}];
+
+/// The schema version this build writes (the highest migration it knows).
+pub const CURRENT_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].version;
+
+/// A validated schema name and its quoted form for SQL text.
+#[derive(Debug, Clone)]
+pub(crate) struct SchemaName {
+    pub name: String,
+    /// `"name"`: safe to interpolate (the name was validated, and quoting keeps it literal).
+    pub ident: String,
+}
+
+impl SchemaName {
+    /// Accepts 1..=63 bytes of `[a-z0-9_]`, starting with a letter or `_`, not starting with
+    /// `pg_` (reserved by PostgreSQL). Upper case is refused rather than folded, so the name in
+    /// the configuration is the name in the catalog.
+    pub fn parse(name: &str) -> Result<Self, PostgresError> {
+        let bad = |reason: &'static str| PostgresError::SchemaName {
+            name: name.to_string(),
+            reason,
+        };
+        if name.is_empty() || name.len() > 63 {
+            return Err(bad("must be 1 to 63 bytes long"));
+        }
+        if !name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        {
+            return Err(bad("use lower-case letters, digits and _"));
+        }
+        if name.as_bytes()[0].is_ascii_digit() {
+            return Err(bad("must start with a letter or _"));
+        }
+        if name.starts_with("pg_") {
+            return Err(bad("names starting with pg_ are reserved by PostgreSQL"));
+        }
+        Ok(SchemaName {
+            name: name.to_string(),
+            ident: format!("\"{name}\""),
+        })
+    }
+
+    /// The second key of the migration lock.
+    pub fn lock_key(&self) -> i32 {
+        fnv32(&[self.name.as_bytes()])
+    }
+}
+
+/// The second key of an exclusive key's advisory lock: a hash of the schema and the key, so that
+/// deployments in different schemas never contend. A collision only serialises two claims that
+/// did not need it; it never lets two holders of one key run.
+pub(crate) fn exclusive_lock_key(schema: &SchemaName, key: &str) -> i32 {
+    fnv32(&[schema.name.as_bytes(), &[0xff], key.as_bytes()])
+}
+
+/// FNV-1a, 32 bits, over the concatenated parts: stable across processes and versions, which
+/// matters because every node must derive the same lock for the same key.
+fn fnv32(parts: &[&[u8]]) -> i32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for part in parts {
+        for b in *part {
+            h ^= u32::from(*b);
+            h = h.wrapping_mul(0x0100_0193);
+        }
+    }
+    i32::from_ne_bytes(h.to_ne_bytes())
+}
+
+/// Brings the schema up to [`CURRENT_VERSION`], or refuses it when it is newer. Runs in one
+/// transaction under the migration lock.
+pub(crate) async fn migrate(
+    client: &mut deadpool_postgres::Client,
+    schema: &SchemaName,
+) -> Result<(), PostgresError> {
+    let tx = client.transaction().await?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1::int4, $2::int4)",
+        &[&MIGRATION_LOCK_CLASS, &schema.lock_key()],
+    )
+    .await?;
+    let exists = tx
+        .query_opt(
+            "SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = $1",
+            &[&schema.name],
+        )
+        .await?
+        .is_some();
+    if !exists {
+        tx.batch_execute(&format!("CREATE SCHEMA {}", schema.ident))
+            .await?;
+    }
+    tx.batch_execute(&format!(
+        "CREATE TABLE IF NOT EXISTS {}.schema_migrations (\
+             version integer NOT NULL PRIMARY KEY, \
+             name    text    NOT NULL)",
+        schema.ident
+    ))
+    .await?;
+    let found: Option<i32> = tx
+        .query_one(
+            &format!(
+                "SELECT max(version) FROM {}.schema_migrations",
+                schema.ident
+            ),
+            &[],
+        )
+        .await?
+        .try_get(0)?;
+    let found = found.unwrap_or(0);
+    if found > CURRENT_VERSION {
+        // Dropping the transaction rolls it back: nothing is changed.
+        return Err(PostgresError::TooNew {
+            found: i64::from(found),
+            supported: i64::from(CURRENT_VERSION),
+        });
+    }
+    for m in MIGRATIONS.iter().filter(|m| m.version > found) {
+        tracing::info!(schema = %schema.name, version = m.version, name = m.name, "applying migration");
+        tx.batch_execute(&m.sql.replace("{schema}", &schema.ident))
+            .await?;
+        tx.execute(
+            &format!(
+                "INSERT INTO {}.schema_migrations (version, name) VALUES ($1, $2)",
+                schema.ident
+            ),
+            &[&m.version, &m.name],
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_names() {
+        assert_eq!(SchemaName::parse("sundial").unwrap().ident, "\"sundial\"");
+        assert!(SchemaName::parse("_t_1").is_ok());
+        for bad in [
+            "",
+            "Sundial",
+            "a-b",
+            "1abc",
+            "pg_x",
+            "a\"b",
+            "a b",
+            &"a".repeat(64),
+        ] {
+            assert!(SchemaName::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn lock_keys_are_stable_and_separate_schemas() {
+        let a = SchemaName::parse("a").unwrap();
+        let b = SchemaName::parse("b").unwrap();
+        assert_eq!(exclusive_lock_key(&a, "k"), exclusive_lock_key(&a, "k"));
+        assert_ne!(exclusive_lock_key(&a, "k"), exclusive_lock_key(&b, "k"));
+        // Changing the hash would let nodes of two versions lock different keys for one key.
+        assert_eq!(fnv32(&[b"sundial"]), fnv32(&[b"sun", b"dial"]));
+        assert_eq!(fnv32(&[b""]), 0x811c_9dc5_u32 as i32);
+        assert_eq!(fnv32(&[b"a"]), 0xe40c_292c_u32 as i32);
+    }
+
+    #[test]
+    fn migrations_are_numbered_in_order() {
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(m.version, i as i32 + 1);
+        }
+    }
+}
