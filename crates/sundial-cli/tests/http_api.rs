@@ -662,18 +662,26 @@ async fn batch_creates_in_order_and_reports_duplicates_per_item() {
         .results
         .iter()
         .map(|r| match r {
-            BatchItem::Created { task } => task.kind.clone(),
+            BatchItem::Created { state, .. } => state.as_str().to_string(),
             BatchItem::Duplicate { .. } => "dup".into(),
         })
         .collect();
-    assert_eq!(kinds, ["a", "dup", "c", "dup"]);
+    assert_eq!(kinds, ["scheduled", "dup", "scheduled", "dup"]);
     let fresh_id = match &resp.results[2] {
-        BatchItem::Created { task } => task.id,
+        BatchItem::Created { id, .. } => *id,
         _ => unreachable!(),
     };
     match &resp.results[3] {
         BatchItem::Duplicate { existing_id } => assert_eq!(*existing_id, fresh_id),
         other => panic!("{other:?}"),
+    }
+    for (i, kind) in [(0, "a"), (2, "c")] {
+        let BatchItem::Created { id, run_at, .. } = &resp.results[i] else {
+            panic!("item {i} not created");
+        };
+        let t = c.get(&id.to_string()).await.unwrap();
+        assert_eq!(t.kind, kind);
+        assert_eq!(&t.run_at, run_at);
     }
     assert_eq!(count(&c).await, 3);
 }
@@ -698,7 +706,7 @@ async fn list_paginates_newest_first_with_filters() {
         .results
         .into_iter()
         .map(|r| match r {
-            BatchItem::Created { task } => task.id,
+            BatchItem::Created { id, .. } => id,
             other => panic!("{other:?}"),
         })
         .collect();

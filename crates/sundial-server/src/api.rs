@@ -29,9 +29,10 @@ fn parse_id(raw: &str) -> Result<TaskId, ApiError> {
         .map_err(|_| ApiError::not_found(format!("no such task: {raw:?} is not a task id")))
 }
 
-fn created(task: &sundial::Task) -> Response {
+fn created(task: sundial::Task) -> Response {
+    let location = HeaderValue::from_str(&format!("/v1/tasks/{}", task.id));
     let mut resp = (StatusCode::CREATED, Json(TaskView::from(task))).into_response();
-    if let Ok(v) = HeaderValue::from_str(&format!("/v1/tasks/{}", task.id)) {
+    if let Ok(v) = location {
         resp.headers_mut().insert(header::LOCATION, v);
     }
     resp
@@ -55,7 +56,7 @@ pub async fn create_task(
 ) -> Result<Response, ApiError> {
     let spec = body.into_spec()?;
     let task = st.sundial.schedule_task(spec).await?;
-    Ok(created(&task))
+    Ok(created(task))
 }
 
 /// Create many tasks in one transaction.
@@ -97,7 +98,9 @@ pub async fn create_batch(
         .into_iter()
         .map(|r| match r {
             Scheduled::Created(t) => BatchItem::Created {
-                task: Box::new(TaskView::from(&*t)),
+                id: t.id.0,
+                state: t.state.into(),
+                run_at: crate::time::format(t.due_at),
             },
             Scheduled::Duplicate { existing } => BatchItem::Duplicate {
                 existing_id: existing.0,
@@ -126,7 +129,7 @@ pub async fn get_task(
         .get(id)
         .await?
         .ok_or_else(|| ApiError::not_found("no such task"))?;
-    Ok(Json(TaskView::from(&task)))
+    Ok(Json(TaskView::from(task)))
 }
 
 /// List tasks, newest first, a page at a time.
@@ -172,7 +175,7 @@ pub async fn list_tasks(
     };
     let page = st.sundial.list(filter, limit).await?;
     Ok(Json(TaskList {
-        tasks: page.tasks.iter().map(TaskView::from).collect(),
+        tasks: page.tasks.into_iter().map(TaskView::from).collect(),
         next_cursor: page.next_cursor.map(|c| c.to_string()),
     }))
 }
@@ -193,7 +196,7 @@ pub async fn cancel_task(
 ) -> Result<Json<TaskView>, ApiError> {
     let id = parse_id(&id)?;
     let task = st.sundial.cancel(id).await?;
-    Ok(Json(TaskView::from(&task)))
+    Ok(Json(TaskView::from(task)))
 }
 
 /// Make a scheduled task due now.
@@ -212,7 +215,7 @@ pub async fn trigger_task(
 ) -> Result<Json<TaskView>, ApiError> {
     let id = parse_id(&id)?;
     let task = st.sundial.trigger(id).await?;
-    Ok(Json(TaskView::from(&task)))
+    Ok(Json(TaskView::from(task)))
 }
 
 fn check_worker_name(w: &str) -> Result<(), ApiError> {
@@ -280,7 +283,10 @@ pub async fn poll_queue(
         .poll(&queue, Some(body.worker), body.kinds, max, wait)
         .await?;
     Ok(Json(PollResponse {
-        tasks: tasks.iter().filter_map(PolledTask::from_task).collect(),
+        tasks: tasks
+            .into_iter()
+            .filter_map(PolledTask::from_task)
+            .collect(),
     }))
 }
 
@@ -309,7 +315,7 @@ pub async fn heartbeat_task(
         .sundial
         .heartbeat(id, execution(body.execution_id))
         .await?;
-    Ok(Json(TaskView::from(&task)))
+    Ok(Json(TaskView::from(task)))
 }
 
 /// Record a successful attempt.
@@ -344,7 +350,7 @@ pub async fn complete_task(
         .sundial
         .complete(id, execution(body.execution_id), body.result)
         .await?;
-    Ok(Json(TaskView::from(&task)))
+    Ok(Json(TaskView::from(task)))
 }
 
 /// Keeps the last `max` bytes of `s` (on a character boundary).
@@ -390,7 +396,7 @@ pub async fn fail_task(
             body.retryable.unwrap_or(true),
         )
         .await?;
-    Ok(Json(TaskView::from(&task)))
+    Ok(Json(TaskView::from(task)))
 }
 
 /// Liveness. Never touches the store, so it answers while the task endpoints are saturated.

@@ -40,6 +40,15 @@ where
 
 /// Parses `bytes` as JSON into `T`, classifying errors as described in the module doc.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    // The fast path: plain serde_json. Only a body that fails is parsed again, tracking the path
+    // to name the field (and batch index) at fault.
+    match serde_json::from_slice(bytes) {
+        Ok(v) => Ok(v),
+        Err(_) => parse_json_with_path(bytes),
+    }
+}
+
+fn parse_json_with_path<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();

@@ -183,13 +183,21 @@ pub struct BatchResponse {
     pub results: Vec<BatchItem>,
 }
 
-/// `created` with the task, or `duplicate` with the live task that holds the key (nothing stored
-/// for that item).
+/// `created` with the new task's id, state and due time (the rest is what the request said; `GET`
+/// it for everything), or `duplicate` with the live task that holds the key (nothing stored for
+/// that item).
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum BatchItem {
-    Created { task: Box<TaskView> },
-    Duplicate { existing_id: Uuid },
+    Created {
+        id: Uuid,
+        state: StateView,
+        #[schema(format = DateTime)]
+        run_at: String,
+    },
+    Duplicate {
+        existing_id: Uuid,
+    },
 }
 
 /// Where a task is in its life.
@@ -283,27 +291,29 @@ pub struct TaskView {
     pub finished_at: Option<String>,
 }
 
-impl From<&Task> for TaskView {
-    fn from(t: &Task) -> Self {
+impl From<Task> for TaskView {
+    fn from(t: Task) -> Self {
+        let backoff = BackoffView {
+            initial: WireDuration(Duration::from_millis(t.backoff.initial_ms)).to_string(),
+            factor: t.backoff.factor,
+            max: WireDuration(Duration::from_millis(t.backoff.max_ms)).to_string(),
+            jitter: t.backoff.jitter,
+        };
+        let timeout = WireDuration(t.timeout()).to_string();
         TaskView {
             id: t.id.0,
-            queue: t.queue.clone(),
-            kind: t.kind.clone(),
-            key: t.key.clone(),
-            payload: t.payload.clone(),
+            queue: t.queue,
+            kind: t.kind,
+            key: t.key,
+            payload: t.payload,
             state: t.state.into(),
             run_at: time::format(t.due_at),
             attempt: t.attempt,
             max_attempts: t.max_attempts,
-            backoff: BackoffView {
-                initial: WireDuration(Duration::from_millis(t.backoff.initial_ms)).to_string(),
-                factor: t.backoff.factor,
-                max: WireDuration(Duration::from_millis(t.backoff.max_ms)).to_string(),
-                jitter: t.backoff.jitter,
-            },
-            timeout: WireDuration(t.timeout()).to_string(),
-            exclusive: t.exclusive.as_ref().map(|e| ExclusiveView {
-                key: e.key.clone(),
+            backoff,
+            timeout,
+            exclusive: t.exclusive.map(|e| ExclusiveView {
+                key: e.key,
                 mode: match e.mode {
                     ExclusiveMode::Wait => ExclusiveModeView::Wait,
                     ExclusiveMode::Skip => ExclusiveModeView::Skip,
@@ -311,9 +321,9 @@ impl From<&Task> for TaskView {
             }),
             execution_id: t.execution_id.map(|e| e.0),
             lease_expires_at: t.lease_expires_at.map(time::format),
-            worker: t.worker.clone(),
-            last_error: t.last_error.clone(),
-            result: t.result.clone(),
+            worker: t.worker,
+            last_error: t.last_error,
+            result: t.result,
             created_at: time::format(t.created_at),
             updated_at: time::format(t.updated_at),
             started_at: t.started_at.map(time::format),
@@ -393,19 +403,21 @@ pub struct PolledTask {
 }
 
 impl PolledTask {
-    pub fn from_task(t: &Task) -> Option<Self> {
+    /// The worker's view of a task it now runs (`None` if the task holds no attempt).
+    pub fn from_task(t: Task) -> Option<Self> {
+        let timeout = WireDuration(t.timeout()).to_string();
         Some(PolledTask {
             id: t.id.0,
-            queue: t.queue.clone(),
-            kind: t.kind.clone(),
-            key: t.key.clone(),
-            payload: t.payload.clone(),
+            queue: t.queue,
+            kind: t.kind,
+            key: t.key,
+            payload: t.payload,
             attempt: t.attempt,
             max_attempts: t.max_attempts,
             execution_id: t.execution_id?.0,
             lease_expires_at: time::format(t.lease_expires_at?),
             run_at: time::format(t.due_at),
-            timeout: WireDuration(t.timeout()).to_string(),
+            timeout,
         })
     }
 }
