@@ -54,7 +54,7 @@ pub use sundial_core::{
     Backoff, Clock, Due, Exclusive, ExclusiveMode, ExecutionId, Limits, ManualClock, Task, TaskId,
     TaskSpec, TaskState, Timestamp, ValidationError,
 };
-pub use sundial_store::{StateCount, Store, StoreError, TaskFilter, TaskPage};
+pub use sundial_store::{ScheduleStore, StateCount, Store, StoreError, TaskFilter, TaskPage};
 pub use sundial_store_sqlite::{Durability, SqliteOptions, SqliteStore};
 
 use engine::Engine;
@@ -75,6 +75,8 @@ pub enum Scheduled {
 #[derive(Clone)]
 pub struct Sundial {
     engine: Arc<Engine>,
+    /// The store's schedule tables, when the backend has them (see `sundial-schedules`).
+    schedule_store: Option<Arc<dyn ScheduleStore>>,
 }
 
 /// Builds a [`Sundial`] with a chosen store, clock and configuration.
@@ -82,6 +84,7 @@ pub struct Builder {
     config: Config,
     clock: Arc<dyn Clock>,
     sqlite: SqliteOptions,
+    schedule_store: Option<Arc<dyn ScheduleStore>>,
 }
 
 impl Default for Builder {
@@ -90,6 +93,7 @@ impl Default for Builder {
             config: Config::default(),
             clock: Arc::new(SystemClock),
             sqlite: SqliteOptions::default(),
+            schedule_store: None,
         }
     }
 }
@@ -107,6 +111,12 @@ impl Builder {
         self.sqlite = opts;
         self
     }
+    /// The schedule tables to hand to layers above (`sundial-schedules`), for a store passed
+    /// with [`Builder::with_store`]. [`Builder::open`] sets the embedded store's own.
+    pub fn schedule_store(mut self, store: Arc<dyn ScheduleStore>) -> Self {
+        self.schedule_store = Some(store);
+        self
+    }
     /// Opens (creating if needed) the embedded store in directory `dir`.
     pub async fn open(self, dir: impl AsRef<Path>) -> Result<Sundial, Error> {
         let dir = dir.as_ref().to_path_buf();
@@ -114,12 +124,15 @@ impl Builder {
         let store = tokio::task::spawn_blocking(move || SqliteStore::open_dir(&dir, opts))
             .await
             .map_err(|e| Error::Store(StoreError::Backend(e.to_string())))??;
-        Ok(self.with_store(Arc::new(store)))
+        let store = Arc::new(store);
+        let schedules: Arc<dyn ScheduleStore> = store.clone();
+        Ok(self.schedule_store(schedules).with_store(store))
     }
     /// Uses an already opened store (any backend).
     pub fn with_store(self, store: Arc<dyn Store>) -> Sundial {
         Sundial {
             engine: Engine::new(store, self.clock, self.config),
+            schedule_store: self.schedule_store,
         }
     }
 }
@@ -144,6 +157,22 @@ impl Sundial {
 
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.engine.store
+    }
+
+    /// The store's schedule tables, when it has them: set by [`Builder::open`] (the embedded
+    /// store) or [`Builder::schedule_store`]. Used by `sundial-schedules`.
+    pub fn schedule_store(&self) -> Option<&Arc<dyn ScheduleStore>> {
+        self.schedule_store.as_ref()
+    }
+
+    /// Tells the engine about a task that a layer above inserted through its own store operation
+    /// (for example a schedule's fire, which inserts its task and its next tick in one
+    /// transaction): a scheduled task wakes its shard's gate when it is due earlier than the
+    /// gate, a ready one wakes the workers polling its queue. [`Sundial::schedule`] does this
+    /// itself; a task inserted behind the engine's back without this call is still found, but
+    /// only by the shard's idle rescan.
+    pub fn notify_task(&self, task: &Task) {
+        self.engine.notify_task(task);
     }
 
     /// Registers the in-process handler for tasks of `kind`. Due tasks of a kind with no handler
