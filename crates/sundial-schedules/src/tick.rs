@@ -128,7 +128,10 @@ impl Inner {
             return Ok(()); // deleted
         };
         if schedule.armed_tick != Some(tick.id) {
-            return Ok(()); // superseded, or this tick already fired (its result was lost)
+            // Superseded, or this tick already fired and its run's result was lost after the
+            // commit (so the engine may not have heard of what that commit inserted).
+            self.renotify(&schedule).await;
+            return Ok(());
         }
         let def = &schedule.def;
         let spec = match def.validate(&self.sundial.config().limits) {
@@ -219,6 +222,20 @@ impl Inner {
             Err(ScheduleError::StaleTick { .. } | ScheduleError::NotFound) => Ok(()),
             Err(ScheduleError::AlreadyExists) => Ok(()),
             Err(ScheduleError::Store(e)) => Err(retryable(e)),
+        }
+    }
+
+    /// Tells the engine again about a schedule's armed tick and latest task: after a fire whose
+    /// commit went through but whose run failed before it could notify, they would otherwise wait
+    /// for the shard's idle rescan.
+    async fn renotify(&self, schedule: &Schedule) {
+        for id in [schedule.armed_tick, schedule.last_task]
+            .into_iter()
+            .flatten()
+        {
+            if let Ok(Some(t)) = self.sundial.get(id).await {
+                self.sundial.notify_task(&t);
+            }
         }
     }
 
