@@ -1,12 +1,15 @@
 //! A [`Store`] that forwards every call to another store and counts it: per method, and per shard
-//! for the methods that name a shard. Used by the idle benchmark to see how often the engine asks
-//! the store anything while nothing is due.
+//! for the methods that name a shard, with each call's latency. Used by the idle benchmark to see
+//! how often the engine asks the store anything while nothing is due, and by the fire benchmark to
+//! see where lateness comes from.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
+use crate::common::{Stopwatch, histogram};
 use async_trait::async_trait;
+use hdrhistogram::Histogram;
 use sundial_core::{ExecutionId, NewTask, Task, TaskId, Timestamp};
 use sundial_store::{
     ClaimOutcome, DueClaim, DueEntry, DueKey, Inserted, ReadyClaim, StateCount, Store, StoreError,
@@ -98,6 +101,8 @@ pub struct CountingStore {
     inner: Arc<dyn Store>,
     /// One counter per method and shard (index `shards` for calls without a shard).
     counters: Vec<Vec<AtomicU64>>,
+    /// Call latency per method, in microseconds.
+    latency: Vec<Mutex<Histogram<u64>>>,
     shards: u32,
 }
 
@@ -107,17 +112,27 @@ impl CountingStore {
             .iter()
             .map(|_| (0..=shards).map(|_| AtomicU64::new(0)).collect())
             .collect();
+        let latency = Method::ALL
+            .iter()
+            .map(|_| Mutex::new(histogram()))
+            .collect();
         CountingStore {
             inner,
             counters,
+            latency,
             shards,
         }
     }
 
-    fn count(&self, m: Method, shard: Option<u32>) {
+    /// Counts a call now and returns what records its latency when dropped.
+    fn count(&self, m: Method, shard: Option<u32>) -> Timing<'_> {
         let slot = shard.map(|s| s.min(self.shards)).unwrap_or(self.shards) as usize;
         if let Some(c) = self.counters.get(m as usize).and_then(|v| v.get(slot)) {
             c.fetch_add(1, Ordering::Relaxed);
+        }
+        Timing {
+            hist: &self.latency[m as usize],
+            watch: Stopwatch::start(),
         }
     }
 
@@ -127,6 +142,22 @@ impl CountingStore {
                 c.store(0, Ordering::Relaxed);
             }
         }
+        for h in &self.latency {
+            if let Ok(mut h) = h.lock() {
+                h.reset();
+            }
+        }
+    }
+
+    /// Latency (µs) of every method called since the last reset.
+    pub fn latencies(&self) -> Vec<(Method, Histogram<u64>)> {
+        Method::ALL
+            .iter()
+            .filter_map(|m| {
+                let h = self.latency[*m as usize].lock().ok()?.clone();
+                (!h.is_empty()).then_some((*m, h))
+            })
+            .collect()
     }
 
     pub fn snapshot(&self) -> Counts {
@@ -144,30 +175,44 @@ impl CountingStore {
     }
 }
 
+/// Records the time from its creation to its drop (the end of the forwarded call).
+struct Timing<'a> {
+    hist: &'a Mutex<Histogram<u64>>,
+    watch: Stopwatch,
+}
+
+impl Drop for Timing<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut h) = self.hist.lock() {
+            h.saturating_record(self.watch.elapsed().as_micros() as u64);
+        }
+    }
+}
+
 #[async_trait]
 impl Store for CountingStore {
     async fn insert(&self, tasks: Vec<NewTask>) -> Result<Vec<Inserted>, StoreError> {
-        self.count(Method::Insert, None);
+        let _t = self.count(Method::Insert, None);
         self.inner.insert(tasks).await
     }
 
     async fn get(&self, id: TaskId) -> Result<Option<Task>, StoreError> {
-        self.count(Method::Get, None);
+        let _t = self.count(Method::Get, None);
         self.inner.get(id).await
     }
 
     async fn list(&self, filter: &TaskFilter, limit: usize) -> Result<TaskPage, StoreError> {
-        self.count(Method::List, None);
+        let _t = self.count(Method::List, None);
         self.inner.list(filter, limit).await
     }
 
     async fn cancel(&self, id: TaskId, now: Timestamp) -> Result<Task, TransitionError> {
-        self.count(Method::Cancel, None);
+        let _t = self.count(Method::Cancel, None);
         self.inner.cancel(id, now).await
     }
 
     async fn trigger(&self, id: TaskId, now: Timestamp) -> Result<Task, TransitionError> {
-        self.count(Method::Trigger, None);
+        let _t = self.count(Method::Trigger, None);
         self.inner.trigger(id, now).await
     }
 
@@ -178,7 +223,7 @@ impl Store for CountingStore {
         until: Timestamp,
         limit: usize,
     ) -> Result<Vec<DueEntry>, StoreError> {
-        self.count(Method::ScanDue, Some(shard));
+        let _t = self.count(Method::ScanDue, Some(shard));
         self.inner.scan_due(shard, after, until, limit).await
     }
 
@@ -187,7 +232,7 @@ impl Store for CountingStore {
         shard: u32,
         after: Option<DueKey>,
     ) -> Result<Option<Timestamp>, StoreError> {
-        self.count(Method::NextDue, Some(shard));
+        let _t = self.count(Method::NextDue, Some(shard));
         self.inner.next_due(shard, after).await
     }
 
@@ -196,12 +241,12 @@ impl Store for CountingStore {
         claims: Vec<DueClaim>,
         now: Timestamp,
     ) -> Result<Vec<ClaimOutcome>, StoreError> {
-        self.count(Method::ClaimDue, None);
+        let _t = self.count(Method::ClaimDue, None);
         self.inner.claim_due(claims, now).await
     }
 
     async fn claim_ready(&self, claim: ReadyClaim) -> Result<Vec<Task>, StoreError> {
-        self.count(Method::ClaimReady, None);
+        let _t = self.count(Method::ClaimReady, None);
         self.inner.claim_ready(claim).await
     }
 
@@ -212,7 +257,7 @@ impl Store for CountingStore {
         now: Timestamp,
         lease_until: Timestamp,
     ) -> Result<Task, TransitionError> {
-        self.count(Method::Heartbeat, None);
+        let _t = self.count(Method::Heartbeat, None);
         self.inner.heartbeat(id, execution, now, lease_until).await
     }
 
@@ -223,7 +268,7 @@ impl Store for CountingStore {
         now: Timestamp,
         result: Option<String>,
     ) -> Result<Task, TransitionError> {
-        self.count(Method::Complete, None);
+        let _t = self.count(Method::Complete, None);
         self.inner.complete(id, execution, now, result).await
     }
 
@@ -235,22 +280,22 @@ impl Store for CountingStore {
         error: String,
         retry_at: Option<Timestamp>,
     ) -> Result<Task, TransitionError> {
-        self.count(Method::Fail, None);
+        let _t = self.count(Method::Fail, None);
         self.inner.fail(id, execution, now, error, retry_at).await
     }
 
     async fn expire_leases(&self, now: Timestamp, limit: usize) -> Result<Vec<Task>, StoreError> {
-        self.count(Method::ExpireLeases, None);
+        let _t = self.count(Method::ExpireLeases, None);
         self.inner.expire_leases(now, limit).await
     }
 
     async fn next_lease_expiry(&self) -> Result<Option<Timestamp>, StoreError> {
-        self.count(Method::NextLeaseExpiry, None);
+        let _t = self.count(Method::NextLeaseExpiry, None);
         self.inner.next_lease_expiry().await
     }
 
     async fn count_by_state(&self) -> Result<Vec<StateCount>, StoreError> {
-        self.count(Method::CountByState, None);
+        let _t = self.count(Method::CountByState, None);
         self.inner.count_by_state().await
     }
 }

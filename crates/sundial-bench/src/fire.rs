@@ -14,11 +14,12 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use clap::Args;
 use hdrhistogram::Histogram;
-use sundial::{Config, TaskSpec, Timestamp};
+use sundial::{Config, Sundial, TaskSpec, Timestamp};
 
 use crate::common::{
-    Common, DataDir, Stopwatch, histogram, preload, print_rss, sleep_until, summary,
+    Common, DataDir, PreloadOrder, Stopwatch, histogram, preload, print_rss, sleep_until, summary,
 };
+use crate::counting::CountingStore;
 
 #[derive(Debug, Clone, Args)]
 pub struct FireArgs {
@@ -34,9 +35,15 @@ pub struct FireArgs {
     /// How long before its second the load's tasks are scheduled.
     #[arg(long, default_value_t = 3_000)]
     pub lead_ms: i64,
-    /// Tasks per schedule call, for the load and the preload.
+    /// Tasks per schedule call of the load.
     #[arg(long, default_value_t = 1_000)]
     pub batch: usize,
+    /// Tasks per schedule call of the preload.
+    #[arg(long, default_value_t = 1_000)]
+    pub preload_batch: usize,
+    /// Order of the preload's due times.
+    #[arg(long, value_enum, default_value_t = PreloadOrder::Random)]
+    pub preload_order: PreloadOrder,
     /// Concurrent in-process handler runs (the engine's per-queue limit).
     #[arg(long, default_value_t = Config::default().default_concurrency)]
     pub concurrency: usize,
@@ -45,6 +52,8 @@ pub struct FireArgs {
 struct Stats {
     /// (whole run, current reporting interval), lateness in ms.
     hist: Mutex<(Histogram<u64>, Histogram<u64>)>,
+    /// Breakdown (ms): due → the claim's `now` (the task's `started_at`), and that → handler start.
+    parts: Mutex<(Histogram<u64>, Histogram<u64>)>,
     fired: AtomicU64,
     early: AtomicU64,
     worst_early_ms: AtomicI64,
@@ -66,13 +75,27 @@ pub async fn run(common: &Common, args: &FireArgs) -> Result<()> {
         default_concurrency: args.concurrency,
         ..common.config()
     };
-    let sundial = common.open(dir.path(), config).await?;
+    crate::common::print_fsync_probe(dir.path())?;
+    let store = common.open_store(dir.path())?;
+    let counting = Arc::new(CountingStore::new(Arc::new(store), common.shards));
+    let sundial = Sundial::builder()
+        .config(config)
+        .with_store(counting.clone());
     print_rss("after open");
-    preload(&sundial, args.pending, args.batch, 4).await?;
+    preload(
+        &sundial,
+        args.pending,
+        args.preload_batch,
+        4,
+        args.preload_order,
+    )
+    .await?;
     let after_preload = print_rss("after preload");
+    counting.reset();
 
     let stats = Arc::new(Stats {
         hist: Mutex::new((histogram(), histogram())),
+        parts: Mutex::new((histogram(), histogram())),
         fired: AtomicU64::new(0),
         early: AtomicU64::new(0),
         worst_early_ms: AtomicI64::new(0),
@@ -81,7 +104,12 @@ pub async fn run(common: &Common, args: &FireArgs) -> Result<()> {
         let stats = stats.clone();
         let clock = sundial.clock().clone();
         sundial.register("bench.noop", move |ctx: sundial::TaskContext| {
-            let late = clock.now().0 - ctx.task.due_at.0;
+            let now = clock.now();
+            let late = now.0 - ctx.task.due_at.0;
+            if let (Some(claimed), Ok(mut p)) = (ctx.task.started_at, stats.parts.lock()) {
+                p.0.saturating_record((claimed.0 - ctx.task.due_at.0).max(0) as u64);
+                p.1.saturating_record((now.0 - claimed.0).max(0) as u64);
+            }
             if late < 0 {
                 stats.early.fetch_add(1, Ordering::Relaxed);
                 stats.worst_early_ms.fetch_min(late, Ordering::Relaxed);
@@ -174,6 +202,14 @@ pub async fn run(common: &Common, args: &FireArgs) -> Result<()> {
         }
     );
     println!("  fire lateness: {}", summary(&h, "ms", 1.0));
+    if let Ok(p) = stats.parts.lock() {
+        println!("    due -> claim issued:    {}", summary(&p.0, "ms", 1.0));
+        println!("    claim -> handler start: {}", summary(&p.1, "ms", 1.0));
+    }
+    println!("  store call latency during the load:");
+    for (m, h) in counting.latencies() {
+        println!("    {:<18} {}", m.name(), summary(&h, "ms", 1_000.0));
+    }
     let early = stats.early.load(Ordering::Relaxed);
     if early > 0 {
         println!(

@@ -9,7 +9,7 @@ use anyhow::Result;
 use clap::Args;
 use sundial::Sundial;
 
-use crate::common::{Common, DataDir, Stopwatch, preload, print_rss};
+use crate::common::{Common, DataDir, PreloadOrder, Stopwatch, preload, print_rss};
 use crate::counting::{Access, CountingStore};
 
 #[derive(Debug, Clone, Args)]
@@ -20,6 +20,9 @@ pub struct IdleArgs {
     /// Seconds measured (after the warm-up).
     #[arg(long, default_value_t = 180)]
     pub secs: u64,
+    /// Order of the preload's due times.
+    #[arg(long, value_enum, default_value_t = PreloadOrder::Random)]
+    pub preload_order: PreloadOrder,
     /// Seconds after start before counting begins.
     #[arg(long, default_value_t = 5)]
     pub warmup_secs: u64,
@@ -39,7 +42,7 @@ pub async fn run(common: &Common, args: &IdleArgs) -> Result<()> {
     let sundial = Sundial::builder()
         .config(common.config())
         .with_store(counting.clone());
-    preload(&sundial, args.pending, 1_000, 4).await?;
+    preload(&sundial, args.pending, 1_000, 4, args.preload_order).await?;
 
     let engine = sundial.start();
     tokio::time::sleep(Duration::from_secs(args.warmup_secs)).await;

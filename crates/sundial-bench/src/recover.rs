@@ -68,6 +68,7 @@ pub async fn run(common: &Common, args: &RecoverArgs) -> Result<()> {
         common.durability,
         common.shards
     );
+    crate::common::print_fsync_probe(dir.path())?;
     let exe = std::env::current_exe().context("current exe")?;
     let durability = match common.durability {
         crate::common::DurabilityArg::Full => "full",

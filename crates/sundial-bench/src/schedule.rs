@@ -52,6 +52,7 @@ pub async fn run(common: &Common, args: &ScheduleArgs) -> Result<()> {
         common.durability,
         common.shards
     );
+    crate::common::print_fsync_probe(dir.path())?;
     let sundial = common.open(dir.path(), common.config()).await?;
     let engine = sundial.start();
 

@@ -8,9 +8,18 @@
 //!
 //! Answers are sent only after `COMMIT` returned, so "Ok" means durable (to the configured
 //! `synchronous` level).
+//!
+//! **Checkpoints** (copying the WAL back into the database file, with an fsync of its own) run on a
+//! second thread with its own connection, shortly after commits, as `PASSIVE` checkpoints that never
+//! block the writer. Left to SQLite's automatic checkpoint they would run inside whichever commit
+//! crosses the threshold, stalling every caller in that group (and the due tasks waiting to be
+//! claimed) for a copy and an extra fsync. The writer keeps a large automatic threshold only as a
+//! backstop for when the background thread cannot keep up. The checkpoint thread waits on the
+//! writer's signal, so an idle store does not wake it.
 
 use std::sync::mpsc;
 use std::thread;
+use std::time::Duration;
 
 use rusqlite::Connection;
 use sundial_store::StoreError;
@@ -29,15 +38,27 @@ pub struct Writer {
 }
 
 impl Writer {
-    pub fn start(conn: Connection, max_batch: usize) -> Result<Self, SqliteError> {
+    /// Starts the writer thread on `conn` and the checkpoint thread on `checkpoint_conn`.
+    pub fn start(
+        conn: Connection,
+        checkpoint_conn: Connection,
+        max_batch: usize,
+    ) -> Result<Self, SqliteError> {
+        let thread_error = |what: &str, e: std::io::Error| SqliteError::DataDir {
+            path: what.into(),
+            source: e,
+        };
         let (tx, rx) = mpsc::channel::<Job>();
+        // Capacity one: a pending signal already covers every later commit.
+        let (committed, commits) = mpsc::sync_channel::<()>(1);
+        thread::Builder::new()
+            .name("sundial-sqlite-checkpoint".into())
+            .spawn(move || checkpoint(checkpoint_conn, commits))
+            .map_err(|e| thread_error("checkpoint thread", e))?;
         thread::Builder::new()
             .name("sundial-sqlite-writer".into())
-            .spawn(move || run(conn, rx, max_batch.max(1)))
-            .map_err(|e| SqliteError::DataDir {
-                path: "writer thread".into(),
-                source: e,
-            })?;
+            .spawn(move || run(conn, rx, committed, max_batch.max(1)))
+            .map_err(|e| thread_error("writer thread", e))?;
         Ok(Writer { tx })
     }
 
@@ -87,7 +108,30 @@ where
     out
 }
 
-fn run(conn: Connection, rx: mpsc::Receiver<Job>, max_batch: usize) {
+/// How long the checkpoint thread lets commits accumulate before copying them.
+const CHECKPOINT_DELAY: Duration = Duration::from_millis(50);
+
+/// The checkpoint thread: after each signal, wait a moment, then copy what the WAL holds. Ends when
+/// the writer thread does (its sender is dropped).
+fn checkpoint(conn: Connection, commits: mpsc::Receiver<()>) {
+    while commits.recv().is_ok() {
+        thread::sleep(CHECKPOINT_DELAY);
+        // Signals that arrived meanwhile are covered by this checkpoint.
+        while commits.try_recv().is_ok() {}
+        // PASSIVE never waits for the writer or readers; SQLITE_BUSY (another checkpoint running)
+        // just means the next signal tries again.
+        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+            tracing::debug!(error = %e, "background checkpoint did not run");
+        }
+    }
+}
+
+fn run(
+    conn: Connection,
+    rx: mpsc::Receiver<Job>,
+    committed: mpsc::SyncSender<()>,
+    max_batch: usize,
+) {
     let mut batch: Vec<Job> = Vec::with_capacity(max_batch);
     let mut finishes: Vec<Finish> = Vec::with_capacity(max_batch);
     while let Ok(first) = rx.recv() {
@@ -122,6 +166,9 @@ fn run(conn: Connection, rx: mpsc::Receiver<Job>, max_batch: usize) {
         }
         for finish in finishes.drain(..) {
             finish(commit_err.as_ref());
+        }
+        if commit_err.is_none() {
+            let _ = committed.try_send(());
         }
     }
 }

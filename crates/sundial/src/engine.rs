@@ -492,6 +492,14 @@ impl Engine {
             metrics::histogram!("sundial_task_duration_seconds", "kind" => task.kind.clone())
                 .record(finished.since(started).as_secs_f64());
             let interrupted = *engine.aborting.borrow();
+            // The concurrency limit bounds handler runs, not the bookkeeping after them: hand the
+            // permit on before recording the result. Holding it through that write would tie
+            // fire throughput to write latency (at most `permits / write latency` tasks a second,
+            // which a busy disk or CPU pushes below the due rate, so lateness snowballs).
+            drop(permit);
+            engine
+                .permits_released
+                .send_modify(|v| *v = v.wrapping_add(1));
             let res = match outcome {
                 Ok(result) => engine.complete(&task, execution, result).await.map(|_| ()),
                 Err(e) => engine
@@ -502,10 +510,6 @@ impl Engine {
             if let Err(e) = res {
                 tracing::debug!(id = %task.id, error = %e, "result not recorded");
             }
-            drop(permit);
-            engine
-                .permits_released
-                .send_modify(|v| *v = v.wrapping_add(1));
             if engine.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
                 engine.drained.notify_waiters();
             }
