@@ -32,6 +32,7 @@ pub mod api;
 pub mod duration;
 pub mod error;
 pub mod extract;
+pub mod schedules;
 pub mod time;
 pub mod wire;
 
@@ -162,6 +163,9 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 pub fn router(sundial: Sundial, config: ServerConfig) -> Router {
     let body_limit = config.max_body_bytes;
     let batch_limit = config.max_batch_body_bytes;
+    // The schedules API, when the store has schedule tables (attaching registers the tick
+    // handler, so the router must be built before the engine starts).
+    let schedules = sundial_schedules::Schedules::attach(&sundial).ok();
     let state = AppState {
         sundial,
         config: Arc::new(config),
@@ -175,7 +179,7 @@ pub fn router(sundial: Sundial, config: ServerConfig) -> Router {
             Arc::from("{}")
         }
     };
-    router
+    let router = router
         .route(
             "/openapi.json",
             get(move || {
@@ -198,7 +202,11 @@ pub fn router(sundial: Sundial, config: ServerConfig) -> Router {
             .into_response()
         })
         .layer(DefaultBodyLimit::max(body_limit))
-        .with_state(state)
+        .with_state(state);
+    match schedules {
+        Some(s) => router.merge(schedules::router(s, body_limit)),
+        None => router,
+    }
 }
 
 /// A Prometheus recorder builder with Sundial's histogram buckets (seconds, from 0.5 ms to 10 min)

@@ -1,0 +1,692 @@
+//! The schedules API (v1), over [`sundial_schedules::Schedules`].
+//!
+//! ```text
+//! POST   /v1/schedules                 create                                   201 | 400 409 422
+//! GET    /v1/schedules?limit=&cursor=  list, in id order                        200
+//! GET    /v1/schedules/{id}            one, with next 5 fire times, last fires  200 | 404
+//! PATCH  /v1/schedules/{id}            change fields (re-arms)                  200 | 404 422
+//! DELETE /v1/schedules/{id}            delete (its tasks stay)                  204 | 404
+//! POST   /v1/schedules/{id}/pause      {note?}                                  200 | 404
+//! POST   /v1/schedules/{id}/unpause    {note?}                                  200 | 404
+//! POST   /v1/schedules/{id}/trigger    fire now                                 200 | 404
+//! POST   /v1/schedules/{id}/backfill   {from, to}                               200 | 404 422
+//! GET    /v1/schedules/{id}/fires?limit=&before=   fired, skipped, missed       200 | 404
+//! POST   /v1/schedules:preview         {cron|every, anchor?, timezone?, dst?, from, count}  200 | 422
+//! ```
+//!
+//! Requests refuse unknown fields; an invalid spec is `422` with the field (`cron`, `timezone`,
+//! `dst.skipped`, `task.kind`, …) and the reason. Times are RFC 3339; durations are strings
+//! (`"15m"`). Fire times in responses are UTC. These routes are not yet in `/openapi.json`.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+use sundial::{Task, TaskSpec, Timestamp};
+use sundial_schedules::{
+    Backfill, CreateSchedule, DstPolicy, Error, FireRecord, OverlapPolicy, Recurrence,
+    RepeatedTime, Schedule, ScheduleDef, ScheduleId, ScheduleSpec, Schedules, SkippedTime,
+    TaskTemplate,
+};
+
+use crate::error::ApiError;
+use crate::extract::{ApiJson, ApiQuery, parse_json};
+use crate::wire::CreateTask;
+use crate::{duration, time};
+
+/// The schedule routes, with their own state. Merged into [`crate::router`].
+pub fn router(schedules: Schedules, body_limit: usize) -> Router {
+    Router::new()
+        .route("/v1/schedules", post(create).get(list))
+        .route("/v1/schedules:preview", post(preview))
+        .route(
+            "/v1/schedules/{id}",
+            get(get_one).patch(patch).delete(delete),
+        )
+        .route("/v1/schedules/{id}/pause", post(pause))
+        .route("/v1/schedules/{id}/unpause", post(unpause))
+        .route("/v1/schedules/{id}/trigger", post(trigger))
+        .route("/v1/schedules/{id}/backfill", post(backfill))
+        .route("/v1/schedules/{id}/fires", get(fires))
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(schedules)
+}
+
+// ---- Wire types ---------------------------------------------------------------------------------
+
+/// DST policy on the wire.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DstWire {
+    /// `shift` (default) or `skip`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
+    /// `first` (default), `last` or `both`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeated: Option<String>,
+}
+
+/// `POST /v1/schedules` (and, with every field optional, `PATCH`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cron: Option<String>,
+    /// A fixed interval: `"15m"`, `"1h30m"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every: Option<String>,
+    /// Aligns `every` (RFC 3339; default the Unix epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anchor: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timezone: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dst: Option<DstWire>,
+    /// `skip` (default), `buffer_one`, `buffer_all`, `allow_all`, `cancel_other`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap: Option<String>,
+    /// Default `"1m"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catchup_window: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// The task each fire creates: like `POST /v1/tasks` without `key`, `run_at` and `delay`
+    /// (the schedule sets them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<CreateTask>,
+}
+
+/// `POST /v1/schedules:preview`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PreviewRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cron: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anchor: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timezone: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dst: Option<DstWire>,
+    /// RFC 3339; fire times at or after it.
+    pub from: String,
+    /// 1 to 1,000 (default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<usize>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PreviewResponse {
+    pub fires: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NoteRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BackfillRequest {
+    pub from: String,
+    pub to: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct BackfillResponse {
+    pub fires: Vec<FireView>,
+    /// Fire times in the range that were recorded before (left alone).
+    pub already_recorded: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FireView {
+    pub nominal_time: String,
+    /// `fired`, `skipped` or `missed`.
+    pub outcome: String,
+    /// `schedule`, `trigger`, `backfill`, `overlap`, `paused`, `outside_catchup_window`.
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<uuid::Uuid>,
+    /// How many fire times this record stands for (a collapsed run of missed fires).
+    pub count: u64,
+    /// The last fire time of a collapsed run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub through: Option<String>,
+    pub recorded_at: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CountsView {
+    pub fired: u64,
+    pub skipped: u64,
+    pub missed: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TaskTemplateView {
+    pub queue: String,
+    pub kind: String,
+    pub payload: serde_json::Value,
+    pub max_attempts: u32,
+    pub timeout: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ScheduleView {
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cron: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anchor: Option<String>,
+    pub timezone: String,
+    pub dst: DstWire,
+    pub overlap: String,
+    pub catchup_window: String,
+    pub jitter: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_at: Option<String>,
+    pub paused: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    pub task: TaskTemplateView,
+    /// The next fire times (up to 5), UTC; empty once the schedule has ended.
+    pub next_fires: Vec<String>,
+    /// The latest fire records (up to 5), newest first. Only on `GET /v1/schedules/{id}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_fires: Option<Vec<FireView>>,
+    pub counts: CountsView,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ScheduleList {
+    pub schedules: Vec<ScheduleView>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FireList {
+    pub fires: Vec<FireView>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PageQuery {
+    pub limit: Option<usize>,
+    pub cursor: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FiresQuery {
+    pub limit: Option<usize>,
+    pub before: Option<String>,
+}
+
+// ---- Conversions --------------------------------------------------------------------------------
+
+fn api_error(e: Error) -> ApiError {
+    match e {
+        Error::Invalid(s) => ApiError::invalid(s.field(), s.to_string()),
+        Error::NotFound => ApiError::not_found("no such schedule"),
+        Error::AlreadyExists => ApiError::new(
+            StatusCode::CONFLICT,
+            "already_exists",
+            "a schedule with this id exists",
+        ),
+        Error::Unsupported => ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "unsupported",
+            "this store does not support schedules",
+        ),
+        Error::Sundial(e) => e.into(),
+        Error::Store(e) => sundial::Error::Store(e).into(),
+    }
+}
+
+fn parse_time(field: &str, s: &str) -> Result<Timestamp, ApiError> {
+    time::parse(s).map_err(|e| ApiError::invalid(field, e))
+}
+
+fn parse_duration(field: &str, s: &str) -> Result<Duration, ApiError> {
+    duration::parse(s).map_err(|e| ApiError::invalid(field, e.to_string()))
+}
+
+fn schedule_id(s: &str) -> Result<ScheduleId, ApiError> {
+    ScheduleId::new(s).map_err(|e| ApiError::invalid("id", e.reason().to_string()))
+}
+
+fn dst(w: Option<DstWire>, base: DstPolicy) -> Result<DstPolicy, ApiError> {
+    let Some(w) = w else { return Ok(base) };
+    let skipped = match w.skipped {
+        Some(s) => s
+            .parse::<SkippedTime>()
+            .map_err(|e| ApiError::invalid("dst.skipped", e.to_string()))?,
+        None => base.skipped,
+    };
+    let repeated = match w.repeated {
+        Some(s) => s
+            .parse::<RepeatedTime>()
+            .map_err(|e| ApiError::invalid("dst.repeated", e.to_string()))?,
+        None => base.repeated,
+    };
+    Ok(DstPolicy { skipped, repeated })
+}
+
+/// The recurrence of a request, or `None` when it names none.
+fn recurrence(
+    cron: Option<String>,
+    every: Option<String>,
+    anchor: Option<String>,
+) -> Result<Option<Recurrence>, ApiError> {
+    match (cron, every) {
+        (Some(_), Some(_)) => Err(ApiError::invalid(
+            "every",
+            "give either cron or every, not both",
+        )),
+        (Some(c), None) => {
+            if anchor.is_some() {
+                return Err(ApiError::invalid("anchor", "anchor applies to every only"));
+            }
+            Ok(Some(Recurrence::Cron(c)))
+        }
+        (None, Some(e)) => {
+            let period = parse_duration("every", &e)?;
+            let anchor = anchor.map(|a| parse_time("anchor", &a)).transpose()?;
+            Ok(Some(Recurrence::Every {
+                period_ms: u64::try_from(period.as_millis()).unwrap_or(u64::MAX),
+                anchor,
+            }))
+        }
+        (None, None) if anchor.is_some() => {
+            Err(ApiError::invalid("anchor", "anchor applies to every only"))
+        }
+        (None, None) => Ok(None),
+    }
+}
+
+fn template(task: CreateTask) -> Result<TaskTemplate, ApiError> {
+    for (field, set) in [
+        ("task.key", task.key.is_some()),
+        ("task.run_at", task.run_at.is_some()),
+        ("task.delay", task.delay.is_some()),
+    ] {
+        if set {
+            return Err(ApiError::invalid(
+                field,
+                format!("{field} is set by the schedule for each fire"),
+            ));
+        }
+    }
+    let spec: TaskSpec = task.into_spec().map_err(|mut e| {
+        e.detail.field = e.detail.field.take().map(|f| format!("task.{f}"));
+        e
+    })?;
+    Ok(TaskTemplate {
+        queue: spec.queue,
+        kind: spec.kind,
+        payload: spec.payload,
+        max_attempts: spec.max_attempts,
+        backoff: spec.backoff,
+        timeout_ms: u64::try_from(spec.timeout.as_millis()).unwrap_or(u64::MAX),
+        exclusive: spec.exclusive,
+    })
+}
+
+/// Applies the fields a request sets onto `def` (a fresh definition for `POST`, the stored one for
+/// `PATCH`).
+fn apply(def: &mut ScheduleDef, r: ScheduleRequest) -> Result<(), ApiError> {
+    if let Some(rec) = recurrence(r.cron, r.every, r.anchor)? {
+        def.spec.recurrence = rec;
+    }
+    if let Some(tz) = r.timezone {
+        def.spec.timezone = tz;
+    }
+    def.spec.dst = dst(r.dst, def.spec.dst)?;
+    if let Some(o) = r.overlap {
+        def.overlap = o
+            .parse::<OverlapPolicy>()
+            .map_err(|e| ApiError::invalid("overlap", e.reason().to_string()))?;
+    }
+    if let Some(w) = r.catchup_window {
+        def.catchup_window_ms = duration_ms(parse_duration("catchup_window", &w)?);
+    }
+    if let Some(j) = r.jitter {
+        def.jitter_ms = duration_ms(parse_duration("jitter", &j)?);
+    }
+    if let Some(s) = r.start_at {
+        def.start_at = Some(parse_time("start_at", &s)?);
+    }
+    if let Some(e) = r.end_at {
+        def.end_at = Some(parse_time("end_at", &e)?);
+    }
+    if let Some(t) = r.task {
+        def.task = template(t)?;
+    }
+    Ok(())
+}
+
+fn duration_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn fire_view(f: &FireRecord) -> FireView {
+    FireView {
+        nominal_time: time::format(f.nominal),
+        outcome: f.outcome.as_str().to_string(),
+        reason: f.reason.as_str().to_string(),
+        task_id: f.task_id.map(|t| t.0),
+        count: f.count,
+        through: f.through.map(time::format),
+        recorded_at: time::format(f.recorded_at),
+    }
+}
+
+fn view(schedules: &Schedules, s: &Schedule, last: Option<Vec<FireView>>) -> ScheduleView {
+    let d = &s.def;
+    let (cron, every, anchor) = match &d.spec.recurrence {
+        Recurrence::Cron(c) => (Some(c.clone()), None, None),
+        Recurrence::Every { period_ms, anchor } => (
+            None,
+            Some(duration::format(Duration::from_millis(*period_ms))),
+            anchor.map(time::format),
+        ),
+    };
+    ScheduleView {
+        id: s.id.to_string(),
+        cron,
+        every,
+        anchor,
+        timezone: d.spec.timezone.clone(),
+        dst: DstWire {
+            skipped: Some(d.spec.dst.skipped.to_string()),
+            repeated: Some(d.spec.dst.repeated.to_string()),
+        },
+        overlap: d.overlap.as_str().to_string(),
+        catchup_window: duration::format(Duration::from_millis(d.catchup_window_ms)),
+        jitter: duration::format(Duration::from_millis(d.jitter_ms)),
+        start_at: d.start_at.map(time::format),
+        end_at: d.end_at.map(time::format),
+        paused: s.paused,
+        note: s.note.clone(),
+        task: TaskTemplateView {
+            queue: d.task.queue.clone(),
+            kind: d.task.kind.clone(),
+            payload: d.task.payload.clone(),
+            max_attempts: d.task.max_attempts,
+            timeout: duration::format(Duration::from_millis(d.task.timeout_ms)),
+        },
+        next_fires: schedules
+            .upcoming(s, 5)
+            .into_iter()
+            .map(time::format)
+            .collect(),
+        last_fires: last,
+        counts: CountsView {
+            fired: s.counts.fired,
+            skipped: s.counts.skipped,
+            missed: s.counts.missed,
+        },
+        created_at: time::format(s.created_at),
+        updated_at: time::format(s.updated_at),
+    }
+}
+
+async fn full_view(schedules: &Schedules, s: &Schedule) -> Result<ScheduleView, ApiError> {
+    let last = schedules
+        .fires(&s.id, None, 5)
+        .await
+        .map_err(api_error)?
+        .fires
+        .iter()
+        .map(fire_view)
+        .collect();
+    Ok(view(schedules, s, Some(last)))
+}
+
+// ---- Handlers -----------------------------------------------------------------------------------
+
+/// The optional `{note}` body of pause and unpause (an empty body is no note).
+fn note(body: &[u8]) -> Result<Option<String>, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    Ok(parse_json::<NoteRequest>(body)?.note)
+}
+
+async fn create(
+    State(schedules): State<Schedules>,
+    ApiJson(r): ApiJson<ScheduleRequest>,
+) -> Result<Response, ApiError> {
+    if r.cron.is_none() && r.every.is_none() {
+        return Err(ApiError::invalid("cron", "give cron or every"));
+    }
+    let Some(task) = r.task.clone() else {
+        return Err(ApiError::invalid(
+            "task",
+            "the task each fire creates is required",
+        ));
+    };
+    let id = r.id.as_deref().map(schedule_id).transpose()?;
+    let paused = r.paused.unwrap_or(false);
+    let note = r.note.clone();
+    let mut def = ScheduleDef::new(ScheduleSpec::cron("* * * * *"), template(task)?);
+    apply(&mut def, r)?;
+    let s = schedules
+        .create(CreateSchedule {
+            id,
+            def,
+            paused,
+            note,
+        })
+        .await
+        .map_err(api_error)?;
+    Ok((StatusCode::CREATED, Json(full_view(&schedules, &s).await?)).into_response())
+}
+
+async fn list(
+    State(schedules): State<Schedules>,
+    ApiQuery(q): ApiQuery<PageQuery>,
+) -> Result<Json<ScheduleList>, ApiError> {
+    let limit = q.limit.unwrap_or(50);
+    if !(1..=1_000).contains(&limit) {
+        return Err(ApiError::invalid(
+            "limit",
+            "limit must be between 1 and 1000",
+        ));
+    }
+    let after = q.cursor.as_deref().map(schedule_id).transpose()?;
+    let page = schedules
+        .list(after.as_ref(), limit)
+        .await
+        .map_err(api_error)?;
+    Ok(Json(ScheduleList {
+        schedules: page
+            .schedules
+            .iter()
+            .map(|s| view(&schedules, s, None))
+            .collect(),
+        next_cursor: page.next_cursor.map(|c| c.to_string()),
+    }))
+}
+
+async fn load(schedules: &Schedules, id: &str) -> Result<Schedule, ApiError> {
+    let id = ScheduleId::new(id).map_err(|_| ApiError::not_found("no such schedule"))?;
+    schedules
+        .get(&id)
+        .await
+        .map_err(api_error)?
+        .ok_or_else(|| ApiError::not_found("no such schedule"))
+}
+
+async fn get_one(
+    State(schedules): State<Schedules>,
+    Path(id): Path<String>,
+) -> Result<Json<ScheduleView>, ApiError> {
+    let s = load(&schedules, &id).await?;
+    Ok(Json(full_view(&schedules, &s).await?))
+}
+
+async fn patch(
+    State(schedules): State<Schedules>,
+    Path(id): Path<String>,
+    ApiJson(r): ApiJson<ScheduleRequest>,
+) -> Result<Json<ScheduleView>, ApiError> {
+    if r.id.is_some() {
+        return Err(ApiError::invalid("id", "a schedule's id cannot change"));
+    }
+    if r.paused.is_some() || r.note.is_some() {
+        return Err(ApiError::invalid(
+            "paused",
+            "use POST /v1/schedules/{id}/pause or /unpause",
+        ));
+    }
+    let current = load(&schedules, &id).await?;
+    let mut def = current.def.clone();
+    apply(&mut def, r)?;
+    let s = schedules
+        .update(&current.id, def)
+        .await
+        .map_err(api_error)?;
+    Ok(Json(full_view(&schedules, &s).await?))
+}
+
+async fn delete(
+    State(schedules): State<Schedules>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let s = load(&schedules, &id).await?;
+    schedules.delete(&s.id).await.map_err(api_error)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn pause(
+    State(schedules): State<Schedules>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<ScheduleView>, ApiError> {
+    let note = note(&body)?;
+    let s = load(&schedules, &id).await?;
+    let s = schedules.pause(&s.id, note).await.map_err(api_error)?;
+    Ok(Json(full_view(&schedules, &s).await?))
+}
+
+async fn unpause(
+    State(schedules): State<Schedules>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<ScheduleView>, ApiError> {
+    let note = note(&body)?;
+    let s = load(&schedules, &id).await?;
+    let s = schedules.unpause(&s.id, note).await.map_err(api_error)?;
+    Ok(Json(full_view(&schedules, &s).await?))
+}
+
+async fn trigger(
+    State(schedules): State<Schedules>,
+    Path(id): Path<String>,
+) -> Result<Json<FireView>, ApiError> {
+    let s = load(&schedules, &id).await?;
+    let f = schedules.trigger(&s.id).await.map_err(api_error)?;
+    Ok(Json(fire_view(&f)))
+}
+
+async fn backfill(
+    State(schedules): State<Schedules>,
+    Path(id): Path<String>,
+    ApiJson(r): ApiJson<BackfillRequest>,
+) -> Result<Json<BackfillResponse>, ApiError> {
+    let from = parse_time("from", &r.from)?;
+    let to = parse_time("to", &r.to)?;
+    let s = load(&schedules, &id).await?;
+    let Backfill {
+        recorded,
+        already_recorded,
+    } = schedules
+        .backfill(&s.id, from, to)
+        .await
+        .map_err(api_error)?;
+    Ok(Json(BackfillResponse {
+        fires: recorded.iter().map(fire_view).collect(),
+        already_recorded: already_recorded.into_iter().map(time::format).collect(),
+    }))
+}
+
+async fn fires(
+    State(schedules): State<Schedules>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<FiresQuery>,
+) -> Result<Json<FireList>, ApiError> {
+    let limit = q.limit.unwrap_or(50);
+    if !(1..=1_000).contains(&limit) {
+        return Err(ApiError::invalid(
+            "limit",
+            "limit must be between 1 and 1000",
+        ));
+    }
+    let before = q
+        .before
+        .as_deref()
+        .map(|b| parse_time("before", b))
+        .transpose()?;
+    let s = load(&schedules, &id).await?;
+    let page = schedules
+        .fires(&s.id, before, limit)
+        .await
+        .map_err(api_error)?;
+    Ok(Json(FireList {
+        fires: page.fires.iter().map(fire_view).collect(),
+        next_cursor: page.next_cursor.map(time::format),
+    }))
+}
+
+async fn preview(ApiJson(r): ApiJson<PreviewRequest>) -> Result<Json<PreviewResponse>, ApiError> {
+    let Some(recurrence) = recurrence(r.cron, r.every, r.anchor)? else {
+        return Err(ApiError::invalid("cron", "give cron or every"));
+    };
+    let spec = ScheduleSpec {
+        recurrence,
+        timezone: r.timezone.unwrap_or_else(|| "UTC".to_string()),
+        dst: dst(r.dst, DstPolicy::default())?,
+    };
+    let from = parse_time("from", &r.from)?;
+    let fires = Schedules::preview(&spec, from, r.count.unwrap_or(10))
+        .map_err(|e| api_error(Error::Invalid(e)))?;
+    Ok(Json(PreviewResponse {
+        fires: fires.into_iter().map(time::format).collect(),
+    }))
+}
+
+/// The task a fire created (for tests and clients that follow `task_id`).
+pub async fn fire_task(schedules: &Schedules, id: uuid::Uuid) -> Result<Option<Task>, Error> {
+    schedules.task(sundial::TaskId(id)).await
+}
