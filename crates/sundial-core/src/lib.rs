@@ -23,6 +23,6 @@ pub use schedule::{
     CompiledSpec, DstPolicy, Recurrence, RepeatedTime, ScheduleSpec, SkippedTime, SpecError,
     SpecErrorKind,
 };
-pub use shard::shard_for;
+pub use shard::{rendezvous_owner, shard_for};
 pub use task::{Due, Exclusive, ExclusiveMode, Limits, NewTask, Task, TaskSpec, TaskState};
 pub use time::{Clock, ManualClock, Timestamp};

@@ -20,6 +20,27 @@ pub fn shard_for(queue: &str, key: Option<&str>, id: &TaskId, shard_count: u32) 
     (h.finish() % u64::from(count)) as u32
 }
 
+/// The node that owns `shard` among `nodes`: rendezvous (highest random weight) hashing. Every
+/// node computes the same answer from the same membership, and when a node joins or leaves only the
+/// shards it wins or held move (about `1/n` of them).
+pub fn rendezvous_owner(shard: u32, nodes: &[String]) -> Option<&str> {
+    nodes
+        .iter()
+        .max_by_key(|node| {
+            let mut h = Fnv::new();
+            h.write(node.as_bytes());
+            h.write(&[0xfe]);
+            h.write(&shard.to_le_bytes());
+            // Finalise (FNV's low bits mix poorly for short inputs).
+            let mut x = h.finish();
+            x ^= x >> 33;
+            x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+            x ^= x >> 33;
+            (x, node.as_str())
+        })
+        .map(String::as_str)
+}
+
 struct Fnv(u64);
 
 impl Fnv {
@@ -54,6 +75,25 @@ mod tests {
             assert!(shard_for("q", None, &id, 8) < 8);
         }
         assert_eq!(shard_for("q", None, &a, 0), 0);
+    }
+
+    #[test]
+    fn rendezvous_moves_only_the_leavers_shards() {
+        let three: Vec<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
+        let two: Vec<String> = ["a", "b"].iter().map(|s| s.to_string()).collect();
+        let mut per_node = std::collections::HashMap::new();
+        for shard in 0..300 {
+            let before = rendezvous_owner(shard, &three).unwrap();
+            *per_node.entry(before).or_insert(0) += 1;
+            let after = rendezvous_owner(shard, &two).unwrap();
+            if before != "c" {
+                assert_eq!(before, after, "shard {shard} moved without cause");
+            }
+        }
+        for (node, n) in per_node {
+            assert!((60..=140).contains(&n), "{node} owns {n} of 300");
+        }
+        assert_eq!(rendezvous_owner(1, &[]), None);
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //!
 //! **API Boundary:** this crate defines types and the trait only; it does no I/O itself.
 
+mod cluster;
 mod error;
 #[cfg(feature = "testkit")]
 pub mod schedule_testkit;
@@ -22,6 +23,7 @@ mod types;
 use async_trait::async_trait;
 use sundial_core::{ExecutionId, NewTask, Task, TaskId, Timestamp};
 
+pub use cluster::{Cluster, Fence, Wakeup};
 pub use error::{StoreError, TransitionError};
 pub use schedules::{
     Arm, ArmChange, FireApplied, FireCounts, FireOp, FireOutcome, FirePage, FireReason, FireRecord,

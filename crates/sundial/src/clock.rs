@@ -3,6 +3,8 @@
 //! against the wall clock on waking so that a sleep never ends before its deadline even when the
 //! timer rounds or the wall clock steps.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sundial_core::{Clock, Timestamp, time::Sleep};
@@ -32,5 +34,93 @@ impl Clock for SystemClock {
                 tokio::time::sleep(Duration::from_millis((deadline.0 - now.0) as u64)).await;
             }
         })
+    }
+}
+
+/// A clock corrected by a measured offset: `inner.now() + offset`.
+///
+/// With several nodes, each node's engine runs on the database's time rather than its own wall
+/// clock: at start (and then every minute) the node reads the database's clock, and the offset is
+/// the difference minus half the round trip and one more millisecond, so the corrected clock is
+/// never ahead of the database's. Due decisions on every node therefore agree with one clock to
+/// within a round trip, and a node never fires early because its own clock runs fast.
+pub struct OffsetClock {
+    inner: Arc<dyn Clock>,
+    offset_ms: Arc<AtomicI64>,
+}
+
+impl OffsetClock {
+    pub fn new(inner: Arc<dyn Clock>, offset_ms: i64) -> Self {
+        OffsetClock {
+            inner,
+            offset_ms: Arc::new(AtomicI64::new(offset_ms)),
+        }
+    }
+    pub fn offset_ms(&self) -> i64 {
+        self.offset_ms.load(Ordering::Acquire)
+    }
+    pub fn set_offset_ms(&self, ms: i64) {
+        self.offset_ms.store(ms, Ordering::Release);
+    }
+    /// The conservative offset from one measurement: the database said `db` somewhere between the
+    /// local readings `before` and `after`.
+    pub fn estimate(before: Timestamp, db: Timestamp, after: Timestamp) -> i64 {
+        // The reading was taken at some local time in [before, after]; the smallest offset that
+        // fits is `db - after`, and one more millisecond covers truncation to milliseconds.
+        let _ = before;
+        db.0 - after.0 - 1
+    }
+}
+
+impl Clock for OffsetClock {
+    fn now(&self) -> Timestamp {
+        Timestamp(self.inner.now().0.saturating_add(self.offset_ms()))
+    }
+
+    fn sleep_until(&self, deadline: Timestamp) -> Sleep {
+        let inner = self.inner.clone();
+        let offset = self.offset_ms.clone();
+        Box::pin(async move {
+            // Re-checked against the corrected time on waking: an offset change between arming
+            // and waking must not end the sleep early.
+            loop {
+                let off = offset.load(Ordering::Acquire);
+                if inner.now().0.saturating_add(off) >= deadline.0 {
+                    return;
+                }
+                inner
+                    .sleep_until(Timestamp(deadline.0.saturating_sub(off)))
+                    .await;
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sundial_core::ManualClock;
+
+    #[test]
+    fn estimate_is_never_ahead_of_the_database() {
+        // Local clock 500 ms behind the database; round trip 4 ms.
+        let before = Timestamp(1_000);
+        let after = Timestamp(1_004);
+        let db = Timestamp(1_502); // taken mid-way
+        let off = OffsetClock::estimate(before, db, after);
+        assert!(
+            after.0 + off <= db.0,
+            "corrected time ahead of the database"
+        );
+        assert!(off >= 495, "{off}");
+    }
+
+    #[test]
+    fn offset_applies_to_now() {
+        let m = ManualClock::new(Timestamp(10_000));
+        let c = OffsetClock::new(Arc::new(m.clone()), -250);
+        assert_eq!(c.now(), Timestamp(9_750));
+        m.advance(Duration::from_millis(5));
+        assert_eq!(c.now(), Timestamp(9_755));
     }
 }

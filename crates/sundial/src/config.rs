@@ -31,6 +31,12 @@ pub struct Config {
     /// Tasks moved per claim round trip.
     pub claim_batch: usize,
     pub limits: Limits,
+    /// Several nodes: how long a shard lease lasts without renewal (renewed every third of it). A
+    /// node that stops heartbeating loses its shards within this time.
+    pub shard_lease_ttl: Duration,
+    /// Several nodes: the largest difference between this node's clock and the database's that
+    /// start-up accepts. Smaller differences are corrected (see `clock::OffsetClock`).
+    pub max_clock_skew: Duration,
 }
 
 impl Default for Config {
@@ -47,6 +53,8 @@ impl Default for Config {
             max_poll_batch: 256,
             claim_batch: 512,
             limits: Limits::default(),
+            shard_lease_ttl: Duration::from_secs(10),
+            max_clock_skew: Duration::from_secs(2),
         }
     }
 }

@@ -30,10 +30,14 @@ use std::time::Duration;
 use futures::FutureExt;
 use rand::Rng;
 use sundial_core::{Clock, ExecutionId, Task, TaskId, TaskState, Timestamp};
-use sundial_store::{ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, ReadyClaim, Store};
+use sundial_store::{
+    ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Fence, ReadyClaim, Store, StoreError,
+    Wakeup,
+};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::Error;
+use crate::cluster::ClusterNode;
 use crate::config::Config;
 use crate::handler::{Handler, HandlerError, TaskContext};
 use crate::window::{Meta, Window};
@@ -58,6 +62,8 @@ pub(crate) struct Engine {
     /// Set when the shutdown deadline passes: running handlers are interrupted.
     aborting: watch::Sender<bool>,
     started: AtomicBool,
+    /// Set when several nodes share the store: this node's membership and shard leases.
+    pub(crate) cluster: Option<ClusterNode>,
 }
 
 struct QueueState {
@@ -73,6 +79,8 @@ struct ShardSignal {
     covered_until: AtomicI64,
     /// When the loop's gate will open next.
     gate: AtomicI64,
+    /// Whether this process runs the shard's loop (always, on a single node).
+    local: AtomicBool,
 }
 
 struct ReaperSignal {
@@ -81,13 +89,20 @@ struct ReaperSignal {
 }
 
 impl Engine {
-    pub fn new(store: Arc<dyn Store>, clock: Arc<dyn Clock>, config: Config) -> Arc<Self> {
+    pub fn new(
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        config: Config,
+        cluster: Option<ClusterNode>,
+    ) -> Arc<Self> {
+        let single = cluster.is_none();
         let shards = (0..config.shard_count.max(1))
             .map(|_| ShardSignal {
                 inbox: Mutex::new(Vec::new()),
                 wake: Notify::new(),
                 covered_until: AtomicI64::new(i64::MIN),
                 gate: AtomicI64::new(i64::MIN),
+                local: AtomicBool::new(single),
             })
             .collect();
         Arc::new(Engine {
@@ -108,6 +123,7 @@ impl Engine {
             stopping: watch::channel(false).0,
             aborting: watch::channel(false).0,
             started: AtomicBool::new(false),
+            cluster,
         })
     }
 
@@ -153,6 +169,23 @@ impl Engine {
         let Some(s) = self.shards.get(shard as usize) else {
             return;
         };
+        if !s.local.load(Ordering::Acquire) {
+            if let Some(c) = &self.cluster {
+                c.publish(Wakeup::Due { shard, entry });
+            }
+            return;
+        }
+        self.notify_local(shard, entry);
+    }
+
+    /// A wake-up for a shard this process runs (ignored when it does not run it).
+    pub(crate) fn notify_local(&self, shard: u32, entry: DueEntry) {
+        let Some(s) = self.shards.get(shard as usize) else {
+            return;
+        };
+        if !s.local.load(Ordering::Acquire) {
+            return;
+        }
         let due = entry.key.due_at.0;
         if due <= s.covered_until.load(Ordering::Acquire) {
             if let Ok(mut inbox) = s.inbox.lock() {
@@ -179,20 +212,66 @@ impl Engine {
                     timeout_ms: task.timeout_ms,
                 },
             ),
-            TaskState::Ready => self.queue(&task.queue).ready.notify_waiters(),
+            TaskState::Ready => self.ready_changed(&task.queue),
             _ => {}
         }
     }
 
-    /// Starts shard loops and the reaper. Idempotent.
+    /// Tasks of `queue` became ready: wake pollers here and on other nodes.
+    pub(crate) fn ready_changed(&self, queue: &str) {
+        self.wake_pollers(queue);
+        if let Some(c) = &self.cluster {
+            c.publish(Wakeup::Ready {
+                queue: queue.to_string(),
+            });
+        }
+    }
+
+    pub(crate) fn wake_pollers(&self, queue: &str) {
+        self.queue(queue).ready.notify_waiters();
+    }
+
+    pub(crate) fn shard_count(&self) -> u32 {
+        self.shards.len() as u32
+    }
+
+    /// Marks whether this process runs `shard`'s loop (cluster mode).
+    pub(crate) fn set_local(&self, shard: u32, local: bool) {
+        if let Some(s) = self.shards.get(shard as usize) {
+            s.local.store(local, Ordering::Release);
+            if !local {
+                s.covered_until.store(i64::MIN, Ordering::Release);
+                if let Ok(mut inbox) = s.inbox.lock() {
+                    inbox.clear();
+                }
+            }
+        }
+    }
+
+    pub(crate) fn stopping_rx(&self) -> watch::Receiver<bool> {
+        self.stopping.subscribe()
+    }
+
+    /// Starts shard loops and the reaper (and, with several nodes, the membership loop that
+    /// decides which shard loops run here). Idempotent.
     pub fn start(self: &Arc<Self>) -> Vec<tokio::task::JoinHandle<()>> {
         if self.started.swap(true, Ordering::SeqCst) {
             return Vec::new();
         }
         let mut tasks = Vec::new();
-        for shard in 0..self.shards.len() as u32 {
-            let engine = self.clone();
-            tasks.push(tokio::spawn(async move { engine.shard_loop(shard).await }));
+        if self.cluster.is_some() {
+            tasks.extend(crate::cluster::start(self.clone()));
+        } else {
+            let (_keep, stop) = watch::channel(false);
+            for shard in 0..self.shards.len() as u32 {
+                let engine = self.clone();
+                let stop = stop.clone();
+                tasks.push(tokio::spawn(async move {
+                    engine.shard_loop(shard, None, stop).await
+                }));
+            }
+            // Each loop holds a receiver; the sender may go: `changed()` then reports an error,
+            // which the loops treat as "never".
         }
         let engine = self.clone();
         tasks.push(tokio::spawn(async move { engine.reaper_loop().await }));
@@ -205,7 +284,14 @@ impl Engine {
         Timestamp(now.0 + (idle - cut).max(1.0) as i64)
     }
 
-    async fn shard_loop(self: Arc<Self>, shard: u32) {
+    /// Runs one shard until shutdown, until `stop` turns true, or (with a fence) until the shard's
+    /// lease is lost.
+    pub(crate) async fn shard_loop(
+        self: Arc<Self>,
+        shard: u32,
+        fence: Option<Fence>,
+        mut stop: watch::Receiver<bool>,
+    ) {
         let signal = &self.shards[shard as usize];
         let mut window = Window::new(self.config.window_capacity);
         let mut names: HashSet<Arc<str>> = HashSet::new();
@@ -224,7 +310,7 @@ impl Engine {
         let mut backoff = Duration::from_millis(50);
 
         loop {
-            if *stopping.borrow() {
+            if *stopping.borrow() || *stop.borrow() {
                 break;
             }
             // While the loop is busy, any notification must wake it again: the gate it is about
@@ -281,7 +367,11 @@ impl Engine {
 
             // 3. Fire what is due.
             let now = self.clock.now();
-            let starved = self.fire_due(shard, &mut window, now).await;
+            let (starved, lost) = self.fire_due(shard, fence, &mut window, now).await;
+            if lost {
+                tracing::warn!(shard, "shard lease lost; this node stops running the shard");
+                break;
+            }
             metrics::gauge!("sundial_window_size", "shard" => shard_label.clone())
                 .set(window.len() as f64);
 
@@ -325,6 +415,7 @@ impl Engine {
                 _ = signal.wake.notified() => false,
                 _ = permits.changed(), if starved => false,
                 _ = stopping.changed() => false,
+                _ = changed_or_never(&mut stop) => false,
             };
             if timed_out && backstop {
                 // The idle backstop: look at the whole shard again.
@@ -343,8 +434,14 @@ impl Engine {
     }
 
     /// Claims and dispatches every due entry it can. Returns whether some due entries had to stay
-    /// because their queue had no free concurrency permit.
-    async fn fire_due(self: &Arc<Self>, shard: u32, window: &mut Window, now: Timestamp) -> bool {
+    /// because their queue had no free concurrency permit, and whether the shard's lease was lost.
+    async fn fire_due(
+        self: &Arc<Self>,
+        shard: u32,
+        fence: Option<Fence>,
+        window: &mut Window,
+        now: Timestamp,
+    ) -> (bool, bool) {
         let mut starved = false;
         let mut starved_queues: HashSet<Arc<str>> = HashSet::new();
         let mut batch: Vec<(DueKey, Meta, DueClaim, Option<OwnedSemaphorePermit>)> = Vec::new();
@@ -397,20 +494,25 @@ impl Engine {
             }
         }
         if batch.is_empty() {
-            return starved;
+            return (starved, false);
         }
         let claims: Vec<DueClaim> = batch.iter().map(|b| b.2).collect();
         for (key, ..) in &batch {
             window.remove(key);
         }
-        let outcomes = match self.store.claim_due(claims, now).await {
+        let claimed = match (fence, &self.cluster) {
+            (Some(f), Some(c)) => c.cluster.claim_due_fenced(f, claims, now).await,
+            _ => self.store.claim_due(claims, now).await,
+        };
+        let outcomes = match claimed {
             Ok(o) => o,
+            Err(StoreError::LeaseLost { .. }) => return (starved, true),
             Err(e) => {
                 tracing::warn!(error = %e, "claim failed; entries stay in the window");
                 for (key, meta, ..) in batch {
                     window.insert(key, meta);
                 }
-                return starved;
+                return (starved, false);
             }
         };
         let mut readied_queues: HashSet<Arc<str>> = HashSet::new();
@@ -453,9 +555,9 @@ impl Engine {
             }
         }
         for q in readied_queues {
-            self.queue(&q).ready.notify_waiters();
+            self.ready_changed(&q);
         }
-        starved
+        (starved, false)
     }
 
     fn spawn_run(self: &Arc<Self>, task: Task, permit: OwnedSemaphorePermit) {
@@ -601,7 +703,11 @@ impl Engine {
             // As in the shard loop: while busy, any new lease must wake the reaper again.
             self.reaper.gate.store(i64::MAX, Ordering::Release);
             let now = self.clock.now();
-            match self.store.expire_leases(now, 1_000).await {
+            let expired = match &self.cluster {
+                Some(c) => c.expire_owned(now, 1_000).await,
+                None => self.store.expire_leases(now, 1_000).await,
+            };
+            match expired {
                 Ok(expired) => {
                     for t in &expired {
                         metrics::counter!("sundial_lease_expiries_total", "queue" => t.queue.clone())
@@ -617,7 +723,11 @@ impl Engine {
                 Err(e) => tracing::warn!(error = %e, "lease expiry failed"),
             }
             let mut gate = self.idle_deadline(now);
-            if let Ok(Some(t)) = self.store.next_lease_expiry().await {
+            let next = match &self.cluster {
+                Some(c) => c.next_owned_lease_expiry().await,
+                None => self.store.next_lease_expiry().await,
+            };
+            if let Ok(Some(t)) = next {
                 gate = gate.min(Timestamp(t.0 + 1));
             }
             self.reaper.gate.store(gate.0, Ordering::Release);
@@ -753,6 +863,13 @@ impl Engine {
 
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::SeqCst)
+    }
+}
+
+/// Completes when the value changes; never, if the sender is gone.
+async fn changed_or_never(rx: &mut watch::Receiver<bool>) {
+    if rx.changed().await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 

@@ -30,6 +30,11 @@ pub enum Error {
     /// The engine is shutting down or stopped.
     #[error("sundial is shutting down")]
     ShuttingDown,
+    /// This node's clock is too far from the database's to join the cluster safely.
+    #[error(
+        "this node's clock differs from the database's by {skew_ms} ms (limit {limit_ms} ms): fix the clock (NTP) before starting"
+    )]
+    ClockSkew { skew_ms: i64, limit_ms: u64 },
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("cannot open the embedded store: {0}")]

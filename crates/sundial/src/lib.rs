@@ -34,6 +34,7 @@
 //! never by the number of pending tasks.
 
 pub mod clock;
+mod cluster;
 mod config;
 mod engine;
 mod error;
@@ -54,7 +55,9 @@ pub use sundial_core::{
     Backoff, Clock, Due, Exclusive, ExclusiveMode, ExecutionId, Limits, ManualClock, Task, TaskId,
     TaskSpec, TaskState, Timestamp, ValidationError,
 };
-pub use sundial_store::{ScheduleStore, StateCount, Store, StoreError, TaskFilter, TaskPage};
+pub use sundial_store::{
+    Cluster, ScheduleStore, StateCount, Store, StoreError, TaskFilter, TaskPage,
+};
 pub use sundial_store_sqlite::{Durability, SqliteOptions, SqliteStore};
 
 use engine::Engine;
@@ -128,12 +131,53 @@ impl Builder {
         let schedules: Arc<dyn ScheduleStore> = store.clone();
         Ok(self.schedule_store(schedules).with_store(store))
     }
-    /// Uses an already opened store (any backend).
+    /// Uses an already opened store (any backend), on a single node that runs every shard.
     pub fn with_store(self, store: Arc<dyn Store>) -> Sundial {
         Sundial {
-            engine: Engine::new(store, self.clock, self.config),
+            engine: Engine::new(store, self.clock, self.config, None),
             schedule_store: self.schedule_store,
         }
+    }
+
+    /// Joins a cluster of nodes sharing `store` (PostgreSQL): this node runs the shards that
+    /// rendezvous hashing over the live nodes gives it, under fenced leases.
+    ///
+    /// Before anything runs, this reads the stored shard count (the first node sets it from
+    /// `Config::shard_count`) and measures the node's clock against the database's: beyond
+    /// `Config::max_clock_skew` it refuses with [`Error::ClockSkew`]; within it, the engine runs on
+    /// the database's time (see [`clock::OffsetClock`]), so all nodes decide "due" on one clock.
+    pub async fn join_cluster(
+        mut self,
+        store: Arc<dyn Store>,
+        cluster: Arc<dyn Cluster>,
+        node: impl Into<String>,
+    ) -> Result<Sundial, Error> {
+        let node = node.into();
+        self.config.shard_count = cluster.shard_count(self.config.shard_count).await?;
+        let before = self.clock.now();
+        let db = cluster.database_time().await?;
+        let after = self.clock.now();
+        let offset = clock::OffsetClock::estimate(before, db, after);
+        let skew = offset.unsigned_abs();
+        if skew > self.config.max_clock_skew.as_millis() as u64 {
+            return Err(Error::ClockSkew {
+                skew_ms: offset,
+                limit_ms: self.config.max_clock_skew.as_millis() as u64,
+            });
+        }
+        if skew > 50 {
+            tracing::warn!(
+                offset_ms = offset,
+                "this node's clock differs from the database's; running on the database's time"
+            );
+        }
+        let clock: Arc<dyn Clock> = Arc::new(clock::OffsetClock::new(self.clock, offset));
+        let ttl = self.config.shard_lease_ttl;
+        let node = cluster::ClusterNode::new(cluster, node, ttl);
+        Ok(Sundial {
+            engine: Engine::new(store, clock, self.config, Some(node)),
+            schedule_store: self.schedule_store,
+        })
     }
 }
 
@@ -330,6 +374,15 @@ impl Sundial {
             engine: self.engine.clone(),
             tasks,
         }
+    }
+
+    /// With several nodes: the shards this node runs now (empty on a single node).
+    pub fn owned_shards(&self) -> Vec<u32> {
+        self.engine
+            .cluster
+            .as_ref()
+            .map(|c| c.owned_shards())
+            .unwrap_or_default()
     }
 
     /// Handler runs under way in this process.

@@ -1,0 +1,106 @@
+//! Several nodes sharing one store: membership, shard leases with fencing, fenced owner writes and
+//! cross-node wake-ups.
+//!
+//! The protocol (see ARCHITECTURE.md, "Several nodes"):
+//!
+//! - Each node heartbeats a row of its own ([`Cluster::heartbeat`]) and learns which nodes are live.
+//! - Every shard has one lease row: owner, expiry, and `range_id`, a fencing number that increases
+//!   every time the owner changes. A node acquires a shard only when it is free, expired, or
+//!   already its own ([`Cluster::acquire_shard`]) and renews it well before expiry.
+//! - Every write a shard owner makes because it owns the shard (claiming due tasks, expiring
+//!   leases of running tasks) goes through a fenced method that checks, in the same transaction,
+//!   that the shard's `range_id` is still the one the owner holds. An owner that was paused past its
+//!   lease and lost the shard gets [`crate::StoreError::LeaseLost`] and writes nothing.
+//! - Writes that are not an owner's (create, cancel, a worker completing its own attempt) need no
+//!   fence: they are conditional on the task's state and execution id as always.
+//! - Wake-ups ([`Wakeup`]) travel between nodes through the database's notification channel; a lost
+//!   one costs latency, never a task (the shard loop's idle backstop rescans).
+//!
+//! Times are parameters here as everywhere: the store never reads a clock.
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use sundial_core::{Task, Timestamp};
+
+use crate::{ClaimOutcome, DueClaim, DueEntry, StoreError};
+
+/// Proof of shard ownership: the shard and the fencing number its owner was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fence {
+    pub shard: u32,
+    pub range_id: i64,
+}
+
+/// A cross-node wake-up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wakeup {
+    /// A task of `shard` is scheduled at `entry.key.due_at` (created, retried, triggered).
+    Due { shard: u32, entry: DueEntry },
+    /// Tasks of `queue` became ready for workers.
+    Ready { queue: String },
+}
+
+/// What a store must offer for several nodes to share it.
+#[async_trait]
+pub trait Cluster: Send + Sync + 'static {
+    /// The fixed number of shards, chosen when the store was first initialised: `proposed` if this
+    /// is the first call ever, else the stored number (which wins).
+    async fn shard_count(&self, proposed: u32) -> Result<u32, StoreError>;
+
+    /// Records that `node` is alive at `now` and returns the nodes (including this one) whose last
+    /// heartbeat is at or after `live_since`, sorted.
+    async fn heartbeat(
+        &self,
+        node: &str,
+        now: Timestamp,
+        live_since: Timestamp,
+    ) -> Result<Vec<String>, StoreError>;
+
+    /// Removes `node` from the membership (clean shutdown).
+    async fn leave(&self, node: &str) -> Result<(), StoreError>;
+
+    /// Takes or renews the lease of `shard` for `node` until `until`, if the shard is free, its
+    /// lease ended before `now`, or `node` already owns it. `range_id` increases when the owner
+    /// changes and stays when `node` renews. `None` when another node holds a valid lease.
+    async fn acquire_shard(
+        &self,
+        shard: u32,
+        node: &str,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> Result<Option<Fence>, StoreError>;
+
+    /// Gives a shard up (its lease ends at once; the next owner's `range_id` will be higher).
+    async fn release_shard(&self, fence: Fence, node: &str) -> Result<(), StoreError>;
+
+    /// [`crate::Store::claim_due`], refused with `LeaseLost` unless `fence` is still current.
+    async fn claim_due_fenced(
+        &self,
+        fence: Fence,
+        claims: Vec<DueClaim>,
+        now: Timestamp,
+    ) -> Result<Vec<ClaimOutcome>, StoreError>;
+
+    /// [`crate::Store::expire_leases`] limited to the fenced shard's tasks, refused with
+    /// `LeaseLost` unless `fence` is still current.
+    async fn expire_leases_fenced(
+        &self,
+        fence: Fence,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Task>, StoreError>;
+
+    /// The earliest lease expiry among running tasks of `shard`.
+    async fn next_lease_expiry_in(&self, shard: u32) -> Result<Option<Timestamp>, StoreError>;
+
+    /// Sends wake-ups to every node (best effort; coalescing allowed).
+    async fn publish(&self, wakeups: Vec<Wakeup>) -> Result<(), StoreError>;
+
+    /// The wake-ups other nodes publish, from now on. Reconnects by itself; a gap loses wake-ups,
+    /// which costs latency only.
+    async fn subscribe(&self) -> Result<BoxStream<'static, Wakeup>, StoreError>;
+
+    /// The database's own time, for the clock-skew check at start. The only place a store may read
+    /// a clock, and it decides nothing about tasks.
+    async fn database_time(&self) -> Result<Timestamp, StoreError>;
+}

@@ -1,0 +1,316 @@
+//! The node side of several nodes sharing one store (see `sundial_store::Cluster` for the
+//! protocol and ARCHITECTURE.md, "Several nodes").
+//!
+//! A node runs three background loops besides the engine's reaper:
+//!
+//! - **membership**: every third of the shard-lease TTL it heartbeats, reads the live nodes,
+//!   computes which shards rendezvous hashing gives it, releases the shards it should no longer
+//!   own (stopping their loops first), and acquires or renews the ones it should (starting a shard
+//!   loop, with the lease's fence, for each newly acquired one). A renewal that fails means the
+//!   shard was lost: its loop stops. On shutdown it releases everything and leaves, so the others
+//!   take over without waiting for the TTL.
+//! - **publisher**: batches this node's wake-ups (a due time for a shard run elsewhere, tasks made
+//!   ready) and sends them through the store, outside any task transaction.
+//! - **subscriber**: hands other nodes' wake-ups to the local shard loops and pollers.
+//!
+//! Shard loops on a node are fenced: their claims carry the shard's fence, and a claim refused with
+//! `LeaseLost` stops the loop. Nothing here decides whether a write is allowed; the store does.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use rand::Rng;
+use sundial_core::{Task, Timestamp, rendezvous_owner};
+use sundial_store::{Cluster, Fence, StoreError, Wakeup};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::engine::Engine;
+
+/// This node's place in a cluster.
+pub(crate) struct ClusterNode {
+    pub cluster: Arc<dyn Cluster>,
+    pub node: String,
+    pub lease_ttl: Duration,
+    owned: Mutex<HashMap<u32, OwnedShard>>,
+    outbox: mpsc::UnboundedSender<Wakeup>,
+    outbox_rx: Mutex<Option<mpsc::UnboundedReceiver<Wakeup>>>,
+}
+
+struct OwnedShard {
+    fence: Fence,
+    stop: watch::Sender<bool>,
+    handle: JoinHandle<()>,
+}
+
+impl ClusterNode {
+    pub fn new(cluster: Arc<dyn Cluster>, node: String, lease_ttl: Duration) -> Self {
+        let (outbox, rx) = mpsc::unbounded_channel();
+        ClusterNode {
+            cluster,
+            node,
+            lease_ttl,
+            owned: Mutex::new(HashMap::new()),
+            outbox,
+            outbox_rx: Mutex::new(Some(rx)),
+        }
+    }
+
+    /// Queues a wake-up for other nodes.
+    pub fn publish(&self, w: Wakeup) {
+        let _ = self.outbox.send(w);
+    }
+
+    fn fences(&self) -> Vec<Fence> {
+        self.owned
+            .lock()
+            .map(|o| o.values().map(|s| s.fence).collect())
+            .unwrap_or_default()
+    }
+
+    /// The shards this node runs now.
+    pub fn owned_shards(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.fences().iter().map(|f| f.shard).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Expires task leases in the shards this node owns (fenced, shard by shard).
+    pub async fn expire_owned(
+        &self,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Task>, StoreError> {
+        let mut out = Vec::new();
+        for f in self.fences() {
+            match self.cluster.expire_leases_fenced(f, now, limit).await {
+                Ok(mut v) => out.append(&mut v),
+                Err(StoreError::LeaseLost { shard }) => {
+                    tracing::warn!(shard, "lease lost while expiring task leases")
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    pub async fn next_owned_lease_expiry(&self) -> Result<Option<Timestamp>, StoreError> {
+        let mut next: Option<Timestamp> = None;
+        for f in self.fences() {
+            if let Some(t) = self.cluster.next_lease_expiry_in(f.shard).await? {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
+        }
+        Ok(next)
+    }
+}
+
+/// Starts the membership, publisher and subscriber loops.
+pub(crate) fn start(engine: Arc<Engine>) -> Vec<JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    let e = engine.clone();
+    tasks.push(tokio::spawn(async move { membership_loop(e).await }));
+    let e = engine.clone();
+    tasks.push(tokio::spawn(async move { publisher_loop(e).await }));
+    let e = engine;
+    tasks.push(tokio::spawn(async move { subscriber_loop(e).await }));
+    tasks
+}
+
+async fn membership_loop(engine: Arc<Engine>) {
+    let Some(node) = &engine.cluster else {
+        return;
+    };
+    let mut stopping = engine.stopping_rx();
+    let ttl = node.lease_ttl;
+    let ttl_ms = ttl.as_millis() as i64;
+    loop {
+        if *stopping.borrow() {
+            break;
+        }
+        let now = engine.clock.now();
+        match node
+            .cluster
+            .heartbeat(&node.node, now, Timestamp(now.0 - ttl_ms))
+            .await
+        {
+            Ok(live) => rebalance(&engine, node, &live, now).await,
+            Err(e) => tracing::warn!(error = %e, "node heartbeat failed"),
+        }
+        let third = ttl_ms / 3;
+        let jitter = rand::rng().random_range(0..=third / 10 + 1);
+        let next = Timestamp(now.0 + third - jitter);
+        tokio::select! {
+            _ = engine.clock.sleep_until(next) => {}
+            _ = stopping.changed() => {}
+        }
+    }
+    // Clean exit: stop the loops, hand the shards back, leave.
+    let owned: Vec<(u32, OwnedShard)> = node
+        .owned
+        .lock()
+        .map(|mut o| o.drain().collect())
+        .unwrap_or_default();
+    for (shard, s) in owned {
+        s.stop.send_replace(true);
+        let _ = s.handle.await;
+        engine.set_local(shard, false);
+        if let Err(e) = node.cluster.release_shard(s.fence, &node.node).await {
+            tracing::warn!(shard, error = %e, "release failed");
+        }
+    }
+    if let Err(e) = node.cluster.leave(&node.node).await {
+        tracing::warn!(error = %e, "leave failed");
+    }
+}
+
+async fn rebalance(engine: &Arc<Engine>, node: &ClusterNode, live: &[String], now: Timestamp) {
+    let until = now.saturating_add(node.lease_ttl);
+    let wanted: HashSet<u32> = (0..engine.shard_count())
+        .filter(|s| rendezvous_owner(*s, live) == Some(node.node.as_str()))
+        .collect();
+    // Give up what another node should have (or whose loop ended: lease lost).
+    let held: Vec<u32> = node
+        .owned
+        .lock()
+        .map(|o| o.keys().copied().collect())
+        .unwrap_or_default();
+    for shard in held {
+        let finished = node
+            .owned
+            .lock()
+            .map(|o| o.get(&shard).is_some_and(|s| s.handle.is_finished()))
+            .unwrap_or(false);
+        if wanted.contains(&shard) && !finished {
+            continue;
+        }
+        let Some(s) = node.owned.lock().ok().and_then(|mut o| o.remove(&shard)) else {
+            continue;
+        };
+        s.stop.send_replace(true);
+        let _ = s.handle.await;
+        engine.set_local(shard, false);
+        if !finished {
+            tracing::info!(shard, "handing shard over");
+            if let Err(e) = node.cluster.release_shard(s.fence, &node.node).await {
+                tracing::warn!(shard, error = %e, "release failed");
+            }
+        }
+    }
+    // Take or renew what rendezvous gives this node.
+    let mut wanted: Vec<u32> = wanted.into_iter().collect();
+    wanted.sort_unstable();
+    for shard in wanted {
+        match node
+            .cluster
+            .acquire_shard(shard, &node.node, now, until)
+            .await
+        {
+            Ok(Some(fence)) => {
+                let mut owned = match node.owned.lock() {
+                    Ok(o) => o,
+                    Err(p) => p.into_inner(),
+                };
+                let same = owned.get(&shard).is_some_and(|s| s.fence == fence);
+                if same {
+                    continue;
+                }
+                if let Some(old) = owned.remove(&shard) {
+                    old.stop.send_replace(true);
+                }
+                let (stop, stop_rx) = watch::channel(false);
+                engine.set_local(shard, true);
+                let e = engine.clone();
+                let handle =
+                    tokio::spawn(async move { e.shard_loop(shard, Some(fence), stop_rx).await });
+                tracing::info!(shard, range_id = fence.range_id, "shard acquired");
+                owned.insert(
+                    shard,
+                    OwnedShard {
+                        fence,
+                        stop,
+                        handle,
+                    },
+                );
+            }
+            Ok(None) => {
+                // Another live node still holds it; it will hand it over or its lease will end.
+                let lost = node.owned.lock().ok().and_then(|mut o| o.remove(&shard));
+                if let Some(s) = lost {
+                    tracing::warn!(shard, "shard lease lost");
+                    s.stop.send_replace(true);
+                    engine.set_local(shard, false);
+                }
+            }
+            Err(e) => tracing::warn!(shard, error = %e, "acquire failed"),
+        }
+    }
+}
+
+async fn publisher_loop(engine: Arc<Engine>) {
+    let Some(node) = &engine.cluster else {
+        return;
+    };
+    let Some(mut rx) = node.outbox_rx.lock().ok().and_then(|mut r| r.take()) else {
+        return;
+    };
+    let mut stopping = engine.stopping_rx();
+    loop {
+        let first = tokio::select! {
+            w = rx.recv() => w,
+            _ = stopping.changed() => None,
+        };
+        let Some(first) = first else {
+            break;
+        };
+        let mut batch = vec![first];
+        while batch.len() < 512 {
+            match rx.try_recv() {
+                Ok(w) => batch.push(w),
+                Err(_) => break,
+            }
+        }
+        // Coalesce: one ready wake-up per queue.
+        let mut queues = HashSet::new();
+        batch.retain(|w| match w {
+            Wakeup::Ready { queue } => queues.insert(queue.clone()),
+            Wakeup::Due { .. } => true,
+        });
+        if let Err(e) = node.cluster.publish(batch).await {
+            tracing::debug!(error = %e, "publish failed (costs latency only)");
+        }
+    }
+}
+
+async fn subscriber_loop(engine: Arc<Engine>) {
+    let Some(node) = &engine.cluster else {
+        return;
+    };
+    let mut stopping = engine.stopping_rx();
+    let mut stream = loop {
+        match node.cluster.subscribe().await {
+            Ok(s) => break s,
+            Err(e) => {
+                tracing::warn!(error = %e, "subscribe failed; retrying");
+                let until = engine.clock.now().saturating_add(Duration::from_secs(1));
+                tokio::select! {
+                    _ = engine.clock.sleep_until(until) => {}
+                    _ = stopping.changed() => return,
+                }
+            }
+        }
+    };
+    loop {
+        let next = tokio::select! {
+            w = stream.next() => w,
+            _ = stopping.changed() => None,
+        };
+        match next {
+            Some(Wakeup::Due { shard, entry }) => engine.notify_local(shard, entry),
+            Some(Wakeup::Ready { queue }) => engine.wake_pollers(&queue),
+            None => break,
+        }
+    }
+}
