@@ -4,8 +4,10 @@
 //! sundial server [--data-dir DIR] [--listen ADDR]      run the service (embedded store)
 //! sundial task add|get|ls|cancel|trigger ...           talk to a running server
 //! sundial worker --queue Q -- CMD ARGS...              run CMD once per task of Q
+//! sundial schedule add|ls|get|pause|unpause|trigger|backfill|fires|rm ...   recurring schedules
 //! ```
 
+mod schedule;
 mod server;
 mod task;
 mod worker;
@@ -36,6 +38,8 @@ enum Command {
     Task(task::TaskArgs),
     /// Run a command once per task of a queue (a remote worker).
     Worker(worker::WorkerArgs),
+    /// Create, inspect, pause, trigger and backfill recurring schedules on a running server.
+    Schedule(schedule::ScheduleArgs),
 }
 
 fn init_logs(default_level: &str) {
@@ -53,7 +57,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // People read task commands' output: only warnings and errors go to the log there.
     init_logs(match cli.command {
-        Command::Task(_) => "warn",
+        Command::Task(_) | Command::Schedule(_) => "warn",
         _ => "info",
     });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -71,6 +75,7 @@ fn main() -> std::process::ExitCode {
             Command::Server(args) => server::run(args).await,
             Command::Task(args) => task::run(args).await,
             Command::Worker(args) => worker::run(args).await,
+            Command::Schedule(args) => schedule::run(args).await,
         }
     });
     match result {
