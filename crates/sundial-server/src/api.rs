@@ -350,7 +350,16 @@ pub async fn complete_task(
         .sundial
         .complete(id, execution(body.execution_id), body.result)
         .await?;
+    record_duration(&task);
     Ok(Json(TaskView::from(task)))
+}
+
+/// A remote attempt ended: record how long it ran (the engine records in-process runs itself).
+fn record_duration(task: &sundial::Task) {
+    if let Some(started) = task.started_at {
+        metrics::histogram!("sundial_task_duration_seconds", "kind" => task.kind.clone())
+            .record(task.updated_at.since(started).as_secs_f64());
+    }
 }
 
 /// Keeps the last `max` bytes of `s` (on a character boundary).
@@ -396,6 +405,7 @@ pub async fn fail_task(
             body.retryable.unwrap_or(true),
         )
         .await?;
+    record_duration(&task);
     Ok(Json(TaskView::from(task)))
 }
 

@@ -248,7 +248,7 @@ pub fn describe_metrics() {
     describe_histogram!(
         "sundial_task_duration_seconds",
         metrics::Unit::Seconds,
-        "In-process handler run time, by kind"
+        "Attempt run time, by kind (in-process handlers, and remote workers from poll to complete or fail)"
     );
     describe_counter!(
         "sundial_task_failures_total",

@@ -1,0 +1,169 @@
+//! The router as a library: served in-process (no socket), with configurations the binary does
+//! not use by default.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic on failure
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use serde_json::{Value, json};
+use sundial::Sundial;
+use sundial_server::{ServerConfig, router};
+use tower::ServiceExt;
+
+async fn call(
+    app: &axum::Router,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", "application/json")
+        .body(match body {
+            Some(b) => Body::from(b.to_string()),
+            None => Body::empty(),
+        })
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+#[tokio::test]
+async fn limits_come_from_the_config_and_metrics_need_a_handle() {
+    let dir = tempfile::tempdir().unwrap();
+    let sundial = Sundial::open(dir.path()).await.unwrap();
+    let app = router(
+        sundial.clone(),
+        ServerConfig {
+            max_batch_items: 2,
+            max_batch_body_bytes: 4 * 1024,
+            max_body_bytes: 2 * 1024,
+            ..ServerConfig::default()
+        },
+    );
+
+    let (status, body) = call(&app, "POST", "/v1/tasks", Some(json!({"kind": "k"}))).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+
+    // The batch route has its own (larger) body limit and an item limit.
+    let three = json!({"tasks": [{"kind": "a"}, {"kind": "b"}, {"kind": "c"}]});
+    let (status, body) = call(&app, "POST", "/v1/tasks:batch", Some(three)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    let pad = "x".repeat(3 * 1024);
+    let (status, body) = call(
+        &app,
+        "POST",
+        "/v1/tasks:batch",
+        Some(json!({"tasks": [{"kind": "a", "payload": pad}]})),
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "3 KiB fits the batch limit: {body}"
+    );
+    let (status, _) = call(
+        &app,
+        "POST",
+        "/v1/tasks",
+        Some(json!({"kind": "a", "payload": pad})),
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "3 KiB is over the single limit"
+    );
+    let (status, _) = call(
+        &app,
+        "POST",
+        "/v1/tasks:batch",
+        Some(json!({"tasks": [{"kind": "a", "payload": "x".repeat(5 * 1024)}]})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+
+    // No Prometheus handle given: /metrics says so.
+    let (status, body) = call(&app, "GET", "/metrics", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["error"]["code"], "not_found");
+
+    let page = sundial.list(Default::default(), 100).await.unwrap();
+    assert_eq!(
+        page.tasks.len(),
+        2,
+        "only the two accepted requests stored tasks"
+    );
+}
+
+#[tokio::test]
+async fn poll_wait_is_capped_by_the_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let sundial = Sundial::open(dir.path()).await.unwrap();
+    let running = sundial.start();
+    let app = router(
+        sundial.clone(),
+        ServerConfig {
+            max_poll_wait: std::time::Duration::from_millis(200),
+            ..ServerConfig::default()
+        },
+    );
+    // Asks for an hour; the cap answers (empty) long before. The outer timeout only bounds the
+    // test if the cap were ignored.
+    let r = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        call(
+            &app,
+            "POST",
+            "/v1/queues/q/poll",
+            Some(json!({"worker": "w", "wait": "1h"})),
+        ),
+    )
+    .await
+    .expect("the capped poll answered");
+    assert_eq!(r.0, StatusCode::OK);
+    assert_eq!(r.1, json!({"tasks": []}));
+    running.shutdown(std::time::Duration::from_secs(5)).await;
+}
+
+#[test]
+fn openapi_document_describes_every_route() {
+    let doc = serde_json::to_value(sundial_server::openapi()).unwrap();
+    let paths = doc["paths"].as_object().unwrap();
+    for p in [
+        "/v1/tasks",
+        "/v1/tasks:batch",
+        "/v1/tasks/{id}",
+        "/v1/tasks/{id}/cancel",
+        "/v1/tasks/{id}/trigger",
+        "/v1/queues/{queue}/poll",
+        "/v1/tasks/{id}/heartbeat",
+        "/v1/tasks/{id}/complete",
+        "/v1/tasks/{id}/fail",
+        "/healthz",
+        "/metrics",
+    ] {
+        assert!(paths.contains_key(p), "{p} missing");
+    }
+    assert!(doc["paths"]["/v1/tasks:batch"]["post"].is_object());
+    assert!(doc["paths"]["/v1/tasks"]["get"]["parameters"].is_array());
+    for schema in [
+        "CreateTask",
+        "TaskView",
+        "PollRequest",
+        "ErrorBody",
+        "BatchItem",
+    ] {
+        assert!(
+            doc["components"]["schemas"][schema].is_object(),
+            "{schema} missing"
+        );
+    }
+}
