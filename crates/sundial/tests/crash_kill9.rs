@@ -5,8 +5,8 @@
 //! The child is this same test binary, re-executed with `SUNDIAL_CRASH_CHILD` set so that the test
 //! [`crash_child`] runs its child body (without the variable it returns at once). The child prints
 //! `SUNDIAL-ID <uuid>` on stdout, flushed, right after a `schedule` call returned `Ok`: each printed
-//! id is a promise the store must keep. The parent kills the child 200–1500 ms after it reported
-//! `SUNDIAL-READY`, so the kill lands in the middle of a stream of group commits.
+//! id is a promise the store must keep. The parent kills the child 200–1500 ms after its first
+//! acknowledged schedule, so the kill lands in the middle of a stream of group commits.
 //!
 //! Both sides use the real [`SystemClock`]: due times set by the child are compared with start times
 //! read by the parent on the same wall clock.
@@ -22,7 +22,6 @@ use sundial::{Config, ExecutionId, Scheduled, Sundial, TaskId, TaskSpec, Timesta
 
 const CHILD_ENV: &str = "SUNDIAL_CRASH_CHILD";
 const ID_MARK: &str = "SUNDIAL-ID ";
-const READY_MARK: &str = "SUNDIAL-READY";
 /// Concurrent scheduling tasks in the child; even ones schedule one at a time, odd ones in batches.
 const PRODUCERS: usize = 8;
 /// Upper bound on what one producer schedules, so a child that is never killed still stops.
@@ -49,7 +48,6 @@ fn crash_child() {
         .expect("runtime");
     rt.block_on(async move {
         let sundial = Sundial::open(&dir).await.expect("open store in child");
-        emit(READY_MARK);
         let mut producers = Vec::new();
         for p in 0..PRODUCERS {
             let sundial = sundial.clone();
@@ -130,7 +128,7 @@ fn kill9_loses_nothing_and_never_fires_early() {
     let stdout = child.stdout.take().expect("child stdout");
 
     // Read the child's output on a thread; only whole lines (ending in '\n') count.
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    let (first_tx, first_rx) = std::sync::mpsc::channel::<()>();
     let reader = std::thread::spawn(move || {
         let mut ids: Vec<TaskId> = Vec::new();
         let mut partial = 0usize;
@@ -148,22 +146,25 @@ fn kill9_loses_nothing_and_never_fires_early() {
             }
             let line = String::from_utf8_lossy(&buf);
             let line = line.trim_end();
-            if line.ends_with(READY_MARK) {
-                let _ = ready_tx.send(());
-            } else if let Some(pos) = line.find(ID_MARK) {
+            if let Some(pos) = line.find(ID_MARK) {
                 let id: TaskId = line[pos + ID_MARK.len()..]
                     .trim()
                     .parse()
                     .unwrap_or_else(|e| panic!("bad id line {line:?}: {e}"));
                 ids.push(id);
+                if ids.len() == 1 {
+                    let _ = first_tx.send(());
+                }
             }
         }
         (ids, partial)
     });
 
-    ready_rx
+    // The random moment is counted from the first acknowledged schedule, so that a slow start on
+    // a loaded machine does not turn the test into "killed before it did anything".
+    first_rx
         .recv_timeout(Duration::from_secs(120))
-        .expect("child did not open its store within 120 s");
+        .expect("child acknowledged no schedule within 120 s");
     let delay = Duration::from_millis(rand::rng().random_range(200..=1_500));
     std::thread::sleep(delay);
     child.kill().expect("SIGKILL the child"); // `Child::kill` sends SIGKILL on Unix.
