@@ -1,0 +1,411 @@
+//! Several nodes on one store, driven by a manual clock: shards split by rendezvous, a node that
+//! stops heartbeating loses its shards to the others within the lease TTL, a stale owner's claims
+//! are refused, and a node whose clock is too far off refuses to join.
+//!
+//! The cluster here is an in-memory model of the protocol over a shared SQLite store (the fence
+//! check and the claim are not one transaction in it; the PostgreSQL implementation makes them
+//! one, and its own tests check that). What is tested is the node side: the engine's ownership loop.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use common::*;
+use futures::stream::BoxStream;
+use sundial::{Clock, Config, ManualClock, Sundial, TaskSpec, TaskState, Timestamp};
+use sundial_store::{ClaimOutcome, Cluster, DueClaim, Fence, Store, StoreError, Wakeup};
+
+#[derive(Default)]
+struct Model {
+    shard_count: Option<u32>,
+    nodes: BTreeMap<String, Timestamp>,
+    leases: HashMap<u32, (String, Timestamp, i64)>,
+    subscribers: Vec<futures::channel::mpsc::UnboundedSender<Wakeup>>,
+    refused: u64,
+}
+
+struct MemoryCluster {
+    store: Arc<dyn Store>,
+    clock: ManualClock,
+    skew_ms: i64,
+    model: Arc<Mutex<Model>>,
+    /// While true, every call from this node waits, as a SIGSTOPped process's would.
+    paused: tokio::sync::watch::Receiver<bool>,
+}
+
+impl MemoryCluster {
+    async fn gate(&self) {
+        let mut p = self.paused.clone();
+        while *p.borrow_and_update() {
+            if p.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn check(&self, fence: Fence) -> Result<(), StoreError> {
+        let mut m = self.model.lock().unwrap();
+        match m.leases.get(&fence.shard) {
+            Some((_, _, range)) if *range == fence.range_id => Ok(()),
+            _ => {
+                m.refused += 1;
+                Err(StoreError::LeaseLost { shard: fence.shard })
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Cluster for MemoryCluster {
+    async fn shard_count(&self, proposed: u32) -> Result<u32, StoreError> {
+        self.gate().await;
+        Ok(*self
+            .model
+            .lock()
+            .unwrap()
+            .shard_count
+            .get_or_insert(proposed))
+    }
+    async fn heartbeat(
+        &self,
+        node: &str,
+        now: Timestamp,
+        live_since: Timestamp,
+    ) -> Result<Vec<String>, StoreError> {
+        self.gate().await;
+        let mut m = self.model.lock().unwrap();
+        m.nodes.insert(node.to_string(), now);
+        Ok(m.nodes
+            .iter()
+            .filter(|(_, t)| **t >= live_since)
+            .map(|(n, _)| n.clone())
+            .collect())
+    }
+    async fn leave(&self, node: &str) -> Result<(), StoreError> {
+        self.gate().await;
+        self.model.lock().unwrap().nodes.remove(node);
+        Ok(())
+    }
+    async fn acquire_shard(
+        &self,
+        shard: u32,
+        node: &str,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> Result<Option<Fence>, StoreError> {
+        self.gate().await;
+        let mut m = self.model.lock().unwrap();
+        let entry = m.leases.get(&shard).cloned();
+        let range_id = match entry {
+            None => 1,
+            Some((owner, _, range)) if owner == node => range,
+            Some((_, expires, range)) if expires < now => range + 1,
+            Some(_) => return Ok(None),
+        };
+        m.leases.insert(shard, (node.to_string(), until, range_id));
+        Ok(Some(Fence { shard, range_id }))
+    }
+    async fn release_shard(&self, fence: Fence, node: &str) -> Result<(), StoreError> {
+        self.gate().await;
+        let mut m = self.model.lock().unwrap();
+        if let Some((owner, expires, range)) = m.leases.get_mut(&fence.shard)
+            && owner == node
+            && *range == fence.range_id
+        {
+            *expires = Timestamp(i64::MIN);
+        }
+        Ok(())
+    }
+    async fn claim_due_fenced(
+        &self,
+        fence: Fence,
+        claims: Vec<DueClaim>,
+        now: Timestamp,
+    ) -> Result<Vec<ClaimOutcome>, StoreError> {
+        self.gate().await;
+        self.check(fence)?;
+        self.store.claim_due(claims, now).await
+    }
+    async fn expire_leases_fenced(
+        &self,
+        fence: Fence,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<sundial::Task>, StoreError> {
+        self.gate().await;
+        self.check(fence)?;
+        // The model expires all shards' leases; fine for these tests (one reaper is enough).
+        self.store.expire_leases(now, limit).await
+    }
+    async fn next_lease_expiry_in(&self, _shard: u32) -> Result<Option<Timestamp>, StoreError> {
+        self.gate().await;
+        self.store.next_lease_expiry().await
+    }
+    async fn publish(&self, wakeups: Vec<Wakeup>) -> Result<(), StoreError> {
+        self.gate().await;
+        let mut m = self.model.lock().unwrap();
+        m.subscribers
+            .retain(|s| wakeups.iter().all(|w| s.unbounded_send(w.clone()).is_ok()));
+        Ok(())
+    }
+    async fn subscribe(&self) -> Result<BoxStream<'static, Wakeup>, StoreError> {
+        self.gate().await;
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        self.model.lock().unwrap().subscribers.push(tx);
+        Ok(Box::pin(rx))
+    }
+    async fn database_time(&self) -> Result<Timestamp, StoreError> {
+        self.gate().await;
+        Ok(Timestamp(self.clock.now().0 + self.skew_ms))
+    }
+}
+
+struct Cluster3 {
+    nodes: Vec<(Sundial, sundial::Running)>,
+    pause: Vec<tokio::sync::watch::Sender<bool>>,
+    clock: ManualClock,
+    model: Arc<Mutex<Model>>,
+    store: Arc<dyn Store>,
+    _dir: tempfile::TempDir,
+}
+
+fn config() -> Config {
+    Config {
+        shard_count: 16,
+        shard_lease_ttl: Duration::from_secs(9),
+        ..Default::default()
+    }
+}
+
+async fn cluster(n: usize) -> Cluster3 {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store: Arc<dyn Store> = Arc::new(
+        sundial::SqliteStore::open_dir(dir.path(), sundial::SqliteOptions::default()).unwrap(),
+    );
+    let model = Arc::new(Mutex::new(Model::default()));
+    let mut nodes = Vec::new();
+    let mut pause = Vec::new();
+    for i in 0..n {
+        let (ptx, prx) = tokio::sync::watch::channel(false);
+        pause.push(ptx);
+        let c = Arc::new(MemoryCluster {
+            store: store.clone(),
+            clock: clock.clone(),
+            skew_ms: 0,
+            model: model.clone(),
+            paused: prx,
+        });
+        let s = Sundial::builder()
+            .config(config())
+            .clock(Arc::new(clock.clone()))
+            .join_cluster(store.clone(), c, format!("node-{i}"))
+            .await
+            .unwrap();
+        let running = s.start();
+        nodes.push((s, running));
+    }
+    Cluster3 {
+        nodes,
+        pause,
+        clock,
+        model,
+        store,
+        _dir: dir,
+    }
+}
+
+/// Advances the manual clock in small steps so every loop gets to run.
+async fn run_for(clock: &ManualClock, total: Duration) {
+    let step = Duration::from_millis(500);
+    let mut done = Duration::ZERO;
+    while done < total {
+        clock.advance(step);
+        done += step;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn wait_owned(c: &Cluster3, expected_total: usize) {
+    for _ in 0..200 {
+        let total: usize = c.nodes.iter().map(|(s, _)| s.owned_shards().len()).sum();
+        if total == expected_total {
+            return;
+        }
+        run_for(&c.clock, Duration::from_millis(500)).await;
+    }
+    panic!("shards never settled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_split_and_every_task_runs_once() {
+    let c = cluster(3).await;
+    wait_owned(&c, 16).await;
+    let mut seen = Vec::new();
+    for (s, _) in &c.nodes {
+        let owned = s.owned_shards();
+        for sh in &owned {
+            assert!(!seen.contains(sh), "shard {sh} owned twice");
+        }
+        seen.extend(owned);
+    }
+    assert_eq!(seen.len(), 16);
+    // Tasks created through any node run once, on whichever node owns their shard.
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    for (i, (s, _)) in c.nodes.iter().enumerate() {
+        let runs = runs.clone();
+        s.register("k", move |ctx: sundial::TaskContext| {
+            let runs = runs.clone();
+            async move {
+                runs.lock().unwrap().push((i, ctx.task.id));
+                Ok::<(), String>(())
+            }
+        });
+    }
+    let mut ids = Vec::new();
+    for n in 0..60 {
+        let (s, _) = &c.nodes[n % 3];
+        ids.push(
+            s.schedule(TaskSpec::new("k").delay(Duration::from_secs(2)))
+                .await
+                .unwrap(),
+        );
+    }
+    run_for(&c.clock, Duration::from_secs(3)).await;
+    for id in &ids {
+        wait_state(&c.nodes[0].0, *id, TaskState::Succeeded).await;
+    }
+    let runs = runs.lock().unwrap();
+    assert_eq!(runs.len(), ids.len(), "each task ran exactly once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_node_loses_its_shards_and_its_stale_claims_are_refused() {
+    let c = cluster(3).await;
+    wait_owned(&c, 16).await;
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    for (i, (s, _)) in c.nodes.iter().enumerate() {
+        let runs = runs.clone();
+        s.register("k", move |ctx: sundial::TaskContext| {
+            let runs = runs.clone();
+            async move {
+                runs.lock().unwrap().push((i, ctx.task.id));
+                Ok::<(), String>(())
+            }
+        });
+    }
+    // The node with the most shards goes silent; tasks are created through another one.
+    let victim = (0..3)
+        .max_by_key(|i| c.nodes[*i].0.owned_shards().len())
+        .unwrap();
+    let via = (victim + 1) % 3;
+    let held = c.nodes[victim].0.owned_shards();
+    assert!(!held.is_empty());
+    let stale: Vec<Fence> = {
+        let m = c.model.lock().unwrap();
+        held.iter()
+            .map(|s| Fence {
+                shard: *s,
+                range_id: m.leases[s].2,
+            })
+            .collect()
+    };
+    // SIGSTOP the victim: none of its calls to the cluster go through.
+    c.pause[victim].send_replace(true);
+    let mut ids = Vec::new();
+    for _ in 0..40 {
+        ids.push(
+            c.nodes[via]
+                .0
+                .schedule(TaskSpec::new("k").delay(Duration::from_secs(1)))
+                .await
+                .unwrap(),
+        );
+    }
+    // Past the lease TTL the two others take node 2's shards over and run everything.
+    run_for(&c.clock, Duration::from_secs(15)).await;
+    for id in &ids {
+        wait_state(&c.nodes[via].0, *id, TaskState::Succeeded).await;
+    }
+    let taken: Vec<u32> = (0..3)
+        .filter(|i| *i != victim)
+        .flat_map(|i| c.nodes[i].0.owned_shards())
+        .collect();
+    for s in &held {
+        assert!(taken.contains(s), "shard {s} not taken over");
+    }
+    // SIGCONT: whatever node 2 was about to write under its old fences is refused.
+    c.pause[victim].send_replace(false);
+    run_for(&c.clock, Duration::from_secs(10)).await;
+    wait_owned(&c, 16).await;
+    let runs = runs.lock().unwrap().clone();
+    assert_eq!(
+        runs.len(),
+        ids.len(),
+        "each task ran exactly once: {runs:?}"
+    );
+    assert!(
+        runs.iter().all(|(node, _)| *node != victim),
+        "the paused node ran a task"
+    );
+    for id in &ids {
+        let t = c.store.get(*id).await.unwrap().unwrap();
+        assert_eq!(t.attempt, 1);
+    }
+    // A write under any of the victim's old fences is refused and changes nothing.
+    let (_p, unpaused) = tokio::sync::watch::channel(false);
+    let probe = MemoryCluster {
+        store: c.store.clone(),
+        clock: c.clock.clone(),
+        skew_ms: 0,
+        model: c.model.clone(),
+        paused: unpaused,
+    };
+    for f in stale {
+        let r = probe.claim_due_fenced(f, vec![], c.clock.now()).await;
+        assert!(matches!(r, Err(StoreError::LeaseLost { .. })), "{r:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_a_far_off_clock_refuses_to_join() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store: Arc<dyn Store> = Arc::new(
+        sundial::SqliteStore::open_dir(dir.path(), sundial::SqliteOptions::default()).unwrap(),
+    );
+    let (_p, paused) = tokio::sync::watch::channel(false);
+    let c = Arc::new(MemoryCluster {
+        store: store.clone(),
+        clock: clock.clone(),
+        skew_ms: 5_000,
+        model: Arc::new(Mutex::new(Model::default())),
+        paused: paused.clone(),
+    });
+    let r = Sundial::builder()
+        .config(config())
+        .clock(Arc::new(clock.clone()))
+        .join_cluster(store.clone(), c.clone(), "n")
+        .await;
+    assert!(matches!(r, Err(sundial::Error::ClockSkew { .. })));
+    // Within the limit it joins and runs on the database's time.
+    let near = Arc::new(MemoryCluster {
+        store: store.clone(),
+        clock: clock.clone(),
+        skew_ms: 700,
+        model: Arc::new(Mutex::new(Model::default())),
+        paused,
+    });
+    let s = Sundial::builder()
+        .config(config())
+        .clock(Arc::new(clock.clone()))
+        .join_cluster(store, near, "n")
+        .await
+        .unwrap();
+    let lag = Timestamp(T0.0 + 700).0 - s.clock().now().0;
+    assert!((0..=2).contains(&lag), "runs {lag} ms behind the database");
+}
