@@ -16,7 +16,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use std::future::IntoFuture;
-use sundial::{Config, Sundial};
+use sundial::{Config, Durability, SqliteOptions, Sundial};
 use sundial_server::ServerConfig;
 use tokio::sync::watch;
 
@@ -41,6 +41,17 @@ pub struct ServerArgs {
     /// On shutdown, how long in-process work may take to finish.
     #[arg(long, env = "SUNDIAL_SHUTDOWN_GRACE", default_value = "10s", value_parser = parse_duration)]
     shutdown_grace: Duration,
+    /// `full`: every commit is fsynced before its reply (survives power loss). `normal`: fsync
+    /// at checkpoints only (survives a process crash such as kill -9; the last commits may be
+    /// lost on power loss).
+    #[arg(long, env = "SUNDIAL_DURABILITY", value_enum, default_value_t = DurabilityArg::Full)]
+    durability: DurabilityArg,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum DurabilityArg {
+    Full,
+    Normal,
 }
 
 pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
@@ -61,8 +72,16 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         max_poll_wait: args.max_poll_wait,
         ..Config::default()
     };
+    let sqlite = SqliteOptions {
+        durability: match args.durability {
+            DurabilityArg::Full => Durability::Full,
+            DurabilityArg::Normal => Durability::Normal,
+        },
+        ..SqliteOptions::default()
+    };
     let sundial = Sundial::builder()
         .config(config)
+        .sqlite_options(sqlite)
         .open(&args.data_dir)
         .await
         .with_context(|| format!("cannot open the store in {}", args.data_dir.display()))?;
@@ -83,7 +102,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         },
     );
     let running = sundial.start();
-    tracing::info!(data_dir = %args.data_dir.display(), %addr, "sundial started");
+    tracing::info!(data_dir = %args.data_dir.display(), %addr, durability = ?args.durability, "sundial started");
     {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
