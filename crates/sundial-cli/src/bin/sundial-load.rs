@@ -5,6 +5,7 @@
 //! target/release/sundial-load                 # all scenarios, each on a fresh server it starts
 //! target/release/sundial-load single --duration 20s
 //! target/release/sundial-load --server http://127.0.0.1:7373 lateness --rate 2000
+//! target/release/sundial-load --server-args "--durability normal" lateness
 //! ```
 //!
 //! Scenarios:
@@ -45,6 +46,9 @@ struct Args {
     /// A running server; without it, a fresh server is started per scenario.
     #[arg(long, global = true)]
     server: Option<String>,
+    /// Extra arguments for the server this starts (e.g. `--durability normal`).
+    #[arg(long, global = true, allow_hyphen_values = true)]
+    server_args: Option<String>,
     #[command(subcommand)]
     scenario: Option<Scenario>,
 }
@@ -117,7 +121,9 @@ fn main() -> anyhow::Result<()> {
     for s in scenarios {
         let spawned = match &args.server {
             Some(_) => None,
-            None => Some(SpawnedServer::start()?),
+            None => Some(SpawnedServer::start(
+                args.server_args.as_deref().unwrap_or(""),
+            )?),
         };
         let url = match (&args.server, &spawned) {
             (Some(u), _) => u.clone(),
@@ -157,7 +163,7 @@ struct SpawnedServer {
 }
 
 impl SpawnedServer {
-    fn start() -> anyhow::Result<Self> {
+    fn start(extra: &str) -> anyhow::Result<Self> {
         let exe = std::env::current_exe().context("current_exe")?;
         let bin = exe.with_file_name("sundial");
         let dir = std::env::temp_dir().join(format!(
@@ -171,6 +177,7 @@ impl SpawnedServer {
         let mut child = Command::new(&bin)
             .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(&dir)
+            .args(extra.split_whitespace())
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
