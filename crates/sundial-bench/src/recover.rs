@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use sundial::{Clock, TaskSpec, TaskState, Timestamp};
+use sundial::{Clock, Config, TaskSpec, TaskState, Timestamp};
 
 use crate::common::{Common, DataDir, Stopwatch, print_rss, sleep_until};
 
@@ -24,6 +24,9 @@ pub struct RecoverArgs {
     /// How far ahead the child schedules them.
     #[arg(long, default_value_t = 2_000)]
     pub due_in_ms: i64,
+    /// Concurrent in-process handler runs after the restart (the engine's per-queue limit).
+    #[arg(long, default_value_t = Config::default().default_concurrency)]
+    pub concurrency: usize,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -62,11 +65,12 @@ pub async fn child(common: &Common, args: &ChildArgs) -> Result<()> {
 pub async fn run(common: &Common, args: &RecoverArgs) -> Result<()> {
     let dir = DataDir::new(common)?;
     println!(
-        "recover: {} tasks; data dir {}, durability {:?}, shards {}",
+        "recover: {} tasks; data dir {}, durability {:?}, shards {}, concurrency {}",
         args.tasks,
         dir.path().display(),
         common.durability,
-        common.shards
+        common.shards,
+        args.concurrency
     );
     crate::common::print_fsync_probe(dir.path())?;
     let exe = std::env::current_exe().context("current exe")?;
@@ -113,7 +117,11 @@ pub async fn run(common: &Common, args: &RecoverArgs) -> Result<()> {
     println!("  child killed ({status}) with every task overdue");
 
     let watch = Stopwatch::start();
-    let sundial = common.open(dir.path(), common.config()).await?;
+    let config = Config {
+        default_concurrency: args.concurrency,
+        ..common.config()
+    };
+    let sundial = common.open(dir.path(), config).await?;
     let opened = watch.elapsed();
     let ran = Arc::new(AtomicU64::new(0));
     {
