@@ -69,3 +69,8 @@ uuid_id!(
     /// Identifies one attempt of a task; the fencing token for that attempt's writes.
     ExecutionId
 );
+uuid_id!(
+    /// Identifies one run of a durable workflow (a workflow id has a run per start and per
+    /// continue-as-new).
+    RunId
+);

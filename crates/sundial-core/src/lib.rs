@@ -17,7 +17,7 @@ pub mod task;
 pub mod time;
 
 pub use error::ValidationError;
-pub use id::{ExecutionId, TaskId};
+pub use id::{ExecutionId, RunId, TaskId};
 pub use retry::Backoff;
 pub use schedule::{
     CompiledSpec, DstPolicy, Recurrence, RepeatedTime, ScheduleSpec, SkippedTime, SpecError,

@@ -18,6 +18,7 @@
 mod rows;
 mod schedules;
 mod schema;
+mod workflows;
 mod writer;
 
 use std::collections::HashMap;

@@ -19,6 +19,11 @@
 //!   task, and per-outcome fire counters.
 //! - `schedule_fires` (migration 2): one row per recorded fire, primary key
 //!   `(schedule_id, nominal_at)`: a fire is recorded at most once, by the database itself.
+//! - `workflow_runs` (migration 3): one row per workflow run (status, result, history length, the
+//!   pending workflow task, parent and continue-as-new links). `workflows (workflow_id → run_id)`
+//!   points at each workflow id's current run. `workflow_history (run_id, seq)` is the append-only
+//!   event log (JSON text). `workflow_markers (run_id, marker)` makes marked appends (a timer
+//!   firing, an activity's result) happen at most once.
 
 use rusqlite::Connection;
 
@@ -109,6 +114,48 @@ CREATE TABLE schedule_fires (
     through     INTEGER,
     recorded_at INTEGER NOT NULL,
     PRIMARY KEY (schedule_id, nominal_at)
+) WITHOUT ROWID;
+"#,
+    // 3: workflow runs, their histories and append markers.
+    r#"
+CREATE TABLE workflow_runs (
+    run_id          BLOB    NOT NULL PRIMARY KEY,
+    workflow_id     TEXT    NOT NULL,
+    workflow_type   TEXT    NOT NULL,
+    input           TEXT    NOT NULL,
+    status          TEXT    NOT NULL,
+    result          TEXT,
+    error           TEXT,
+    history_len     INTEGER NOT NULL,
+    pending_task    BLOB,
+    parent_run      BLOB,
+    parent_workflow TEXT,
+    parent_cmd      INTEGER,
+    continued_from  BLOB,
+    continued_to    BLOB,
+    created_at      INTEGER NOT NULL,
+    updated_at      INTEGER NOT NULL,
+    closed_at       INTEGER
+) WITHOUT ROWID;
+CREATE INDEX workflow_runs_by_workflow ON workflow_runs (workflow_id, created_at);
+
+CREATE TABLE workflows (
+    workflow_id TEXT NOT NULL PRIMARY KEY,
+    run_id      BLOB NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE workflow_history (
+    run_id BLOB    NOT NULL,
+    seq    INTEGER NOT NULL,
+    at     INTEGER NOT NULL,
+    event  TEXT    NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+
+CREATE TABLE workflow_markers (
+    run_id BLOB NOT NULL,
+    marker TEXT NOT NULL,
+    PRIMARY KEY (run_id, marker)
 ) WITHOUT ROWID;
 "#,
 ];

@@ -19,6 +19,9 @@ mod schedules;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 mod types;
+#[cfg(feature = "testkit")]
+pub mod workflow_testkit;
+mod workflows;
 
 use async_trait::async_trait;
 use sundial_core::{ExecutionId, NewTask, Task, TaskId, Timestamp};
@@ -33,6 +36,12 @@ pub use schedules::{
 pub use types::{
     ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Inserted, ReadyClaim, StateCount,
     TaskFilter, TaskPage,
+};
+pub use workflows::{
+    ACTIVITY_KIND_PREFIX, ACTIVITY_QUEUE, AppendOp, Appended, CHILD_KIND, Committed, HistoryEvent,
+    IdReusePolicy, NewEvent, NewRun, ParentLink, RunClose, StartedRun, TIMER_KIND, TerminateOp,
+    Terminated, WORKFLOW_KIND_PREFIX, WORKFLOW_QUEUE, WorkflowFilter, WorkflowPage, WorkflowRun,
+    WorkflowStatus, WorkflowStore, WorkflowStoreError, WorkflowTaskCommit, run_task_key_prefix,
 };
 
 /// What the engine needs from a database.
