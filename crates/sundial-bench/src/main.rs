@@ -5,6 +5,7 @@
 //! sundial-bench fire       # fire lateness at 5,000 tasks/s with 1,000,000 pending; memory
 //! sundial-bench idle       # store reads per minute per shard while idle with 1,000,000 pending
 //! sundial-bench recover    # seconds from reopening after kill -9 until 100,000 overdue tasks ran
+//! sundial-bench schedules  # 100,000 schedules firing every minute: fires/s, lateness, memory
 //! ```
 //!
 //! Build in release (`cargo build --release -p sundial-bench`); `bench/kernel.sh` runs the set
@@ -16,6 +17,7 @@ mod fire;
 mod idle;
 mod recover;
 mod schedule;
+mod schedules;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -41,6 +43,8 @@ enum Cmd {
     Idle(idle::IdleArgs),
     /// Time from reopening after kill -9 until every overdue task has run.
     Recover(recover::RecoverArgs),
+    /// Many schedules firing every minute: fires/s, lateness and memory.
+    Schedules(schedules::SchedulesArgs),
     /// (internal) the process `recover` kills.
     #[command(hide = true)]
     RecoverChild(recover::ChildArgs),
@@ -57,6 +61,7 @@ fn main() -> Result<()> {
             Cmd::Fire(a) => fire::run(&cli.common, a).await,
             Cmd::Idle(a) => idle::run(&cli.common, a).await,
             Cmd::Recover(a) => recover::run(&cli.common, a).await,
+            Cmd::Schedules(a) => schedules::run(&cli.common, a).await,
             Cmd::RecoverChild(a) => recover::child(&cli.common, a).await,
         }
     })
