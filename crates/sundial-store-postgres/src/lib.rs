@@ -1,8 +1,10 @@
 //! # sundial-store-postgres
 //!
 //! Sundial's store on PostgreSQL, for several nodes that share one database. It implements
-//! [`sundial_store::Store`] with the same semantics as the embedded SQLite store and passes the
-//! same conformance suite.
+//! [`sundial_store::Store`] and [`sundial_store::ScheduleStore`] with the same semantics as the
+//! embedded SQLite store and passes the same conformance suites, and
+//! [`sundial_store::Cluster`]: membership, shard leases with fencing, fenced owner writes and
+//! wake-ups between nodes.
 //!
 //! ## Schema
 //!
@@ -33,6 +35,8 @@
 //! - **`tasks_ready (queue, id) WHERE state = 'ready'`**: the worker queue `claim_ready` walks in
 //!   id order with `FOR UPDATE SKIP LOCKED`.
 //! - **`tasks_lease (lease_expires_at) WHERE state = 'running'`**: the reaper's view.
+//! - **`tasks_shard_lease (shard, lease_expires_at) WHERE state = 'running'`** (migration 2): a
+//!   shard owner's reaper view (`expire_leases_fenced`, `next_lease_expiry_in`).
 //! - **`tasks_running_exclusive (exclusive_key) WHERE state = 'running' AND exclusive_key IS NOT
 //!   NULL`**: the "is this exclusive key held?" probe.
 //! - **`tasks_queue_id (queue, id)`**: listing a queue newest first.
@@ -45,9 +49,33 @@
 //!   backends that no longer exist into stripe 0 (with `SKIP LOCKED`, so it waits for nobody).
 //!
 //! All state changes are single conditional `UPDATE … WHERE state = … [AND execution_id = …]
-//! RETURNING …` statements. Every task row carries its `shard`, so the shard-lease check that
-//! fencing will add (`shard_leases (shard, owner, expires_at, range_id)`) can be one more
-//! condition in the same statement or transaction as the write it guards.
+//! RETURNING …` statements. Every task row carries its `shard`, so the shard-lease check of a
+//! fenced write runs in the same transaction as the write it guards.
+//!
+//! Several nodes (migration 2, `cluster.rs`):
+//!
+//! - **`cluster_meta (singleton, shard_count)`**: one row, written by the first
+//!   `shard_count(proposed)` (`INSERT … ON CONFLICT DO NOTHING`) and never changed; every later
+//!   call, from any node, reads the stored number.
+//! - **`nodes (node, heartbeat_at)`**: one row per node, upserted by each heartbeat; the live set
+//!   is the nodes heard from at or after the caller's cutoff. `leave` deletes the row.
+//! - **`shard_leases (shard, owner, expires_at, range_id)`**: one row per shard once it has been
+//!   acquired. `acquire_shard` is one upsert whose `ON CONFLICT … DO UPDATE … WHERE` takes the
+//!   row when it has no owner, the owner is the caller (renewal), or `expires_at < now`;
+//!   PostgreSQL evaluates that condition on the newest row version under the row lock, so of
+//!   concurrent acquirers exactly one wins. `range_id`, the fencing number, stays on renewal and
+//!   increases whenever the owner changes. `release_shard` (owner and `range_id` must match)
+//!   clears the owner and increases `range_id` at once, so a released fence is dead even before
+//!   anyone takes the shard, and whoever takes it next, its previous owner included, gets a
+//!   higher number.
+//!
+//! Schedules (migration 3, `schedules.rs`): **`schedules`** (the definition as JSON text, pause
+//! state and note, the armed tick and its nominal time, the last task and fire, counters per
+//! outcome) and **`schedule_fires (schedule_id, nominal_at)`** primary key, ids `COLLATE "C"` so
+//! they list in byte order as in SQLite. Each write is one transaction that first locks the
+//! schedule's row, so the writes of one schedule are serialised and of several fires of one armed
+//! tick exactly one commits; the fire's task and the next tick are inserted in the same
+//! transaction.
 //!
 //! ## Concurrency
 //!
@@ -71,10 +99,48 @@
 //!   keys cannot deadlock; `expire_leases` locks in id order with `SKIP LOCKED`; the counter
 //!   triggers only touch the writing backend's own stripe.
 //!
+//! ## Fencing
+//!
+//! A shard owner's writes (`claim_due_fenced`, `expire_leases_fenced`) are one transaction:
+//!
+//! ```text
+//! BEGIN
+//! SELECT range_id FROM <schema>.shard_leases WHERE shard = $1 FOR SHARE
+//!   -- not the fence's range_id (or no row): ROLLBACK, StoreError::LeaseLost, nothing written
+//! … the same statements as claim_due / expire_leases, limited to tasks of that shard …
+//! COMMIT
+//! ```
+//!
+//! The share lock is held to the end. A takeover (or release) updates the lease row, so it
+//! either waits until this transaction has committed, or commits first, in which case the
+//! `FOR SHARE` read (at `READ COMMITTED` it reads the newest committed version of a row it
+//! locks) sees the new `range_id` and the write is refused. Either way no write carrying an old
+//! fence commits after the new owner got its number. Fenced writes of one shard take share locks
+//! only, so they never wait for each other on the lease row; an acquirer waiting for them holds
+//! nothing else, so it cannot close a cycle. A fenced claim of a task in another shard is
+//! `NotClaimable`: a fence covers its own shard only.
+//!
+//! ## Wake-ups
+//!
+//! `publish` sends `pg_notify` on one channel per schema, `sundial_<schema>` (shortened with a
+//! hash past PostgreSQL's 63-byte identifier limit), from a pooled connection and outside any
+//! task write (a notifying commit takes a database-wide lock). Each payload holds several
+//! wake-ups, one JSON array per line, and stays under 7,900 bytes (PostgreSQL's limit is 8,000);
+//! larger batches are split. `subscribe` opens a dedicated connection, outside the pool, that
+//! LISTENs; a task forwards parsed wake-ups into the returned stream (dropping them, with a
+//! warning, if the consumer falls 8,192 behind), pings the connection every 15 s and reconnects
+//! with backoff (100 ms doubling to 5 s) when it is lost. Wake-ups are best effort: a gap costs
+//! latency, the shard loops' idle backstop rescans. A subscriber also receives the wake-ups its
+//! own store published (harmless duplicates).
+//!
 //! This crate is the only one in the workspace that depends on tokio-postgres. It never reads a
-//! clock: every time it writes was handed to it.
+//! clock: every time it writes was handed to it. The one statement that reads the database's
+//! clock is `Cluster::database_time` (`clock_timestamp()`), which only reports it for the
+//! engine's skew check and decides nothing.
 
+mod cluster;
 mod rows;
+mod schedules;
 mod schema;
 mod sql;
 
@@ -171,6 +237,10 @@ pub struct PostgresStore {
     pool: Pool,
     schema: SchemaName,
     sql: std::sync::Arc<Sql>,
+    /// How to open a connection outside the pool (the LISTEN connection of `subscribe`).
+    config: tokio_postgres::Config,
+    /// The LISTEN/NOTIFY channel of this schema.
+    channel: String,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -197,7 +267,7 @@ impl PostgresStore {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(opts.acquire_timeout);
         }
-        let manager = Manager::from_config(config, NoTls, ManagerConfig::default());
+        let manager = Manager::from_config(config.clone(), NoTls, ManagerConfig::default());
         let pool = Pool::builder(manager)
             .max_size(opts.pool_size.max(1))
             .runtime(Runtime::Tokio1)
@@ -210,7 +280,9 @@ impl PostgresStore {
         let store = PostgresStore {
             sql: std::sync::Arc::new(Sql::new(&schema)),
             pool,
+            channel: schema.channel(),
             schema,
+            config,
         };
         // Counter stripes of backends that are gone (earlier runs) fold into one.
         client.execute(&store.sql.fold_counts, &[]).await?;
@@ -312,6 +384,262 @@ impl PostgresStore {
             .await
             .map_err(pg)?;
         Ok(())
+    }
+
+    /// [`Store::insert`] inside the caller's transaction (which it must not commit on `Err`).
+    pub(crate) async fn insert_in(
+        &self,
+        tx: &impl GenericClient,
+        tasks: &[NewTask],
+    ) -> Result<Vec<Inserted>, StoreError> {
+        let mut out: Vec<Option<Inserted>> = vec![None; tasks.len()];
+        for _ in 0..INSERT_ROUNDS {
+            let pending: Vec<usize> = (0..tasks.len()).filter(|&i| out[i].is_none()).collect();
+            if pending.is_empty() {
+                break;
+            }
+            let batch: Vec<&NewTask> = pending.iter().map(|&i| &tasks[i]).collect();
+            let settled = self.insert_round(tx, &batch).await?;
+            for (i, s) in pending.into_iter().zip(settled) {
+                out[i] = s;
+            }
+        }
+        out.into_iter()
+            .zip(tasks)
+            .map(|(o, t)| {
+                o.ok_or_else(|| {
+                    StoreError::Backend(format!(
+                        "the key of task {} kept changing hands; nothing was inserted",
+                        t.id
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// [`Store::claim_due`] inside the caller's transaction, limited to the tasks of `shard`
+    /// when given (the others are `NotClaimable`). The caller commits.
+    pub(crate) async fn claim_due_in(
+        &self,
+        tx: &impl GenericClient,
+        claims: &[DueClaim],
+        now: Timestamp,
+        shard: Option<u32>,
+    ) -> Result<Vec<ClaimOutcome>, StoreError> {
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+
+        // 1. Serialise starts per exclusive key: lock the keys of the tasks this call may start
+        //    (keys never change, so reading them unlocked is enough), in sorted order.
+        let run_ids: Vec<Uuid> = claims
+            .iter()
+            .filter(|c| matches!(c.target, ClaimTarget::Run { .. }))
+            .map(|c| c.id.0)
+            .collect();
+        if !run_ids.is_empty() {
+            let keys: Vec<String> = query(tx, &self.sql.exclusive_keys_of, &[&run_ids])
+                .await?
+                .iter()
+                .map(|r| col(r, 0))
+                .collect::<Result<_, _>>()?;
+            self.lock_keys(tx, &keys).await?;
+        }
+
+        // 2. Lock the claimable rows (scheduled and due), in id order.
+        let all_ids: Vec<Uuid> = claims.iter().map(|c| c.id.0).collect();
+        let mut available: HashMap<Uuid, Option<(String, ExclusiveMode)>> = HashMap::new();
+        let claimable = match shard {
+            None => query(tx, &self.sql.lock_claimable, &[&all_ids, &now.0]).await?,
+            Some(shard) => {
+                let shard = i64::from(shard);
+                query(
+                    tx,
+                    &self.sql.lock_claimable_in_shard,
+                    &[&all_ids, &now.0, &shard],
+                )
+                .await?
+            }
+        };
+        for r in claimable {
+            let id: Uuid = col(&r, 0)?;
+            let key: Option<String> = col(&r, 1)?;
+            let mode: Option<String> = col(&r, 2)?;
+            let exclusive = match (key, mode) {
+                (Some(k), Some(m)) => Some((k, rows::parse_mode(&m)?)),
+                (Some(_), None) => {
+                    return Err(StoreError::Corrupt(format!(
+                        "task {id}: exclusive key without a mode"
+                    )));
+                }
+                (None, _) => None,
+            };
+            available.insert(id, exclusive);
+        }
+
+        // 3. Which of their exclusive keys a running task holds (a snapshot taken after the
+        //    locks: every earlier start of a locked key is committed and visible).
+        let mut keys: Vec<String> = available
+            .values()
+            .flatten()
+            .map(|(k, _)| k.clone())
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let mut busy: HashSet<String> = HashSet::new();
+        if !keys.is_empty() {
+            for r in query(tx, &self.sql.running_keys, &[&keys]).await? {
+                busy.insert(col(&r, 0)?);
+            }
+        }
+
+        // 4. Decide each claim in the order given, as if they ran one after another.
+        let plans: Vec<Plan> = claims
+            .iter()
+            .map(|c| {
+                let Some(exclusive) = available.get(&c.id.0) else {
+                    return Plan::NotClaimable;
+                };
+                if let Some((key, mode)) = exclusive
+                    && busy.contains(key)
+                {
+                    return match mode {
+                        ExclusiveMode::Wait => Plan::Busy(key.clone()),
+                        ExclusiveMode::Skip => {
+                            let key = key.clone();
+                            available.remove(&c.id.0);
+                            Plan::Skip(key)
+                        }
+                    };
+                }
+                let plan = match c.target {
+                    ClaimTarget::Run {
+                        execution,
+                        lease_until,
+                    } => {
+                        if let Some((key, _)) = exclusive {
+                            busy.insert(key.clone());
+                        }
+                        Plan::Start {
+                            execution,
+                            lease_until,
+                        }
+                    }
+                    ClaimTarget::Ready => Plan::Ready,
+                };
+                available.remove(&c.id.0);
+                plan
+            })
+            .collect();
+
+        // 5. Apply, each a conditional update: readies (they hold no key), starts, skips.
+        let mut ready_ids = Vec::new();
+        let (mut start_ids, mut start_execs, mut start_leases) =
+            (Vec::new(), Vec::new(), Vec::new());
+        let (mut skip_ids, mut skip_reasons) = (Vec::new(), Vec::new());
+        for (c, plan) in claims.iter().zip(&plans) {
+            match plan {
+                Plan::Ready => ready_ids.push(c.id.0),
+                Plan::Start {
+                    execution,
+                    lease_until,
+                } => {
+                    start_ids.push(c.id.0);
+                    start_execs.push(execution.0);
+                    start_leases.push(lease_until.0);
+                }
+                Plan::Skip(key) => {
+                    skip_ids.push(c.id.0);
+                    skip_reasons.push(format!(
+                        "skipped: exclusive key {key:?} was held by a running task"
+                    ));
+                }
+                Plan::NotClaimable | Plan::Busy(_) => {}
+            }
+        }
+        let mut changed: HashMap<Uuid, Task> = HashMap::new();
+        if !ready_ids.is_empty() {
+            for r in query(tx, &self.sql.ready_claimed, &[&ready_ids, &now.0]).await? {
+                let t = task_from_row(&r)?;
+                changed.insert(t.id.0, t);
+            }
+        }
+        if !start_ids.is_empty() {
+            for r in query(
+                tx,
+                &self.sql.start_claimed,
+                &[&start_ids, &start_execs, &start_leases, &now.0],
+            )
+            .await?
+            {
+                let t = task_from_row(&r)?;
+                changed.insert(t.id.0, t);
+            }
+        }
+        if !skip_ids.is_empty() {
+            for r in query(
+                tx,
+                &self.sql.skip_claimed,
+                &[&skip_ids, &skip_reasons, &now.0],
+            )
+            .await?
+            {
+                let t = task_from_row(&r)?;
+                changed.insert(t.id.0, t);
+            }
+        }
+        Ok(claims
+            .iter()
+            .zip(plans)
+            .map(|(c, plan)| match plan {
+                Plan::NotClaimable => ClaimOutcome::NotClaimable,
+                Plan::Busy(exclusive_key) => ClaimOutcome::Busy { exclusive_key },
+                Plan::Start { execution, .. } => match changed.remove(&c.id.0) {
+                    Some(t) if t.execution_id == Some(execution) => {
+                        ClaimOutcome::Started(Box::new(t))
+                    }
+                    _ => ClaimOutcome::NotClaimable,
+                },
+                Plan::Ready => changed
+                    .remove(&c.id.0)
+                    .map(|t| ClaimOutcome::Readied(Box::new(t)))
+                    .unwrap_or(ClaimOutcome::NotClaimable),
+                Plan::Skip(_) => changed
+                    .remove(&c.id.0)
+                    .map(|t| ClaimOutcome::Skipped(Box::new(t)))
+                    .unwrap_or(ClaimOutcome::NotClaimable),
+            })
+            .collect())
+    }
+
+    /// [`Store::expire_leases`] on `client` (a transaction or not), limited to the tasks of
+    /// `shard` when given.
+    pub(crate) async fn expire_leases_in(
+        &self,
+        client: &impl GenericClient,
+        now: Timestamp,
+        limit: usize,
+        shard: Option<u32>,
+    ) -> Result<Vec<Task>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let limit = limit_param(limit);
+        let rows = match shard {
+            None => query(client, &self.sql.expire_leases, &[&now.0, &limit]).await?,
+            Some(shard) => {
+                let shard = i64::from(shard);
+                query(
+                    client,
+                    &self.sql.expire_leases_in_shard,
+                    &[&now.0, &limit, &shard],
+                )
+                .await?
+            }
+        };
+        let mut out = tasks_from_rows(&rows)?;
+        out.sort_by_key(|t| t.id);
+        Ok(out)
     }
 
     /// Inserts `tasks` (one round) and returns, per task, `Some` when it was settled (created, or
@@ -484,30 +812,7 @@ impl Store for PostgresStore {
         }
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
-        let mut out: Vec<Option<Inserted>> = vec![None; tasks.len()];
-        for _ in 0..INSERT_ROUNDS {
-            let pending: Vec<usize> = (0..tasks.len()).filter(|&i| out[i].is_none()).collect();
-            if pending.is_empty() {
-                break;
-            }
-            let batch: Vec<&NewTask> = pending.iter().map(|&i| &tasks[i]).collect();
-            let settled = self.insert_round(&tx, &batch).await?;
-            for (i, s) in pending.into_iter().zip(settled) {
-                out[i] = s;
-            }
-        }
-        let out: Vec<Inserted> = out
-            .into_iter()
-            .zip(&tasks)
-            .map(|(o, t)| {
-                o.ok_or_else(|| {
-                    StoreError::Backend(format!(
-                        "the key of task {} kept changing hands; nothing was inserted",
-                        t.id
-                    ))
-                })
-            })
-            .collect::<Result<_, _>>()?;
+        let out = self.insert_in(&tx, &tasks).await?;
         tx.commit().await.map_err(pg)?;
         Ok(out)
     }
@@ -648,177 +953,9 @@ impl Store for PostgresStore {
         }
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
-
-        // 1. Serialise starts per exclusive key: lock the keys of the tasks this call may start
-        //    (keys never change, so reading them unlocked is enough), in sorted order.
-        let run_ids: Vec<Uuid> = claims
-            .iter()
-            .filter(|c| matches!(c.target, ClaimTarget::Run { .. }))
-            .map(|c| c.id.0)
-            .collect();
-        if !run_ids.is_empty() {
-            let keys: Vec<String> = query(&tx, &self.sql.exclusive_keys_of, &[&run_ids])
-                .await?
-                .iter()
-                .map(|r| col(r, 0))
-                .collect::<Result<_, _>>()?;
-            self.lock_keys(&tx, &keys).await?;
-        }
-
-        // 2. Lock the claimable rows (scheduled and due), in id order.
-        let all_ids: Vec<Uuid> = claims.iter().map(|c| c.id.0).collect();
-        let mut available: HashMap<Uuid, Option<(String, ExclusiveMode)>> = HashMap::new();
-        for r in query(&tx, &self.sql.lock_claimable, &[&all_ids, &now.0]).await? {
-            let id: Uuid = col(&r, 0)?;
-            let key: Option<String> = col(&r, 1)?;
-            let mode: Option<String> = col(&r, 2)?;
-            let exclusive = match (key, mode) {
-                (Some(k), Some(m)) => Some((k, rows::parse_mode(&m)?)),
-                (Some(_), None) => {
-                    return Err(StoreError::Corrupt(format!(
-                        "task {id}: exclusive key without a mode"
-                    )));
-                }
-                (None, _) => None,
-            };
-            available.insert(id, exclusive);
-        }
-
-        // 3. Which of their exclusive keys a running task holds (a snapshot taken after the
-        //    locks: every earlier start of a locked key is committed and visible).
-        let mut keys: Vec<String> = available
-            .values()
-            .flatten()
-            .map(|(k, _)| k.clone())
-            .collect();
-        keys.sort_unstable();
-        keys.dedup();
-        let mut busy: HashSet<String> = HashSet::new();
-        if !keys.is_empty() {
-            for r in query(&tx, &self.sql.running_keys, &[&keys]).await? {
-                busy.insert(col(&r, 0)?);
-            }
-        }
-
-        // 4. Decide each claim in the order given, as if they ran one after another.
-        let plans: Vec<Plan> = claims
-            .iter()
-            .map(|c| {
-                let Some(exclusive) = available.get(&c.id.0) else {
-                    return Plan::NotClaimable;
-                };
-                if let Some((key, mode)) = exclusive
-                    && busy.contains(key)
-                {
-                    return match mode {
-                        ExclusiveMode::Wait => Plan::Busy(key.clone()),
-                        ExclusiveMode::Skip => {
-                            let key = key.clone();
-                            available.remove(&c.id.0);
-                            Plan::Skip(key)
-                        }
-                    };
-                }
-                let plan = match c.target {
-                    ClaimTarget::Run {
-                        execution,
-                        lease_until,
-                    } => {
-                        if let Some((key, _)) = exclusive {
-                            busy.insert(key.clone());
-                        }
-                        Plan::Start {
-                            execution,
-                            lease_until,
-                        }
-                    }
-                    ClaimTarget::Ready => Plan::Ready,
-                };
-                available.remove(&c.id.0);
-                plan
-            })
-            .collect();
-
-        // 5. Apply, each a conditional update: readies (they hold no key), starts, skips.
-        let mut ready_ids = Vec::new();
-        let (mut start_ids, mut start_execs, mut start_leases) =
-            (Vec::new(), Vec::new(), Vec::new());
-        let (mut skip_ids, mut skip_reasons) = (Vec::new(), Vec::new());
-        for (c, plan) in claims.iter().zip(&plans) {
-            match plan {
-                Plan::Ready => ready_ids.push(c.id.0),
-                Plan::Start {
-                    execution,
-                    lease_until,
-                } => {
-                    start_ids.push(c.id.0);
-                    start_execs.push(execution.0);
-                    start_leases.push(lease_until.0);
-                }
-                Plan::Skip(key) => {
-                    skip_ids.push(c.id.0);
-                    skip_reasons.push(format!(
-                        "skipped: exclusive key {key:?} was held by a running task"
-                    ));
-                }
-                Plan::NotClaimable | Plan::Busy(_) => {}
-            }
-        }
-        let mut changed: HashMap<Uuid, Task> = HashMap::new();
-        if !ready_ids.is_empty() {
-            for r in query(&tx, &self.sql.ready_claimed, &[&ready_ids, &now.0]).await? {
-                let t = task_from_row(&r)?;
-                changed.insert(t.id.0, t);
-            }
-        }
-        if !start_ids.is_empty() {
-            for r in query(
-                &tx,
-                &self.sql.start_claimed,
-                &[&start_ids, &start_execs, &start_leases, &now.0],
-            )
-            .await?
-            {
-                let t = task_from_row(&r)?;
-                changed.insert(t.id.0, t);
-            }
-        }
-        if !skip_ids.is_empty() {
-            for r in query(
-                &tx,
-                &self.sql.skip_claimed,
-                &[&skip_ids, &skip_reasons, &now.0],
-            )
-            .await?
-            {
-                let t = task_from_row(&r)?;
-                changed.insert(t.id.0, t);
-            }
-        }
+        let out = self.claim_due_in(&tx, &claims, now, None).await?;
         tx.commit().await.map_err(pg)?;
-
-        Ok(claims
-            .iter()
-            .zip(plans)
-            .map(|(c, plan)| match plan {
-                Plan::NotClaimable => ClaimOutcome::NotClaimable,
-                Plan::Busy(exclusive_key) => ClaimOutcome::Busy { exclusive_key },
-                Plan::Start { execution, .. } => match changed.remove(&c.id.0) {
-                    Some(t) if t.execution_id == Some(execution) => {
-                        ClaimOutcome::Started(Box::new(t))
-                    }
-                    _ => ClaimOutcome::NotClaimable,
-                },
-                Plan::Ready => changed
-                    .remove(&c.id.0)
-                    .map(|t| ClaimOutcome::Readied(Box::new(t)))
-                    .unwrap_or(ClaimOutcome::NotClaimable),
-                Plan::Skip(_) => changed
-                    .remove(&c.id.0)
-                    .map(|t| ClaimOutcome::Skipped(Box::new(t)))
-                    .unwrap_or(ClaimOutcome::NotClaimable),
-            })
-            .collect())
+        Ok(out)
     }
 
     async fn claim_ready(&self, claim: ReadyClaim) -> Result<Vec<Task>, StoreError> {
@@ -968,19 +1105,8 @@ impl Store for PostgresStore {
     }
 
     async fn expire_leases(&self, now: Timestamp, limit: usize) -> Result<Vec<Task>, StoreError> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
         let client = self.client().await?;
-        let rows = query(
-            &client,
-            &self.sql.expire_leases,
-            &[&now.0, &limit_param(limit)],
-        )
-        .await?;
-        let mut out = tasks_from_rows(&rows)?;
-        out.sort_by_key(|t| t.id);
-        Ok(out)
+        self.expire_leases_in(&client, now, limit, None).await
     }
 
     async fn next_lease_expiry(&self) -> Result<Option<Timestamp>, StoreError> {

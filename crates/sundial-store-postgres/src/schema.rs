@@ -25,6 +25,9 @@ pub(crate) const MIGRATION_LOCK_CLASS: i32 = 0x5355_4e44; // "SUND"
 /// The advisory-lock class of exclusive keys (see `claim_due` and `claim_ready`).
 pub(crate) const EXCLUSIVE_LOCK_CLASS: i32 = 0x5355_4e58; // "SUNX"
 
+/// PostgreSQL's longest identifier, in bytes (`NAMEDATALEN - 1`).
+const MAX_IDENTIFIER_LEN: usize = 63;
+
 /// One numbered migration. `{schema}` in the SQL stands for the quoted schema name.
 struct Migration {
     version: i32,
@@ -32,10 +35,11 @@ struct Migration {
     sql: &'static str,
 }
 
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "tasks, indexes and counters",
-    sql: r#"
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "tasks, indexes and counters",
+        sql: r#"
 CREATE TABLE {schema}.tasks (
     id               uuid   NOT NULL PRIMARY KEY,
     shard            bigint NOT NULL CHECK (shard >= 0),
@@ -129,7 +133,66 @@ CREATE TRIGGER task_counts_delete AFTER DELETE ON {schema}.tasks
     REFERENCING OLD TABLE AS old_rows
     FOR EACH STATEMENT EXECUTE FUNCTION {schema}.task_counts_after_delete();
 "#,
-}];
+    },
+    Migration {
+        version: 2,
+        name: "cluster: membership, shard leases, per-shard lease index",
+        sql: r#"
+CREATE TABLE {schema}.cluster_meta (
+    singleton   boolean NOT NULL PRIMARY KEY DEFAULT true CHECK (singleton),
+    shard_count bigint  NOT NULL CHECK (shard_count >= 1)
+);
+
+CREATE TABLE {schema}.nodes (
+    node         text   NOT NULL PRIMARY KEY,
+    heartbeat_at bigint NOT NULL
+);
+
+CREATE TABLE {schema}.shard_leases (
+    shard      bigint NOT NULL PRIMARY KEY CHECK (shard >= 0),
+    owner      text,
+    expires_at bigint NOT NULL,
+    range_id   bigint NOT NULL CHECK (range_id >= 1)
+);
+
+CREATE INDEX tasks_shard_lease ON {schema}.tasks (shard, lease_expires_at)
+    WHERE state = 'running';
+"#,
+    },
+    Migration {
+        version: 3,
+        name: "schedules and their fire records",
+        sql: r#"
+CREATE TABLE {schema}.schedules (
+    id           text COLLATE "C" NOT NULL PRIMARY KEY,
+    def          text    NOT NULL,
+    paused       boolean NOT NULL DEFAULT false,
+    note         text,
+    next_fire_at bigint,
+    armed_tick   uuid,
+    last_task    uuid,
+    last_fire_at bigint,
+    fired        bigint  NOT NULL DEFAULT 0 CHECK (fired >= 0),
+    skipped      bigint  NOT NULL DEFAULT 0 CHECK (skipped >= 0),
+    missed       bigint  NOT NULL DEFAULT 0 CHECK (missed >= 0),
+    created_at   bigint  NOT NULL,
+    updated_at   bigint  NOT NULL
+);
+
+CREATE TABLE {schema}.schedule_fires (
+    schedule_id text COLLATE "C" NOT NULL,
+    nominal_at  bigint NOT NULL,
+    outcome     text   NOT NULL CHECK (outcome IN ('fired', 'skipped', 'missed')),
+    reason      text   NOT NULL,
+    task_id     uuid,
+    count       bigint NOT NULL DEFAULT 1 CHECK (count >= 1),
+    through     bigint,
+    recorded_at bigint NOT NULL,
+    PRIMARY KEY (schedule_id, nominal_at)
+);
+"#,
+    },
+];
 
 /// The schema version this build writes (the highest migration it knows).
 pub const CURRENT_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].version;
@@ -175,6 +238,20 @@ impl SchemaName {
     /// The second key of the migration lock.
     pub fn lock_key(&self) -> i32 {
         fnv32(&[self.name.as_bytes()])
+    }
+
+    /// The LISTEN/NOTIFY channel of this deployment: `sundial_<schema>`, or, when that would
+    /// pass PostgreSQL's 63-byte identifier limit (a longer channel name is an error in
+    /// `pg_notify` and silently truncated by `LISTEN`), `sundial_` with the first 46 bytes of the
+    /// schema name and a hash of all of it. Only `[a-z0-9_]`, so it can be quoted as is.
+    pub fn channel(&self) -> String {
+        let full = format!("sundial_{}", self.name);
+        if full.len() <= MAX_IDENTIFIER_LEN {
+            return full;
+        }
+        let hash = u32::from_ne_bytes(fnv32(&[self.name.as_bytes()]).to_ne_bytes());
+        // The name is ASCII, so any byte index is a character boundary.
+        format!("sundial_{}_{hash:08x}", &self.name[..46])
     }
 }
 
@@ -295,6 +372,29 @@ mod tests {
         assert_eq!(fnv32(&[b"sundial"]), fnv32(&[b"sun", b"dial"]));
         assert_eq!(fnv32(&[b""]), 0x811c_9dc5_u32 as i32);
         assert_eq!(fnv32(&[b"a"]), 0xe40c_292c_u32 as i32);
+    }
+
+    #[test]
+    fn channels_fit_the_identifier_limit() {
+        assert_eq!(
+            SchemaName::parse("sundial").unwrap().channel(),
+            "sundial_sundial"
+        );
+        let long = "a".repeat(55);
+        assert_eq!(
+            SchemaName::parse(&long).unwrap().channel(),
+            format!("sundial_{long}")
+        );
+        let longest_a = SchemaName::parse(&"a".repeat(63)).unwrap().channel();
+        let longest_b = SchemaName::parse(&format!("{}b", "a".repeat(62)))
+            .unwrap()
+            .channel();
+        assert_eq!(longest_a.len(), MAX_IDENTIFIER_LEN);
+        assert_eq!(longest_b.len(), MAX_IDENTIFIER_LEN);
+        assert_ne!(
+            longest_a, longest_b,
+            "long names that share a prefix differ"
+        );
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! Every statement the store runs, written once per store with the schema name filled in.
 //!
 //! No statement reads a clock (`now()`, `CURRENT_TIMESTAMP`, `clock_timestamp()`): every time is
-//! a parameter handed in by the caller, so the engine's clock alone decides what is due.
+//! a parameter handed in by the caller, so the engine's clock alone decides what is due. The one
+//! exception is [`ClusterSql::database_time`], which only reports the database's clock for the
+//! engine's skew check at start and decides nothing.
 
 use crate::rows::task_columns;
 use crate::schema::SchemaName;
@@ -22,6 +24,8 @@ pub(crate) struct Sql {
     pub exclusive_keys_of: String,
     pub lock_keys: String,
     pub lock_claimable: String,
+    /// `lock_claimable` limited to one shard (`$3`): a fenced claim covers its shard only.
+    pub lock_claimable_in_shard: String,
     pub running_keys: String,
     pub ready_claimed: String,
     pub start_claimed: String,
@@ -36,11 +40,170 @@ pub(crate) struct Sql {
     pub cancel: String,
     pub trigger: String,
     pub expire_leases: String,
+    /// `expire_leases` limited to one shard (`$3`), for the shard's owner.
+    pub expire_leases_in_shard: String,
     pub next_lease_expiry: String,
+    pub next_lease_expiry_in_shard: String,
     pub fold_counts: String,
     pub count_by_state: String,
     /// The task columns qualified with `t.`, for `list`.
     pub columns: String,
+    pub cluster: ClusterSql,
+    pub schedules: ScheduleSql,
+}
+
+/// Membership, shard leases, wake-ups (see `cluster.rs`).
+pub(crate) struct ClusterSql {
+    pub shard_count_propose: String,
+    pub shard_count: String,
+    pub heartbeat: String,
+    pub leave: String,
+    pub acquire: String,
+    pub release: String,
+    /// Reads the shard's fencing number and holds a share lock on its lease row until the
+    /// transaction ends: a takeover (an `UPDATE` of the row) waits for the fenced write, or the
+    /// fenced write, coming second, reads the new `range_id`.
+    pub fence: String,
+    pub notify: String,
+    pub database_time: String,
+}
+
+/// Schedules and their fire records (see `schedules.rs`).
+pub(crate) struct ScheduleSql {
+    pub get: String,
+    pub lock: String,
+    pub create: String,
+    pub list: String,
+    pub set_arm: String,
+    pub update_def: String,
+    pub after_fire: String,
+    pub set_paused: String,
+    pub delete: String,
+    pub delete_fires: String,
+    pub cancel_tick: String,
+    pub existing_fires: String,
+    pub insert_fires: String,
+    pub list_fires: String,
+}
+
+/// The columns of `schedules`, in the order `schedules::schedule_from_row` reads them.
+const SCHEDULE_COLUMNS: &str = "id, def, paused, note, next_fire_at, armed_tick, last_task, \
+    last_fire_at, fired, skipped, missed, created_at, updated_at";
+
+/// The columns of `schedule_fires`, in the order `schedules::fire_from_row` reads them.
+const FIRE_COLUMNS: &str =
+    "schedule_id, nominal_at, outcome, reason, task_id, count, through, recorded_at";
+
+impl ClusterSql {
+    fn new(s: &str) -> Self {
+        ClusterSql {
+            shard_count_propose: format!(
+                "INSERT INTO {s}.cluster_meta (singleton, shard_count) VALUES (true, $1) \
+                 ON CONFLICT (singleton) DO NOTHING"
+            ),
+            shard_count: format!("SELECT shard_count FROM {s}.cluster_meta WHERE singleton"),
+            // The row written by this statement is not in its own snapshot: it is returned by
+            // the insert and added to the others.
+            heartbeat: format!(
+                "WITH me AS (INSERT INTO {s}.nodes AS n (node, heartbeat_at) VALUES ($1, $2) \
+                     ON CONFLICT (node) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at \
+                     RETURNING n.node, n.heartbeat_at) \
+                 SELECT node FROM me WHERE heartbeat_at >= $3 \
+                 UNION \
+                 SELECT node FROM {s}.nodes WHERE heartbeat_at >= $3 AND node <> $1 \
+                 ORDER BY 1"
+            ),
+            leave: format!("DELETE FROM {s}.nodes WHERE node = $1"),
+            // One statement decides: a new row, or an update whose WHERE is evaluated on the
+            // latest version of the row under its lock (so of two acquirers one wins). The
+            // fencing number moves whenever the holder changes (a released lease has no holder,
+            // so even its previous owner gets a new number).
+            acquire: format!(
+                "INSERT INTO {s}.shard_leases AS l (shard, owner, expires_at, range_id) \
+                 VALUES ($1, $2, $4, 1) \
+                 ON CONFLICT (shard) DO UPDATE SET owner = EXCLUDED.owner, \
+                 expires_at = EXCLUDED.expires_at, \
+                 range_id = CASE WHEN l.owner = EXCLUDED.owner THEN l.range_id \
+                                 ELSE l.range_id + 1 END \
+                 WHERE l.owner IS NULL OR l.owner = EXCLUDED.owner OR l.expires_at < $3 \
+                 RETURNING l.range_id"
+            ),
+            // Bumping the number on release kills the released fence at once: a write still
+            // in flight with it either committed before (the release waited for its share lock)
+            // or is refused.
+            release: format!(
+                "UPDATE {s}.shard_leases SET owner = NULL, expires_at = 0, range_id = range_id + 1 \
+                 WHERE shard = $1 AND owner = $2 AND range_id = $3"
+            ),
+            fence: format!("SELECT range_id FROM {s}.shard_leases WHERE shard = $1 FOR SHARE"),
+            notify: "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p".to_string(),
+            database_time: "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+                .to_string(),
+        }
+    }
+}
+
+impl ScheduleSql {
+    fn new(s: &str) -> Self {
+        let sc = SCHEDULE_COLUMNS;
+        let fc = FIRE_COLUMNS;
+        let schedules = format!("{s}.schedules");
+        let fires = format!("{s}.schedule_fires");
+        ScheduleSql {
+            get: format!("SELECT {sc} FROM {schedules} WHERE id = $1"),
+            lock: format!("SELECT {sc} FROM {schedules} WHERE id = $1 FOR UPDATE"),
+            create: format!(
+                "INSERT INTO {schedules} (id, def, paused, note, created_at, updated_at) \
+                 VALUES ($1, $2, $3, $4, $5, $5) ON CONFLICT (id) DO NOTHING RETURNING {sc}"
+            ),
+            list: format!("SELECT {sc} FROM {schedules} WHERE id > $1 ORDER BY id LIMIT $2"),
+            set_arm: format!(
+                "UPDATE {schedules} SET next_fire_at = $2, armed_tick = $3 WHERE id = $1 \
+                 RETURNING {sc}"
+            ),
+            update_def: format!(
+                "UPDATE {schedules} SET def = $2, updated_at = $3, \
+                 next_fire_at = CASE WHEN $4::boolean THEN $5::bigint ELSE next_fire_at END, \
+                 armed_tick = CASE WHEN $4::boolean THEN $6::uuid ELSE armed_tick END \
+                 WHERE id = $1 RETURNING {sc}"
+            ),
+            after_fire: format!(
+                "UPDATE {schedules} SET fired = fired + $2, skipped = skipped + $3, \
+                 missed = missed + $4, last_task = COALESCE($5::uuid, last_task), \
+                 last_fire_at = GREATEST(last_fire_at, $6::bigint), updated_at = $7, \
+                 next_fire_at = CASE WHEN $8::boolean THEN $9::bigint ELSE next_fire_at END, \
+                 armed_tick = CASE WHEN $8::boolean THEN $10::uuid ELSE armed_tick END \
+                 WHERE id = $1 RETURNING {sc}"
+            ),
+            set_paused: format!(
+                "UPDATE {schedules} SET paused = $2, note = $3, updated_at = $4 WHERE id = $1 \
+                 RETURNING {sc}"
+            ),
+            delete: format!("DELETE FROM {schedules} WHERE id = $1 RETURNING armed_tick"),
+            delete_fires: format!("DELETE FROM {fires} WHERE schedule_id = $1"),
+            cancel_tick: format!(
+                "UPDATE {s}.tasks SET state = 'cancelled', updated_at = $2, finished_at = $2, \
+                 last_error = 'superseded: the schedule was re-armed or removed' \
+                 WHERE id = $1 AND state = 'scheduled'"
+            ),
+            existing_fires: format!(
+                "SELECT {fc} FROM {fires} WHERE schedule_id = $1 AND nominal_at = ANY($2::bigint[])"
+            ),
+            insert_fires: format!(
+                "INSERT INTO {fires} (schedule_id, nominal_at, outcome, reason, task_id, count, \
+                 through, recorded_at) \
+                 SELECT $1::text, u.nominal_at, u.outcome, u.reason, u.task_id, u.count, u.through, \
+                 $8::bigint \
+                 FROM unnest($2::bigint[], $3::text[], $4::text[], $5::uuid[], $6::bigint[], \
+                 $7::bigint[]) AS u(nominal_at, outcome, reason, task_id, count, through) \
+                 ORDER BY u.nominal_at"
+            ),
+            list_fires: format!(
+                "SELECT {fc} FROM {fires} WHERE schedule_id = $1 AND nominal_at < $2 \
+                 ORDER BY nominal_at DESC LIMIT $3"
+            ),
+        }
+    }
 }
 
 impl Sql {
@@ -75,6 +238,27 @@ impl Sql {
                     },
                 )
             });
+        // Running tasks whose lease ended before `$1` (at most `$2`, `shard_filter` may narrow
+        // them): back to scheduled, or dead when no attempt is left. Rows another transaction
+        // holds are skipped (the next round takes them), so reapers never wait for each other.
+        let expire_leases = |shard_filter: &str| {
+            format!(
+                "WITH expired AS (SELECT id FROM {tasks} \
+                     WHERE state = 'running' AND lease_expires_at < $1 {shard_filter} \
+                     ORDER BY lease_expires_at, id LIMIT $2), \
+                 locked AS (SELECT t.id FROM {tasks} t \
+                     WHERE t.id IN (SELECT id FROM expired) \
+                     AND t.state = 'running' AND t.lease_expires_at < $1 \
+                     ORDER BY t.id FOR UPDATE OF t SKIP LOCKED) \
+                 UPDATE {tasks} t SET \
+                 state = CASE WHEN t.attempt < t.max_attempts THEN 'scheduled' ELSE 'dead' END, \
+                 due_at = CASE WHEN t.attempt < t.max_attempts THEN $1::bigint ELSE t.due_at END, \
+                 finished_at = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE $1::bigint END, \
+                 last_error = 'lease expired: the attempt neither finished nor heartbeated in time', \
+                 lease_expires_at = NULL, updated_at = $1 \
+                 FROM locked WHERE t.id = locked.id RETURNING {c}"
+            )
+        };
         Sql {
             get: format!("SELECT {c} FROM {tasks} t WHERE t.id = $1"),
             state_of: format!("SELECT state FROM {tasks} WHERE id = $1"),
@@ -129,6 +313,11 @@ impl Sql {
                 "SELECT t.id, t.exclusive_key, t.exclusive_mode FROM {tasks} t \
                  WHERE t.id = ANY($1::uuid[]) AND t.state = 'scheduled' AND t.due_at <= $2 \
                  ORDER BY t.id FOR UPDATE OF t"
+            ),
+            lock_claimable_in_shard: format!(
+                "SELECT t.id, t.exclusive_key, t.exclusive_mode FROM {tasks} t \
+                 WHERE t.id = ANY($1::uuid[]) AND t.state = 'scheduled' AND t.due_at <= $2 \
+                 AND t.shard = $3 ORDER BY t.id FOR UPDATE OF t"
             ),
             running_keys: format!(
                 "SELECT DISTINCT exclusive_key FROM {tasks} \
@@ -196,24 +385,13 @@ impl Sql {
                 "UPDATE {tasks} t SET due_at = LEAST(t.due_at, $2::bigint), updated_at = $2 \
                  WHERE t.id = $1 AND t.state = 'scheduled' RETURNING {c}"
             ),
-            expire_leases: format!(
-                "WITH expired AS (SELECT id FROM {tasks} \
-                     WHERE state = 'running' AND lease_expires_at < $1 \
-                     ORDER BY lease_expires_at, id LIMIT $2), \
-                 locked AS (SELECT t.id FROM {tasks} t \
-                     WHERE t.id IN (SELECT id FROM expired) \
-                     AND t.state = 'running' AND t.lease_expires_at < $1 \
-                     ORDER BY t.id FOR UPDATE OF t SKIP LOCKED) \
-                 UPDATE {tasks} t SET \
-                 state = CASE WHEN t.attempt < t.max_attempts THEN 'scheduled' ELSE 'dead' END, \
-                 due_at = CASE WHEN t.attempt < t.max_attempts THEN $1::bigint ELSE t.due_at END, \
-                 finished_at = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE $1::bigint END, \
-                 last_error = 'lease expired: the attempt neither finished nor heartbeated in time', \
-                 lease_expires_at = NULL, updated_at = $1 \
-                 FROM locked WHERE t.id = locked.id RETURNING {c}"
-            ),
+            expire_leases: expire_leases(""),
+            expire_leases_in_shard: expire_leases("AND shard = $3"),
             next_lease_expiry: format!(
                 "SELECT min(lease_expires_at) FROM {tasks} WHERE state = 'running'"
+            ),
+            next_lease_expiry_in_shard: format!(
+                "SELECT min(lease_expires_at) FROM {tasks} WHERE state = 'running' AND shard = $1"
             ),
             fold_counts: format!(
                 "WITH gone AS (SELECT c.queue, c.state, c.stripe FROM {s}.task_counts c \
@@ -234,6 +412,8 @@ impl Sql {
             ),
             columns: c,
             tasks,
+            cluster: ClusterSql::new(s),
+            schedules: ScheduleSql::new(s),
         }
     }
 }

@@ -1,117 +1,27 @@
 //! The shared store conformance suite against PostgreSQL, plus what only this backend has: the
 //! migration runner (concurrent starts, a newer schema refused) and counters kept per backend.
 //!
-//! The tests need a PostgreSQL server: `SUNDIAL_TEST_DATABASE_URL` names it (for example
-//! `postgres://postgres@127.0.0.1:5432/test`). Each test works in a fresh schema of its own,
-//! `t_<pid>_<counter>_<random>`, dropped when the test ends, so runs and tests never collide. Without
-//! the variable every test prints `skipped: SUNDIAL_TEST_DATABASE_URL not set` and passes, unless
-//! `SUNDIAL_REQUIRE_POSTGRES=1` (as CI sets it), in which case it fails.
+//! The environment rules (`SUNDIAL_TEST_DATABASE_URL`, skipping, `SUNDIAL_REQUIRE_POSTGRES=1`) and
+//! the fresh schemas are described in `common/mod.rs`.
 #![allow(clippy::unwrap_used)] // test code: a panic is a failed test
 
-use std::io::Write;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use sundial_core::{Limits, TaskId, TaskSpec, TaskState, Timestamp};
 use sundial_store::{ClaimOutcome, ClaimTarget, DueClaim, Inserted, Store};
-use sundial_store_postgres::{PostgresError, PostgresOptions, PostgresStore, SCHEMA_VERSION};
+use sundial_store_postgres::{PostgresError, SCHEMA_VERSION};
 
-const URL_VAR: &str = "SUNDIAL_TEST_DATABASE_URL";
-const REQUIRE_VAR: &str = "SUNDIAL_REQUIRE_POSTGRES";
+mod common;
 
-/// The test database's URL, or `None` (after saying so) when the tests are to be skipped.
-fn database_url() -> Option<String> {
-    match std::env::var(URL_VAR) {
-        Ok(url) if !url.trim().is_empty() => Some(url),
-        _ => {
-            if std::env::var(REQUIRE_VAR).is_ok_and(|v| v == "1") {
-                panic!("{URL_VAR} is not set, but {REQUIRE_VAR}=1 requires the PostgreSQL tests");
-            }
-            // Straight to the process's stderr, past the test harness's capture, so that a
-            // skip is visible in a plain `cargo test` run.
-            let test = std::thread::current().name().unwrap_or("?").to_string();
-            let line = format!("\nskipped: {URL_VAR} not set ({test})\n");
-            let _ = std::io::stderr().write_all(line.as_bytes());
-            None
-        }
-    }
-}
-
-/// A schema name no other test or run uses.
-fn fresh_schema_name() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let random = uuid::Uuid::new_v4().simple().to_string();
-    format!("t_{}_{n}_{}", std::process::id(), &random[..8])
-}
-
-/// Drops its schema when dropped (after the store that used it).
-struct SchemaGuard {
-    url: String,
-    schema: String,
-}
-
-impl Drop for SchemaGuard {
-    fn drop(&mut self) {
-        let url = self.url.clone();
-        let sql = format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.schema);
-        // Drop runs inside the test's runtime, which cannot be blocked on from within: use a
-        // thread with a small runtime of its own.
-        let done = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
-                let task = tokio::spawn(conn);
-                let res = client.batch_execute(&sql).await;
-                drop(client);
-                let _ = task.await;
-                res
-            })
-        })
-        .join();
-        if !matches!(done, Ok(Ok(()))) {
-            eprintln!("could not drop test schema {}: {done:?}", self.schema);
-        }
-    }
-}
-
-async fn connect(url: &str, schema: &str) -> Result<PostgresStore, PostgresError> {
-    PostgresStore::connect(
-        url,
-        PostgresOptions {
-            schema: schema.to_string(),
-            pool_size: 4,
-            ..PostgresOptions::default()
-        },
-    )
-    .await
-}
+use common::{SchemaGuard, connect, database_url, fresh_schema_name, raw_client};
 
 /// A store in a fresh schema, or `None` when PostgreSQL tests are skipped here.
 async fn fresh_store() -> Option<(Arc<dyn Store>, SchemaGuard)> {
-    let url = database_url()?;
-    let schema = fresh_schema_name();
-    let guard = SchemaGuard {
-        url: url.clone(),
-        schema: schema.clone(),
-    };
-    let store = connect(&url, &schema).await.expect("connect to PostgreSQL");
-    Some((Arc::new(store), guard))
+    let (store, guard) = common::fresh_postgres().await?;
+    Some((store, guard))
 }
 
 sundial_store::store_conformance!(fresh_store);
-
-/// A plain connection for looking at the schema from outside the store.
-async fn raw_client(url: &str) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .expect("connect");
-    tokio::spawn(conn);
-    client
-}
 
 async fn recorded_versions(client: &tokio_postgres::Client, schema: &str) -> Vec<i32> {
     client

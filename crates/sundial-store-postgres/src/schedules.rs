@@ -1,0 +1,515 @@
+//! [`ScheduleStore`] on PostgreSQL: tables `schedules` and `schedule_fires` (migration 3), with
+//! the semantics of the SQLite implementation.
+//!
+//! Every write is one transaction. Writes that depend on a schedule's current row (`fire`,
+//! `update_schedule`, `delete_schedule`) first lock that row (`SELECT … FOR UPDATE`, or the
+//! `DELETE` itself), so the writes of one schedule run one after another and each sees the row
+//! its predecessor committed: of several fires of one armed tick, one commits and the others find
+//! another tick armed (`StaleTick`). Fire records are only ever written under that lock, so
+//! "is this nominal time recorded?" is answered by a read inside it; the primary key
+//! `(schedule_id, nominal_at)` would refuse a second record even so (the whole op would roll
+//! back, and the tick run again). The fire's task and the next tick are inserted with
+//! [`PostgresStore::insert_in`] in the same transaction, so everything an op writes commits or
+//! rolls back together. Schedule ids are `text COLLATE "C"`: listed in byte order, as in SQLite.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use deadpool_postgres::GenericClient;
+use sundial_core::schedule::{ScheduleDef, ScheduleId};
+use sundial_core::{NewTask, Task, TaskId, Timestamp};
+use sundial_store::{
+    ArmChange, FireApplied, FireCounts, FireOp, FireOutcome, FirePage, FireReason, FireRecord,
+    FireResult, Inserted, NewSchedule, Schedule, ScheduleError, SchedulePage, ScheduleStore,
+    StoreError,
+};
+use tokio_postgres::Row;
+use uuid::Uuid;
+
+use crate::rows::col;
+use crate::{PostgresStore, limit_param, pg, query, query_opt};
+
+fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!("{what}: {e}"))
+}
+
+fn schedule_id(s: String) -> Result<ScheduleId, StoreError> {
+    ScheduleId::new(s).map_err(|e| corrupt("schedule id", e))
+}
+
+fn count(r: &Row, idx: usize, what: &str) -> Result<u64, StoreError> {
+    let n: i64 = col(r, idx)?;
+    u64::try_from(n).map_err(|_| corrupt(what, format!("{n} is negative")))
+}
+
+fn schedule_from_row(r: &Row) -> Result<Schedule, StoreError> {
+    let def: String = col(r, 1)?;
+    let def: ScheduleDef = serde_json::from_str(&def).map_err(|e| corrupt("schedule def", e))?;
+    Ok(Schedule {
+        id: schedule_id(col(r, 0)?)?,
+        def,
+        paused: col(r, 2)?,
+        note: col(r, 3)?,
+        next_fire_at: col::<Option<i64>>(r, 4)?.map(Timestamp),
+        armed_tick: col::<Option<Uuid>>(r, 5)?.map(TaskId),
+        last_task: col::<Option<Uuid>>(r, 6)?.map(TaskId),
+        last_fire_at: col::<Option<i64>>(r, 7)?.map(Timestamp),
+        counts: FireCounts {
+            fired: count(r, 8, "fired")?,
+            skipped: count(r, 9, "skipped")?,
+            missed: count(r, 10, "missed")?,
+        },
+        created_at: Timestamp(col(r, 11)?),
+        updated_at: Timestamp(col(r, 12)?),
+    })
+}
+
+fn fire_from_row(r: &Row) -> Result<FireRecord, StoreError> {
+    let outcome: String = col(r, 2)?;
+    let reason: String = col(r, 3)?;
+    Ok(FireRecord {
+        schedule_id: schedule_id(col(r, 0)?)?,
+        nominal: Timestamp(col(r, 1)?),
+        outcome: FireOutcome::parse(&outcome).ok_or_else(|| corrupt("fire outcome", &outcome))?,
+        reason: FireReason::parse(&reason).ok_or_else(|| corrupt("fire reason", &reason))?,
+        task_id: col::<Option<Uuid>>(r, 4)?.map(TaskId),
+        count: count(r, 5, "fire count")?,
+        through: col::<Option<i64>>(r, 6)?.map(Timestamp),
+        recorded_at: Timestamp(col(r, 7)?),
+    })
+}
+
+fn def_json(def: &ScheduleDef) -> Result<String, StoreError> {
+    serde_json::to_string(def).map_err(|e| StoreError::Backend(format!("schedule def: {e}")))
+}
+
+/// What an [`ArmChange`] did: the new `(next_fire_at, armed_tick)` to store (`None`: keep), and
+/// the tick it inserted.
+struct Armed {
+    set: Option<(Option<i64>, Option<Uuid>)>,
+    tick: Option<Task>,
+}
+
+/// Where the result of one [`sundial_store::NewFire`] comes from.
+enum Slot {
+    /// Recorded by an earlier op.
+    Existing(FireRecord),
+    /// Recorded by this op: index into its new fires.
+    New(usize),
+    /// A repeat, within this op, of the new fire at this index.
+    Repeat(usize),
+}
+
+impl PostgresStore {
+    /// Inserts one task in `tx`; a live task holding its key is an error (ticks have no key).
+    async fn insert_tick(
+        &self,
+        tx: &impl GenericClient,
+        tick: &NewTask,
+    ) -> Result<Task, StoreError> {
+        match self.insert_in(tx, std::slice::from_ref(tick)).await?.pop() {
+            Some(Inserted::Created(t)) => Ok(*t),
+            Some(Inserted::Duplicate { existing }) => Err(StoreError::Backend(format!(
+                "tick key held by task {existing}"
+            ))),
+            None => Err(StoreError::Backend("tick insert returned nothing".into())),
+        }
+    }
+
+    /// Cancels a superseded tick, unless it already left `scheduled` (a running tick is the one
+    /// firing; it finishes on its own).
+    async fn cancel_tick(
+        &self,
+        tx: &impl GenericClient,
+        tick: TaskId,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        query(tx, &self.sql.schedules.cancel_tick, &[&tick.0, &now.0]).await?;
+        Ok(())
+    }
+
+    async fn apply_arm(
+        &self,
+        tx: &impl GenericClient,
+        current: Option<TaskId>,
+        arm: ArmChange,
+        now: Timestamp,
+    ) -> Result<Armed, StoreError> {
+        match arm {
+            ArmChange::Keep => Ok(Armed {
+                set: None,
+                tick: None,
+            }),
+            ArmChange::Disarm => {
+                if let Some(t) = current {
+                    self.cancel_tick(tx, t, now).await?;
+                }
+                Ok(Armed {
+                    set: Some((None, None)),
+                    tick: None,
+                })
+            }
+            ArmChange::Arm(a) => {
+                if let Some(t) = current
+                    && t != a.tick.id
+                {
+                    self.cancel_tick(tx, t, now).await?;
+                }
+                let tick = self.insert_tick(tx, &a.tick).await?;
+                Ok(Armed {
+                    set: Some((Some(a.nominal.0), Some(tick.id.0))),
+                    tick: Some(tick),
+                })
+            }
+        }
+    }
+
+    /// Locks the schedule's row for the rest of the transaction and returns it.
+    async fn lock_schedule(
+        &self,
+        tx: &impl GenericClient,
+        id: &ScheduleId,
+    ) -> Result<Schedule, ScheduleError> {
+        match query_opt(tx, &self.sql.schedules.lock, &[&id.as_str()]).await? {
+            Some(r) => Ok(schedule_from_row(&r)?),
+            None => Err(ScheduleError::NotFound),
+        }
+    }
+
+    async fn fire_in(
+        &self,
+        tx: &impl GenericClient,
+        op: FireOp,
+    ) -> Result<FireApplied, ScheduleError> {
+        let sql = &self.sql.schedules;
+        let id = op.schedule_id.as_str();
+        let current = self.lock_schedule(tx, &op.schedule_id).await?;
+        if let Some(expect) = op.expect_armed
+            && current.armed_tick != Some(expect)
+        {
+            return Err(ScheduleError::StaleTick {
+                armed: current.armed_tick,
+            });
+        }
+
+        // Which fires are recorded already (under the row lock, nobody else records any).
+        let nominals: Vec<i64> = op.fires.iter().map(|f| f.nominal.0).collect();
+        let mut existing: HashMap<i64, FireRecord> = HashMap::new();
+        if !nominals.is_empty() {
+            for r in query(tx, &sql.existing_fires, &[&id, &nominals]).await? {
+                let f = fire_from_row(&r)?;
+                existing.insert(f.nominal.0, f);
+            }
+        }
+        let mut slots = Vec::with_capacity(op.fires.len());
+        let mut new_fires = Vec::new();
+        let mut new_at: HashMap<i64, usize> = HashMap::new();
+        for f in op.fires {
+            let n = f.nominal.0;
+            if let Some(r) = existing.get(&n) {
+                slots.push(Slot::Existing(r.clone()));
+            } else if let Some(&i) = new_at.get(&n) {
+                slots.push(Slot::Repeat(i));
+            } else {
+                new_at.insert(n, new_fires.len());
+                slots.push(Slot::New(new_fires.len()));
+                new_fires.push(f);
+            }
+        }
+
+        // Their tasks, in one insert.
+        let mut tasks: Vec<NewTask> = Vec::new();
+        let mut task_of: Vec<Option<usize>> = Vec::with_capacity(new_fires.len());
+        for f in &mut new_fires {
+            task_of.push(f.task.take().map(|t| {
+                tasks.push(t);
+                tasks.len() - 1
+            }));
+        }
+        let mut inserted: Vec<Option<Inserted>> = if tasks.is_empty() {
+            Vec::new()
+        } else {
+            self.insert_in(tx, &tasks)
+                .await?
+                .into_iter()
+                .map(Some)
+                .collect()
+        };
+
+        // Their records, in one insert.
+        let (mut fired, mut skipped, mut missed) = (0i64, 0i64, 0i64);
+        let mut last_task: Option<TaskId> = None;
+        let mut last_fire: Option<i64> = None;
+        let mut records: Vec<(FireRecord, Option<Box<Task>>)> = Vec::with_capacity(new_fires.len());
+        for (f, t) in new_fires.iter().zip(&task_of) {
+            let (task_id, task) = match t.and_then(|i| inserted[i].take()) {
+                Some(Inserted::Created(t)) => (Some(t.id), Some(t)),
+                Some(Inserted::Duplicate { existing }) => (Some(existing), None),
+                None => (None, None),
+            };
+            let n = i64::try_from(f.count.max(1)).unwrap_or(i64::MAX);
+            match f.outcome {
+                FireOutcome::Fired => fired = fired.saturating_add(n),
+                FireOutcome::Skipped => skipped = skipped.saturating_add(n),
+                FireOutcome::Missed => missed = missed.saturating_add(n),
+            }
+            if task_id.is_some() {
+                last_task = task_id;
+            }
+            let latest = f.through.unwrap_or(f.nominal).0;
+            last_fire = Some(last_fire.map_or(latest, |l| l.max(latest)));
+            records.push((
+                FireRecord {
+                    schedule_id: op.schedule_id.clone(),
+                    nominal: f.nominal,
+                    outcome: f.outcome,
+                    reason: f.reason,
+                    task_id,
+                    count: n as u64,
+                    through: f.through,
+                    recorded_at: op.now,
+                },
+                task,
+            ));
+        }
+        if !records.is_empty() {
+            let nominal: Vec<i64> = records.iter().map(|(r, _)| r.nominal.0).collect();
+            let outcome: Vec<&str> = records.iter().map(|(r, _)| r.outcome.as_str()).collect();
+            let reason: Vec<&str> = records.iter().map(|(r, _)| r.reason.as_str()).collect();
+            let task_id: Vec<Option<Uuid>> = records
+                .iter()
+                .map(|(r, _)| r.task_id.map(|t| t.0))
+                .collect();
+            let counts: Vec<i64> = records
+                .iter()
+                .map(|(r, _)| i64::try_from(r.count).unwrap_or(i64::MAX))
+                .collect();
+            let through: Vec<Option<i64>> = records
+                .iter()
+                .map(|(r, _)| r.through.map(|t| t.0))
+                .collect();
+            query(
+                tx,
+                &sql.insert_fires,
+                &[
+                    &id, &nominal, &outcome, &reason, &task_id, &counts, &through, &op.now.0,
+                ],
+            )
+            .await?;
+        }
+
+        let armed = self
+            .apply_arm(tx, current.armed_tick, op.arm, op.now)
+            .await?;
+        let (set, next, tick) = match armed.set {
+            Some((next, tick)) => (true, next, tick),
+            None => (false, None, None),
+        };
+        let row = query_opt(
+            tx,
+            &sql.after_fire,
+            &[
+                &id,
+                &fired,
+                &skipped,
+                &missed,
+                &last_task.map(|t| t.0),
+                &last_fire,
+                &op.now.0,
+                &set,
+                &next,
+                &tick,
+            ],
+        )
+        .await?
+        .ok_or(ScheduleError::NotFound)?;
+        let schedule = schedule_from_row(&row)?;
+
+        let fires = slots
+            .into_iter()
+            .map(|slot| match slot {
+                Slot::Existing(r) => FireResult::AlreadyRecorded(r),
+                Slot::New(i) => FireResult::Recorded {
+                    record: records[i].0.clone(),
+                    task: records[i].1.take(),
+                },
+                Slot::Repeat(i) => FireResult::AlreadyRecorded(records[i].0.clone()),
+            })
+            .collect();
+        Ok(FireApplied {
+            schedule,
+            fires,
+            tick: armed.tick.map(Box::new),
+        })
+    }
+}
+
+#[async_trait]
+impl ScheduleStore for PostgresStore {
+    async fn create_schedule(
+        &self,
+        s: NewSchedule,
+    ) -> Result<(Schedule, Option<Task>), ScheduleError> {
+        let def = def_json(&s.def)?;
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        let id = s.id.as_str();
+        let Some(row) = query_opt(
+            &tx,
+            &self.sql.schedules.create,
+            &[&id, &def, &s.paused, &s.note, &s.now.0],
+        )
+        .await?
+        else {
+            return Err(ScheduleError::AlreadyExists);
+        };
+        let mut schedule = schedule_from_row(&row)?;
+        let arm = s.arm.map_or(ArmChange::Keep, ArmChange::arm);
+        let armed = self.apply_arm(&tx, None, arm, s.now).await?;
+        if let Some((next, tick)) = armed.set {
+            let row = query_opt(&tx, &self.sql.schedules.set_arm, &[&id, &next, &tick])
+                .await?
+                .ok_or(ScheduleError::NotFound)?;
+            schedule = schedule_from_row(&row)?;
+        }
+        tx.commit().await.map_err(pg)?;
+        Ok((schedule, armed.tick))
+    }
+
+    async fn get_schedule(&self, id: &ScheduleId) -> Result<Option<Schedule>, StoreError> {
+        let client = self.client().await?;
+        query_opt(&client, &self.sql.schedules.get, &[&id.as_str()])
+            .await?
+            .map(|r| schedule_from_row(&r))
+            .transpose()
+    }
+
+    async fn list_schedules(
+        &self,
+        after: Option<&ScheduleId>,
+        limit: usize,
+    ) -> Result<SchedulePage, StoreError> {
+        let after = after.map_or("", |a| a.as_str());
+        let client = self.client().await?;
+        let rows = query(
+            &client,
+            &self.sql.schedules.list,
+            &[&after, &limit_param(limit.saturating_add(1))],
+        )
+        .await?;
+        let mut schedules = rows
+            .iter()
+            .map(schedule_from_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        let next_cursor = if schedules.len() > limit {
+            schedules.truncate(limit);
+            schedules.last().map(|s| s.id.clone())
+        } else {
+            None
+        };
+        Ok(SchedulePage {
+            schedules,
+            next_cursor,
+        })
+    }
+
+    async fn update_schedule(
+        &self,
+        id: &ScheduleId,
+        def: ScheduleDef,
+        arm: ArmChange,
+        now: Timestamp,
+    ) -> Result<(Schedule, Option<Task>), ScheduleError> {
+        let def = def_json(&def)?;
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        let current = self.lock_schedule(&tx, id).await?;
+        let armed = self.apply_arm(&tx, current.armed_tick, arm, now).await?;
+        let (set, next, tick) = match armed.set {
+            Some((next, tick)) => (true, next, tick),
+            None => (false, None, None),
+        };
+        let row = query_opt(
+            &tx,
+            &self.sql.schedules.update_def,
+            &[&id.as_str(), &def, &now.0, &set, &next, &tick],
+        )
+        .await?
+        .ok_or(ScheduleError::NotFound)?;
+        let schedule = schedule_from_row(&row)?;
+        tx.commit().await.map_err(pg)?;
+        Ok((schedule, armed.tick))
+    }
+
+    async fn set_paused(
+        &self,
+        id: &ScheduleId,
+        paused: bool,
+        note: Option<String>,
+        now: Timestamp,
+    ) -> Result<Schedule, ScheduleError> {
+        let client = self.client().await?;
+        match query_opt(
+            &client,
+            &self.sql.schedules.set_paused,
+            &[&id.as_str(), &paused, &note, &now.0],
+        )
+        .await?
+        {
+            Some(r) => Ok(schedule_from_row(&r)?),
+            None => Err(ScheduleError::NotFound),
+        }
+    }
+
+    async fn delete_schedule(&self, id: &ScheduleId, now: Timestamp) -> Result<(), ScheduleError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        let Some(row) = query_opt(&tx, &self.sql.schedules.delete, &[&id.as_str()]).await? else {
+            return Err(ScheduleError::NotFound);
+        };
+        if let Some(tick) = col::<Option<Uuid>>(&row, 0)? {
+            self.cancel_tick(&tx, TaskId(tick), now).await?;
+        }
+        query(&tx, &self.sql.schedules.delete_fires, &[&id.as_str()]).await?;
+        tx.commit().await.map_err(pg)?;
+        Ok(())
+    }
+
+    async fn fire(&self, op: FireOp) -> Result<FireApplied, ScheduleError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        let applied = self.fire_in(&tx, op).await?;
+        tx.commit().await.map_err(pg)?;
+        Ok(applied)
+    }
+
+    async fn list_fires(
+        &self,
+        id: &ScheduleId,
+        before: Option<Timestamp>,
+        limit: usize,
+    ) -> Result<FirePage, StoreError> {
+        let client = self.client().await?;
+        let rows = query(
+            &client,
+            &self.sql.schedules.list_fires,
+            &[
+                &id.as_str(),
+                &before.map_or(i64::MAX, |b| b.0),
+                &limit_param(limit.saturating_add(1)),
+            ],
+        )
+        .await?;
+        let mut fires = rows
+            .iter()
+            .map(fire_from_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        let next_cursor = if fires.len() > limit {
+            fires.truncate(limit);
+            fires.last().map(|f| f.nominal)
+        } else {
+            None
+        };
+        Ok(FirePage { fires, next_cursor })
+    }
+}

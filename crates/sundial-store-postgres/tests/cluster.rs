@@ -1,0 +1,563 @@
+//! `Cluster` on PostgreSQL: the shard count set once, membership, shard leases and their fencing
+//! numbers, fenced writes refused with `LeaseLost` (and writing nothing), wake-ups between
+//! stores over LISTEN/NOTIFY, and the database's clock.
+//!
+//! The environment rules (`SUNDIAL_TEST_DATABASE_URL`, skipping, `SUNDIAL_REQUIRE_POSTGRES=1`) and
+//! the fresh schemas are described in `common/mod.rs`.
+#![allow(clippy::unwrap_used)] // test code: a panic is a failed test
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use sundial_core::{ExecutionId, Limits, NewTask, TaskId, TaskSpec, TaskState, Timestamp};
+use sundial_store::{
+    ClaimOutcome, ClaimTarget, Cluster, DueClaim, DueEntry, DueKey, Fence, Inserted, Store,
+    StoreError, Wakeup,
+};
+use sundial_store_postgres::PostgresStore;
+
+mod common;
+
+use common::{SchemaGuard, connect, fresh_postgres, raw_client};
+
+const SHARDS: u32 = 4;
+
+/// A second store (its own pool: another node) on the same schema.
+async fn another_node(guard: &SchemaGuard) -> Arc<PostgresStore> {
+    Arc::new(connect(&guard.url, &guard.schema).await.unwrap())
+}
+
+fn new_task(due: i64) -> NewTask {
+    TaskSpec::new("k")
+        .run_at(Timestamp(due))
+        .validate(
+            TaskId(uuid::Uuid::now_v7()),
+            Timestamp(0),
+            SHARDS,
+            &Limits::default(),
+        )
+        .unwrap()
+}
+
+/// Inserts a task due at `due` whose shard is `shard`.
+async fn task_in_shard(store: &PostgresStore, shard: u32, due: i64) -> TaskId {
+    loop {
+        let t = new_task(due);
+        if t.shard == shard {
+            let id = t.id;
+            let out = store.insert(vec![t]).await.unwrap();
+            assert!(matches!(out[0], Inserted::Created(_)));
+            return id;
+        }
+    }
+}
+
+fn run(id: TaskId, lease_until: i64) -> DueClaim {
+    DueClaim {
+        id,
+        target: ClaimTarget::Run {
+            execution: ExecutionId(uuid::Uuid::new_v4()),
+            lease_until: Timestamp(lease_until),
+        },
+    }
+}
+
+async fn state(store: &PostgresStore, id: TaskId) -> TaskState {
+    store.get(id).await.unwrap().unwrap().state
+}
+
+/// The next wake-up, failing the test after 10 s.
+async fn next(stream: &mut BoxStream<'static, Wakeup>) -> Wakeup {
+    tokio::time::timeout(Duration::from_secs(10), stream.next())
+        .await
+        .expect("a wake-up within 10 s")
+        .expect("the stream stays open")
+}
+
+fn due(shard: u32, due_at: i64) -> Wakeup {
+    Wakeup::Due {
+        shard,
+        entry: DueEntry {
+            key: DueKey {
+                due_at: Timestamp(due_at),
+                id: TaskId(uuid::Uuid::now_v7()),
+            },
+            queue: "default".to_string(),
+            kind: "email.send".to_string(),
+            timeout_ms: 30_000,
+        },
+    }
+}
+
+/// The first proposal sets the shard count; later ones (any node, any number) get it back, and
+/// nodes proposing at the same moment all agree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shard_count_is_set_once() {
+    let Some((a, guard)) = fresh_postgres().await else {
+        return;
+    };
+    let nodes: Vec<_> = {
+        let mut v = vec![a];
+        for _ in 0..3 {
+            v.push(another_node(&guard).await);
+        }
+        v
+    };
+    let proposals: Vec<_> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let n = n.clone();
+            tokio::spawn(async move { n.shard_count(8 * (i as u32 + 1)).await.unwrap() })
+        })
+        .collect();
+    let mut got = Vec::new();
+    for p in proposals {
+        got.push(p.await.unwrap());
+    }
+    let first = got[0];
+    assert!([8, 16, 24, 32].contains(&first));
+    assert!(got.iter().all(|n| *n == first), "{got:?}");
+    assert_eq!(nodes[0].shard_count(1).await.unwrap(), first);
+    assert_eq!(
+        another_node(&guard).await.shard_count(64).await.unwrap(),
+        first
+    );
+    assert!(nodes[0].shard_count(0).await.is_err());
+}
+
+/// Heartbeats record each node's time; the live set is the nodes heard from at or after the
+/// cutoff, sorted, including the caller; a node that leaves is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_and_the_live_set() {
+    let Some((s, _guard)) = fresh_postgres().await else {
+        return;
+    };
+    let t = Timestamp;
+    // `Store` has a `heartbeat` too (an attempt's): name the trait.
+    let beat = |node: &'static str, now, live_since| Cluster::heartbeat(&*s, node, now, live_since);
+    assert_eq!(beat("b", t(1_000), t(0)).await.unwrap(), ["b"]);
+    assert_eq!(beat("a", t(2_000), t(1_500)).await.unwrap(), ["a"]);
+    assert_eq!(beat("b", t(2_500), t(1_500)).await.unwrap(), ["a", "b"]);
+    assert_eq!(
+        beat("c", t(3_000), t(2_000)).await.unwrap(),
+        ["a", "b", "c"],
+        "a heartbeat exactly at the cutoff is live"
+    );
+    assert_eq!(beat("c", t(4_000), t(2_001)).await.unwrap(), ["b", "c"]);
+    s.leave("b").await.unwrap();
+    s.leave("nobody").await.unwrap();
+    assert_eq!(beat("a", t(4_100), t(0)).await.unwrap(), ["a", "c"]);
+}
+
+/// Acquire a free shard, renew it (same fence), be refused while another node holds it (also at
+/// the exact expiry), take it over after expiry (higher fence); shards are independent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_renew_and_take_over() {
+    let Some((s, _guard)) = fresh_postgres().await else {
+        return;
+    };
+    let t = Timestamp;
+    let a1 = s.acquire_shard(0, "a", t(1_000), t(2_000)).await.unwrap();
+    let a1 = a1.expect("a free shard is taken");
+    assert_eq!(a1.shard, 0);
+    assert_eq!(
+        s.acquire_shard(0, "b", t(1_500), t(2_500)).await.unwrap(),
+        None
+    );
+    let renewed = s.acquire_shard(0, "a", t(1_800), t(2_800)).await.unwrap();
+    assert_eq!(renewed, Some(a1), "renewal keeps the fencing number");
+    assert_eq!(
+        s.acquire_shard(0, "b", t(2_800), t(3_800)).await.unwrap(),
+        None,
+        "a lease is valid through its expiry"
+    );
+    let b1 = s.acquire_shard(0, "b", t(2_801), t(3_801)).await.unwrap();
+    let b1 = b1.expect("an expired lease is taken over");
+    assert!(b1.range_id > a1.range_id, "{b1:?} after {a1:?}");
+    assert_eq!(
+        s.acquire_shard(0, "a", t(2_900), t(3_900)).await.unwrap(),
+        None
+    );
+    // Renewing an expired lease nobody took keeps the number too.
+    let b2 = s.acquire_shard(0, "b", t(5_000), t(6_000)).await.unwrap();
+    assert_eq!(b2, Some(b1));
+    // Another shard is its own lease.
+    let other = s.acquire_shard(1, "a", t(5_000), t(6_000)).await.unwrap();
+    assert_eq!(other.map(|f| f.shard), Some(1));
+}
+
+/// A released shard can be taken at once, with a higher fence, by another node or by its
+/// previous owner; a release with a stale fence or by another node changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_then_another_takes_it() {
+    let Some((s, _guard)) = fresh_postgres().await else {
+        return;
+    };
+    let t = Timestamp;
+    let a = s
+        .acquire_shard(2, "a", t(1_000), t(10_000))
+        .await
+        .unwrap()
+        .unwrap();
+    s.release_shard(a, "b").await.unwrap();
+    s.release_shard(
+        Fence {
+            shard: 2,
+            range_id: a.range_id + 1,
+        },
+        "a",
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        s.acquire_shard(2, "b", t(2_000), t(12_000)).await.unwrap(),
+        None,
+        "the wrong releases left a's lease alone"
+    );
+    s.release_shard(a, "a").await.unwrap();
+    let b = s
+        .acquire_shard(2, "b", t(2_000), t(12_000))
+        .await
+        .unwrap()
+        .expect("a released shard is free before its old expiry");
+    assert!(b.range_id > a.range_id);
+    s.release_shard(b, "b").await.unwrap();
+    let b2 = s
+        .acquire_shard(2, "b", t(3_000), t(13_000))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        b2.range_id > b.range_id,
+        "the previous owner gets a new fence after releasing"
+    );
+    // The released fence is dead even though nobody else holds the shard.
+    let id = task_in_shard(&s, 2, 0).await;
+    let r = s.claim_due_fenced(b, vec![run(id, 60_000)], t(4_000)).await;
+    assert!(
+        matches!(r, Err(StoreError::LeaseLost { shard: 2 })),
+        "{r:?}"
+    );
+}
+
+/// A claim under a fence that was taken over is refused with `LeaseLost` and writes nothing;
+/// under the current fence it succeeds; a fence only covers its own shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_fenced_claim_is_refused_and_changes_nothing() {
+    let Some((a, guard)) = fresh_postgres().await else {
+        return;
+    };
+    let b = another_node(&guard).await;
+    let t = Timestamp;
+    let shard = 3;
+    let id = task_in_shard(&a, shard, 500).await;
+    let other = task_in_shard(&a, 1, 500).await;
+    let fa = a
+        .acquire_shard(shard, "a", t(1_000), t(2_000))
+        .await
+        .unwrap()
+        .unwrap();
+    let fb = b
+        .acquire_shard(shard, "b", t(2_001), t(3_000))
+        .await
+        .unwrap()
+        .unwrap();
+
+    let r = a
+        .claim_due_fenced(fa, vec![run(id, 90_000)], t(2_500))
+        .await;
+    assert!(
+        matches!(r, Err(StoreError::LeaseLost { shard: 3 })),
+        "{r:?}"
+    );
+    let task = a.get(id).await.unwrap().unwrap();
+    assert_eq!(task.state, TaskState::Scheduled);
+    assert_eq!((task.attempt, task.execution_id), (0, None));
+    let r = a.claim_due_fenced(fa, vec![], t(2_500)).await;
+    assert!(matches!(r, Err(StoreError::LeaseLost { .. })), "{r:?}");
+
+    // A fence for a shard that has no lease row at all.
+    let none = Fence {
+        shard: 0,
+        range_id: 1,
+    };
+    let r = a
+        .claim_due_fenced(none, vec![run(id, 90_000)], t(2_500))
+        .await;
+    assert!(
+        matches!(r, Err(StoreError::LeaseLost { shard: 0 })),
+        "{r:?}"
+    );
+
+    // The current owner claims; a task of another shard is not its to claim.
+    let out = b
+        .claim_due_fenced(fb, vec![run(id, 90_000), run(other, 90_000)], t(2_500))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&out[0], ClaimOutcome::Started(t) if t.id == id),
+        "{out:?}"
+    );
+    assert_eq!(out[1], ClaimOutcome::NotClaimable);
+    assert_eq!(state(&a, other).await, TaskState::Scheduled);
+}
+
+/// A fenced claim that runs while a takeover of its shard is in flight waits for it and then
+/// sees the new fencing number: refused, nothing written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_claim_waits_for_a_takeover_and_sees_it() {
+    let Some((a, guard)) = fresh_postgres().await else {
+        return;
+    };
+    let t = Timestamp;
+    let shard = 1;
+    let id = task_in_shard(&a, shard, 0).await;
+    let fa = a
+        .acquire_shard(shard, "a", t(1_000), t(2_000))
+        .await
+        .unwrap()
+        .unwrap();
+    // Another node's takeover, held open in a transaction of its own.
+    let mut raw = raw_client(&guard.url).await;
+    let tx = raw.transaction().await.unwrap();
+    tx.execute(
+        &format!(
+            "UPDATE \"{}\".shard_leases SET owner = 'b', range_id = range_id + 1, \
+             expires_at = 9000 WHERE shard = $1",
+            guard.schema
+        ),
+        &[&i64::from(shard)],
+    )
+    .await
+    .unwrap();
+    let claim = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            a.claim_due_fenced(fa, vec![run(id, 90_000)], t(1_500))
+                .await
+        })
+    };
+    // The claim blocks on the lease row for as long as the takeover is open.
+    let watcher = raw_client(&guard.url).await;
+    let fence_read = format!("%\"{}\".shard_leases%FOR SHARE%", guard.schema);
+    let mut waiting = false;
+    for _ in 0..200 {
+        let n: i64 = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE wait_event_type = 'Lock' AND query LIKE $1",
+                &[&fence_read],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if n > 0 {
+            waiting = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(waiting, "the fenced claim waits for the takeover");
+    assert!(!claim.is_finished());
+    tx.commit().await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(10), claim)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(r, Err(StoreError::LeaseLost { .. })), "{r:?}");
+    assert_eq!(state(&a, id).await, TaskState::Scheduled);
+}
+
+/// Expiring leases under a stale fence is refused and changes nothing; under the current fence
+/// it expires the shard's overdue attempts only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_fenced_expire_changes_nothing() {
+    let Some((a, guard)) = fresh_postgres().await else {
+        return;
+    };
+    let b = another_node(&guard).await;
+    let t = Timestamp;
+    let shard = 2;
+    let id = task_in_shard(&a, shard, 0).await;
+    let other = task_in_shard(&a, 0, 0).await;
+    let started = a
+        .claim_due(vec![run(id, 1_200), run(other, 1_100)], t(1_000))
+        .await
+        .unwrap();
+    assert!(
+        started
+            .iter()
+            .all(|o| matches!(o, ClaimOutcome::Started(_)))
+    );
+    assert_eq!(a.next_lease_expiry_in(shard).await.unwrap(), Some(t(1_200)));
+    assert_eq!(a.next_lease_expiry_in(0).await.unwrap(), Some(t(1_100)));
+    assert_eq!(a.next_lease_expiry_in(3).await.unwrap(), None);
+
+    let fa = a
+        .acquire_shard(shard, "a", t(1_000), t(2_000))
+        .await
+        .unwrap()
+        .unwrap();
+    let fb = b
+        .acquire_shard(shard, "b", t(2_001), t(4_000))
+        .await
+        .unwrap()
+        .unwrap();
+    let r = a.expire_leases_fenced(fa, t(3_000), 10).await;
+    assert!(matches!(r, Err(StoreError::LeaseLost { .. })), "{r:?}");
+    let task = a.get(id).await.unwrap().unwrap();
+    assert_eq!(task.state, TaskState::Running);
+    assert_eq!(task.lease_expires_at, Some(t(1_200)));
+
+    let expired = b.expire_leases_fenced(fb, t(3_000), 10).await.unwrap();
+    assert_eq!(expired.iter().map(|t| t.id).collect::<Vec<_>>(), [id]);
+    assert_eq!(expired[0].state, TaskState::Scheduled);
+    assert_eq!(
+        state(&a, other).await,
+        TaskState::Running,
+        "another shard's attempt is not this owner's to expire"
+    );
+    assert_eq!(a.next_lease_expiry_in(shard).await.unwrap(), None);
+}
+
+/// Many nodes acquiring one free shard at the same moment: exactly one gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_acquirers_one_wins() {
+    let Some((first, guard)) = fresh_postgres().await else {
+        return;
+    };
+    let mut nodes = vec![first];
+    for _ in 0..5 {
+        nodes.push(another_node(&guard).await);
+    }
+    for shard in 0..8u32 {
+        let barrier = Arc::new(tokio::sync::Barrier::new(nodes.len() * 2));
+        let mut handles = Vec::new();
+        for (i, n) in nodes.iter().enumerate() {
+            for j in 0..2 {
+                let (n, barrier) = (n.clone(), barrier.clone());
+                let name = format!("node-{i}-{j}");
+                handles.push(tokio::spawn(async move {
+                    barrier.wait().await;
+                    n.acquire_shard(shard, &name, Timestamp(1_000), Timestamp(5_000))
+                        .await
+                        .unwrap()
+                        .map(|f| (name, f))
+                }));
+            }
+        }
+        let mut winners = Vec::new();
+        for h in handles {
+            if let Some(w) = h.await.unwrap() {
+                winners.push(w);
+            }
+        }
+        assert_eq!(winners.len(), 1, "shard {shard}: {winners:?}");
+        assert_eq!(winners[0].1.range_id, 1);
+    }
+}
+
+/// Wake-ups of both kinds published by one node arrive at another's subscription, in order; a
+/// large batch arrives whole (split over several notifications); a deployment in another
+/// schema hears nothing of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_and_subscribe_between_nodes() {
+    let Some((a, guard)) = fresh_postgres().await else {
+        return;
+    };
+    let b = another_node(&guard).await;
+    let mut from_a = b.subscribe().await.unwrap();
+    let sent = vec![
+        due(3, 1_700_000_000_000),
+        Wakeup::Ready {
+            queue: "emails".to_string(),
+        },
+    ];
+    a.publish(sent.clone()).await.unwrap();
+    assert_eq!(next(&mut from_a).await, sent[0]);
+    assert_eq!(next(&mut from_a).await, sent[1]);
+
+    let many: Vec<Wakeup> = (0..500).map(|i| due(i % 7, i64::from(i))).collect();
+    a.publish(many.clone()).await.unwrap();
+    for w in &many {
+        assert_eq!(&next(&mut from_a).await, w);
+    }
+    a.publish(Vec::new()).await.unwrap();
+
+    // Another schema: its own channel.
+    let Some((elsewhere, _guard2)) = fresh_postgres().await else {
+        return;
+    };
+    let mut there = elsewhere.subscribe().await.unwrap();
+    let stray = due(0, 1);
+    a.publish(vec![stray.clone()]).await.unwrap();
+    let marker = Wakeup::Ready {
+        queue: "marker".to_string(),
+    };
+    elsewhere.publish(vec![marker.clone()]).await.unwrap();
+    assert_eq!(next(&mut there).await, marker);
+    assert_eq!(next(&mut from_a).await, stray);
+}
+
+/// The subscription survives its connection being killed: it reconnects by itself and later
+/// wake-ups arrive (those sent during the gap may be lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscription_reconnects_after_its_connection_dies() {
+    let Some((a, guard)) = fresh_postgres().await else {
+        return;
+    };
+    let mut sub = a.subscribe().await.unwrap();
+    let raw = raw_client(&guard.url).await;
+    let listen = format!("LISTEN \"sundial_{}\"", guard.schema);
+    let killed: i64 = raw
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query = $1",
+            &[&listen],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(killed, 1, "the listening connection was found and killed");
+    let probe = Wakeup::Ready {
+        queue: "after".to_string(),
+    };
+    let mut received = false;
+    for _ in 0..100 {
+        a.publish(vec![probe.clone()]).await.unwrap();
+        match tokio::time::timeout(Duration::from_millis(200), sub.next()).await {
+            Ok(Some(w)) => {
+                assert_eq!(w, probe);
+                received = true;
+                break;
+            }
+            Ok(None) => panic!("the stream ended"),
+            Err(_) => {}
+        }
+    }
+    assert!(received, "wake-ups arrive again after a reconnect");
+}
+
+/// The database's clock agrees with this machine's (same host) to well within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::disallowed_methods)] // comparing against the wall clock is the point
+async fn database_time_is_close_to_wall_time() {
+    let Some((s, _guard)) = fresh_postgres().await else {
+        return;
+    };
+    let wall = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+    };
+    let before = wall();
+    let db = s.database_time().await.unwrap().0;
+    let after = wall();
+    assert!(
+        db >= before - 1_000 && db <= after + 1_000,
+        "database {db}, wall {before}..{after}"
+    );
+}
