@@ -56,7 +56,7 @@ pub use sundial_core::{
     TaskSpec, TaskState, Timestamp, ValidationError,
 };
 pub use sundial_store::{
-    Cluster, ScheduleStore, StateCount, Store, StoreError, TaskFilter, TaskPage,
+    Cluster, ScheduleStore, StateCount, Store, StoreError, TaskFilter, TaskPage, WorkflowStore,
 };
 pub use sundial_store_sqlite::{Durability, SqliteOptions, SqliteStore};
 
@@ -80,6 +80,8 @@ pub struct Sundial {
     engine: Arc<Engine>,
     /// The store's schedule tables, when the backend has them (see `sundial-schedules`).
     schedule_store: Option<Arc<dyn ScheduleStore>>,
+    /// The store's workflow tables, when the backend has them (see `sundial-workflow`).
+    workflow_store: Option<Arc<dyn WorkflowStore>>,
 }
 
 /// Builds a [`Sundial`] with a chosen store, clock and configuration.
@@ -88,6 +90,7 @@ pub struct Builder {
     clock: Arc<dyn Clock>,
     sqlite: SqliteOptions,
     schedule_store: Option<Arc<dyn ScheduleStore>>,
+    workflow_store: Option<Arc<dyn WorkflowStore>>,
 }
 
 impl Default for Builder {
@@ -97,6 +100,7 @@ impl Default for Builder {
             clock: Arc::new(SystemClock),
             sqlite: SqliteOptions::default(),
             schedule_store: None,
+            workflow_store: None,
         }
     }
 }
@@ -120,6 +124,12 @@ impl Builder {
         self.schedule_store = Some(store);
         self
     }
+    /// The workflow tables to hand to `sundial-workflow`, for a store passed with
+    /// [`Builder::with_store`]. [`Builder::open`] sets the embedded store's own.
+    pub fn workflow_store(mut self, store: Arc<dyn WorkflowStore>) -> Self {
+        self.workflow_store = Some(store);
+        self
+    }
     /// Opens (creating if needed) the embedded store in directory `dir`.
     pub async fn open(self, dir: impl AsRef<Path>) -> Result<Sundial, Error> {
         let dir = dir.as_ref().to_path_buf();
@@ -129,13 +139,18 @@ impl Builder {
             .map_err(|e| Error::Store(StoreError::Backend(e.to_string())))??;
         let store = Arc::new(store);
         let schedules: Arc<dyn ScheduleStore> = store.clone();
-        Ok(self.schedule_store(schedules).with_store(store))
+        let workflows: Arc<dyn WorkflowStore> = store.clone();
+        Ok(self
+            .schedule_store(schedules)
+            .workflow_store(workflows)
+            .with_store(store))
     }
     /// Uses an already opened store (any backend), on a single node that runs every shard.
     pub fn with_store(self, store: Arc<dyn Store>) -> Sundial {
         Sundial {
             engine: Engine::new(store, self.clock, self.config, None),
             schedule_store: self.schedule_store,
+            workflow_store: self.workflow_store,
         }
     }
 
@@ -177,6 +192,7 @@ impl Builder {
         Ok(Sundial {
             engine: Engine::new(store, clock, self.config, Some(node)),
             schedule_store: self.schedule_store,
+            workflow_store: self.workflow_store,
         })
     }
 }
@@ -207,6 +223,12 @@ impl Sundial {
     /// store) or [`Builder::schedule_store`]. Used by `sundial-schedules`.
     pub fn schedule_store(&self) -> Option<&Arc<dyn ScheduleStore>> {
         self.schedule_store.as_ref()
+    }
+
+    /// The store's workflow tables, when it has them: set by [`Builder::open`] (the embedded
+    /// store) or [`Builder::workflow_store`]. Used by `sundial-workflow`.
+    pub fn workflow_store(&self) -> Option<&Arc<dyn WorkflowStore>> {
+        self.workflow_store.as_ref()
     }
 
     /// Tells the engine about a task that a layer above inserted through its own store operation

@@ -1,0 +1,177 @@
+//! Test helpers: an engine with the workflow runtime on a temporary store, driven by a manual
+//! clock. Time only moves when a test moves it; waits for the engine are short real-time polls.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sundial::{Config, ManualClock, Running, Sundial, TaskFilter, TaskState, Timestamp};
+use sundial_workflow::{
+    StartWorkflow, WorkflowConfig, WorkflowEvent, WorkflowRun, WorkflowStatus, Workflows,
+};
+
+/// 2023-11-14T22:13:20Z.
+pub const T0: Timestamp = Timestamp(1_700_000_000_000);
+pub const MIN: Duration = Duration::from_secs(60);
+pub const DAY: Duration = Duration::from_secs(86_400);
+
+pub struct Harness {
+    pub sundial: Sundial,
+    pub workflows: Workflows,
+    pub clock: ManualClock,
+    pub dir: tempfile::TempDir,
+    pub running: Option<Running>,
+}
+
+/// A started engine with the workflow runtime; `setup` registers workflows and activities
+/// before the engine starts.
+pub async fn harness(setup: impl FnOnce(&Workflows)) -> Harness {
+    harness_with(WorkflowConfig::default(), setup).await
+}
+
+pub async fn harness_with(config: WorkflowConfig, setup: impl FnOnce(&Workflows)) -> Harness {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let sundial = Sundial::builder()
+        .config(Config::default())
+        .clock(Arc::new(clock.clone()))
+        .open(dir.path())
+        .await
+        .unwrap();
+    let workflows = Workflows::attach_with(&sundial, config).unwrap();
+    setup(&workflows);
+    let running = Some(sundial.start());
+    Harness {
+        sundial,
+        workflows,
+        clock,
+        dir,
+        running,
+    }
+}
+
+impl Harness {
+    pub async fn start(&self, workflow_type: &str, id: &str, input: serde_json::Value) -> WorkflowRun {
+        self.workflows
+            .start(StartWorkflow::new(workflow_type, input).id(id))
+            .await
+            .unwrap()
+    }
+
+    pub async fn run(&self, id: &str) -> WorkflowRun {
+        self.workflows.get(id).await.unwrap().unwrap()
+    }
+
+    pub async fn history(&self, id: &str) -> Vec<WorkflowEvent> {
+        let run = self.run(id).await;
+        self.workflows.history(run.run_id).await.unwrap()
+    }
+
+    /// Event types of the current run's history.
+    pub async fn types(&self, id: &str) -> Vec<&'static str> {
+        self.history(id)
+            .await
+            .iter()
+            .map(|e| e.event.type_name())
+            .collect()
+    }
+
+    /// Waits (bounded, real time) until the current run has reached `status`.
+    pub async fn wait_status(&self, id: &str, status: WorkflowStatus) -> WorkflowRun {
+        for _ in 0..1_000 {
+            if let Some(r) = self.workflows.get(id).await.unwrap()
+                && r.status == status
+            {
+                return r;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let r = self.workflows.get(id).await.unwrap();
+        let h = match &r {
+            Some(r) => self.workflows.history(r.run_id).await.unwrap(),
+            None => Vec::new(),
+        };
+        panic!("workflow {id} did not reach {status}: {r:?}\nhistory: {h:#?}");
+    }
+
+    /// Waits until the current run's history holds at least `n` events of type `ty` and no
+    /// workflow task is pending or running: the workflow is blocked, waiting for the outside.
+    pub async fn wait_events(&self, id: &str, ty: &str, n: usize) {
+        for _ in 0..1_000 {
+            let types = self.types(id).await;
+            let run = self.run(id).await;
+            if types.iter().filter(|t| **t == ty).count() >= n
+                && run.pending_task.is_none()
+                && self.quiet().await
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!(
+            "workflow {id} did not reach {n} {ty} events: {:?}",
+            self.types(id).await
+        );
+    }
+
+    /// Whether no kernel task of the workflow queues is running (nothing in flight).
+    pub async fn quiet(&self) -> bool {
+        self.sundial.in_flight() == 0
+            && self
+                .sundial
+                .list(
+                    TaskFilter {
+                        state: Some(TaskState::Running),
+                        ..TaskFilter::default()
+                    },
+                    10,
+                )
+                .await
+                .unwrap()
+                .tasks
+                .is_empty()
+    }
+
+    /// Moves the clock forward and lets the engine catch up.
+    pub async fn advance(&self, d: Duration) {
+        self.clock.advance(d);
+        settle().await;
+    }
+
+    /// Moves the clock in steps of `step` until the workflow reaches `status` (bounded).
+    pub async fn advance_until(&self, id: &str, step: Duration, status: WorkflowStatus) -> WorkflowRun {
+        for _ in 0..200 {
+            if let Some(r) = self.workflows.get(id).await.unwrap()
+                && r.status == status
+            {
+                return r;
+            }
+            if self.quiet().await {
+                self.clock.advance(step);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.wait_status(id, status).await
+    }
+}
+
+pub async fn settle() {
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+/// A shared log of what activities did.
+#[derive(Clone, Default)]
+pub struct Log(Arc<Mutex<Vec<String>>>);
+
+impl Log {
+    pub fn push(&self, s: impl Into<String>) {
+        self.0.lock().unwrap().push(s.into());
+    }
+    pub fn all(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+pub fn result(run: &WorkflowRun) -> serde_json::Value {
+    serde_json::from_str(run.result.as_deref().unwrap_or("null")).unwrap()
+}
