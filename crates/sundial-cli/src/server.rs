@@ -1,4 +1,5 @@
-//! `sundial server`: the engine on the embedded store, served over HTTP.
+//! `sundial server`: the engine on the embedded store (or, with `--database-url`, as one node of
+//! a cluster sharing PostgreSQL), served over HTTP.
 //!
 //! Start-up: install the Prometheus recorder, open the store, bind, print
 //! `sundial listening on http://ADDR` on stdout (scripts and tests read the address from it, which
@@ -16,8 +17,10 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use std::future::IntoFuture;
+use std::sync::Arc;
 use sundial::{Config, Durability, SqliteOptions, Sundial};
 use sundial_server::ServerConfig;
+use sundial_store_postgres::{PostgresOptions, PostgresStore};
 use tokio::sync::watch;
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -46,6 +49,23 @@ pub struct ServerArgs {
     /// lost on power loss).
     #[arg(long, env = "SUNDIAL_DURABILITY", value_enum, default_value_t = DurabilityArg::Full)]
     durability: DurabilityArg,
+    /// PostgreSQL instead of the embedded store: several servers given the same URL (and schema)
+    /// share the work. Example: postgres://user@127.0.0.1:5432/db
+    #[arg(long, env = "SUNDIAL_DATABASE_URL")]
+    database_url: Option<String>,
+    /// PostgreSQL schema holding Sundial's tables (created if missing).
+    #[arg(long, env = "SUNDIAL_DATABASE_SCHEMA", default_value = "sundial")]
+    database_schema: String,
+    /// This node's name in the cluster (default: host name and process id). Must be unique among
+    /// the running nodes.
+    #[arg(long, env = "SUNDIAL_NODE_ID")]
+    node_id: Option<String>,
+    /// Shards of the due index. Fixed when a store is first used; later values are ignored.
+    #[arg(long, env = "SUNDIAL_SHARDS", default_value_t = 16)]
+    shards: u32,
+    /// With PostgreSQL: how long a node's shard leases last without renewal.
+    #[arg(long, env = "SUNDIAL_SHARD_LEASE_TTL", default_value = "10s", value_parser = parse_duration)]
+    shard_lease_ttl: Duration,
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -70,6 +90,8 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
 
     let config = Config {
         max_poll_wait: args.max_poll_wait,
+        shard_count: args.shards.max(1),
+        shard_lease_ttl: args.shard_lease_ttl,
         ..Config::default()
     };
     let sqlite = SqliteOptions {
@@ -79,12 +101,34 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         },
         ..SqliteOptions::default()
     };
-    let sundial = Sundial::builder()
-        .config(config)
-        .sqlite_options(sqlite)
-        .open(&args.data_dir)
-        .await
-        .with_context(|| format!("cannot open the store in {}", args.data_dir.display()))?;
+    let sundial = match &args.database_url {
+        None => Sundial::builder()
+            .config(config)
+            .sqlite_options(sqlite)
+            .open(&args.data_dir)
+            .await
+            .with_context(|| format!("cannot open the store in {}", args.data_dir.display()))?,
+        Some(url) => {
+            let store = PostgresStore::connect(
+                url,
+                PostgresOptions {
+                    schema: args.database_schema.clone(),
+                    ..PostgresOptions::default()
+                },
+            )
+            .await
+            .context("cannot connect to PostgreSQL")?;
+            let store = Arc::new(store);
+            let node = args.node_id.clone().unwrap_or_else(default_node_id);
+            tracing::info!(node = %node, schema = %args.database_schema, "joining the cluster");
+            Sundial::builder()
+                .config(config)
+                .schedule_store(store.clone())
+                .join_cluster(store.clone(), store, node)
+                .await
+                .context("cannot join the cluster")?
+        }
+    };
 
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -102,7 +146,14 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         },
     );
     let running = sundial.start();
-    tracing::info!(data_dir = %args.data_dir.display(), %addr, durability = ?args.durability, "sundial started");
+    match &args.database_url {
+        None => {
+            tracing::info!(data_dir = %args.data_dir.display(), %addr, durability = ?args.durability, "sundial started")
+        }
+        Some(_) => {
+            tracing::info!(%addr, schema = %args.database_schema, "sundial started on PostgreSQL")
+        }
+    }
     {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
@@ -156,6 +207,16 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
     }
     tracing::info!("stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// A node name unique among running nodes: host name and process id.
+fn default_node_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "node".to_string());
+    format!("{host}-{}", std::process::id())
 }
 
 /// Completes on SIGTERM or Ctrl-C (SIGINT).
