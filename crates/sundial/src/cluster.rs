@@ -131,17 +131,28 @@ async fn membership_loop(engine: Arc<Engine>) {
             break;
         }
         let now = engine.clock.now();
-        match node
+        let waiting = match node
             .cluster
             .heartbeat(&node.node, now, Timestamp(now.0 - ttl_ms))
             .await
         {
             Ok(live) => rebalance(&engine, node, &live, now).await,
-            Err(e) => tracing::warn!(error = %e, "node heartbeat failed"),
-        }
+            Err(e) => {
+                tracing::warn!(error = %e, "node heartbeat failed");
+                false
+            }
+        };
         let third = ttl_ms / 3;
         let jitter = rand::rng().random_range(0..=third / 10 + 1);
-        let next = Timestamp(now.0 + third - jitter);
+        // While a shard this node should own is still held by its previous owner (which hands it
+        // over on its own next turn), look again soon rather than a third of the TTL later: a
+        // shard without a running loop fires nothing.
+        let pause = if waiting {
+            third.min(250)
+        } else {
+            third - jitter
+        };
+        let next = Timestamp(now.0 + pause);
         tokio::select! {
             _ = engine.clock.sleep_until(next) => {}
             _ = stopping.changed() => {}
@@ -166,7 +177,15 @@ async fn membership_loop(engine: Arc<Engine>) {
     }
 }
 
-async fn rebalance(engine: &Arc<Engine>, node: &ClusterNode, live: &[String], now: Timestamp) {
+/// Releases and acquires shards to match rendezvous over `live`. Returns whether some shard this
+/// node should own is still held by another node.
+async fn rebalance(
+    engine: &Arc<Engine>,
+    node: &ClusterNode,
+    live: &[String],
+    now: Timestamp,
+) -> bool {
+    let mut waiting = false;
     let until = now.saturating_add(node.lease_ttl);
     let wanted: HashSet<u32> = (0..engine.shard_count())
         .filter(|s| rendezvous_owner(*s, live) == Some(node.node.as_str()))
@@ -237,6 +256,7 @@ async fn rebalance(engine: &Arc<Engine>, node: &ClusterNode, live: &[String], no
             }
             Ok(None) => {
                 // Another live node still holds it; it will hand it over or its lease will end.
+                waiting = true;
                 let lost = node.owned.lock().ok().and_then(|mut o| o.remove(&shard));
                 if let Some(s) = lost {
                     tracing::warn!(shard, "shard lease lost");
@@ -247,6 +267,7 @@ async fn rebalance(engine: &Arc<Engine>, node: &ClusterNode, live: &[String], no
             Err(e) => tracing::warn!(shard, error = %e, "acquire failed"),
         }
     }
+    waiting
 }
 
 async fn publisher_loop(engine: Arc<Engine>) {
