@@ -100,9 +100,9 @@ impl ActivityContext {
         }
         match self.sundial.heartbeat(self.task.id, self.execution).await {
             Ok(_) => Ok(()),
-            Err(e @ (sundial::Error::StaleExecution { .. } | sundial::Error::NotFound)) => {
-                Err(ActivityError::permanent(format!("activity no longer owned: {e}")))
-            }
+            Err(e @ (sundial::Error::StaleExecution { .. } | sundial::Error::NotFound)) => Err(
+                ActivityError::permanent(format!("activity no longer owned: {e}")),
+            ),
             Err(e) => Err(ActivityError::retryable(e.to_string())),
         }
     }
@@ -136,22 +136,26 @@ where
     F: Fn(ActivityContext, I) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<O, ActivityError>> + Send + 'static,
 {
-    Arc::new(move |ctx: ActivityContext, input: Value| -> ActivityFuture {
-        match serde_json::from_value::<I>(input) {
-            Ok(input) => {
-                let fut = f(ctx, input);
-                Box::pin(async move {
-                    let out = fut.await?;
-                    serde_json::to_value(out).map_err(|e| {
-                        ActivityError::permanent(format!("activity result is not serialisable: {e}"))
+    Arc::new(
+        move |ctx: ActivityContext, input: Value| -> ActivityFuture {
+            match serde_json::from_value::<I>(input) {
+                Ok(input) => {
+                    let fut = f(ctx, input);
+                    Box::pin(async move {
+                        let out = fut.await?;
+                        serde_json::to_value(out).map_err(|e| {
+                            ActivityError::permanent(format!(
+                                "activity result is not serialisable: {e}"
+                            ))
+                        })
                     })
-                })
+                }
+                Err(e) => Box::pin(async move {
+                    Err(ActivityError::permanent(format!(
+                        "activity input is not of the expected type: {e}"
+                    )))
+                }),
             }
-            Err(e) => Box::pin(async move {
-                Err(ActivityError::permanent(format!(
-                    "activity input is not of the expected type: {e}"
-                )))
-            }),
-        }
-    })
+        },
+    )
 }

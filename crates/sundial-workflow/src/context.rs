@@ -43,7 +43,9 @@ pub struct WorkflowContext {
 }
 
 fn cancelled(what: &str) -> WorkflowError {
-    WorkflowError::cancelled(format!("{what} cancelled: the workflow was asked to cancel"))
+    WorkflowError::cancelled(format!(
+        "{what} cancelled: the workflow was asked to cancel"
+    ))
 }
 
 fn decode<T: DeserializeOwned>(v: Value, what: &str) -> Result<T, WorkflowError> {
@@ -144,7 +146,9 @@ impl WorkflowContext {
         };
         match recorded {
             Some(Event::SideEffect { value, .. }) => decode(value, "the recorded side effect"),
-            _ => Err(WorkflowError::failed("side effect does not match the history")),
+            _ => Err(WorkflowError::failed(
+                "side effect does not match the history",
+            )),
         }
     }
 
@@ -496,10 +500,7 @@ impl<T: DeserializeOwned> Future for SignalTimeout<T> {
                 this.done = true;
                 this.ctx.machine().unregister(this.waiter);
                 this.timer = None;
-                return Poll::Ready(Err(cancelled(&format!(
-                    "wait for signal {:?}",
-                    this.name
-                ))));
+                return Poll::Ready(Err(cancelled(&format!("wait for signal {:?}", this.name))));
             }
             None => {}
         }
@@ -600,9 +601,9 @@ impl<O: DeserializeOwned> Future for ChildCall<O> {
             m.unregister(this.waiter);
             this.state = ChildState::Done;
             drop(m);
-            return Poll::Ready(r.and_then(|v| {
-                decode(v, &format!("result of child workflow {workflow_id:?}"))
-            }));
+            return Poll::Ready(
+                r.and_then(|v| decode(v, &format!("result of child workflow {workflow_id:?}"))),
+            );
         }
         if m.is_interrupted(this.waiter) {
             m.unregister(this.waiter);

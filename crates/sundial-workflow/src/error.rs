@@ -121,7 +121,9 @@ pub enum Error {
     #[error("workflow is already running (run {run_id})")]
     AlreadyRunning { run_id: RunId },
     /// The id reuse policy refuses a new run.
-    #[error("workflow id already used by run {run_id} ({status}); the id reuse policy refuses a new run")]
+    #[error(
+        "workflow id already used by run {run_id} ({status}); the id reuse policy refuses a new run"
+    )]
     AlreadyExists {
         run_id: RunId,
         status: WorkflowStatus,

@@ -234,8 +234,12 @@ impl Event {
         use Event::*;
         match (recorded, issued) {
             (
-                ActivityScheduled { cmd: a, name: n, .. },
-                ActivityScheduled { cmd: b, name: m, .. },
+                ActivityScheduled {
+                    cmd: a, name: n, ..
+                },
+                ActivityScheduled {
+                    cmd: b, name: m, ..
+                },
             ) => a == b && n == m,
             (ActivityCancelRequested { cmd: a, .. }, ActivityCancelRequested { cmd: b, .. })
             | (TimerStarted { cmd: a, .. }, TimerStarted { cmd: b, .. })
@@ -301,9 +305,13 @@ mod tests {
             backoff: Backoff::default(),
         };
         let s = serde_json::to_string(&e).expect("serialise");
-        assert!(s.starts_with(r#"{"type":"activity_scheduled","cmd":2"#), "{s}");
+        assert!(
+            s.starts_with(r#"{"type":"activity_scheduled","cmd":2"#),
+            "{s}"
+        );
         assert_eq!(serde_json::from_str::<Event>(&s).expect("parse"), e);
-        let m: Event = serde_json::from_str(r#"{"type":"workflow_task_completed"}"#).expect("parse");
+        let m: Event =
+            serde_json::from_str(r#"{"type":"workflow_task_completed"}"#).expect("parse");
         assert_eq!(m, Event::WorkflowTaskCompleted {});
         let w = WorkflowEvent {
             seq: 4,

@@ -402,7 +402,9 @@ impl Workflows {
 
     fn check_size(&self, field: &'static str, v: &Value) -> Result<(), Error> {
         let max = self.inner.sundial.config().limits.max_payload_bytes;
-        let len = serde_json::to_string(v).map(|s| s.len()).unwrap_or(usize::MAX);
+        let len = serde_json::to_string(v)
+            .map(|s| s.len())
+            .unwrap_or(usize::MAX);
         if len > max {
             return Err(Error::Invalid {
                 field,
@@ -593,13 +595,13 @@ impl Workflows {
         history: &[WorkflowEvent],
         now: Timestamp,
     ) -> Result<Replayed, Error> {
-        let workflow = self
-            .inner
-            .workflow_fn(&run.workflow_type)
-            .ok_or_else(|| Error::Invalid {
-                field: "type",
-                reason: format!("no workflow registered for {:?}", run.workflow_type),
-            })?;
+        let workflow =
+            self.inner
+                .workflow_fn(&run.workflow_type)
+                .ok_or_else(|| Error::Invalid {
+                    field: "type",
+                    reason: format!("no workflow registered for {:?}", run.workflow_type),
+                })?;
         let info = RunInfo {
             workflow_id: run.workflow_id.clone(),
             run_id: Some(run.run_id),

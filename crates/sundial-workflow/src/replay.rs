@@ -36,13 +36,16 @@ use sundial_core::{RunId, TaskId, Timestamp};
 use thiserror::Error;
 use uuid::Uuid;
 
+use crate::WorkflowContext;
 use crate::error::{ErrorKind, WorkflowError};
 use crate::event::{Event, Role, WorkflowEvent};
-use crate::WorkflowContext;
 
 /// A workflow function with its types erased: input and output are JSON.
 pub(crate) type WorkflowFn = Arc<
-    dyn Fn(WorkflowContext, Value) -> Pin<Box<dyn Future<Output = Result<Value, WorkflowError>> + Send>>
+    dyn Fn(
+            WorkflowContext,
+            Value,
+        ) -> Pin<Box<dyn Future<Output = Result<Value, WorkflowError>> + Send>>
         + Send
         + Sync,
 >;
@@ -527,8 +530,11 @@ pub(crate) fn replay(
     })
 }
 
-
-fn drive(exec: &mut Executor, history: &[WorkflowEvent], now: Timestamp) -> Result<bool, ReplayError> {
+fn drive(
+    exec: &mut Executor,
+    history: &[WorkflowEvent],
+    now: Timestamp,
+) -> Result<bool, ReplayError> {
     let mut finished = false;
     let n = history.len();
     let mut i = 1;

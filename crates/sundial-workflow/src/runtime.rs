@@ -29,10 +29,9 @@ use serde_json::{Value, json};
 use sundial::{Backoff, HandlerError, Sundial, Task, TaskContext, TaskId, TaskSpec, Timestamp};
 use sundial_core::{NewTask, RunId, ValidationError};
 use sundial_store::{
-    ACTIVITY_KIND_PREFIX, ACTIVITY_QUEUE, AppendOp, CHILD_KIND, Committed, IdReusePolicy,
-    NewEvent, NewRun, ParentLink, RunClose, TIMER_KIND, WORKFLOW_KIND_PREFIX, WORKFLOW_QUEUE,
-    WorkflowRun, WorkflowStatus, WorkflowStore, WorkflowStoreError, WorkflowTaskCommit,
-    run_task_key_prefix,
+    ACTIVITY_KIND_PREFIX, ACTIVITY_QUEUE, AppendOp, CHILD_KIND, Committed, IdReusePolicy, NewEvent,
+    NewRun, ParentLink, RunClose, TIMER_KIND, WORKFLOW_KIND_PREFIX, WORKFLOW_QUEUE, WorkflowRun,
+    WorkflowStatus, WorkflowStore, WorkflowStoreError, WorkflowTaskCommit, run_task_key_prefix,
 };
 use tokio::sync::watch;
 
@@ -94,7 +93,12 @@ impl Inner {
         self.sundial.clock().now()
     }
 
-    fn validate(&self, spec: TaskSpec, id: TaskId, now: Timestamp) -> Result<NewTask, ValidationError> {
+    fn validate(
+        &self,
+        spec: TaskSpec,
+        id: TaskId,
+        now: Timestamp,
+    ) -> Result<NewTask, ValidationError> {
         let cfg = self.sundial.config();
         spec.validate(id, now, cfg.shard_count, &cfg.limits)
     }
@@ -322,14 +326,15 @@ impl Inner {
                     .map_err(|e| ReplayError::Panicked(e.to_string()))
                     .and_then(|r| r);
                     match replayed {
-                        Ok(r) => match self.build_commit(&run, task.id, len, r.new_commands, now).await
+                        Ok(r) => match self
+                            .build_commit(&run, task.id, len, r.new_commands, now)
+                            .await
                         {
                             Ok(c) => c,
-                            Err(e) => {
-                                self.failure_commit(&run, task.id, len, e.to_string(), now)
-                                    .await
-                                    .map_err(retryable)?
-                            }
+                            Err(e) => self
+                                .failure_commit(&run, task.id, len, e.to_string(), now)
+                                .await
+                                .map_err(retryable)?,
                         },
                         Err(e) => {
                             tracing::error!(
@@ -364,7 +369,9 @@ impl Inner {
                 Err(e) => return Err(retryable(e)),
             }
         }
-        Err(retryable("the run's history kept changing; trying again later"))
+        Err(retryable(
+            "the run's history kept changing; trying again later",
+        ))
     }
 
     /// A commit that records `error` and fails the run.
@@ -461,10 +468,13 @@ impl Inner {
                         .max_attempts(attempts)
                         .backoff(backoff.clone())
                         .timeout(Duration::from_millis(*timeout_ms));
-                    tasks.push(self.validate(spec, *task, now).map_err(|e| Error::Invalid {
-                        field: "activity",
-                        reason: format!("activity {name:?}: {e}"),
-                    })?);
+                    tasks.push(
+                        self.validate(spec, *task, now)
+                            .map_err(|e| Error::Invalid {
+                                field: "activity",
+                                reason: format!("activity {name:?}: {e}"),
+                            })?,
+                    );
                 }
                 Event::TimerStarted { cmd, fire_at, task } => {
                     let spec = TaskSpec::new(TIMER_KIND)
@@ -497,10 +507,13 @@ impl Inner {
                         .max_attempts(WORKFLOW_TASK_ATTEMPTS)
                         .backoff(backoff())
                         .timeout(self.config.workflow_task_timeout);
-                    tasks.push(self.validate(spec, *task, now).map_err(|e| Error::Invalid {
-                        field: "child",
-                        reason: format!("child workflow {workflow_id:?}: {e}"),
-                    })?);
+                    tasks.push(
+                        self.validate(spec, *task, now)
+                            .map_err(|e| Error::Invalid {
+                                field: "child",
+                                reason: format!("child workflow {workflow_id:?}: {e}"),
+                            })?,
+                    );
                 }
                 Event::ChildCancelRequested {
                     cmd,
@@ -519,9 +532,8 @@ impl Inner {
                         .timeout(self.config.workflow_task_timeout);
                     tasks.push(self.validate(spec, *task, now)?);
                 }
-                Event::ActivityCancelRequested { task, .. } | Event::TimerCancelled { task, .. } => {
-                    cancel.push(*task)
-                }
+                Event::ActivityCancelRequested { task, .. }
+                | Event::TimerCancelled { task, .. } => cancel.push(*task),
                 Event::WorkflowCompleted { result } => {
                     close = Some(RunClose {
                         status: WorkflowStatus::Completed,
@@ -718,7 +730,9 @@ impl Inner {
         let p = &task.payload;
         let (Some(s), Some(child_id)) = (
             parse_step(p),
-            p.get("child_id").and_then(Value::as_str).map(str::to_string),
+            p.get("child_id")
+                .and_then(Value::as_str)
+                .map(str::to_string),
         ) else {
             tracing::warn!(task = %task.id, "child task with an unreadable payload; dropped");
             return Ok(());

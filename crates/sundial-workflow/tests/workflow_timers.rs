@@ -52,7 +52,10 @@ async fn thirty_day_sleep_completes_without_real_waiting() {
     assert_eq!(h.run("s1").await.status, WorkflowStatus::Running);
     h.advance(Duration::from_secs(1)).await;
     let done = h.wait_status("s1", WorkflowStatus::Completed).await;
-    assert_eq!(result(&done), json!({"slept_ms": (30 * DAY).as_millis() as i64}));
+    assert_eq!(
+        result(&done),
+        json!({"slept_ms": (30 * DAY).as_millis() as i64})
+    );
     assert_eq!(
         h.types("s1").await,
         [

@@ -51,7 +51,12 @@ pub async fn harness_with(config: WorkflowConfig, setup: impl FnOnce(&Workflows)
 }
 
 impl Harness {
-    pub async fn start(&self, workflow_type: &str, id: &str, input: serde_json::Value) -> WorkflowRun {
+    pub async fn start(
+        &self,
+        workflow_type: &str,
+        id: &str,
+        input: serde_json::Value,
+    ) -> WorkflowRun {
         self.workflows
             .start(StartWorkflow::new(workflow_type, input).id(id))
             .await
@@ -67,10 +72,15 @@ impl Harness {
         self.workflows.history(run.run_id).await.unwrap()
     }
 
-    /// Event types of the current run's history.
+    /// Event types of the current run's history (empty while the workflow does not exist).
     pub async fn types(&self, id: &str) -> Vec<&'static str> {
-        self.history(id)
+        let Some(run) = self.workflows.get(id).await.unwrap() else {
+            return Vec::new();
+        };
+        self.workflows
+            .history(run.run_id)
             .await
+            .unwrap()
             .iter()
             .map(|e| e.event.type_name())
             .collect()
@@ -99,9 +109,14 @@ impl Harness {
     pub async fn wait_events(&self, id: &str, ty: &str, n: usize) {
         for _ in 0..1_000 {
             let types = self.types(id).await;
-            let run = self.run(id).await;
+            let pending = self
+                .workflows
+                .get(id)
+                .await
+                .unwrap()
+                .map(|r| r.pending_task);
             if types.iter().filter(|t| **t == ty).count() >= n
-                && run.pending_task.is_none()
+                && pending == Some(None)
                 && self.quiet().await
             {
                 return;
@@ -139,7 +154,12 @@ impl Harness {
     }
 
     /// Moves the clock in steps of `step` until the workflow reaches `status` (bounded).
-    pub async fn advance_until(&self, id: &str, step: Duration, status: WorkflowStatus) -> WorkflowRun {
+    pub async fn advance_until(
+        &self,
+        id: &str,
+        step: Duration,
+        status: WorkflowStatus,
+    ) -> WorkflowRun {
         for _ in 0..200 {
             if let Some(r) = self.workflows.get(id).await.unwrap()
                 && r.status == status
