@@ -33,7 +33,7 @@ echo
 
 run() {
   echo "\$ sundial-bench $*"
-  "$bin" "$@"
+  "$bin" "$@" || echo "(failed with exit status $?)"
   echo "(load average after: $(cut -d' ' -f1-3 /proc/loadavg))"
   echo
 }
