@@ -35,6 +35,7 @@ pub mod extract;
 pub mod schedules;
 pub mod time;
 pub mod wire;
+pub mod workflows;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -166,6 +167,8 @@ pub fn router(sundial: Sundial, config: ServerConfig) -> Router {
     // The schedules API, when the store has schedule tables (attaching registers the tick
     // handler, so the router must be built before the engine starts).
     let schedules = sundial_schedules::Schedules::attach(&sundial).ok();
+    // The workflows API, likewise (attaching registers the timer and child-start handlers).
+    let workflows = sundial_workflow::Workflows::attach(&sundial).ok();
     let state = AppState {
         sundial,
         config: Arc::new(config),
@@ -203,8 +206,12 @@ pub fn router(sundial: Sundial, config: ServerConfig) -> Router {
         })
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state);
-    match schedules {
+    let router = match schedules {
         Some(s) => router.merge(schedules::router(s, body_limit)),
+        None => router,
+    };
+    match workflows {
+        Some(w) => router.merge(workflows::router(w, body_limit)),
         None => router,
     }
 }

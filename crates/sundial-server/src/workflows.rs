@@ -1,0 +1,319 @@
+//! The workflows API (v1), over [`sundial_workflow::Workflows`].
+//!
+//! ```text
+//! POST /v1/workflows                        {type, id?, input?, id_reuse?}   201 {id, run_id, status} | 409 422
+//! GET  /v1/workflows?type=&status=&limit=&cursor=   current runs, in id order  200 {workflows, next_cursor} | 422
+//! GET  /v1/workflows/{id}                   the current run                  200 | 404
+//! POST /v1/workflows/{id}/signals/{name}    {input?}                         202 | 404 409 422
+//! POST /v1/workflows/{id}/cancel            {reason?}                        202 | 404 409
+//! POST /v1/workflows/{id}/terminate         {reason?}                        200 | 404 409
+//! GET  /v1/workflows/{id}/history           {workflow_id, run_id, events}    200 | 404
+//! ```
+//!
+//! `status` is one of `running`, `completed`, `failed`, `cancelled`, `terminated`,
+//! `continued_as_new`; `id_reuse` one of `allow_duplicate` (default),
+//! `allow_duplicate_failed_only`, `reject_duplicate`. Errors are as in the task API; conflicts
+//! are `409` with code `already_running`, `already_exists` or `wrong_state` (+ `state`).
+//! Workflow ids that contain `/` (child workflows) are percent-encoded in paths. Workflow tasks
+//! and activities run where their type and name are registered: in this process when the
+//! embedding program registered them on the [`Workflows`] it passed in. These routes are not yet
+//! in `/openapi.json`.
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sundial_workflow::{
+    Error, IdReusePolicy, StartWorkflow, WorkflowFilter, WorkflowRun, WorkflowStatus, Workflows,
+};
+
+use crate::error::ApiError;
+use crate::extract::{ApiJson, ApiQuery, parse_json};
+use crate::time;
+
+/// The workflow routes, with their own state. Merged into [`crate::router`].
+pub fn router(workflows: Workflows, body_limit: usize) -> Router {
+    Router::new()
+        .route("/v1/workflows", post(start).get(list))
+        .route("/v1/workflows/{id}", get(get_one))
+        .route("/v1/workflows/{id}/signals/{name}", post(signal))
+        .route("/v1/workflows/{id}/cancel", post(cancel))
+        .route("/v1/workflows/{id}/terminate", post(terminate))
+        .route("/v1/workflows/{id}/history", get(history))
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(workflows)
+}
+
+// ---- Wire types ---------------------------------------------------------------------------------
+
+/// `POST /v1/workflows`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StartRequest {
+    #[serde(rename = "type")]
+    pub workflow_type: String,
+    /// Default: the new run's id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id_reuse: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StartResponse {
+    pub id: String,
+    pub run_id: uuid::Uuid,
+    pub status: String,
+}
+
+/// `POST /v1/workflows/{id}/signals/{name}` (an empty body is no input).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SignalRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<Value>,
+}
+
+/// `POST /v1/workflows/{id}/cancel` and `/terminate` (an empty body is no reason).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ReasonRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// A workflow's current run.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WorkflowView {
+    pub id: String,
+    pub run_id: uuid::Uuid,
+    #[serde(rename = "type")]
+    pub workflow_type: String,
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub history_length: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continued_from: Option<uuid::Uuid>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continued_to: Option<uuid::Uuid>,
+    pub created_at: String,
+    pub updated_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub closed_at: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WorkflowList {
+    pub workflows: Vec<WorkflowView>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    #[serde(rename = "type")]
+    pub workflow_type: Option<String>,
+    pub status: Option<String>,
+    pub limit: Option<usize>,
+    pub cursor: Option<String>,
+}
+
+// ---- Conversions --------------------------------------------------------------------------------
+
+fn api_error(e: Error) -> ApiError {
+    match e {
+        Error::Invalid { field, reason } => ApiError::invalid(field, reason),
+        Error::NotFound => ApiError::not_found("no such workflow"),
+        Error::AlreadyRunning { run_id } => ApiError::new(
+            StatusCode::CONFLICT,
+            "already_running",
+            format!("the workflow is already running (run {run_id})"),
+        ),
+        e @ Error::AlreadyExists { .. } => {
+            ApiError::new(StatusCode::CONFLICT, "already_exists", e.to_string())
+        }
+        Error::NotRunning { status } => {
+            let mut e = ApiError::new(
+                StatusCode::CONFLICT,
+                "wrong_state",
+                format!("the workflow is {status}"),
+            );
+            e.detail.state = Some(status.as_str().to_string());
+            e
+        }
+        Error::Unsupported => ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "unsupported",
+            "this store does not support workflows",
+        ),
+        Error::Sundial(e) => e.into(),
+        Error::Store(e) => sundial::Error::Store(e).into(),
+        e @ Error::Corrupt(_) => {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+        }
+    }
+}
+
+fn view(r: &WorkflowRun) -> WorkflowView {
+    WorkflowView {
+        id: r.workflow_id.clone(),
+        run_id: *r.run_id.as_uuid(),
+        workflow_type: r.workflow_type.clone(),
+        status: r.status.as_str().to_string(),
+        result: r
+            .result
+            .as_deref()
+            .map(|s| serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.to_string()))),
+        error: r.error.clone(),
+        history_length: r.history_len,
+        parent_id: r.parent.as_ref().map(|p| p.workflow_id.clone()),
+        continued_from: r.continued_from.map(|id| *id.as_uuid()),
+        continued_to: r.continued_to.map(|id| *id.as_uuid()),
+        created_at: time::format(r.created_at),
+        updated_at: time::format(r.updated_at),
+        closed_at: r.closed_at.map(time::format),
+    }
+}
+
+/// An optional JSON body: empty (or blank) is the default.
+fn optional_body<T: DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    parse_json(body)
+}
+
+// ---- Handlers -----------------------------------------------------------------------------------
+
+async fn start(
+    State(workflows): State<Workflows>,
+    ApiJson(r): ApiJson<StartRequest>,
+) -> Result<Response, ApiError> {
+    let id_reuse = match r.id_reuse.as_deref() {
+        None => IdReusePolicy::default(),
+        Some(s) => IdReusePolicy::parse(s).ok_or_else(|| {
+            ApiError::invalid(
+                "id_reuse",
+                "must be allow_duplicate, allow_duplicate_failed_only or reject_duplicate",
+            )
+        })?,
+    };
+    let mut req =
+        StartWorkflow::new(r.workflow_type, r.input.unwrap_or(Value::Null)).id_reuse(id_reuse);
+    req.workflow_id = r.id;
+    let run = workflows.start(req).await.map_err(api_error)?;
+    Ok((
+        StatusCode::CREATED,
+        Json(StartResponse {
+            id: run.workflow_id,
+            run_id: *run.run_id.as_uuid(),
+            status: run.status.as_str().to_string(),
+        }),
+    )
+        .into_response())
+}
+
+async fn list(
+    State(workflows): State<Workflows>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> Result<Json<WorkflowList>, ApiError> {
+    let limit = q.limit.unwrap_or(50);
+    if !(1..=1_000).contains(&limit) {
+        return Err(ApiError::invalid(
+            "limit",
+            "limit must be between 1 and 1000",
+        ));
+    }
+    let status = q
+        .status
+        .as_deref()
+        .map(|s| {
+            s.parse::<WorkflowStatus>()
+                .map_err(|e| ApiError::invalid("status", e))
+        })
+        .transpose()?;
+    let filter = WorkflowFilter {
+        workflow_type: q.workflow_type,
+        status,
+    };
+    let page = workflows
+        .list(&filter, q.cursor.as_deref(), limit)
+        .await
+        .map_err(api_error)?;
+    Ok(Json(WorkflowList {
+        workflows: page.runs.iter().map(view).collect(),
+        next_cursor: page.next_cursor,
+    }))
+}
+
+async fn load(workflows: &Workflows, id: &str) -> Result<WorkflowRun, ApiError> {
+    workflows
+        .get(id)
+        .await
+        .map_err(api_error)?
+        .ok_or_else(|| ApiError::not_found("no such workflow"))
+}
+
+async fn get_one(
+    State(workflows): State<Workflows>,
+    Path(id): Path<String>,
+) -> Result<Json<WorkflowView>, ApiError> {
+    Ok(Json(view(&load(&workflows, &id).await?)))
+}
+
+async fn signal(
+    State(workflows): State<Workflows>,
+    Path((id, name)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let r: SignalRequest = optional_body(&body)?;
+    workflows
+        .signal(&id, &name, r.input.unwrap_or(Value::Null))
+        .await
+        .map_err(api_error)?;
+    Ok(StatusCode::ACCEPTED.into_response())
+}
+
+async fn cancel(
+    State(workflows): State<Workflows>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let r: ReasonRequest = optional_body(&body)?;
+    workflows.cancel(&id, r.reason).await.map_err(api_error)?;
+    Ok(StatusCode::ACCEPTED.into_response())
+}
+
+async fn terminate(
+    State(workflows): State<Workflows>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<WorkflowView>, ApiError> {
+    let r: ReasonRequest = optional_body(&body)?;
+    let reason = r
+        .reason
+        .unwrap_or_else(|| "terminated over HTTP".to_string());
+    let run = workflows.terminate(&id, &reason).await.map_err(api_error)?;
+    Ok(Json(view(&run)))
+}
+
+async fn history(
+    State(workflows): State<Workflows>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(workflows.history_json(&id).await.map_err(api_error)?))
+}
