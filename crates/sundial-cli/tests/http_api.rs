@@ -1,11 +1,14 @@
-//! End-to-end tests of the v1 HTTP API against the real `sundial` binary.
+//! End-to-end tests of the v1 HTTP API against the real `sundial` binary, on both backends: each
+//! test body is one function taking a [`Backend`], run by two `#[test]`s, `<name>::embedded` and
+//! `<name>::postgres` (see `both_backends!` at the end). The PostgreSQL ones use a fresh schema
+//! each and are skipped without `SUNDIAL_TEST_DATABASE_URL` (see `common/pg.rs`).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic on failure
 
 mod common;
 
 use std::time::Duration;
 
-use common::{Server, all_tasks, count, now_ms, rfc3339_ms};
+use common::{Backend, Server, Storage, all_tasks, count, now_ms, rfc3339_ms};
 use serde_json::{Value, json};
 use sundial_server::wire::{BatchItem, CreateBatch, CreateTask, ListQuery, StateView};
 
@@ -35,10 +38,11 @@ fn code(v: &Value) -> &str {
     v["error"]["code"].as_str().unwrap_or("<none>")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn create_get_and_list_round_trip() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+async fn create_get_and_list_round_trip(backend: Backend) {
+    let Some(storage) = Storage::new(backend) else {
+        return;
+    };
+    let server = Server::start_on(&storage);
     let c = server.client();
 
     let before = now_ms();
@@ -59,7 +63,13 @@ async fn create_get_and_list_round_trip() {
     assert_eq!(body["max_attempts"], 3);
     assert_eq!(body["timeout"], "30s");
     let run_at = rfc3339_ms(body["run_at"].as_str().unwrap());
-    assert!(run_at >= before + 3_600_000, "delay applied");
+    let created_at = rfc3339_ms(body["created_at"].as_str().unwrap());
+    assert_eq!(
+        run_at - created_at,
+        3_600_000,
+        "delay applied to the server's now"
+    );
+    assert!(created_at >= before - backend.server_clock_lag_ms());
     assert!(run_at <= now_ms() + 3_600_000);
 
     let id = body["id"].as_str().unwrap();
@@ -82,10 +92,11 @@ async fn create_get_and_list_round_trip() {
     assert_eq!(all[0].kind, "report", "newest first");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn long_poll_waits_delivers_when_due_and_complete_records_the_result() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+async fn long_poll_waits_delivers_when_due_and_complete_records_the_result(backend: Backend) {
+    let Some(storage) = Storage::new(backend) else {
+        return;
+    };
+    let server = Server::start_on(&storage);
     let c = server.client();
 
     // Nothing ready: the poll answers empty after its wait.
@@ -144,10 +155,11 @@ async fn long_poll_waits_delivers_when_due_and_complete_records_the_result() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fail_retries_with_backoff_then_goes_dead() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+async fn fail_retries_with_backoff_then_goes_dead(backend: Backend) {
+    let Some(storage) = Storage::new(backend) else {
+        return;
+    };
+    let server = Server::start_on(&storage);
     let c = server.client();
 
     let created = c
@@ -182,9 +194,10 @@ async fn fail_retries_with_backoff_then_goes_dead() {
     assert_eq!(after.attempt, 1);
     assert_eq!(after.last_error.as_deref(), Some("boom 1"));
     assert!(
-        rfc3339_ms(&after.run_at) >= failed_at + 300,
-        "backoff applied"
+        rfc3339_ms(&after.run_at) >= rfc3339_ms(&after.updated_at) + 300,
+        "backoff applied to the server's now"
     );
+    assert!(rfc3339_ms(&after.updated_at) >= failed_at - backend.server_clock_lag_ms());
 
     // The old execution is stale: a late heartbeat or result is refused.
     assert!(
@@ -234,10 +247,11 @@ async fn fail_retries_with_backoff_then_goes_dead() {
     assert_eq!(d.state, StateView::Dead);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancel_and_trigger() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+async fn cancel_and_trigger(backend: Backend) {
+    let Some(storage) = Storage::new(backend) else {
+        return;
+    };
+    let server = Server::start_on(&storage);
     let c = server.client();
     let later = |q: &str| CreateTask {
         queue: Some(q.into()),
@@ -251,7 +265,8 @@ async fn cancel_and_trigger() {
     let trig = c.trigger(&t.id.to_string()).await.unwrap();
     assert_eq!(trig.state, StateView::Scheduled);
     assert!(rfc3339_ms(&trig.run_at) <= now_ms());
-    assert!(rfc3339_ms(&trig.run_at) >= before);
+    assert_eq!(trig.run_at, trig.updated_at, "due at the server's now");
+    assert!(rfc3339_ms(&trig.run_at) >= before - backend.server_clock_lag_ms());
     let p = c
         .poll("trig", "w", 1, Duration::from_secs(30), None)
         .await
@@ -310,10 +325,11 @@ async fn cancel_and_trigger() {
 }
 
 /// Every refused request is answered with the documented status and code, and stores nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rejected_requests_store_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+async fn rejected_requests_store_nothing(backend: Backend) {
+    let Some(storage) = Storage::new(backend) else {
+        return;
+    };
+    let server = Server::start_on(&storage);
     let c = server.client();
     let url = |p: &str| format!("{}{}", server.url, p);
 
@@ -628,10 +644,11 @@ async fn rejected_requests_store_nothing() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn batch_creates_in_order_and_reports_duplicates_per_item() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+async fn batch_creates_in_order_and_reports_duplicates_per_item(backend: Backend) {
+    let Some(storage) = Storage::new(backend) else {
+        return;
+    };
+    let server = Server::start_on(&storage);
     let c = server.client();
     c.create(&CreateTask {
         key: Some("taken".into()),
@@ -688,10 +705,11 @@ async fn batch_creates_in_order_and_reports_duplicates_per_item() {
     assert_eq!(count(&c).await, 3);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn list_paginates_newest_first_with_filters() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+async fn list_paginates_newest_first_with_filters(backend: Backend) {
+    let Some(storage) = Storage::new(backend) else {
+        return;
+    };
+    let server = Server::start_on(&storage);
     let c = server.client();
     let tasks: Vec<CreateTask> = (0..25)
         .map(|i| CreateTask {
@@ -778,10 +796,11 @@ async fn list_paginates_newest_first_with_filters() {
     assert_eq!(none.next_cursor, None);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn health_metrics_and_openapi() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+async fn health_metrics_and_openapi(backend: Backend) {
+    let Some(storage) = Storage::new(backend) else {
+        return;
+    };
+    let server = Server::start_on(&storage);
     let c = server.client();
     let (status, body) = raw("GET", &format!("{}/healthz", server.url), None).await;
     assert_eq!((status, body), (200, json!({"status": "ok"})));
@@ -831,10 +850,11 @@ async fn health_metrics_and_openapi() {
 
 /// Health is not queued behind task work: it answers while many long-polls are held open and
 /// creates are streaming in.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn healthz_answers_while_task_endpoints_are_busy() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path());
+async fn healthz_answers_while_task_endpoints_are_busy(backend: Backend) {
+    let Some(storage) = Storage::new(backend) else {
+        return;
+    };
+    let server = Server::start_on(&storage);
     let c = server.client();
     let mut polls = Vec::new();
     for i in 0..64 {
@@ -882,10 +902,11 @@ async fn healthz_answers_while_task_endpoints_are_busy() {
     drop(polls);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_ends_waiting_polls_and_exits_cleanly() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut server = Server::start(dir.path());
+async fn sigterm_ends_waiting_polls_and_exits_cleanly(backend: Backend) {
+    let Some(storage) = Storage::new(backend) else {
+        return;
+    };
+    let mut server = Server::start_on(&storage);
     let c = server.client();
     let t = c
         .create(&CreateTask {
@@ -912,8 +933,37 @@ async fn sigterm_ends_waiting_polls_and_exits_cleanly() {
         assert!(p.tasks.is_empty());
     }
     // The data survives a restart.
-    let server = Server::start(dir.path());
+    let server = Server::start_on(&storage);
     let got = server.client().get(&t.id.to_string()).await.unwrap();
     assert_eq!(got.state, StateView::Scheduled);
     assert_eq!(got.kind, "survivor");
 }
+
+/// Two tests per body: `<name>::embedded` and `<name>::postgres`.
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn embedded() {
+                super::$name(super::Backend::Embedded).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::$name(super::Backend::Postgres).await
+            }
+        }
+    )*};
+}
+
+both_backends!(
+    create_get_and_list_round_trip,
+    long_poll_waits_delivers_when_due_and_complete_records_the_result,
+    fail_retries_with_backoff_then_goes_dead,
+    cancel_and_trigger,
+    rejected_requests_store_nothing,
+    batch_creates_in_order_and_reports_duplicates_per_item,
+    list_paginates_newest_first_with_filters,
+    health_metrics_and_openapi,
+    healthz_answers_while_task_endpoints_are_busy,
+    sigterm_ends_waiting_polls_and_exits_cleanly,
+);
