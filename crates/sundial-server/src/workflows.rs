@@ -15,9 +15,12 @@
 //! `allow_duplicate_failed_only`, `reject_duplicate`. Errors are as in the task API; conflicts
 //! are `409` with code `already_running`, `already_exists` or `wrong_state` (+ `state`).
 //! Workflow ids that contain `/` (child workflows) are percent-encoded in paths. Workflow tasks
-//! and activities run where their type and name are registered: in this process when the
-//! embedding program registered them on the [`Workflows`] it passed in. These routes are not yet
-//! in `/openapi.json`.
+//! and activities run where their type and name are registered: [`crate::router`] attaches its
+//! own [`Workflows`] (timers and child starts run in the server); an embedding program that runs
+//! workflows in-process registers them on its own `Workflows::attach(&sundial)`, which shares the
+//! engine and the store with the router's. Types and names registered nowhere wait as `ready`
+//! kernel tasks (for remote workers, which come later). These routes are not yet in
+//! `/openapi.json`.
 
 use axum::Json;
 use axum::Router;

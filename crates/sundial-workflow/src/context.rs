@@ -87,16 +87,18 @@ impl WorkflowContext {
         self.machine().replaying
     }
 
-    /// The number of events in the history this workflow task started from.
+    /// The number of events in the history when the current workflow task started (the same
+    /// on every replay).
     pub fn history_length(&self) -> u64 {
         self.machine().history_len
     }
 
     /// Whether the history has grown large enough that a long-running loop should
     /// [`continue as new`](WorkflowError::continue_as_new).
+    /// The answer is recorded with each workflow task, so replays see the same answer even when
+    /// the threshold ([`WorkflowConfig::history_warn_events`](crate::WorkflowConfig)) changed.
     pub fn continue_as_new_suggested(&self) -> bool {
-        let m = self.machine();
-        m.history_len >= m.info.suggest_continue_after
+        self.machine().suggest_continue
     }
 
     /// Whether the workflow has been asked to cancel.

@@ -32,7 +32,11 @@ pub enum Event {
         seed: u64,
     },
     /// A workflow task ran; its commands follow. Its time is the workflow's `now()` in that task.
-    WorkflowTaskCompleted {},
+    WorkflowTaskCompleted {
+        /// What `continue_as_new_suggested()` answered in that task.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        continue_as_new_suggested: bool,
+    },
 
     // ---- commands (recorded by workflow tasks) ------------------------------------------------
     ActivityScheduled {
@@ -148,7 +152,7 @@ impl Event {
         use Event::*;
         match self {
             WorkflowStarted { .. } => Role::Start,
-            WorkflowTaskCompleted {} => Role::Marker,
+            WorkflowTaskCompleted { .. } => Role::Marker,
             ActivityScheduled { .. }
             | ActivityCancelRequested { .. }
             | TimerStarted { .. }
@@ -178,7 +182,7 @@ impl Event {
         use Event::*;
         match self {
             WorkflowStarted { .. } => "workflow_started",
-            WorkflowTaskCompleted {} => "workflow_task_completed",
+            WorkflowTaskCompleted { .. } => "workflow_task_completed",
             ActivityScheduled { .. } => "activity_scheduled",
             ActivityCancelRequested { .. } => "activity_cancel_requested",
             TimerStarted { .. } => "timer_started",
@@ -312,7 +316,12 @@ mod tests {
         assert_eq!(serde_json::from_str::<Event>(&s).expect("parse"), e);
         let m: Event =
             serde_json::from_str(r#"{"type":"workflow_task_completed"}"#).expect("parse");
-        assert_eq!(m, Event::WorkflowTaskCompleted {});
+        assert_eq!(
+            m,
+            Event::WorkflowTaskCompleted {
+                continue_as_new_suggested: false
+            }
+        );
         let w = WorkflowEvent {
             seq: 4,
             at: Timestamp(9),

@@ -85,12 +85,22 @@ pub struct Replayed {
 }
 
 /// Who the replayed run is.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct RunInfo {
     pub workflow_id: String,
     pub run_id: Option<RunId>,
     /// History length from which [`WorkflowContext::continue_as_new_suggested`] says yes.
     pub suggest_continue_after: u64,
+}
+
+impl Default for RunInfo {
+    fn default() -> Self {
+        RunInfo {
+            workflow_id: String::new(),
+            run_id: None,
+            suggest_continue_after: u64::MAX,
+        }
+    }
 }
 
 /// The shared state between the executor and the workflow's awaited calls.
@@ -114,7 +124,13 @@ pub(crate) struct Machine {
     interrupted: HashSet<u64>,
     patches: HashMap<String, bool>,
     rng: u64,
+    /// The history length the current workflow task started from: the number of its marker
+    /// while replaying (what the original task saw), the whole history when live.
     pub history_len: u64,
+    /// The whole history's length.
+    total_len: u64,
+    /// What `continue_as_new_suggested()` answers: recorded in each workflow task's marker.
+    pub suggest_continue: bool,
     pub error: Option<ReplayError>,
     /// Set while the executor drops the workflow: drops then issue no commands.
     pub closing: bool,
@@ -142,6 +158,8 @@ impl Machine {
             patches: HashMap::new(),
             rng: seed,
             history_len,
+            total_len: history_len,
+            suggest_continue: false,
             error: None,
             closing: false,
             child_runs: HashMap::new(),
@@ -209,7 +227,7 @@ impl Machine {
             None => {
                 let (seq, what) = match &self.group_end {
                     Some((seq, what)) => (*seq, format!("{what} next")),
-                    None => (self.history_len, "nothing more".to_string()),
+                    None => (self.total_len, "nothing more".to_string()),
                 };
                 self.error = Some(ReplayError::NonDeterminism {
                     seq,
@@ -572,6 +590,13 @@ fn drive(
                 {
                     let mut m = exec.ctx.machine();
                     m.now = e.at;
+                    m.history_len = e.seq;
+                    m.suggest_continue = matches!(
+                        e.event,
+                        Event::WorkflowTaskCompleted {
+                            continue_as_new_suggested: true
+                        }
+                    );
                     m.replaying = true;
                     m.expected = expected;
                     m.group_end = history.get(j).map(|h| (h.seq, h.event.describe()));
@@ -600,6 +625,8 @@ fn drive(
         let mut m = exec.ctx.machine();
         m.replaying = false;
         m.now = now;
+        m.history_len = n as u64;
+        m.suggest_continue = m.history_len >= m.info.suggest_continue_after;
         m.expected.clear();
         m.group_end = None;
     }

@@ -384,7 +384,9 @@ impl Inner {
         now: Timestamp,
     ) -> Result<WorkflowTaskCommit, Error> {
         let events = [
-            Event::WorkflowTaskCompleted {},
+            Event::WorkflowTaskCompleted {
+                continue_as_new_suggested: false,
+            },
             Event::WorkflowFailed {
                 error: error.clone(),
             },
@@ -599,7 +601,9 @@ impl Inner {
         let mut events = Vec::with_capacity(commands.len() + 1);
         events.push(NewEvent {
             at: now,
-            data: json_text(&Event::WorkflowTaskCompleted {}),
+            data: json_text(&Event::WorkflowTaskCompleted {
+                continue_as_new_suggested: expect_len >= self.config.history_warn_events,
+            }),
         });
         events.extend(commands.iter().map(|c| NewEvent {
             at: now,

@@ -241,3 +241,50 @@ async fn management_api_id_reuse_list_and_history_json() {
     }
     assert!(h.workflows.get("zz").await.unwrap().is_none());
 }
+
+/// A loop that continues as new when the history grows past the configured size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_history_suggests_continue_as_new() {
+    async fn looper(ctx: WorkflowContext, total: u32) -> Result<u32, WorkflowError> {
+        let mut total = total;
+        loop {
+            if total >= 5 {
+                return Ok(total);
+            }
+            if ctx.continue_as_new_suggested() {
+                return Err(WorkflowError::continue_as_new(&total));
+            }
+            ctx.sleep(MIN).await?;
+            total += 1;
+        }
+    }
+    let config = sundial_workflow::WorkflowConfig {
+        history_warn_events: 6,
+        ..sundial_workflow::WorkflowConfig::default()
+    };
+    let h = common::harness_with(config, |w| w.register("looper", looper).unwrap()).await;
+    let first = h.start("looper", "l", json!(0)).await;
+    for _ in 0..5 {
+        h.wait_events("l", "timer_started", 1).await;
+        let before = h.run("l").await.history_len;
+        h.advance(MIN).await;
+        for _ in 0..500 {
+            let r = h.run("l").await;
+            if r.history_len != before || r.run_id != first.run_id && r.history_len > 1 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+    let done = h.wait_status("l", WorkflowStatus::Completed).await;
+    assert_eq!(result(&done), json!(5));
+    assert_ne!(done.run_id, first.run_id, "the loop continued as new");
+    let old = h.workflows.get_run(first.run_id).await.unwrap().unwrap();
+    assert_eq!(old.status, WorkflowStatus::ContinuedAsNew);
+    assert!(old.history_len <= 12, "{}", old.history_len);
+    // Replay follows the answers recorded in the history, not today's threshold (the standalone
+    // replayer never suggests on its own).
+    let history = h.workflows.history(first.run_id).await.unwrap();
+    let replayed = sundial_workflow::replay_history(looper, &history).unwrap();
+    assert!(replayed.finished && replayed.new_commands.is_empty());
+}

@@ -225,7 +225,7 @@ async fn recorded_histories_replay_to_the_same_commands() {
         // Every prefix that ends just before a workflow task replays too, and the commands the
         // live part issues are exactly the ones that task recorded.
         for (i, e) in history.iter().enumerate() {
-            if !matches!(e.event, Event::WorkflowTaskCompleted {}) {
+            if !matches!(e.event, Event::WorkflowTaskCompleted { .. }) {
                 continue;
             }
             let recorded: Vec<&Event> = history[i + 1..]
@@ -259,7 +259,7 @@ fn is_command(e: &Event) -> bool {
     !matches!(
         e,
         Event::WorkflowStarted { .. }
-            | Event::WorkflowTaskCompleted {}
+            | Event::WorkflowTaskCompleted { .. }
             | Event::ActivityCompleted { .. }
             | Event::ActivityFailed { .. }
             | Event::TimerFired { .. }
