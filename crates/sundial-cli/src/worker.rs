@@ -266,7 +266,7 @@ async fn run_task(
                         .unwrap_or_else(|_| serde_json::Value::String(trimmed.to_string())),
                 )
             };
-            report(&client, id, "complete", || {
+            report(id, "complete", || {
                 client.complete(id, execution, result.clone())
             })
             .await;
@@ -304,7 +304,7 @@ async fn run_task(
 async fn report_failure(client: &Client, task: &PolledTask, message: String) {
     tracing::info!(id = %task.id, error = %message, "attempt failed");
     let (id, execution) = (task.id, task.execution_id);
-    report(client, id, "fail", || {
+    report(id, "fail", || {
         client.fail(id, execution, message.clone(), true)
     })
     .await;
@@ -312,12 +312,11 @@ async fn report_failure(client: &Client, task: &PolledTask, message: String) {
 
 /// Sends a result, retrying transport errors a few times; a `409` means the attempt lost the
 /// task (nothing to do).
-async fn report<F, Fut>(client: &Client, id: uuid::Uuid, what: &str, send: F)
+async fn report<F, Fut>(id: uuid::Uuid, what: &str, send: F)
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<sundial_server::wire::TaskView, ClientError>>,
 {
-    let _ = client;
     let mut wait = Duration::from_millis(200);
     for attempt in 1..=5 {
         match send().await {
