@@ -4,8 +4,9 @@
 //! the same order. So it reads time with [`WorkflowContext::now`], draws random numbers with
 //! [`WorkflowContext::random_u64`], does I/O only in activities, records anything else
 //! non-deterministic with [`WorkflowContext::side_effect`], and awaits only the futures this
-//! module returns (and combinations of them: [`race`], `futures::join!`, `futures::select!`).
-//! Awaiting anything else (a tokio timer, a channel) blocks the workflow task for good.
+//! module returns (and combinations of them: [`race`], `futures::join!`,
+//! `futures::select_biased!`; not `futures::select!`, which picks among ready branches at
+//! random). Awaiting anything else (a tokio timer, a channel) blocks the workflow task for good.
 //!
 //! **Cancellation.** When the workflow is asked to cancel, every call it is awaiting at that moment
 //! (activity, timer, signal, child) returns an error for which

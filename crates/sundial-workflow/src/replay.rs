@@ -23,7 +23,7 @@
 //! handler). There is no cache of live workflow instances: every workflow task replays, so a
 //! sleeping workflow holds no memory at all.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
@@ -118,7 +118,9 @@ pub(crate) struct Machine {
     results: HashMap<u32, Result<Value, WorkflowError>>,
     names: HashMap<u32, String>,
     signals: HashMap<String, VecDeque<Value>>,
-    wakers: HashMap<u64, Waker>,
+    /// Ordered: futures are woken in waiter order, so combinators that poll in wake order
+    /// (`FuturesUnordered`) poll the same way on every replay.
+    wakers: BTreeMap<u64, Waker>,
     next_waiter: u64,
     pub cancel_requested: bool,
     interrupted: HashSet<u64>,
@@ -151,7 +153,7 @@ impl Machine {
             results: HashMap::new(),
             names: HashMap::new(),
             signals: HashMap::new(),
-            wakers: HashMap::new(),
+            wakers: BTreeMap::new(),
             next_waiter: 0,
             cancel_requested: false,
             interrupted: HashSet::new(),
