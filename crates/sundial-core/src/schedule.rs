@@ -424,6 +424,14 @@ impl CronEval {
         // Fire times are whole seconds: start at the first whole second after `t`.
         let mut lo = t.0.div_euclid(1_000).checked_add(1)?;
         let max = Timestamp::MAX.0.div_euclid(1_000);
+        // A spring-forward transition exactly at `lo`: the loop below only sees gaps at the end of
+        // a segment, so the gap that ends where the walk starts is checked here (its shifted fire
+        // is at `lo` itself, which is after `t`).
+        if self.dst.skipped == SkippedTime::Shift
+            && let Some(at) = self.gap_fire_at(lo)
+        {
+            return Some(Timestamp(at.checked_mul(1_000)?));
+        }
         loop {
             if lo > max {
                 return None;
@@ -450,6 +458,29 @@ impl CronEval {
                 }
             }
             lo = at.as_second();
+        }
+    }
+
+    /// When a forward transition happens exactly at second `at` and some local time in the gap it
+    /// skips matches the expression: `Some(at)` (the shifted fire).
+    fn gap_fire_at(&self, at: i64) -> Option<i64> {
+        let at_ts = jiff::Timestamp::from_second(at).ok()?;
+        let probe = at_ts.checked_add(jiff::SignedDuration::from_secs(1)).ok()?;
+        let tr = self.tz.preceding(probe).next()?;
+        if tr.timestamp() != at_ts {
+            return None;
+        }
+        let before = self
+            .tz
+            .to_offset(at_ts.checked_sub(jiff::SignedDuration::from_secs(1)).ok()?);
+        if tr.offset() <= before {
+            return None;
+        }
+        let gap_start = before.to_datetime(at_ts);
+        let gap_end = tr.offset().to_datetime(at_ts);
+        match self.cron.find_next_occurrence(&gap_start, true) {
+            Ok(c) if c < gap_end => Some(at),
+            _ => None,
         }
     }
 

@@ -600,3 +600,22 @@ fn accepts_rare_but_real_dates() {
     assert!(ScheduleSpec::cron("0 0 ? * MON").compile().is_ok());
     assert!(ScheduleSpec::cron("0 0 * * 7").compile().is_ok());
 }
+
+// ---- Regression: a walk that starts exactly at a spring-forward transition -----------------------
+
+#[test]
+fn shift_fires_when_the_walk_starts_at_the_transition() {
+    // America/St_Johns, 2020-03-08: 02:00 (-03:30) → 03:00 (-02:30). From one second before the
+    // transition the next whole second *is* the transition; the skipped 02:xx seconds shift there.
+    check(
+        cron("* * 1,2 * * *", "America/St_Johns"),
+        "2020-03-08T01:59:59-03:30",
+        &["2020-03-08T03:00:00-02:30", "2020-03-09T01:00:00-02:30"],
+    );
+    // With `skip` nothing fires in the gap.
+    check(
+        cron("* * 1,2 * * *", "America/St_Johns").dst(SkippedTime::Skip, RepeatedTime::First),
+        "2020-03-08T01:59:59-03:30",
+        &["2020-03-09T01:00:00-02:30"],
+    );
+}
