@@ -124,6 +124,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
             Sundial::builder()
                 .config(config)
                 .schedule_store(store.clone())
+                .workflow_store(store.clone())
                 .join_cluster(store.clone(), store, node)
                 .await
                 .context("cannot join the cluster")?

@@ -1,7 +1,8 @@
 //! # sundial-store-postgres
 //!
 //! Sundial's store on PostgreSQL, for several nodes that share one database. It implements
-//! [`sundial_store::Store`] and [`sundial_store::ScheduleStore`] with the same semantics as the
+//! [`sundial_store::Store`], [`sundial_store::ScheduleStore`] and
+//! [`sundial_store::WorkflowStore`] with the same semantics as the
 //! embedded SQLite store and passes the same conformance suites, and
 //! [`sundial_store::Cluster`]: membership, shard leases with fencing, fenced owner writes and
 //! wake-ups between nodes.
@@ -77,6 +78,15 @@
 //! tick exactly one commits; the fire's task and the next tick are inserted in the same
 //! transaction.
 //!
+//! Workflows (migration 4, `workflows.rs`): **`workflow_runs`** (one row per run: status,
+//! result, history length, the pending workflow task, parent and continue-as-new links),
+//! **`workflows (workflow_id → run_id)`** (each workflow id's current run; ids `COLLATE "C"`, so
+//! they list in byte order), **`workflow_history (run_id, seq)`** (the append-only event log, JSON
+//! text) and **`workflow_markers (run_id, marker)`** (marked appends happen at most once). Each
+//! write is one transaction that first locks the run's row (or, to start a run, its workflow
+//! id's row), checks its conditions on it and writes events, tasks, cancellations, the next run
+//! and the parent's events together.
+//!
 //! ## Concurrency
 //!
 //! Transactions run at `READ COMMITTED`. Claims lock rows before deciding, so no two callers can
@@ -143,6 +153,7 @@ mod rows;
 mod schedules;
 mod schema;
 mod sql;
+mod workflows;
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;

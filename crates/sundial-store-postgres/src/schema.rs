@@ -192,6 +192,55 @@ CREATE TABLE {schema}.schedule_fires (
 );
 "#,
     },
+    Migration {
+        version: 4,
+        name: "workflow runs, histories and append markers",
+        sql: r#"
+CREATE TABLE {schema}.workflow_runs (
+    run_id          uuid   NOT NULL PRIMARY KEY,
+    workflow_id     text COLLATE "C" NOT NULL,
+    workflow_type   text   NOT NULL,
+    input           text   NOT NULL,
+    status          text   NOT NULL CHECK (status IN ('running', 'completed', 'failed',
+                        'cancelled', 'terminated', 'continued_as_new')),
+    result          text,
+    error           text,
+    history_len     bigint NOT NULL CHECK (history_len >= 0),
+    pending_task    uuid,
+    parent_run      uuid,
+    parent_workflow text COLLATE "C",
+    parent_cmd      bigint CHECK (parent_cmd >= 0),
+    continued_from  uuid,
+    continued_to    uuid,
+    created_at      bigint NOT NULL,
+    updated_at      bigint NOT NULL,
+    closed_at       bigint,
+    CONSTRAINT workflow_runs_parent_link CHECK
+        ((parent_run IS NULL) = (parent_workflow IS NULL)
+         AND (parent_run IS NULL) = (parent_cmd IS NULL))
+);
+CREATE INDEX workflow_runs_by_workflow ON {schema}.workflow_runs (workflow_id, created_at);
+
+CREATE TABLE {schema}.workflows (
+    workflow_id text COLLATE "C" NOT NULL PRIMARY KEY,
+    run_id      uuid NOT NULL
+);
+
+CREATE TABLE {schema}.workflow_history (
+    run_id uuid   NOT NULL,
+    seq    bigint NOT NULL CHECK (seq >= 0),
+    at     bigint NOT NULL,
+    event  text   NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+
+CREATE TABLE {schema}.workflow_markers (
+    run_id uuid NOT NULL,
+    marker text NOT NULL,
+    PRIMARY KEY (run_id, marker)
+);
+"#,
+    },
 ];
 
 /// The schema version this build writes (the highest migration it knows).

@@ -50,6 +50,7 @@ pub(crate) struct Sql {
     pub columns: String,
     pub cluster: ClusterSql,
     pub schedules: ScheduleSql,
+    pub workflows: WorkflowSql,
 }
 
 /// Membership, shard leases, wake-ups (see `cluster.rs`).
@@ -84,6 +85,119 @@ pub(crate) struct ScheduleSql {
     pub existing_fires: String,
     pub insert_fires: String,
     pub list_fires: String,
+}
+
+/// Workflow runs, their histories and markers (see `workflows.rs`).
+pub(crate) struct WorkflowSql {
+    pub get: String,
+    /// The run row, locked until the transaction ends.
+    pub lock: String,
+    pub current: String,
+    /// Claims the workflow id for a new run when it has none (`RETURNING` nothing otherwise).
+    pub claim_id: String,
+    /// The workflow id's row, locked, with its current run's status.
+    pub lock_id: String,
+    pub point_id: String,
+    pub insert_run: String,
+    pub insert_events: String,
+    pub history: String,
+    pub has_marker: String,
+    pub insert_marker: String,
+    pub task_is_live: String,
+    pub set_len: String,
+    pub close: String,
+    pub cancel_ids: String,
+    pub cancel_run_tasks: String,
+    pub list: String,
+}
+
+/// The columns of `workflow_runs` (alias `r`), in the order `workflows::run_from_row` reads them.
+pub(crate) const RUN_COLUMNS: &str = "r.run_id, r.workflow_id, r.workflow_type, r.input, \
+    r.status, r.result, r.error, r.history_len, r.pending_task, r.parent_run, r.parent_workflow, \
+    r.parent_cmd, r.continued_from, r.continued_to, r.created_at, r.updated_at, r.closed_at";
+
+/// Why the tasks a workflow gives up (or leaves behind when it closes) were cancelled.
+const WORKFLOW_CANCEL_REASON: &str = "cancelled by its workflow";
+
+impl WorkflowSql {
+    fn new(s: &str) -> Self {
+        let rc = RUN_COLUMNS;
+        let runs = format!("{s}.workflow_runs");
+        let ids = format!("{s}.workflows");
+        let history = format!("{s}.workflow_history");
+        let markers = format!("{s}.workflow_markers");
+        let tasks = format!("{s}.tasks");
+        let why = WORKFLOW_CANCEL_REASON;
+        WorkflowSql {
+            get: format!("SELECT {rc} FROM {runs} r WHERE r.run_id = $1"),
+            lock: format!("SELECT {rc} FROM {runs} r WHERE r.run_id = $1 FOR UPDATE"),
+            current: format!(
+                "SELECT {rc} FROM {ids} w JOIN {runs} r ON r.run_id = w.run_id \
+                 WHERE w.workflow_id = $1"
+            ),
+            claim_id: format!(
+                "INSERT INTO {ids} (workflow_id, run_id) VALUES ($1, $2) \
+                 ON CONFLICT (workflow_id) DO NOTHING RETURNING run_id"
+            ),
+            lock_id: format!(
+                "SELECT r.run_id, r.status FROM {ids} w JOIN {runs} r ON r.run_id = w.run_id \
+                 WHERE w.workflow_id = $1 FOR UPDATE OF w"
+            ),
+            point_id: format!("UPDATE {ids} SET run_id = $2 WHERE workflow_id = $1"),
+            insert_run: format!(
+                "INSERT INTO {runs} (run_id, workflow_id, workflow_type, input, status, \
+                 history_len, pending_task, parent_run, parent_workflow, parent_cmd, \
+                 continued_from, created_at, updated_at) \
+                 VALUES ($1, $2, $3, $4, 'running', 1, $5, $6, $7, $8, $9, $10, $10)"
+            ),
+            insert_events: format!(
+                "INSERT INTO {history} (run_id, seq, at, event) \
+                 SELECT $1::uuid, $2::bigint + u.ord - 1, u.at, u.event \
+                 FROM unnest($3::bigint[], $4::text[]) WITH ORDINALITY AS u(at, event, ord)"
+            ),
+            history: format!(
+                "SELECT seq, at, event FROM {history} WHERE run_id = $1 AND seq >= $2 \
+                 ORDER BY seq LIMIT $3"
+            ),
+            has_marker: format!("SELECT 1 FROM {markers} WHERE run_id = $1 AND marker = $2"),
+            insert_marker: format!(
+                "INSERT INTO {markers} (run_id, marker) VALUES ($1, $2) \
+                 ON CONFLICT DO NOTHING RETURNING marker"
+            ),
+            task_is_live: format!("SELECT 1 FROM {tasks} WHERE id = $1 AND state IN {LIVE}"),
+            // `$3` NULL keeps the pending task; `$5` says whether to clear it.
+            set_len: format!(
+                "UPDATE {runs} SET history_len = $2, \
+                 pending_task = CASE WHEN $5::boolean THEN NULL \
+                                     ELSE COALESCE($3::uuid, pending_task) END, \
+                 updated_at = $4 WHERE run_id = $1"
+            ),
+            close: format!(
+                "UPDATE {runs} SET status = $2, result = $3, error = $4, continued_to = $5, \
+                 pending_task = NULL, closed_at = $6, updated_at = $6 WHERE run_id = $1"
+            ),
+            cancel_ids: format!(
+                "UPDATE {tasks} SET state = 'cancelled', updated_at = $2, finished_at = $2, \
+                 lease_expires_at = NULL, last_error = '{why}' \
+                 WHERE id = ANY($1::uuid[]) AND state IN {LIVE} RETURNING id"
+            ),
+            // Every live task keyed under the run's prefix (`$2`), in both workflow queues.
+            // `starts_with` rather than a key range: a range would depend on the collation.
+            cancel_run_tasks: format!(
+                "UPDATE {tasks} SET state = 'cancelled', updated_at = $3, finished_at = $3, \
+                 lease_expires_at = NULL, last_error = '{why}' \
+                 WHERE queue = ANY($1::text[]) AND key IS NOT NULL AND state IN {LIVE} \
+                 AND starts_with(key, $2) RETURNING id"
+            ),
+            list: format!(
+                "SELECT {rc} FROM {ids} w JOIN {runs} r ON r.run_id = w.run_id \
+                 WHERE ($1::text IS NULL OR w.workflow_id > $1::text) \
+                 AND ($2::text IS NULL OR r.workflow_type = $2::text) \
+                 AND ($3::text IS NULL OR r.status = $3::text) \
+                 ORDER BY w.workflow_id LIMIT $4"
+            ),
+        }
+    }
 }
 
 /// The columns of `schedules`, in the order `schedules::schedule_from_row` reads them.
@@ -414,6 +528,7 @@ impl Sql {
             tasks,
             cluster: ClusterSql::new(s),
             schedules: ScheduleSql::new(s),
+            workflows: WorkflowSql::new(s),
         }
     }
 }
