@@ -18,9 +18,20 @@
 //! and activities run where their type and name are registered: [`crate::router`] attaches its
 //! own [`Workflows`] (timers and child starts run in the server); an embedding program that runs
 //! workflows in-process registers them on its own `Workflows::attach(&sundial)`, which shares the
-//! engine and the store with the router's. Types and names registered nowhere wait as `ready`
-//! kernel tasks (for remote workers, which come later). These routes are not yet in
-//! `/openapi.json`.
+//! engine and the store with the router's. Types and names registered nowhere in the server
+//! wait as `ready` kernel tasks for remote workers, which claim them with the remote-mode routes
+//! (protocol in [`sundial_workflow::remote`]; client `sundial_workflow::remote::RemoteWorker`):
+//!
+//! ```text
+//! POST /v1/workflow-tasks/poll                  {worker, types, max?, wait_ms?}   200 {tasks}
+//! POST /v1/workflow-tasks/{task}/complete       {execution_id, expect_len, commands | error}
+//!                                               200 {status: committed | dropped | stale, task?}
+//! POST /v1/workflow-activities/poll             {worker, names, max?, wait_ms?}   200 {tasks}
+//! POST /v1/workflow-activities/{task}/complete  {execution_id, result?}           200 | 409
+//! POST /v1/workflow-activities/{task}/fail      {execution_id, error, retryable?} 200 | 409
+//! ```
+//!
+//! These routes are not yet in `/openapi.json`.
 
 use axum::Json;
 use axum::Router;
@@ -32,6 +43,9 @@ use axum::routing::{get, post};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use sundial_workflow::remote::{
+    CompleteActivity, CompleteWorkflowTask, FailActivity, PollActivities, PollWorkflowTasks,
+};
 use sundial_workflow::{
     Error, IdReusePolicy, StartWorkflow, WorkflowFilter, WorkflowRun, WorkflowStatus, Workflows,
 };
@@ -49,6 +63,17 @@ pub fn router(workflows: Workflows, body_limit: usize) -> Router {
         .route("/v1/workflows/{id}/cancel", post(cancel))
         .route("/v1/workflows/{id}/terminate", post(terminate))
         .route("/v1/workflows/{id}/history", get(history))
+        .route("/v1/workflow-tasks/poll", post(poll_workflow_tasks))
+        .route(
+            "/v1/workflow-tasks/{task}/complete",
+            post(complete_workflow_task),
+        )
+        .route("/v1/workflow-activities/poll", post(poll_activities))
+        .route(
+            "/v1/workflow-activities/{task}/complete",
+            post(complete_activity),
+        )
+        .route("/v1/workflow-activities/{task}/fail", post(fail_activity))
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(workflows)
 }
@@ -319,4 +344,68 @@ async fn history(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     Ok(Json(workflows.history_json(&id).await.map_err(api_error)?))
+}
+
+// ---- Remote workers -----------------------------------------------------------------------------
+
+fn task_id(raw: &str) -> Result<sundial::TaskId, ApiError> {
+    raw.parse::<uuid::Uuid>()
+        .map(sundial::TaskId)
+        .map_err(|_| ApiError::invalid("task", "must be a task id (UUID)"))
+}
+
+async fn poll_workflow_tasks(
+    State(workflows): State<Workflows>,
+    ApiJson(r): ApiJson<PollWorkflowTasks>,
+) -> Result<Json<Value>, ApiError> {
+    let tasks = workflows.poll_workflow_tasks(r).await.map_err(api_error)?;
+    Ok(Json(serde_json::json!({ "tasks": tasks })))
+}
+
+async fn complete_workflow_task(
+    State(workflows): State<Workflows>,
+    Path(task): Path<String>,
+    ApiJson(r): ApiJson<CompleteWorkflowTask>,
+) -> Result<Response, ApiError> {
+    let outcome = workflows
+        .complete_workflow_task(task_id(&task)?, r)
+        .await
+        .map_err(api_error)?;
+    Ok(Json(outcome).into_response())
+}
+
+async fn poll_activities(
+    State(workflows): State<Workflows>,
+    ApiJson(r): ApiJson<PollActivities>,
+) -> Result<Json<Value>, ApiError> {
+    let tasks = workflows.poll_activities(r).await.map_err(api_error)?;
+    Ok(Json(serde_json::json!({ "tasks": tasks })))
+}
+
+async fn complete_activity(
+    State(workflows): State<Workflows>,
+    Path(task): Path<String>,
+    ApiJson(r): ApiJson<CompleteActivity>,
+) -> Result<Json<Value>, ApiError> {
+    workflows
+        .finish_activity(task_id(&task)?, r.execution_id, Ok(r.result))
+        .await
+        .map_err(api_error)?;
+    Ok(Json(serde_json::json!({ "status": "recorded" })))
+}
+
+async fn fail_activity(
+    State(workflows): State<Workflows>,
+    Path(task): Path<String>,
+    ApiJson(r): ApiJson<FailActivity>,
+) -> Result<Json<Value>, ApiError> {
+    workflows
+        .finish_activity(
+            task_id(&task)?,
+            r.execution_id,
+            Err((r.error, r.retryable.unwrap_or(true))),
+        )
+        .await
+        .map_err(api_error)?;
+    Ok(Json(serde_json::json!({ "status": "recorded" })))
 }

@@ -74,6 +74,7 @@ mod activity;
 mod context;
 mod error;
 pub mod event;
+pub mod remote;
 pub mod replay;
 mod runtime;
 
@@ -105,6 +106,35 @@ pub use sundial_store::{
 
 use replay::{RunInfo, WorkflowFn};
 use runtime::Inner;
+
+/// A workflow function with its types erased: input decoded from JSON, result encoded to JSON.
+pub(crate) fn erase_workflow<I, O, F, Fut>(f: F) -> WorkflowFn
+where
+    I: DeserializeOwned + Send + 'static,
+    O: Serialize + 'static,
+    F: Fn(WorkflowContext, I) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<O, WorkflowError>> + Send + 'static,
+{
+    Arc::new(move |ctx: WorkflowContext, input: Value| {
+        let decoded = serde_json::from_value::<I>(input);
+        match decoded {
+            Ok(input) => {
+                let fut = f(ctx, input);
+                Box::pin(async move {
+                    let out = fut.await?;
+                    serde_json::to_value(out).map_err(|e| {
+                        WorkflowError::failed(format!("workflow result is not serialisable: {e}"))
+                    })
+                })
+            }
+            Err(e) => Box::pin(async move {
+                Err(WorkflowError::failed(format!(
+                    "workflow input is not of the expected type: {e}"
+                )))
+            }),
+        }
+    })
+}
 
 /// Settings of the workflow runtime.
 #[derive(Debug, Clone)]
@@ -242,27 +272,7 @@ impl Workflows {
         Fut: Future<Output = Result<O, WorkflowError>> + Send + 'static,
     {
         check_name("workflow type", workflow_type)?;
-        let erased: WorkflowFn = Arc::new(move |ctx: WorkflowContext, input: Value| {
-            let decoded = serde_json::from_value::<I>(input);
-            match decoded {
-                Ok(input) => {
-                    let fut = f(ctx, input);
-                    Box::pin(async move {
-                        let out = fut.await?;
-                        serde_json::to_value(out).map_err(|e| {
-                            WorkflowError::failed(format!(
-                                "workflow result is not serialisable: {e}"
-                            ))
-                        })
-                    })
-                }
-                Err(e) => Box::pin(async move {
-                    Err(WorkflowError::failed(format!(
-                        "workflow input is not of the expected type: {e}"
-                    )))
-                }),
-            }
-        });
+        let erased = erase_workflow(f);
         if let Ok(mut w) = self.inner.workflows.write() {
             w.insert(workflow_type.to_string(), erased);
         }

@@ -224,7 +224,7 @@ impl Inner {
 
     /// Appends one event from outside the workflow code; a closed or unknown run, or a marker
     /// seen before, is not an error here.
-    async fn append_marked(
+    pub(crate) async fn append_marked(
         &self,
         run: RunId,
         workflow_type: &str,
@@ -375,7 +375,7 @@ impl Inner {
     }
 
     /// A commit that records `error` and fails the run.
-    async fn failure_commit(
+    pub(crate) async fn failure_commit(
         &self,
         run: &WorkflowRun,
         task: TaskId,
@@ -432,7 +432,7 @@ impl Inner {
     }
 
     /// Turns a workflow task's new commands into one commit.
-    async fn build_commit(
+    pub(crate) async fn build_commit(
         &self,
         run: &WorkflowRun,
         task: TaskId,

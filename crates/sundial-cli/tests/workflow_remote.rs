@@ -1,0 +1,205 @@
+//! Remote mode end to end: the real `sundial` binary keeps all workflow state; workflow code and
+//! activities run in `RemoteWorker`s in this test process, over HTTP.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic on failure
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use common::Server;
+use serde_json::{Value, json};
+use sundial_workflow::remote::{RemoteActivityContext, RemoteWorker};
+use sundial_workflow::{ActivityError, RetryPolicy, WorkflowContext, WorkflowError};
+use tokio::sync::mpsc;
+
+/// activity `hello` -> durable sleep 1 s -> signal `go` (60 s timeout) -> result.
+async fn greet(ctx: WorkflowContext, name: String) -> Result<Value, WorkflowError> {
+    let greeting: String = ctx
+        .activity("hello", &name)
+        .retry(RetryPolicy::fixed(3, Duration::from_millis(200)))
+        .timeout(Duration::from_secs(2))
+        .await?;
+    ctx.sleep(Duration::from_secs(1)).await?;
+    let go: Option<String> = ctx.signal("go").timeout(Duration::from_secs(60)).await?;
+    Ok(json!({"greeting": greeting, "signal": go}))
+}
+
+fn worker(url: &str, hello_attempts: Arc<AtomicU32>) -> RemoteWorker {
+    let mut w = RemoteWorker::new(url);
+    w.register("greet", greet).unwrap();
+    w.register_activity("hello", move |ctx: RemoteActivityContext, name: String| {
+        let n = hello_attempts.clone();
+        async move {
+            n.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, ActivityError>(format!("hello, {name} (attempt {})", ctx.attempt()))
+        }
+    })
+    .unwrap();
+    w
+}
+
+async fn post(url: &str, body: Value) -> (u16, Value) {
+    let resp = reqwest::Client::new()
+        .post(url)
+        .json(&body)
+        .send()
+        .await
+        .expect("send");
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+async fn get(url: &str) -> Value {
+    reqwest::get(url)
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json")
+}
+
+/// Waits until `f` says yes about the workflow's view.
+async fn wait_for(url: &str, id: &str, what: &str, f: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let v = get(&format!("{url}/v1/workflows/{id}")).await;
+        if f(&v) {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn history_types(url: &str, id: &str) -> Vec<String> {
+    let h = get(&format!("{url}/v1/workflows/{id}/history")).await;
+    h["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|e| e["type"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn remote_worker_runs_activity_sleep_and_signal() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let url = server.url.clone();
+
+    // Started before any worker: the server has no code for `greet`, so the run waits.
+    let (status, started) = post(
+        &format!("{url}/v1/workflows"),
+        json!({"type": "greet", "id": "g-1", "input": "ada"}),
+    )
+    .await;
+    assert_eq!(status, 201, "{started}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(history_types(&url, "g-1").await, vec!["workflow_started"]);
+
+    let attempts = Arc::new(AtomicU32::new(0));
+    let running = tokio::spawn(worker(&url, attempts.clone()).run());
+
+    // The worker ran the first workflow task, the activity, and armed the timer.
+    wait_for(&url, "g-1", "the timer", |_| true).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !history_types(&url, "g-1")
+        .await
+        .contains(&"timer_started".to_string())
+    {
+        assert!(Instant::now() < deadline, "no timer started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, body) = post(
+        &format!("{url}/v1/workflows/g-1/signals/go"),
+        json!({"input": "now"}),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+
+    let done = wait_for(&url, "g-1", "completion", |v| v["status"] != "running").await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(
+        done["result"],
+        json!({"greeting": "hello, ada (attempt 1)", "signal": "now"})
+    );
+    assert_eq!(attempts.load(Ordering::SeqCst), 1);
+    let types = history_types(&url, "g-1").await;
+    for t in [
+        "activity_scheduled",
+        "activity_completed",
+        "timer_fired",
+        "signal_received",
+        "workflow_completed",
+    ] {
+        assert!(types.contains(&t.to_string()), "{t} missing from {types:?}");
+    }
+    running.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_worker_continues_a_run_the_first_one_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let url = server.url.clone();
+
+    // Worker A runs the first workflow task, then hangs in the activity and dies mid-attempt.
+    let (claimed_tx, mut claimed_rx) = mpsc::unbounded_channel::<u32>();
+    let mut a = RemoteWorker::new(&url).worker_name("worker-a");
+    a.register("greet", greet).unwrap();
+    a.register_activity("hello", move |ctx: RemoteActivityContext, _name: String| {
+        let tx = claimed_tx.clone();
+        async move {
+            let _ = tx.send(ctx.attempt());
+            std::future::pending::<()>().await;
+            Ok::<String, ActivityError>(String::new())
+        }
+    })
+    .unwrap();
+    let worker_a = tokio::spawn(a.run());
+
+    let (status, started) = post(
+        &format!("{url}/v1/workflows"),
+        json!({"type": "greet", "id": "g-2", "input": "bob"}),
+    )
+    .await;
+    assert_eq!(status, 201, "{started}");
+    let attempt = tokio::time::timeout(Duration::from_secs(30), claimed_rx.recv())
+        .await
+        .expect("worker A claimed the activity")
+        .expect("channel open");
+    assert_eq!(attempt, 1);
+    worker_a.abort(); // killed mid-activity: its attempt's lease (2 s) must expire
+    let _ = worker_a.await;
+
+    // Worker B knows nothing of the run: it continues it from the server's history.
+    let attempts = Arc::new(AtomicU32::new(0));
+    let worker_b = tokio::spawn(worker(&url, attempts.clone()).worker_name("worker-b").run());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !history_types(&url, "g-2")
+        .await
+        .contains(&"timer_started".to_string())
+    {
+        assert!(Instant::now() < deadline, "worker B never ran the activity");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, body) = post(
+        &format!("{url}/v1/workflows/g-2/signals/go"),
+        json!({"input": "b"}),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let done = wait_for(&url, "g-2", "completion", |v| v["status"] != "running").await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(
+        done["result"],
+        json!({"greeting": "hello, bob (attempt 2)", "signal": "b"})
+    );
+    assert_eq!(attempts.load(Ordering::SeqCst), 1);
+    worker_b.abort();
+}
