@@ -18,7 +18,10 @@ pub struct Config {
     /// Longest a shard sleeps when it knows of nothing due: the only polling, as a backstop. Each
     /// wait is shortened by up to 10 % at random so shards do not wake in step.
     pub idle_interval: Duration,
-    /// Concurrent in-process handler runs per queue, unless set in `queue_concurrency`.
+    /// Concurrent in-process handler runs per queue, unless set in `queue_concurrency`. A slot is
+    /// taken before the claim's write, so the limit also bounds starts per second to about
+    /// `slots / claim latency`: 256 keeps thousands of starts a second even when fsync is slow.
+    /// Lower it per queue for handlers that must not run that wide.
     pub default_concurrency: usize,
     pub queue_concurrency: HashMap<String, usize>,
     /// Added to an in-process attempt's timeout to form its lease (the engine enforces the timeout
@@ -46,7 +49,7 @@ impl Default for Config {
             lookahead: Duration::from_secs(5),
             window_capacity: 16_384,
             idle_interval: Duration::from_secs(30),
-            default_concurrency: 64,
+            default_concurrency: 256,
             queue_concurrency: HashMap::new(),
             lease_grace: Duration::from_secs(5),
             max_poll_wait: Duration::from_secs(60),
