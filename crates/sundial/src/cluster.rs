@@ -228,6 +228,7 @@ async fn rebalance(
             .await
         {
             Ok(Some(fence)) => {
+                engine.set_lease_until(shard, until);
                 let mut owned = match node.owned.lock() {
                     Ok(o) => o,
                     Err(p) => p.into_inner(),

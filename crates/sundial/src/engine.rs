@@ -81,6 +81,9 @@ struct ShardSignal {
     gate: AtomicI64,
     /// Whether this process runs the shard's loop (always, on a single node).
     local: AtomicBool,
+    /// With several nodes: until when (engine clock) this node's lease on the shard is known to
+    /// hold, from its last acquisition or renewal. Past that, `local` may be stale.
+    lease_until: AtomicI64,
 }
 
 struct ReaperSignal {
@@ -103,6 +106,7 @@ impl Engine {
                 covered_until: AtomicI64::new(i64::MIN),
                 gate: AtomicI64::new(i64::MIN),
                 local: AtomicBool::new(single),
+                lease_until: AtomicI64::new(if single { i64::MAX } else { i64::MIN }),
             })
             .collect();
         Arc::new(Engine {
@@ -175,6 +179,24 @@ impl Engine {
             }
             return;
         }
+        if let Some(c) = &self.cluster {
+            // This node runs the shard as far as it knows. That knowledge is only as good as its
+            // lease: once the lease may have ended (this process was paused, or its renewals
+            // failed), another node may have taken the shard without this one having noticed
+            // yet, and its own loop can no longer claim anything there. Tell the others too, so
+            // the real owner hears of the task now rather than at its idle backstop (a duplicate
+            // is harmless). While the lease holds with a margin (a third of the TTL, far beyond
+            // the nodes' clock differences), no other node can have acquired the shard, so any
+            // later owner acquires after this task was committed and finds it by its first scan.
+            let margin = (c.lease_ttl.as_millis() / 3) as i64;
+            let until = s.lease_until.load(Ordering::Acquire);
+            if self.clock.now().0 >= until.saturating_sub(margin) {
+                c.publish(Wakeup::Due {
+                    shard,
+                    entry: entry.clone(),
+                });
+            }
+        }
         self.notify_local(shard, entry);
     }
 
@@ -233,6 +255,13 @@ impl Engine {
 
     pub(crate) fn shard_count(&self) -> u32 {
         self.shards.len() as u32
+    }
+
+    /// Records that this node's lease on `shard` holds until `until` (cluster mode).
+    pub(crate) fn set_lease_until(&self, shard: u32, until: Timestamp) {
+        if let Some(s) = self.shards.get(shard as usize) {
+            s.lease_until.store(until.0, Ordering::Release);
+        }
     }
 
     /// Marks whether this process runs `shard`'s loop (cluster mode).

@@ -371,6 +371,75 @@ async fn a_paused_node_loses_its_shards_and_its_stale_claims_are_refused() {
     }
 }
 
+/// A node whose leases ended while it was paused still believes it owns its shards until its
+/// next membership round or refused claim. A task created through it in that time, for one of
+/// those shards, must still reach the shard's new owner at once: the stale node must not keep the
+/// wake-up to itself (its own loop can no longer claim anything), or the new owner would find the
+/// task only at its idle backstop (30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_created_through_a_node_with_stale_leases_reaches_the_new_owner_on_time() {
+    let c = cluster(3).await;
+    wait_owned(&c, 16).await;
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    for (i, (s, _)) in c.nodes.iter().enumerate() {
+        let runs = runs.clone();
+        let clock = c.clock.clone();
+        s.register("k", move |ctx: sundial::TaskContext| {
+            let runs = runs.clone();
+            let at = clock.now();
+            async move {
+                runs.lock().unwrap().push((i, ctx.task.id, at));
+                Ok::<(), String>(())
+            }
+        });
+    }
+    let victim = (0..3)
+        .max_by_key(|i| c.nodes[*i].0.owned_shards().len())
+        .unwrap();
+    let held = c.nodes[victim].0.owned_shards();
+    let stale_shard = held[0];
+    // Its calls to the cluster hang (as a stopped process's would); past the TTL the others take
+    // its shards over. Its engine still believes it runs them.
+    c.pause[victim].send_replace(true);
+    run_for(&c.clock, Duration::from_secs(15)).await;
+    let new_owner = (0..3)
+        .find(|i| *i != victim && c.nodes[*i].0.owned_shards().contains(&stale_shard))
+        .expect("the shard was taken over");
+    assert_eq!(
+        c.nodes[victim].0.owned_shards(),
+        held,
+        "the victim does not know yet"
+    );
+    // A task for that shard is created through the victim (its store writes still work here).
+    let key = (0..)
+        .map(|n| format!("stale-{n}"))
+        .find(|k| {
+            sundial_core::shard_for("default", Some(k), &sundial::TaskId(uuid::Uuid::nil()), 16)
+                == stale_shard
+        })
+        .unwrap();
+    let task = c.nodes[victim]
+        .0
+        .schedule_task(TaskSpec::new("k").key(key).delay(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    assert_eq!(task.shard, stale_shard);
+    // The victim resumes; within a few seconds (far less than the 30 s idle backstop) the task
+    // has run, on the new owner.
+    c.pause[victim].send_replace(false);
+    run_for(&c.clock, Duration::from_secs(5)).await;
+    let state = c.store.get(task.id).await.unwrap().unwrap().state;
+    let runs = runs.lock().unwrap().clone();
+    assert_eq!(
+        state,
+        TaskState::Succeeded,
+        "not run 4 s after it was due; runs {runs:?}"
+    );
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0].0, new_owner);
+    assert!(runs[0].2 >= task.due_at);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_with_a_far_off_clock_refuses_to_join() {
     let dir = tempfile::tempdir().unwrap();
