@@ -5,12 +5,14 @@
 //! sundial task add|get|ls|cancel|trigger ...           talk to a running server
 //! sundial worker --queue Q -- CMD ARGS...              run CMD once per task of Q
 //! sundial schedule add|ls|get|pause|unpause|trigger|backfill|fires|rm ...   recurring schedules
+//! sundial workflow start|signal|cancel|terminate|get|ls|history ...          durable workflows
 //! ```
 
 mod schedule;
 mod server;
 mod task;
 mod worker;
+mod workflow;
 
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
@@ -40,6 +42,8 @@ enum Command {
     Worker(worker::WorkerArgs),
     /// Create, inspect, pause, trigger and backfill recurring schedules on a running server.
     Schedule(schedule::ScheduleArgs),
+    /// Start, signal, cancel, terminate, inspect and list durable workflows on a running server.
+    Workflow(workflow::WorkflowArgs),
 }
 
 fn init_logs(default_level: &str) {
@@ -57,7 +61,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // People read task commands' output: only warnings and errors go to the log there.
     init_logs(match cli.command {
-        Command::Task(_) | Command::Schedule(_) => "warn",
+        Command::Task(_) | Command::Schedule(_) | Command::Workflow(_) => "warn",
         _ => "info",
     });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -76,6 +80,7 @@ fn main() -> std::process::ExitCode {
             Command::Task(args) => task::run(args).await,
             Command::Worker(args) => worker::run(args).await,
             Command::Schedule(args) => schedule::run(args).await,
+            Command::Workflow(args) => workflow::run(args).await,
         }
     });
     match result {
