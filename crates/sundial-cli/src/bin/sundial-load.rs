@@ -50,8 +50,18 @@ struct Args {
     /// Extra arguments for the server this starts (e.g. `--durability normal`).
     #[arg(long, global = true, allow_hyphen_values = true)]
     server_args: Option<String>,
+    /// Due times of the create scenarios: `random` over the next 1–25 hours (a random key in the
+    /// store's due index, like real timers), or `append`: all one day ahead (keys arrive in order).
+    #[arg(long, global = true, value_enum, default_value_t = DueOrder::Random)]
+    due: DueOrder,
     #[command(subcommand)]
     scenario: Option<Scenario>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum DueOrder {
+    Random,
+    Append,
 }
 
 #[derive(Subcommand, Clone)]
@@ -137,12 +147,12 @@ fn main() -> anyhow::Result<()> {
                 Scenario::Single {
                     connections,
                     duration,
-                } => single(&client, connections, duration).await,
+                } => single(&client, connections, duration, args.due).await,
                 Scenario::Batch {
                     connections,
                     batch_size,
                     duration,
-                } => batch(&client, connections, batch_size, duration).await,
+                } => batch(&client, connections, batch_size, duration, args.due).await,
                 Scenario::Lateness {
                     rate,
                     duration,
@@ -207,7 +217,10 @@ impl Drop for SpawnedServer {
 
 /// A due time uniformly over the next 1–25 hours, like real timers (and like the kernel
 /// benchmark): a random key in the due index costs the store more than an appended one.
-fn random_delay(seed: &mut u64) -> String {
+fn random_delay(seed: &mut u64, due: DueOrder) -> String {
+    if due == DueOrder::Append {
+        return "1d".to_string();
+    }
     *seed ^= *seed << 13;
     *seed ^= *seed >> 7;
     *seed ^= *seed << 17;
@@ -223,8 +236,15 @@ fn ms(us: u64) -> f64 {
     us as f64 / 1_000.0
 }
 
-async fn single(client: &Client, connections: usize, duration: Duration) -> anyhow::Result<()> {
-    println!("\n== single: one task per request, {connections} connections, {duration:?}");
+async fn single(
+    client: &Client,
+    connections: usize,
+    duration: Duration,
+    due: DueOrder,
+) -> anyhow::Result<()> {
+    println!(
+        "\n== single: one task per request, {connections} connections, {duration:?}, due times {due:?}"
+    );
     let ok = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let latencies = Arc::new(Mutex::new(hist()));
@@ -246,7 +266,7 @@ async fn single(client: &Client, connections: usize, duration: Duration) -> anyh
                 let req = CreateTask {
                     queue: Some("bench".into()),
                     payload: Some(serde_json::json!({"c": c, "n": n})),
-                    delay: Some(random_delay(&mut seed)),
+                    delay: Some(random_delay(&mut seed, due)),
                     ..CreateTask::new("bench.single")
                 };
                 n += 1;
@@ -312,7 +332,7 @@ async fn batch(
                     .map(|i| CreateTask {
                         queue: Some("bench".into()),
                         payload: Some(serde_json::json!({"c": c, "n": n, "i": i})),
-                        delay: Some(random_delay(&mut seed)),
+                        delay: Some(random_delay(&mut seed, due)),
                         ..CreateTask::new("bench.batch")
                     })
                     .collect();
