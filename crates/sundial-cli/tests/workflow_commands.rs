@@ -2,18 +2,24 @@
 //! `<name>::embedded` and `<name>::postgres` (a fresh schema; skipped without
 //! `SUNDIAL_TEST_DATABASE_URL`, see `common/pg.rs`).
 //!
-//! The server runs no workflow code (no worker registers a type), so these check what needs
+//! The first two run no workflow code (no worker registers a type), so they check what needs
 //! none: a start creates a run whose first workflow task waits, signals and cancel requests are
-//! recorded in its history, terminate closes it, the id reuse policies, listing and errors.
+//! recorded in its history, terminate closes it, the id reuse policies, listing and errors. The
+//! last one adds a `RemoteWorker` in this process: what the CLI starts, signals and cancels runs
+//! to its end (an activity, a durable sleep, a signal; a cancel during a wait).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic on failure
 
 mod common;
 
 use std::process::Output;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use common::{BIN, Backend, Server, Storage};
 use serde_json::{Value, json};
+use sundial_workflow::remote::{RemoteActivityContext, RemoteWorker};
+use sundial_workflow::{ActivityError, RetryPolicy, WorkflowContext, WorkflowError};
 
 async fn sundial(server: &Server, args: &[&str]) -> Output {
     let out = tokio::process::Command::new(BIN)
@@ -341,6 +347,139 @@ async fn unknown_ids_and_bad_input_are_errors(backend: Backend) {
     refused(&o, &["cannot reach http://127.0.0.1:1"]);
 }
 
+/// activity `hello` -> durable sleep 1 s -> signal `go` (60 s timeout) -> result.
+async fn greet(ctx: WorkflowContext, name: String) -> Result<Value, WorkflowError> {
+    let greeting: String = ctx
+        .activity("hello", &name)
+        .retry(RetryPolicy::fixed(3, Duration::from_millis(200)))
+        .timeout(Duration::from_secs(5))
+        .await?;
+    ctx.sleep(Duration::from_secs(1)).await?;
+    let go: Option<String> = ctx.signal("go").timeout(Duration::from_secs(60)).await?;
+    Ok(json!({"greeting": greeting, "signal": go}))
+}
+
+/// Polls `sundial workflow get ID --json` until `done` says yes (at most 60 s).
+async fn wait_for(server: &Server, id: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    for _ in 0..600 {
+        let v = json_out(&sundial(server, &["workflow", "get", id, "--json"]).await);
+        if done(&v) {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// How many events of type `event` the history of `id` holds.
+async fn history_count(server: &Server, id: &str, event: &str) -> usize {
+    let h = json_out(&sundial(server, &["workflow", "history", id, "--json"]).await);
+    event_types(&h).iter().filter(|t| *t == event).count()
+}
+
+/// Waits until the history of `id` holds `n` events of type `event` (at most 60 s).
+async fn wait_events(server: &Server, id: &str, event: &str, n: usize) {
+    for _ in 0..600 {
+        if history_count(server, id, event).await >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{id}: fewer than {n} {event} events after 60 s");
+}
+
+async fn a_remote_worker_runs_what_the_cli_starts(backend: Backend) {
+    let Some(storage) = Storage::new(backend) else {
+        return;
+    };
+    let server = Server::start_on(&storage);
+    let attempts = Arc::new(AtomicU32::new(0));
+    let mut worker = RemoteWorker::new(&server.url);
+    worker.register("greet", greet).unwrap();
+    let counter = attempts.clone();
+    worker
+        .register_activity("hello", move |ctx: RemoteActivityContext, name: String| {
+            let n = counter.clone();
+            async move {
+                n.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, ActivityError>(format!("hello, {name} (attempt {})", ctx.attempt()))
+            }
+        })
+        .unwrap();
+    let running = tokio::spawn(worker.run());
+
+    for id in ["g/1", "g/2"] {
+        json_out(
+            &sundial(
+                &server,
+                &[
+                    "workflow", "start", "greet", "--id", id, "--input", r#""ada""#, "--json",
+                ],
+            )
+            .await,
+        );
+    }
+    // Both ran their activity, slept, and now wait for the signal: the second timer is the
+    // signal's timeout (a cancel request before that would find no call to interrupt).
+    for id in ["g/1", "g/2"] {
+        wait_events(&server, id, "timer_started", 2).await;
+    }
+    ok_text(
+        &sundial(
+            &server,
+            &["workflow", "signal", "g/1", "go", "--input", r#""now""#],
+        )
+        .await,
+    );
+    let done = wait_for(&server, "g/1", "completion", |v| v["status"] != "running").await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(
+        done["result"],
+        json!({"greeting": "hello, ada (attempt 1)", "signal": "now"})
+    );
+    let text = ok_text(&sundial(&server, &["workflow", "get", "g/1"]).await);
+    assert!(
+        text.contains("completed") && text.contains("hello, ada"),
+        "{text}"
+    );
+    let h = json_out(&sundial(&server, &["workflow", "history", "g/1", "--json"]).await);
+    let types = event_types(&h);
+    for t in [
+        "activity_completed",
+        "timer_fired",
+        "signal_received",
+        "workflow_completed",
+    ] {
+        assert!(types.iter().any(|x| x == t), "{t} missing from {types:?}");
+    }
+
+    // A cancel request interrupts the wait: the run ends cancelled.
+    ok_text(
+        &sundial(
+            &server,
+            &["workflow", "cancel", "g/2", "--reason", "no longer needed"],
+        )
+        .await,
+    );
+    let done = wait_for(&server, "g/2", "the cancel", |v| v["status"] != "running").await;
+    assert_eq!(done["status"], "cancelled", "{done}");
+    assert_eq!(
+        attempts.load(Ordering::SeqCst),
+        2,
+        "one activity run per workflow"
+    );
+    let listed =
+        json_out(&sundial(&server, &["workflow", "ls", "--type", "greet", "--json"]).await);
+    let statuses: Vec<&str> = listed["workflows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, ["completed", "cancelled"]);
+    running.abort();
+}
+
 macro_rules! both_backends {
     ($($name:ident),* $(,)?) => {$(
         mod $name {
@@ -359,4 +498,5 @@ macro_rules! both_backends {
 both_backends!(
     start_signal_cancel_terminate,
     unknown_ids_and_bad_input_are_errors,
+    a_remote_worker_runs_what_the_cli_starts,
 );
