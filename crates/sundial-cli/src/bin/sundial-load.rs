@@ -308,8 +308,11 @@ async fn batch(
     connections: usize,
     batch_size: usize,
     duration: Duration,
+    due: DueOrder,
 ) -> anyhow::Result<()> {
-    println!("\n== batch: {batch_size} tasks per request, {connections} connections, {duration:?}");
+    println!(
+        "\n== batch: {batch_size} tasks per request, {connections} connections, {duration:?}, due times {due:?}"
+    );
     let ok = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let latencies = Arc::new(Mutex::new(hist()));
