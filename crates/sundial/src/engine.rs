@@ -15,9 +15,10 @@
 //! concurrency permit) or becomes `ready` for workers that poll its queue.
 //!
 //! When the window is empty the loop asks the store for the single earliest due time after the
-//! cursor and sleeps until that minus the look-ahead, or for the idle interval (with jitter) when
-//! there is none; the idle wake-up rescans from the front of the shard, a backstop that finds any
-//! task a notification failed to announce.
+//! cursor and sleeps until that minus the look-ahead, or until the backstop when there is none.
+//! The backstop comes once every idle interval (with jitter), busy or not: the next refill then
+//! starts from the front of the shard, which finds any task a notification failed to announce
+//! (between nodes, wake-ups are best effort).
 //!
 //! This module never decides *whether* a state change is allowed: every change is a conditional
 //! update in the store, and a refused one (cancelled meanwhile, already taken) is simply dropped.
@@ -337,6 +338,12 @@ impl Engine {
         let lookahead = self.config.lookahead;
         let shard_label = shard.to_string();
         let mut backoff = Duration::from_millis(50);
+        // The backstop: once every idle interval (with jitter) the next refill starts from the
+        // front of the shard and so finds any task whose notification was lost (between nodes,
+        // wake-ups are best effort). It runs whether or not the window is empty: a steady load
+        // keeps the window busy and would otherwise hide such a task behind the cursor for as
+        // long as the load lasts.
+        let mut rescan_at = self.idle_deadline(self.clock.now());
 
         loop {
             if *stopping.borrow() || *stop.borrow() {
@@ -355,8 +362,13 @@ impl Engine {
                 window.insert(e.key, meta_of(&e, &mut intern));
             }
 
-            // 2. Refill the look-ahead.
+            // 2. Refill the look-ahead (from the front of the shard when the backstop is due).
             let now = self.clock.now();
+            if now >= rescan_at {
+                window.reset_cursor();
+                signal.covered_until.store(i64::MIN, Ordering::Release);
+                rescan_at = self.idle_deadline(now);
+            }
             let horizon = now.saturating_add(lookahead);
             if window.needs_refill(now, lookahead) {
                 let limit = window.room();
@@ -412,19 +424,15 @@ impl Engine {
                 window.first_due()
             };
             let mut gate = first.unwrap_or(Timestamp::MAX);
-            let mut backstop = false;
             if window.is_empty() {
-                let idle = self.idle_deadline(now);
                 match self.store.next_due(shard, window.cursor()).await {
                     Ok(Some(t))
-                        if Timestamp(t.0.saturating_sub(lookahead.as_millis() as i64)) < idle =>
+                        if Timestamp(t.0.saturating_sub(lookahead.as_millis() as i64))
+                            < rescan_at =>
                     {
                         gate = Timestamp(t.0 - lookahead.as_millis() as i64).max(now);
                     }
-                    Ok(_) => {
-                        gate = idle;
-                        backstop = true;
-                    }
+                    Ok(_) => gate = rescan_at,
                     Err(e) => {
                         tracing::warn!(shard, error = %e, "next_due failed");
                         gate = now.saturating_add(Duration::from_secs(1));
@@ -433,23 +441,19 @@ impl Engine {
             } else if let Some(refill) = window.refill_at(lookahead) {
                 gate = gate.min(refill.max(Timestamp(now.0 + 1)));
             }
+            gate = gate.min(rescan_at);
             signal.gate.store(gate.0, Ordering::Release);
             if gate <= now && !starved {
                 continue;
             }
             permits.borrow_and_update();
             let sleep = self.clock.sleep_until(gate);
-            let timed_out = tokio::select! {
-                _ = sleep => true,
-                _ = signal.wake.notified() => false,
-                _ = permits.changed(), if starved => false,
-                _ = stopping.changed() => false,
-                _ = changed_or_never(&mut stop) => false,
-            };
-            if timed_out && backstop {
-                // The idle backstop: look at the whole shard again.
-                window.reset_cursor();
-                signal.covered_until.store(i64::MIN, Ordering::Release);
+            tokio::select! {
+                _ = sleep => {}
+                _ = signal.wake.notified() => {}
+                _ = permits.changed(), if starved => {}
+                _ = stopping.changed() => {}
+                _ = changed_or_never(&mut stop) => {}
             }
         }
     }
