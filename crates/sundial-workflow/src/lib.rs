@@ -65,9 +65,17 @@
 //! - Anything appended from outside (those, signals, cancel requests) schedules a workflow task
 //!   when none is pending.
 //!
+//! ## Remote mode
+//!
+//! The same workflow functions can run in a separate worker process connected to a
+//! `sundial server` (feature `remote`, `remote::RemoteWorker`): the worker long-polls
+//! workflow tasks and activities over HTTP, replays the history it receives with the same
+//! executor, and answers with the new commands; the server records them with the same
+//! [`WorkflowStore::commit_workflow_task`]. See [`remote`] for the protocol.
+//!
 //! **Architecture Invariant:** the history is the truth; no state survives a workflow task in
 //! memory. **API Boundary:** this crate reaches the engine only through the [`Sundial`] facade
-//! (`register`, `notify_task`, `heartbeat`, `poll`, `complete`, `fail`, `clock`, `config`) and
+//! (`register`, `notify_task`, `heartbeat`, `poll`, `complete`, `fail`, `get`, `clock`, `config`) and
 //! storage only through [`WorkflowStore`].
 
 mod activity;
