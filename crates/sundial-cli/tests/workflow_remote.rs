@@ -60,9 +60,9 @@ async fn get(url: &str) -> Value {
         .expect("json")
 }
 
-/// Waits (up to about a minute) until the history holds an event of type `t`.
+/// Waits (up to about two minutes: a claim lost with a killed worker waits for its lease) until the history holds an event of type `t`.
 async fn wait_for_event(url: &str, id: &str, t: &str) {
-    for _ in 0..1_200 {
+    for _ in 0..2_400 {
         if history_types(url, id).await.iter().any(|x| x == t) {
             return;
         }
@@ -71,7 +71,7 @@ async fn wait_for_event(url: &str, id: &str, t: &str) {
     panic!("no {t} in the history of {id}");
 }
 
-/// Waits (up to about a minute) until `f` says yes about the workflow's view.
+/// Waits (up to about two minutes: a claim lost with a killed worker waits for its lease) until `f` says yes about the workflow's view.
 async fn wait_for(url: &str, id: &str, what: &str, f: impl Fn(&Value) -> bool) -> Value {
     let mut tries = 0;
     loop {
@@ -80,7 +80,7 @@ async fn wait_for(url: &str, id: &str, what: &str, f: impl Fn(&Value) -> bool) -
             return v;
         }
         tries += 1;
-        assert!(tries < 1_200, "timed out waiting for {what}: {v}");
+        assert!(tries < 2_400, "timed out waiting for {what}: {v}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -195,5 +195,45 @@ async fn a_second_worker_continues_a_run_the_first_one_started() {
         json!({"greeting": "hello, bob (attempt 2)", "signal": "b"})
     );
     assert_eq!(attempts.load(Ordering::SeqCst), 1);
+    worker_b.abort();
+}
+
+/// A worker running changed code for an old run reports the replay's non-determinism, and the
+/// server fails the run with it (as in library mode).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_with_changed_code_fails_the_run_as_non_deterministic() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let url = server.url.clone();
+
+    let worker_a = tokio::spawn(worker(&url, Arc::new(AtomicU32::new(0))).run());
+    let (status, started) = post(
+        &format!("{url}/v1/workflows"),
+        json!({"type": "greet", "id": "g-3", "input": "cy"}),
+    )
+    .await;
+    assert_eq!(status, 201, "{started}");
+    wait_for_event(&url, "g-3", "timer_started").await;
+    worker_a.abort();
+    let _ = worker_a.await;
+
+    // The new code calls another activity first.
+    let mut b = RemoteWorker::new(&url);
+    b.register("greet", |ctx: WorkflowContext, name: String| async move {
+        let v: String = ctx.activity("bonjour", &name).await?;
+        Ok::<_, WorkflowError>(v)
+    })
+    .unwrap();
+    let worker_b = tokio::spawn(b.run());
+    let (status, body) = post(
+        &format!("{url}/v1/workflows/g-3/signals/go"),
+        json!({"input": "x"}),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let done = wait_for(&url, "g-3", "the failure", |v| v["status"] != "running").await;
+    assert_eq!(done["status"], "failed", "{done}");
+    let error = done["error"].as_str().unwrap_or_default();
+    assert!(error.contains("non-deterministic"), "{error}");
     worker_b.abort();
 }
