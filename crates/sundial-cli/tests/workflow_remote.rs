@@ -60,7 +60,8 @@ async fn get(url: &str) -> Value {
         .expect("json")
 }
 
-/// Waits (up to about two minutes: a claim lost with a killed worker waits for its lease) until the history holds an event of type `t`.
+/// Waits until the history holds an event of type `t` (up to about two minutes: a claim lost
+/// with a killed worker waits for its lease).
 async fn wait_for_event(url: &str, id: &str, t: &str) {
     for _ in 0..2_400 {
         if history_types(url, id).await.iter().any(|x| x == t) {
@@ -71,7 +72,7 @@ async fn wait_for_event(url: &str, id: &str, t: &str) {
     panic!("no {t} in the history of {id}");
 }
 
-/// Waits (up to about two minutes: a claim lost with a killed worker waits for its lease) until `f` says yes about the workflow's view.
+/// Waits until `f` says yes about the workflow's view (up to about two minutes).
 async fn wait_for(url: &str, id: &str, what: &str, f: impl Fn(&Value) -> bool) -> Value {
     let mut tries = 0;
     loop {
