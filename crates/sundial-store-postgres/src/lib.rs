@@ -85,7 +85,9 @@
 //! text) and **`workflow_markers (run_id, marker)`** (marked appends happen at most once). Each
 //! write is one transaction that first locks the run's row (or, to start a run, its workflow
 //! id's row), checks its conditions on it and writes events, tasks, cancellations, the next run
-//! and the parent's events together.
+//! and the parent's events together. Closing a run cancels the live tasks keyed under
+//! `wf:<run id>/` through **`tasks_workflow_key (key text_pattern_ops)`** (migration 5, partial:
+//! live keyed tasks of the two workflow queues), a byte-order range that no collation changes.
 //!
 //! ## Concurrency
 //!

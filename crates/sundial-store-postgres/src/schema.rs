@@ -241,6 +241,15 @@ CREATE TABLE {schema}.workflow_markers (
 );
 "#,
     },
+    Migration {
+        version: 5,
+        name: "index of live workflow-owned tasks by key, in byte order",
+        sql: r#"
+CREATE INDEX tasks_workflow_key ON {schema}.tasks (key text_pattern_ops)
+    WHERE queue IN ('sundial.workflows', 'sundial.activities') AND key IS NOT NULL
+    AND state IN ('scheduled', 'ready', 'running');
+"#,
+    },
 ];
 
 /// The schema version this build writes (the highest migration it knows).
@@ -444,6 +453,17 @@ mod tests {
             longest_a, longest_b,
             "long names that share a prefix differ"
         );
+    }
+
+    #[test]
+    fn the_workflow_key_index_names_the_workflow_queues() {
+        // `cancel_run_tasks` repeats this predicate with the constants; they must agree.
+        let queues = format!(
+            "queue IN ('{}', '{}')",
+            sundial_store::WORKFLOW_QUEUE,
+            sundial_store::ACTIVITY_QUEUE
+        );
+        assert!(MIGRATIONS[4].sql.contains(&queues));
     }
 
     #[test]

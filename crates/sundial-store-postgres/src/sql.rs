@@ -5,6 +5,8 @@
 //! exception is [`ClusterSql::database_time`], which only reports the database's clock for the
 //! engine's skew check at start and decides nothing.
 
+use sundial_store::{ACTIVITY_QUEUE, WORKFLOW_QUEUE};
+
 use crate::rows::task_columns;
 use crate::schema::SchemaName;
 
@@ -181,13 +183,15 @@ impl WorkflowSql {
                  lease_expires_at = NULL, last_error = '{why}' \
                  WHERE id = ANY($1::uuid[]) AND state IN {LIVE} RETURNING id"
             ),
-            // Every live task keyed under the run's prefix (`$2`), in both workflow queues.
-            // `starts_with` rather than a key range: a range would depend on the collation.
+            // Every live task keyed under the run's prefix, in both workflow queues: keys in
+            // [`$1`, `$2`) compared byte by byte (`~>=~`, `~<~`: no collation), which the
+            // partial index `tasks_workflow_key` (migration 5) serves; its predicate is
+            // repeated here word for word, so the planner can use it.
             cancel_run_tasks: format!(
                 "UPDATE {tasks} SET state = 'cancelled', updated_at = $3, finished_at = $3, \
                  lease_expires_at = NULL, last_error = '{why}' \
-                 WHERE queue = ANY($1::text[]) AND key IS NOT NULL AND state IN {LIVE} \
-                 AND starts_with(key, $2) RETURNING id"
+                 WHERE queue IN ('{WORKFLOW_QUEUE}', '{ACTIVITY_QUEUE}') AND key IS NOT NULL \
+                 AND state IN {LIVE} AND key ~>=~ $1 AND key ~<~ $2 RETURNING id"
             ),
             list: format!(
                 "SELECT {rc} FROM {ids} w JOIN {runs} r ON r.run_id = w.run_id \

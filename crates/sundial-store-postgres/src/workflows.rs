@@ -20,10 +20,10 @@ use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
 use sundial_core::{NewTask, RunId, Task, TaskId, Timestamp};
 use sundial_store::{
-    ACTIVITY_QUEUE, AppendOp, Appended, Committed, HistoryEvent, IdReusePolicy, Inserted, NewEvent,
-    NewRun, ParentLink, StartedRun, StoreError, TerminateOp, Terminated, WORKFLOW_QUEUE,
-    WorkflowFilter, WorkflowPage, WorkflowRun, WorkflowStatus, WorkflowStore, WorkflowStoreError,
-    WorkflowTaskCommit, run_task_key_prefix,
+    AppendOp, Appended, Committed, HistoryEvent, IdReusePolicy, Inserted, NewEvent, NewRun,
+    ParentLink, StartedRun, StoreError, TerminateOp, Terminated, WorkflowFilter, WorkflowPage,
+    WorkflowRun, WorkflowStatus, WorkflowStore, WorkflowStoreError, WorkflowTaskCommit,
+    run_task_key_prefix,
 };
 use tokio_postgres::Row;
 use uuid::Uuid;
@@ -186,12 +186,13 @@ impl PostgresStore {
         run: RunId,
         now: Timestamp,
     ) -> Result<Vec<TaskId>, StoreError> {
-        let queues = vec![WORKFLOW_QUEUE, ACTIVITY_QUEUE];
-        let prefix = run_task_key_prefix(&run);
+        let lo = run_task_key_prefix(&run);
+        // '/' + 1 = '0': in byte order, every key starting with the prefix is in [lo, hi).
+        let hi = format!("{}0", lo.trim_end_matches('/'));
         let mut out: Vec<TaskId> = query(
             tx,
             &self.sql.workflows.cancel_run_tasks,
-            &[&queues, &prefix, &now.0],
+            &[&lo, &hi, &now.0],
         )
         .await?
         .iter()
