@@ -135,3 +135,91 @@ async fn starts_and_appends_from_several_nodes() {
     drop(nodes);
     drop(guard);
 }
+
+/// Closing a run cancels its own outstanding tasks and nothing of another run's (the key range
+/// of its prefix is exact).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_a_run_leaves_other_runs_tasks_alone() {
+    let Some((store, guard)) = common::fresh_postgres().await else {
+        return;
+    };
+    let timer = |run: RunId| {
+        TaskSpec::new(sundial_store::TIMER_KIND)
+            .queue(WORKFLOW_QUEUE)
+            .key(format!(
+                "{}timer/1",
+                sundial_store::run_task_key_prefix(&run)
+            ))
+            .run_at(Timestamp(1_000_000))
+            .validate(
+                TaskId(uuid::Uuid::new_v4()),
+                Timestamp(5),
+                4,
+                &Limits::default(),
+            )
+            .unwrap()
+    };
+    let (a, b) = (new_run("a"), new_run("b"));
+    let mut timers = Vec::new();
+    for r in [&a, &b] {
+        store
+            .start_run(r.clone(), IdReusePolicy::AllowDuplicate)
+            .await
+            .unwrap();
+        let t = timer(r.run_id);
+        timers.push(t.id);
+        store
+            .commit_workflow_task(sundial_store::WorkflowTaskCommit {
+                run_id: r.run_id,
+                expect_len: 1,
+                expect_task: r.first_task.id,
+                events: Vec::new(),
+                tasks: vec![t],
+                cancel: Vec::new(),
+                close: None,
+                continue_as: None,
+                parent: None,
+                now: Timestamp(6),
+            })
+            .await
+            .unwrap();
+    }
+    let op = AppendOp {
+        run_id: a.run_id,
+        events: Vec::new(),
+        marker: None,
+        workflow_task: workflow_task(),
+        now: Timestamp(7),
+    };
+    let wft = op.workflow_task.id;
+    store.append(op).await.unwrap();
+    let closed = store
+        .commit_workflow_task(sundial_store::WorkflowTaskCommit {
+            run_id: a.run_id,
+            expect_len: 1,
+            expect_task: wft,
+            events: Vec::new(),
+            tasks: Vec::new(),
+            cancel: Vec::new(),
+            close: Some(sundial_store::RunClose {
+                status: sundial_store::WorkflowStatus::Completed,
+                result: Some("1".into()),
+                error: None,
+            }),
+            continue_as: None,
+            parent: None,
+            now: Timestamp(8),
+        })
+        .await
+        .unwrap();
+    assert_eq!(closed.cancelled, [timers[0]]);
+    use sundial_store::Store;
+    let state = |id| {
+        let store = store.clone();
+        async move { store.get(id).await.unwrap().unwrap().state }
+    };
+    assert_eq!(state(timers[0]).await, sundial_core::TaskState::Cancelled);
+    assert_eq!(state(timers[1]).await, sundial_core::TaskState::Scheduled);
+    drop(store);
+    drop(guard);
+}
