@@ -238,3 +238,42 @@ async fn a_worker_with_changed_code_fails_the_run_as_non_deterministic() {
     assert!(error.contains("non-deterministic"), "{error}");
     worker_b.abort();
 }
+
+/// Many runs at once through one worker: every one completes with its own result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_worker_serves_many_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let url = server.url.clone();
+    let attempts = Arc::new(AtomicU32::new(0));
+    let running = tokio::spawn(worker(&url, attempts.clone()).run());
+    let n = 25;
+    for i in 0..n {
+        let (status, body) = post(
+            &format!("{url}/v1/workflows"),
+            json!({"type": "greet", "id": format!("m-{i}"), "input": format!("n{i}")}),
+        )
+        .await;
+        assert_eq!(status, 201, "{body}");
+    }
+    for i in 0..n {
+        // Signals arriving before the workflow waits are buffered.
+        let (status, body) = post(
+            &format!("{url}/v1/workflows/m-{i}/signals/go"),
+            json!({"input": format!("s{i}")}),
+        )
+        .await;
+        assert_eq!(status, 202, "{body}");
+    }
+    for i in 0..n {
+        let id = format!("m-{i}");
+        let done = wait_for(&url, &id, "completion", |v| v["status"] != "running").await;
+        assert_eq!(done["status"], "completed", "{done}");
+        assert_eq!(
+            done["result"],
+            json!({"greeting": format!("hello, n{i} (attempt 1)"), "signal": format!("s{i}")})
+        );
+    }
+    assert_eq!(attempts.load(Ordering::SeqCst), n);
+    running.abort();
+}

@@ -24,6 +24,8 @@ use crate::{WorkflowContext, WorkflowError, check_name, erase_workflow};
 
 /// Long-poll wait asked of the server.
 const POLL_WAIT_MS: u64 = 20_000;
+/// Workflow tasks claimed by one poll, replayed concurrently.
+const WORKFLOW_TASKS_PER_POLL: u32 = 8;
 /// Pause after a failed request before trying again.
 const ERROR_PAUSE: Duration = Duration::from_secs(1);
 
@@ -270,7 +272,7 @@ impl RemoteWorker {
         let req = PollWorkflowTasks {
             worker: self.name.clone(),
             types: self.workflows.keys().cloned().collect(),
-            max: Some(1),
+            max: Some(WORKFLOW_TASKS_PER_POLL),
             wait_ms: Some(POLL_WAIT_MS),
         };
         loop {
@@ -280,9 +282,8 @@ impl RemoteWorker {
                 .await;
             match polled {
                 Ok(t) => {
-                    for task in t.tasks {
-                        self.workflow_task(task).await;
-                    }
+                    futures::future::join_all(t.tasks.into_iter().map(|t| self.workflow_task(t)))
+                        .await;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "polling workflow tasks failed");
