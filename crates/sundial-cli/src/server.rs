@@ -113,6 +113,12 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
                 url,
                 PostgresOptions {
                     schema: args.database_schema.clone(),
+                    // A session stalled inside a transaction (this process stopped) must let go
+                    // of its lease-row lock before its shard leases end, so that the others can
+                    // take the shards over on time.
+                    idle_in_transaction_timeout: Some(
+                        (args.shard_lease_ttl / 2).max(Duration::from_millis(500)),
+                    ),
                     ..PostgresOptions::default()
                 },
             )

@@ -232,6 +232,16 @@ pub struct PostgresOptions {
     pub pool_size: usize,
     /// Longest wait for a free connection (and for a new one to be established).
     pub acquire_timeout: Duration,
+    /// How long one of this store's sessions may sit idle inside an open transaction before
+    /// PostgreSQL ends it (`idle_in_transaction_session_timeout`), rolling the transaction back
+    /// and releasing its locks. The store's transactions never wait for anything of the caller's
+    /// between statements, so only a stalled process gets there: one stopped (SIGSTOP, a VM
+    /// pause) inside a fenced write would otherwise keep the share lock on its shard's lease row
+    /// and block every takeover of that shard, and the acquiring node's whole membership round,
+    /// for as long as the stop lasts. Keep it below the shard-lease TTL, so that the lock is gone
+    /// before the lease ends (`sundial server` uses half the TTL). `None` keeps the server's
+    /// setting.
+    pub idle_in_transaction_timeout: Option<Duration>,
 }
 
 impl Default for PostgresOptions {
@@ -240,6 +250,7 @@ impl Default for PostgresOptions {
             schema: "sundial".to_string(),
             pool_size: 16,
             acquire_timeout: Duration::from_secs(30),
+            idle_in_transaction_timeout: Some(Duration::from_secs(5)),
         }
     }
 }
@@ -279,6 +290,17 @@ impl PostgresStore {
         }
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(opts.acquire_timeout);
+        }
+        if let Some(idle) = opts.idle_in_transaction_timeout {
+            // Appended to any `options` the URL gives; the later setting of one name wins.
+            let ms = idle.as_millis().max(1);
+            let options = match config.get_options() {
+                Some(o) if !o.trim().is_empty() => {
+                    format!("{o} -c idle_in_transaction_session_timeout={ms}")
+                }
+                _ => format!("-c idle_in_transaction_session_timeout={ms}"),
+            };
+            config.options(&options);
         }
         let manager = Manager::from_config(config.clone(), NoTls, ManagerConfig::default());
         let pool = Pool::builder(manager)

@@ -371,6 +371,127 @@ async fn fenced_claim_waits_for_a_takeover_and_sees_it() {
     assert_eq!(state(&a, id).await, TaskState::Scheduled);
 }
 
+/// A node stopped (SIGSTOP, a stall) in the middle of a fenced write keeps its transaction open,
+/// and with it the share lock on its shard's lease row: without more, every takeover of that
+/// shard (and the acquiring node's membership round) would wait for as long as the stop lasts.
+/// The store's sessions end themselves when idle inside a transaction for longer than
+/// `idle_in_transaction_timeout`, so PostgreSQL rolls the stalled write back, releases its locks,
+/// and the takeover goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_fenced_write_does_not_hold_up_a_takeover() {
+    let Some(url) = common::database_url() else {
+        return;
+    };
+    let guard = SchemaGuard::new(&url);
+    let t = Timestamp;
+    let shard = 2;
+    let stall = Duration::from_secs(6);
+    // Node "a" runs on a runtime of its own, on a thread the test stops as SIGSTOP would.
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (claim_tx, claim_rx) = tokio::sync::oneshot::channel::<()>();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (stopped_tx, stopped_rx) = std::sync::mpsc::channel();
+    let node_a = {
+        let url = format!(
+            "{url}{}application_name=stalled_a",
+            if url.contains('?') { '&' } else { '?' }
+        );
+        let schema = guard.schema.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let a = PostgresStore::connect(
+                    &url,
+                    sundial_store_postgres::PostgresOptions {
+                        schema,
+                        pool_size: 2,
+                        idle_in_transaction_timeout: Some(Duration::from_secs(1)),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .unwrap();
+                let fence = a
+                    .acquire_shard(shard, "a", t(1_000), t(2_000))
+                    .await
+                    .unwrap()
+                    .unwrap();
+                let id = task_in_shard(&a, shard, 0).await;
+                ready_tx.send((fence, id)).unwrap();
+                claim_rx.await.unwrap();
+                let claim = tokio::spawn(async move {
+                    a.claim_due_fenced(fence, vec![run(id, 90_000)], t(1_500))
+                        .await
+                });
+                stop_rx.await.unwrap();
+                // SIGSTOP: nothing of this node runs, its connections are not read.
+                stopped_tx.send(()).unwrap();
+                std::thread::sleep(stall);
+                claim.await.unwrap()
+            })
+        })
+    };
+    let (fence, id) = ready_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+    // The task row is locked elsewhere, so a's fenced claim (which has read its fence `FOR
+    // SHARE`) waits on it.
+    let mut raw = raw_client(&guard.url).await;
+    let tx = raw.transaction().await.unwrap();
+    tx.execute(
+        &format!(
+            "SELECT 1 FROM \"{}\".tasks WHERE id = $1 FOR UPDATE",
+            guard.schema
+        ),
+        &[&id.0],
+    )
+    .await
+    .unwrap();
+    claim_tx.send(()).unwrap();
+    let watcher = raw_client(&guard.url).await;
+    let mut waiting = false;
+    for _ in 0..200 {
+        let n: i64 = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE application_name = 'stalled_a' AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if n > 0 {
+            waiting = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(waiting, "a's fenced claim waits for the task row");
+    // a stops; then the row is released, a's statement completes, and its session sits idle in
+    // the transaction, holding the lease row.
+    stop_tx.send(()).unwrap();
+    stopped_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    tx.rollback().await.unwrap();
+    // b takes the shard over once a's lease has ended, well before a resumes.
+    let b = another_node(&guard).await;
+    let took = tokio::time::timeout(
+        stall - Duration::from_secs(2),
+        b.acquire_shard(shard, "b", t(2_001), t(3_001)),
+    )
+    .await
+    .expect("the takeover waited for the stopped node")
+    .unwrap()
+    .expect("the shard is free to take");
+    assert!(took.range_id > fence.range_id);
+    // When a resumes, its write was rolled back: an error, and the task is untouched.
+    let claimed = tokio::task::spawn_blocking(move || node_a.join().unwrap())
+        .await
+        .unwrap();
+    assert!(claimed.is_err(), "{claimed:?}");
+    assert_eq!(state(&b, id).await, TaskState::Scheduled);
+}
+
 /// Expiring leases under a stale fence is refused and changes nothing; under the current fence
 /// it expires the shard's overdue attempts only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
