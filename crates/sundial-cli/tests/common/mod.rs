@@ -123,7 +123,9 @@ impl Server {
         Self::spawn(args, launch, storage.dir.path())
     }
 
-    fn spawn(args: Vec<OsString>, launch: &Launch, dir: &Path) -> Server {
+    /// `sundial server --listen 127.0.0.1:0` with exactly `args` (and `launch`'s environment and
+    /// log); `dir` is only remembered.
+    pub fn spawn(args: Vec<OsString>, launch: &Launch, dir: &Path) -> Server {
         let stderr = match &launch.log {
             None => Stdio::inherit(),
             Some(path) => Stdio::from(
@@ -191,15 +193,18 @@ impl Server {
         }
     }
 
-    /// Sends a signal by name (`STOP`, `CONT`, ...) with kill(1).
-    pub fn signal(&self, name: &str) {
+    /// Sends `signal` (`libc::SIGSTOP`, `libc::SIGCONT`, ...) to the server process.
+    pub fn signal(&self, signal: i32) {
         let pid = self.child.as_ref().expect("running").id();
-        let ok = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(pid.to_string())
-            .status()
-            .expect("run kill");
-        assert!(ok.success(), "kill -{name} {pid}");
+        let pid = i32::try_from(pid).expect("a pid fits an i32");
+        // SAFETY: kill(2) on a child process this harness started and has not reaped.
+        let rc = unsafe { libc::kill(pid, signal) };
+        assert_eq!(
+            rc,
+            0,
+            "kill({pid}, {signal}): {}",
+            std::io::Error::last_os_error()
+        );
     }
 
     /// SIGTERM, then waits (bounded) for the exit status.
