@@ -29,6 +29,15 @@ pub struct Common {
     /// checkpoints (survives kill -9, not power loss).
     #[arg(long, global = true, value_enum, default_value_t = DurabilityArg::Full)]
     pub durability: DurabilityArg,
+    /// PostgreSQL instead of the embedded store (`idle` only): the engine joins the database as
+    /// the single node of a cluster, in `--database-schema`. Example:
+    /// postgres://postgres@127.0.0.1:5432/test
+    #[arg(long, global = true)]
+    pub database_url: Option<String>,
+    /// The schema on `--database-url` (created if missing, kept afterwards like `--data-dir`, so
+    /// a later run reuses its preload; drop it by hand when done).
+    #[arg(long, global = true, default_value = "sundial_bench")]
+    pub database_schema: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -9,11 +9,12 @@ use std::sync::{Arc, Mutex};
 
 use crate::common::{Stopwatch, histogram};
 use async_trait::async_trait;
+use futures::stream::BoxStream;
 use hdrhistogram::Histogram;
 use sundial_core::{ExecutionId, NewTask, Task, TaskId, Timestamp};
 use sundial_store::{
-    ClaimOutcome, DueClaim, DueEntry, DueKey, Inserted, ReadyClaim, StateCount, Store, StoreError,
-    TaskFilter, TaskPage, TransitionError,
+    ClaimOutcome, Cluster, DueClaim, DueEntry, DueKey, Fence, Inserted, ReadyClaim, StateCount,
+    Store, StoreError, TaskFilter, TaskPage, TransitionError, Wakeup,
 };
 
 /// Whether a method only reads.
@@ -40,10 +41,22 @@ pub enum Method {
     ExpireLeases,
     NextLeaseExpiry,
     CountByState,
+    // Several nodes (`Cluster`), when the wrapped store is one.
+    ShardCount,
+    NodeHeartbeat,
+    Leave,
+    AcquireShard,
+    ReleaseShard,
+    ClaimDueFenced,
+    ExpireLeasesFenced,
+    NextLeaseExpiryIn,
+    Publish,
+    Subscribe,
+    DatabaseTime,
 }
 
 impl Method {
-    pub const ALL: [Method; 15] = [
+    pub const ALL: [Method; 26] = [
         Method::Insert,
         Method::Get,
         Method::List,
@@ -59,6 +72,17 @@ impl Method {
         Method::ExpireLeases,
         Method::NextLeaseExpiry,
         Method::CountByState,
+        Method::ShardCount,
+        Method::NodeHeartbeat,
+        Method::Leave,
+        Method::AcquireShard,
+        Method::ReleaseShard,
+        Method::ClaimDueFenced,
+        Method::ExpireLeasesFenced,
+        Method::NextLeaseExpiryIn,
+        Method::Publish,
+        Method::Subscribe,
+        Method::DatabaseTime,
     ];
 
     pub fn name(&self) -> &'static str {
@@ -78,6 +102,17 @@ impl Method {
             Method::ExpireLeases => "expire_leases",
             Method::NextLeaseExpiry => "next_lease_expiry",
             Method::CountByState => "count_by_state",
+            Method::ShardCount => "shard_count",
+            Method::NodeHeartbeat => "node_heartbeat",
+            Method::Leave => "leave",
+            Method::AcquireShard => "acquire_shard",
+            Method::ReleaseShard => "release_shard",
+            Method::ClaimDueFenced => "claim_due_fenced",
+            Method::ExpireLeasesFenced => "expire_leases_fenced",
+            Method::NextLeaseExpiryIn => "next_lease_expiry_in",
+            Method::Publish => "publish",
+            Method::Subscribe => "subscribe",
+            Method::DatabaseTime => "database_time",
         }
     }
 
@@ -88,7 +123,11 @@ impl Method {
             | Method::ScanDue
             | Method::NextDue
             | Method::NextLeaseExpiry
-            | Method::CountByState => Access::Read,
+            | Method::CountByState
+            | Method::ShardCount
+            | Method::NextLeaseExpiryIn
+            | Method::Subscribe
+            | Method::DatabaseTime => Access::Read,
             _ => Access::Write,
         }
     }
@@ -99,6 +138,8 @@ pub type Counts = BTreeMap<(Method, Option<u32>), u64>;
 
 pub struct CountingStore {
     inner: Arc<dyn Store>,
+    /// The same store's `Cluster` side, when it has one (PostgreSQL).
+    cluster: Option<Arc<dyn Cluster>>,
     /// One counter per method and shard (index `shards` for calls without a shard).
     counters: Vec<Vec<AtomicU64>>,
     /// Call latency per method, in microseconds.
@@ -118,10 +159,24 @@ impl CountingStore {
             .collect();
         CountingStore {
             inner,
+            cluster: None,
             counters,
             latency,
             shards,
         }
+    }
+
+    /// Also counts the calls of several nodes' protocol, forwarded to `cluster` (the same
+    /// store's `Cluster` side).
+    pub fn with_cluster(mut self, cluster: Arc<dyn Cluster>) -> Self {
+        self.cluster = Some(cluster);
+        self
+    }
+
+    fn cluster(&self) -> Result<&Arc<dyn Cluster>, StoreError> {
+        self.cluster
+            .as_ref()
+            .ok_or_else(|| StoreError::Backend("not a cluster store".to_string()))
     }
 
     /// Counts a call now and returns what records its latency when dropped.
@@ -297,5 +352,86 @@ impl Store for CountingStore {
     async fn count_by_state(&self) -> Result<Vec<StateCount>, StoreError> {
         let _t = self.count(Method::CountByState, None);
         self.inner.count_by_state().await
+    }
+}
+
+#[async_trait]
+impl Cluster for CountingStore {
+    async fn shard_count(&self, proposed: u32) -> Result<u32, StoreError> {
+        let _t = self.count(Method::ShardCount, None);
+        self.cluster()?.shard_count(proposed).await
+    }
+
+    async fn heartbeat(
+        &self,
+        node: &str,
+        now: Timestamp,
+        live_since: Timestamp,
+    ) -> Result<Vec<String>, StoreError> {
+        let _t = self.count(Method::NodeHeartbeat, None);
+        Cluster::heartbeat(&**self.cluster()?, node, now, live_since).await
+    }
+
+    async fn leave(&self, node: &str) -> Result<(), StoreError> {
+        let _t = self.count(Method::Leave, None);
+        self.cluster()?.leave(node).await
+    }
+
+    async fn acquire_shard(
+        &self,
+        shard: u32,
+        node: &str,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> Result<Option<Fence>, StoreError> {
+        let _t = self.count(Method::AcquireShard, Some(shard));
+        self.cluster()?.acquire_shard(shard, node, now, until).await
+    }
+
+    async fn release_shard(&self, fence: Fence, node: &str) -> Result<(), StoreError> {
+        let _t = self.count(Method::ReleaseShard, Some(fence.shard));
+        self.cluster()?.release_shard(fence, node).await
+    }
+
+    async fn claim_due_fenced(
+        &self,
+        fence: Fence,
+        claims: Vec<DueClaim>,
+        now: Timestamp,
+    ) -> Result<Vec<ClaimOutcome>, StoreError> {
+        let _t = self.count(Method::ClaimDueFenced, Some(fence.shard));
+        self.cluster()?.claim_due_fenced(fence, claims, now).await
+    }
+
+    async fn expire_leases_fenced(
+        &self,
+        fence: Fence,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Task>, StoreError> {
+        let _t = self.count(Method::ExpireLeasesFenced, Some(fence.shard));
+        self.cluster()?
+            .expire_leases_fenced(fence, now, limit)
+            .await
+    }
+
+    async fn next_lease_expiry_in(&self, shard: u32) -> Result<Option<Timestamp>, StoreError> {
+        let _t = self.count(Method::NextLeaseExpiryIn, Some(shard));
+        self.cluster()?.next_lease_expiry_in(shard).await
+    }
+
+    async fn publish(&self, wakeups: Vec<Wakeup>) -> Result<(), StoreError> {
+        let _t = self.count(Method::Publish, None);
+        self.cluster()?.publish(wakeups).await
+    }
+
+    async fn subscribe(&self) -> Result<BoxStream<'static, Wakeup>, StoreError> {
+        let _t = self.count(Method::Subscribe, None);
+        self.cluster()?.subscribe().await
+    }
+
+    async fn database_time(&self) -> Result<Timestamp, StoreError> {
+        let _t = self.count(Method::DatabaseTime, None);
+        self.cluster()?.database_time().await
     }
 }

@@ -1,13 +1,16 @@
 //! Idle reads: with many tasks pending a day ahead and nothing due, how often does the engine ask
 //! the store anything? The store is wrapped in a [`CountingStore`]; counters are reset after a
-//! short warm-up and read after `--secs`.
+//! short warm-up and read after `--secs`. With `--database-url` the engine runs as the single node
+//! of a cluster on PostgreSQL, and its cluster calls (heartbeats, shard-lease renewals, fenced
+//! writes, wake-ups) are counted too.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
 use sundial::Sundial;
+use sundial_store_postgres::{PostgresOptions, PostgresStore};
 
 use crate::common::{Common, DataDir, PreloadOrder, Stopwatch, preload, print_rss};
 use crate::counting::{Access, CountingStore};
@@ -30,19 +33,57 @@ pub struct IdleArgs {
 
 pub async fn run(common: &Common, args: &IdleArgs) -> Result<()> {
     let dir = DataDir::new(common)?;
-    println!(
-        "idle: {} pending, {}s measured; data dir {}, shards {}",
-        args.pending,
-        args.secs,
-        dir.path().display(),
-        common.shards
-    );
-    let store = common.open_store(dir.path())?;
-    let counting = Arc::new(CountingStore::new(Arc::new(store), common.shards));
-    let sundial = Sundial::builder()
-        .config(common.config())
-        .with_store(counting.clone());
+    let (counting, sundial) = match &common.database_url {
+        None => {
+            println!(
+                "idle: {} pending, {}s measured; data dir {}, shards {}",
+                args.pending,
+                args.secs,
+                dir.path().display(),
+                common.shards
+            );
+            let store = common.open_store(dir.path())?;
+            let counting = Arc::new(CountingStore::new(Arc::new(store), common.shards));
+            let sundial = Sundial::builder()
+                .config(common.config())
+                .with_store(counting.clone());
+            (counting, sundial)
+        }
+        Some(url) => {
+            // The single node of a cluster on PostgreSQL: its store calls and its cluster calls
+            // (membership, shard leases, fenced writes, wake-ups) are all counted.
+            let store = Arc::new(
+                PostgresStore::connect(
+                    url,
+                    PostgresOptions {
+                        schema: common.database_schema.clone(),
+                        ..PostgresOptions::default()
+                    },
+                )
+                .await
+                .context("connect to PostgreSQL")?,
+            );
+            let counting = Arc::new(
+                CountingStore::new(store.clone(), common.shards).with_cluster(store.clone()),
+            );
+            let sundial = Sundial::builder()
+                .config(common.config())
+                .join_cluster(counting.clone(), counting.clone(), "bench-idle")
+                .await
+                .context("join the cluster")?;
+            println!(
+                "idle: {} pending, {}s measured; PostgreSQL schema {}, one node, shards {}, shard lease TTL {:?}",
+                args.pending,
+                args.secs,
+                common.database_schema,
+                sundial.config().shard_count,
+                sundial.config().shard_lease_ttl
+            );
+            (counting, sundial)
+        }
+    };
     preload(&sundial, args.pending, 1_000, 4, args.preload_order).await?;
+    print_rss("after the preload");
 
     let engine = sundial.start();
     tokio::time::sleep(Duration::from_secs(args.warmup_secs)).await;
@@ -74,7 +115,7 @@ pub async fn run(common: &Common, args: &IdleArgs) -> Result<()> {
             Access::Write => writes += n,
         }
     }
-    let shards = common.shards.max(1);
+    let shards = sundial.config().shard_count.max(1);
     for s in 0..shards {
         let r: u64 = counts
             .iter()
@@ -84,7 +125,7 @@ pub async fn run(common: &Common, args: &IdleArgs) -> Result<()> {
         println!("  shard {s}: {:.2} reads/min", r as f64 / minutes);
     }
     println!(
-        "  total: {:.2} reads/min ({:.2} per shard), {:.2} writes/min (the lease reaper's sweeps)",
+        "  total: {:.2} reads/min ({:.2} per shard), {:.2} writes/min (the lease reaper's sweeps; with PostgreSQL also the node's heartbeats and shard-lease renewals)",
         reads as f64 / minutes,
         reads as f64 / minutes / f64::from(shards),
         writes as f64 / minutes

@@ -18,16 +18,30 @@
 //!   after it is created, while `--workers` (4) long-poll workers take them and complete them;
 //!   reports fire lateness (time the worker received the task minus its `run_at`) p50/p99/max.
 //!
+//! - `fires`: creates `--count` (50,000) tasks all due at the same moment, `--lead` (10 s) ahead,
+//!   while `--workers` (4) long-poll workers take and complete them; reports fires/s (tasks
+//!   delivered per second from the due moment until the last one) and their lateness.
+//!
 //! Without `--server` it starts `sundial server` (the binary next to this one) on a fresh
-//! temporary data directory per scenario, and removes it afterwards. The load generator shares the
-//! machine with the server: on a small machine its own CPU use is part of the result.
+//! temporary data directory per scenario, and removes it afterwards. With `--database-url` the
+//! servers it starts run on PostgreSQL instead, in a fresh schema per scenario (dropped
+//! afterwards), and `--nodes N` starts N of them on that schema: one cluster. The scenarios then
+//! spread their connections, batches and workers round-robin over the nodes. After each scenario
+//! it prints the servers' memory (VmRSS, VmHWM) and the load average. The load generator shares
+//! the machine with the servers: on a small machine its own CPU use is part of the result.
+//!
+//! ```text
+//! target/release/sundial-load --database-url postgres://postgres@127.0.0.1:5432/test lateness
+//! target/release/sundial-load --database-url postgres://postgres@127.0.0.1:5432/test --nodes 3 \
+//!     fires --count 50000 --workers 6
+//! ```
 #![allow(clippy::disallowed_methods)] // a load generator measures real time: Instant/SystemTime
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
@@ -44,9 +58,17 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 #[derive(Parser)]
 #[command(name = "sundial-load", about = "HTTP load generator for Sundial")]
 struct Args {
-    /// A running server; without it, a fresh server is started per scenario.
+    /// A running server (or several nodes of one cluster, comma-separated); without it, fresh
+    /// servers are started per scenario.
     #[arg(long, global = true)]
     server: Option<String>,
+    /// Start the servers on this PostgreSQL (a fresh schema per scenario, dropped afterwards)
+    /// instead of the embedded store.
+    #[arg(long, global = true)]
+    database_url: Option<String>,
+    /// How many servers to start on the schema (needs `--database-url` for more than one).
+    #[arg(long, global = true, default_value_t = 1)]
+    nodes: usize,
     /// Extra arguments for the server this starts (e.g. `--durability normal`).
     #[arg(long, global = true, allow_hyphen_values = true)]
     server_args: Option<String>,
@@ -97,6 +119,17 @@ enum Scenario {
         #[arg(long, default_value = "1s", value_parser = parse_duration)]
         lead: Duration,
     },
+    /// Fires/s: many tasks due at one moment, drained by long-poll workers.
+    Fires {
+        /// Tasks, all due at the same moment.
+        #[arg(long, default_value_t = 50_000)]
+        count: u64,
+        #[arg(long, default_value_t = 4)]
+        workers: usize,
+        /// How long after the start the tasks are due (they must all be created by then).
+        #[arg(long, default_value = "10s", value_parser = parse_duration)]
+        lead: Duration,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -129,42 +162,226 @@ fn main() -> anyhow::Result<()> {
         ],
         s => vec![s],
     };
-    for s in scenarios {
-        let spawned = match &args.server {
+    if args.nodes == 0 || (args.nodes > 1 && args.database_url.is_none() && args.server.is_none()) {
+        bail!("--nodes above 1 needs --database-url (nodes share the work through PostgreSQL)");
+    }
+    for (n, s) in scenarios.into_iter().enumerate() {
+        let fleet = match &args.server {
             Some(_) => None,
-            None => Some(SpawnedServer::start(
-                args.server_args.as_deref().unwrap_or(""),
-            )?),
+            None => Some(Fleet::start(&rt, &args, n)?),
         };
-        let url = match (&args.server, &spawned) {
-            (Some(u), _) => u.clone(),
-            (None, Some(s)) => s.url.clone(),
+        let urls: Vec<String> = match (&args.server, &fleet) {
+            (Some(u), _) => u.split(',').map(|u| u.trim().to_string()).collect(),
+            (None, Some(f)) => f.servers.iter().map(|s| s.url.clone()).collect(),
             (None, None) => bail!("no server"),
         };
-        let client = Client::new(&url).context("client")?;
-        rt.block_on(async {
+        let clients = urls
+            .iter()
+            .map(|u| Client::new(u).context("client"))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        println!(
+            "\nservers: {} ({}); load average before: {}",
+            urls.len(),
+            match (&args.database_url, &fleet) {
+                (Some(_), Some(f)) => format!(
+                    "PostgreSQL, schema {}",
+                    f.schema.as_ref().map_or("?", |s| s.name.as_str())
+                ),
+                (None, Some(_)) => "embedded store".to_string(),
+                (_, None) => "given with --server".to_string(),
+            },
+            loadavg()
+        );
+        let commits_before = match &args.database_url {
+            Some(url) => rt.block_on(commits(url)).ok(),
+            None => None,
+        };
+        let scenario_start = Instant::now();
+        let result = rt.block_on(async {
             match s {
                 Scenario::Single {
                     connections,
                     duration,
-                } => single(&client, connections, duration, args.due).await,
+                } => single(&clients, connections, duration, args.due).await,
                 Scenario::Batch {
                     connections,
                     batch_size,
                     duration,
-                } => batch(&client, connections, batch_size, duration, args.due).await,
+                } => batch(&clients, connections, batch_size, duration, args.due).await,
                 Scenario::Lateness {
                     rate,
                     duration,
                     workers,
                     lead,
-                } => lateness(&client, rate, duration, workers, lead).await,
+                } => lateness(&clients, rate, duration, workers, lead).await,
+                Scenario::Fires {
+                    count,
+                    workers,
+                    lead,
+                } => fires(&clients, count, workers, lead).await,
                 Scenario::All => Ok(()),
             }
-        })?;
-        drop(spawned);
+        });
+        println!("load average after: {}", loadavg());
+        if let (Some(url), Some(before)) = (&args.database_url, commits_before)
+            && let Ok(after) = rt.block_on(commits(url))
+        {
+            let secs = scenario_start.elapsed().as_secs_f64();
+            println!(
+                "database: {} commits in {secs:.1}s = {:.0}/s (the whole database's, so other clients' too)",
+                after - before,
+                (after - before) as f64 / secs
+            );
+        }
+        if let Some(f) = fleet {
+            f.print_memory();
+            f.stop(&rt);
+        }
+        result?;
     }
     Ok(())
+}
+
+/// `/proc/loadavg`'s 1, 5 and 15 minute figures.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".to_string())
+}
+
+/// The servers one scenario runs against, and the PostgreSQL schema they share.
+struct Fleet {
+    servers: Vec<SpawnedServer>,
+    schema: Option<PgSchema>,
+}
+
+struct PgSchema {
+    url: String,
+    name: String,
+}
+
+impl Fleet {
+    /// Starts `--nodes` servers (on a fresh schema with `--database-url`) and, on PostgreSQL,
+    /// waits until they have taken every shard between them.
+    fn start(rt: &tokio::runtime::Runtime, args: &Args, scenario: usize) -> anyhow::Result<Fleet> {
+        let extra = args.server_args.as_deref().unwrap_or("");
+        let schema = args.database_url.as_ref().map(|url| PgSchema {
+            url: url.clone(),
+            name: format!("sundial_load_{}_{scenario}", std::process::id()),
+        });
+        let mut fleet = Fleet {
+            servers: Vec::new(),
+            schema,
+        };
+        for i in 0..args.nodes {
+            let mut node_args: Vec<String> = extra.split_whitespace().map(str::to_string).collect();
+            if let Some(s) = &fleet.schema {
+                node_args.extend([
+                    "--database-url".to_string(),
+                    s.url.clone(),
+                    "--database-schema".to_string(),
+                    s.name.clone(),
+                    "--node-id".to_string(),
+                    format!("load-{}", i + 1),
+                ]);
+            }
+            // On failure `fleet` is dropped: the servers started so far are killed.
+            fleet.servers.push(SpawnedServer::start(&node_args)?);
+        }
+        if let Some(s) = &fleet.schema {
+            rt.block_on(wait_for_shards(s, args.nodes))?;
+        }
+        Ok(fleet)
+    }
+
+    fn print_memory(&self) {
+        for (i, s) in self.servers.iter().enumerate() {
+            let status = std::fs::read_to_string(format!("/proc/{}/status", s.child.id()))
+                .unwrap_or_default();
+            let field = |name: &str| -> String {
+                status
+                    .lines()
+                    .find(|l| l.starts_with(name))
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|kb| kb.parse::<f64>().ok())
+                    .map_or("?".to_string(), |kb| format!("{:.1}", kb / 1024.0))
+            };
+            println!(
+                "server {}: rss {} MiB, peak rss (VmHWM) {} MiB",
+                i + 1,
+                field("VmRSS:"),
+                field("VmHWM:")
+            );
+        }
+    }
+
+    /// Stops the servers, then drops the schema.
+    fn stop(mut self, rt: &tokio::runtime::Runtime) {
+        self.servers.clear();
+        if let Some(s) = self.schema.take() {
+            let dropped = rt.block_on(async {
+                let client = pg_connect(&s.url).await?;
+                client
+                    .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", s.name))
+                    .await
+                    .context("drop the schema")
+            });
+            if let Err(e) = dropped {
+                eprintln!("could not drop schema {}: {e:#}", s.name);
+            }
+        }
+    }
+}
+
+async fn pg_connect(url: &str) -> anyhow::Result<tokio_postgres::Client> {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .context("connect to PostgreSQL")?;
+    tokio::spawn(conn);
+    Ok(client)
+}
+
+/// Transactions committed in the current database so far (`pg_stat_database`).
+async fn commits(url: &str) -> anyhow::Result<i64> {
+    let client = pg_connect(url).await?;
+    let row = client
+        .query_one(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+            &[],
+        )
+        .await
+        .context("read pg_stat_database")?;
+    Ok(row.get(0))
+}
+
+/// Waits (at most a minute) until every shard has an owner and every node owns some.
+async fn wait_for_shards(s: &PgSchema, nodes: usize) -> anyhow::Result<()> {
+    let client = pg_connect(&s.url).await?;
+    let sql = format!(
+        "SELECT (SELECT shard_count FROM \"{0}\".cluster_meta), \
+         count(*) FILTER (WHERE owner IS NOT NULL), count(DISTINCT owner) \
+         FROM \"{0}\".shard_leases",
+        s.name
+    );
+    let start = Instant::now();
+    loop {
+        let row = client
+            .query_one(&sql, &[])
+            .await
+            .context("read the shard leases")?;
+        let (shards, owned, owners): (Option<i64>, i64, i64) = (row.get(0), row.get(1), row.get(2));
+        if shards == Some(owned) && owners == nodes as i64 {
+            println!(
+                "{nodes} node(s) own all {owned} shards after {:.1}s",
+                start.elapsed().as_secs_f64()
+            );
+            return Ok(());
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            bail!("after 60 s, {owned} of {shards:?} shards owned by {owners} of {nodes} nodes");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 struct SpawnedServer {
@@ -174,7 +391,7 @@ struct SpawnedServer {
 }
 
 impl SpawnedServer {
-    fn start(extra: &str) -> anyhow::Result<Self> {
+    fn start(extra: &[String]) -> anyhow::Result<Self> {
         let exe = std::env::current_exe().context("current_exe")?;
         let bin = exe.with_file_name("sundial");
         let dir = std::env::temp_dir().join(format!(
@@ -188,7 +405,7 @@ impl SpawnedServer {
         let mut child = Command::new(&bin)
             .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(&dir)
-            .args(extra.split_whitespace())
+            .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -237,13 +454,14 @@ fn ms(us: u64) -> f64 {
 }
 
 async fn single(
-    client: &Client,
+    clients: &[Client],
     connections: usize,
     duration: Duration,
     due: DueOrder,
 ) -> anyhow::Result<()> {
     println!(
-        "\n== single: one task per request, {connections} connections, {duration:?}, due times {due:?}"
+        "\n== single: one task per request, {connections} connections over {} node(s), {duration:?}, due times {due:?}",
+        clients.len()
     );
     let ok = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
@@ -253,7 +471,7 @@ async fn single(
     let mut tasks = Vec::new();
     for c in 0..connections {
         let (client, ok, errors, latencies) = (
-            client.clone(),
+            clients[c % clients.len()].clone(),
             ok.clone(),
             errors.clone(),
             latencies.clone(),
@@ -304,14 +522,15 @@ async fn single(
 }
 
 async fn batch(
-    client: &Client,
+    clients: &[Client],
     connections: usize,
     batch_size: usize,
     duration: Duration,
     due: DueOrder,
 ) -> anyhow::Result<()> {
     println!(
-        "\n== batch: {batch_size} tasks per request, {connections} connections, {duration:?}, due times {due:?}"
+        "\n== batch: {batch_size} tasks per request, {connections} connections over {} node(s), {duration:?}, due times {due:?}",
+        clients.len()
     );
     let ok = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
@@ -321,7 +540,7 @@ async fn batch(
     let mut tasks = Vec::new();
     for c in 0..connections {
         let (client, ok, errors, latencies) = (
-            client.clone(),
+            clients[c % clients.len()].clone(),
             ok.clone(),
             errors.clone(),
             latencies.clone(),
@@ -380,8 +599,101 @@ fn wall_us() -> i64 {
         .unwrap_or(0)
 }
 
+/// Long-poll workers on a queue, spread round-robin over the nodes, that complete every task they
+/// get (each with its own request) and record when they got it against its `run_at`.
+struct Pollers {
+    handles: Vec<tokio::task::JoinHandle<()>>,
+    lateness: Arc<Mutex<Histogram<u64>>>,
+    early: Arc<AtomicU64>,
+    received: Arc<AtomicU64>,
+    /// Wall clock (µs) of the latest delivery.
+    last_us: Arc<AtomicI64>,
+    done: Arc<AtomicBool>,
+}
+
+impl Pollers {
+    fn start(clients: &[Client], workers: usize, queue: &'static str) -> Pollers {
+        let p = Pollers {
+            handles: Vec::new(),
+            lateness: Arc::new(Mutex::new(hist())),
+            early: Arc::new(AtomicU64::new(0)),
+            received: Arc::new(AtomicU64::new(0)),
+            last_us: Arc::new(AtomicI64::new(0)),
+            done: Arc::new(AtomicBool::new(false)),
+        };
+        let mut handles = Vec::new();
+        for w in 0..workers {
+            let (client, lateness, early, received, last_us, done) = (
+                clients[w % clients.len()].clone(),
+                p.lateness.clone(),
+                p.early.clone(),
+                p.received.clone(),
+                p.last_us.clone(),
+                p.done.clone(),
+            );
+            handles.push(tokio::spawn(async move {
+                let name = format!("load-{w}");
+                let completes = Arc::new(tokio::sync::Semaphore::new(64));
+                let mut local = hist();
+                while !done.load(Ordering::Relaxed) {
+                    let polled = match client
+                        .poll(queue, &name, 256, Duration::from_secs(1), None)
+                        .await
+                    {
+                        Ok(p) => p,
+                        Err(e) => {
+                            eprintln!("poll failed: {e}");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            continue;
+                        }
+                    };
+                    let now = wall_us();
+                    if !polled.tasks.is_empty() {
+                        last_us.fetch_max(now, Ordering::Relaxed);
+                    }
+                    for t in polled.tasks {
+                        let due_us = sundial_server::time::parse(&t.run_at)
+                            .map(|ts| ts.as_millis() * 1_000)
+                            .unwrap_or(now);
+                        let late = now - due_us;
+                        if late < 0 {
+                            early.fetch_add(1, Ordering::Relaxed);
+                        } else {
+                            let _ = local.record((late as u64).max(1));
+                        }
+                        received.fetch_add(1, Ordering::Relaxed);
+                        let Ok(permit) = completes.clone().acquire_owned().await else {
+                            break;
+                        };
+                        let client = client.clone();
+                        tokio::spawn(async move {
+                            let _ = client.complete(t.id, t.execution_id, None).await;
+                            drop(permit);
+                        });
+                    }
+                }
+                let _ = lateness.lock().await.add(&local);
+            }));
+        }
+        Pollers { handles, ..p }
+    }
+
+    /// Waits until `expected` tasks were delivered or the wall clock passes `give_up_us`, then
+    /// stops the workers.
+    async fn finish(self, expected: u64, give_up_us: i64) -> anyhow::Result<Histogram<u64>> {
+        while self.received.load(Ordering::Relaxed) < expected && wall_us() < give_up_us {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.done.store(true, Ordering::Relaxed);
+        for h in self.handles {
+            h.await?;
+        }
+        Ok(self.lateness.lock().await.clone())
+    }
+}
+
 async fn lateness(
-    client: &Client,
+    clients: &[Client],
     rate: u64,
     duration: Duration,
     workers: usize,
@@ -389,68 +701,16 @@ async fn lateness(
 ) -> anyhow::Result<()> {
     let total = rate * duration.as_secs().max(1);
     println!(
-        "\n== lateness: {rate} tasks/s due for {duration:?} ({total} tasks), {workers} long-poll workers, created {lead:?} ahead"
+        "\n== lateness: {rate} tasks/s due for {duration:?} ({total} tasks), {workers} long-poll workers over {} node(s), created {lead:?} ahead",
+        clients.len()
     );
-    // Tasks are created in batches of one tick's worth (every 10 ms), `lead` before they are due.
+    // Tasks are created in batches of one tick's worth (every 10 ms), `lead` before they are due,
+    // round-robin over the nodes.
     let tick = Duration::from_millis(10);
     let per_tick = (rate / 100).max(1);
     let first_due_us = wall_us() + lead.as_micros() as i64 + 500_000;
-    let lateness = Arc::new(Mutex::new(hist()));
-    let early = Arc::new(AtomicU64::new(0));
-    let received = Arc::new(AtomicU64::new(0));
-    let done = Arc::new(AtomicBool::new(false));
     let queue = "lateness";
-
-    let mut pollers = Vec::new();
-    for w in 0..workers {
-        let (client, lateness, early, received, done) = (
-            client.clone(),
-            lateness.clone(),
-            early.clone(),
-            received.clone(),
-            done.clone(),
-        );
-        pollers.push(tokio::spawn(async move {
-            let name = format!("load-{w}");
-            let completes = Arc::new(tokio::sync::Semaphore::new(64));
-            let mut local = hist();
-            while !done.load(Ordering::Relaxed) {
-                let polled = match client
-                    .poll(queue, &name, 256, Duration::from_secs(1), None)
-                    .await
-                {
-                    Ok(p) => p,
-                    Err(e) => {
-                        eprintln!("poll failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                };
-                let now = wall_us();
-                for t in polled.tasks {
-                    let due_us = sundial_server::time::parse(&t.run_at)
-                        .map(|ts| ts.as_millis() * 1_000)
-                        .unwrap_or(now);
-                    let late = now - due_us;
-                    if late < 0 {
-                        early.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        let _ = local.record((late as u64).max(1));
-                    }
-                    received.fetch_add(1, Ordering::Relaxed);
-                    let Ok(permit) = completes.clone().acquire_owned().await else {
-                        break;
-                    };
-                    let client = client.clone();
-                    tokio::spawn(async move {
-                        let _ = client.complete(t.id, t.execution_id, None).await;
-                        drop(permit);
-                    });
-                }
-            }
-            let _ = lateness.lock().await.add(&local);
-        }));
-    }
+    let pollers = Pollers::start(clients, workers, queue);
 
     // Producer: paced by the wall clock.
     let start = Instant::now();
@@ -475,7 +735,7 @@ async fn lateness(
                 }
             })
             .collect();
-        let client = client.clone();
+        let client = clients[k as usize % clients.len()].clone();
         // Fire and forget, so that a slow create does not delay the next tick.
         let h = tokio::spawn(async move { client.create_batch(&CreateBatch { tasks }).await });
         if k % 100 == 99 {
@@ -488,15 +748,11 @@ async fn lateness(
     }
     // Wait for the last tasks to come due and be delivered.
     let last_due_us = first_due_us + (ticks as i64) * tick.as_micros() as i64;
-    let give_up = last_due_us + 30_000_000;
-    while received.load(Ordering::Relaxed) < ticks * per_tick && wall_us() < give_up {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    done.store(true, Ordering::Relaxed);
-    for p in pollers {
-        p.await?;
-    }
-    let l = lateness.lock().await;
+    let early = pollers.early.clone();
+    let received = pollers.received.clone();
+    let l = pollers
+        .finish(ticks * per_tick, last_due_us + 30_000_000)
+        .await?;
     let got = received.load(Ordering::Relaxed);
     println!(
         "delivered {got}/{} over {:.1}s; lateness p50 {:.1} ms, p99 {:.1} ms, p99.9 {:.1} ms, max {:.1} ms; early {}; create errors (sampled) {create_errors}",
@@ -505,6 +761,90 @@ async fn lateness(
         ms(l.value_at_quantile(0.5)),
         ms(l.value_at_quantile(0.99)),
         ms(l.value_at_quantile(0.999)),
+        ms(l.max()),
+        early.load(Ordering::Relaxed),
+    );
+    Ok(())
+}
+
+/// Fires/s: `count` tasks all due at one moment, `lead` after the start (created before that in
+/// batches of 500 from 8 connections, round-robin over the nodes), drained by `workers` long-poll
+/// workers that complete each one. The rate is the tasks delivered divided by the time from the
+/// due moment to the last delivery.
+async fn fires(
+    clients: &[Client],
+    count: u64,
+    workers: usize,
+    lead: Duration,
+) -> anyhow::Result<()> {
+    println!(
+        "\n== fires: {count} tasks all due {lead:?} after the start, {workers} long-poll workers over {} node(s)",
+        clients.len()
+    );
+    let due_ms = (wall_us() + lead.as_micros() as i64) / 1_000;
+    let queue = "fires";
+    let batch = 500u64;
+    let next = Arc::new(AtomicU64::new(0));
+    let created = Arc::new(AtomicU64::new(0));
+    let mut creators = Vec::new();
+    for c in 0..8 {
+        let (client, next, created) = (
+            clients[c % clients.len()].clone(),
+            next.clone(),
+            created.clone(),
+        );
+        creators.push(tokio::spawn(async move {
+            loop {
+                let from = next.fetch_add(batch, Ordering::Relaxed);
+                if from >= count {
+                    return;
+                }
+                let n = batch.min(count - from);
+                let tasks = (0..n)
+                    .map(|_| CreateTask {
+                        queue: Some(queue.into()),
+                        run_at: Some(sundial_server::time::format(
+                            sundial::Timestamp::from_millis(due_ms),
+                        )),
+                        ..CreateTask::new("bench.fires")
+                    })
+                    .collect();
+                match client.create_batch(&CreateBatch { tasks }).await {
+                    Ok(r) => {
+                        created.fetch_add(r.results.len() as u64, Ordering::Relaxed);
+                    }
+                    Err(e) => eprintln!("create failed: {e}"),
+                }
+            }
+        }));
+    }
+    let pollers = Pollers::start(clients, workers, queue);
+    for c in creators {
+        c.await?;
+    }
+    let created = created.load(Ordering::Relaxed);
+    let ready_us = wall_us();
+    if ready_us > due_ms * 1_000 {
+        println!(
+            "warning: creating took {:.1} s past the due moment; raise --lead",
+            (ready_us - due_ms * 1_000) as f64 / 1e6
+        );
+    }
+    let (received, last_us, early) = (
+        pollers.received.clone(),
+        pollers.last_us.clone(),
+        pollers.early.clone(),
+    );
+    let l = pollers
+        .finish(created, due_ms * 1_000 + 300_000_000)
+        .await?;
+    let got = received.load(Ordering::Relaxed);
+    let secs = (last_us.load(Ordering::Relaxed) - due_ms * 1_000) as f64 / 1e6;
+    println!(
+        "created {created}; delivered {got} in {secs:.2}s after the due moment = {:.0} fires/s; lateness p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; early {}",
+        got as f64 / secs.max(1e-3),
+        ms(l.value_at_quantile(0.5)),
+        ms(l.value_at_quantile(0.99)),
         ms(l.max()),
         early.load(Ordering::Relaxed),
     );
