@@ -40,7 +40,7 @@ impl Clock for SystemClock {
 /// A clock corrected by a measured offset: `inner.now() + offset`.
 ///
 /// With several nodes, each node's engine runs on the database's time rather than its own wall
-/// clock: at start (and then every minute) the node reads the database's clock, and the offset is
+/// clock: at start the node reads the database's clock once, and the offset is
 /// the difference minus half the round trip and one more millisecond, so the corrected clock is
 /// never ahead of the database's. Due decisions on every node therefore agree with one clock to
 /// within a round trip, and a node never fires early because its own clock runs fast.
