@@ -839,6 +839,10 @@ async fn health_metrics_and_openapi(backend: Backend) {
         "/v1/tasks/{id}/fail",
         "/healthz",
         "/metrics",
+        "/v1/schedules",
+        "/v1/schedules/{id}/fires",
+        "/v1/workflows",
+        "/v1/workflows/{id}/history",
     ] {
         assert!(
             paths.contains_key(p),

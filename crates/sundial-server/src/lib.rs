@@ -19,6 +19,10 @@
 //! GET  /openapi.json              this API, generated from the code
 //! ```
 //!
+//! The schedules routes ([`schedules`], `/v1/schedules…`) and the workflow routes
+//! ([`workflows`], `/v1/workflows…`, `/v1/workflow-tasks…`, `/v1/workflow-activities…`) are
+//! merged in with their own state; `/openapi.json` describes all of them.
+//!
 //! Error bodies and statuses are described in [`error`]; wire types in [`wire`].
 //!
 //! **API Boundary:** this crate only translates HTTP to calls on the [`Sundial`] facade; it never
@@ -130,6 +134,9 @@ impl TaskGauges {
         (name = "tasks", description = "Create, inspect, cancel and trigger tasks"),
         (name = "workers", description = "The long-poll protocol for remote workers"),
         (name = "service", description = "Health and metrics"),
+        (name = "schedules", description = "Recurring schedules: cron and intervals with time zones, DST, overlap and catch-up policies"),
+        (name = "workflows", description = "Durable workflows: start, signal, cancel, terminate, inspect"),
+        (name = "workflow workers", description = "The long-poll protocol of remote workflow workers"),
     )
 )]
 struct ApiDoc;
@@ -154,9 +161,13 @@ fn api_router(batch_body_limit: usize) -> OpenApiRouter<AppState> {
         .routes(routes!(api::metrics))
 }
 
-/// The OpenAPI document of the v1 API, as served at `/openapi.json`.
+/// The OpenAPI document of the v1 API, as served at `/openapi.json`: tasks, workers, service,
+/// schedules and workflows.
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    api_router(ServerConfig::default().max_batch_body_bytes).into_openapi()
+    let mut doc = api_router(ServerConfig::default().max_batch_body_bytes).into_openapi();
+    doc.merge(schedules::openapi());
+    doc.merge(workflows::openapi());
+    doc
 }
 
 /// The whole HTTP service over `sundial`. The caller runs the engine (`sundial.start()`) and
@@ -174,7 +185,8 @@ pub fn router(sundial: Sundial, config: ServerConfig) -> Router {
         config: Arc::new(config),
         gauges: Arc::new(TaskGauges::default()),
     };
-    let (router, doc) = api_router(batch_limit).split_for_parts();
+    let (router, _) = api_router(batch_limit).split_for_parts();
+    let doc = openapi();
     let doc_json: Arc<str> = match doc.to_json() {
         Ok(s) => Arc::from(s),
         Err(e) => {

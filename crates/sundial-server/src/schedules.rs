@@ -16,7 +16,8 @@
 //!
 //! Requests refuse unknown fields; an invalid spec is `422` with the field (`cron`, `timezone`,
 //! `dst.skipped`, `task.kind`, …) and the reason. Times are RFC 3339; durations are strings
-//! (`"15m"`). Fire times in responses are UTC. These routes are not yet in `/openapi.json`.
+//! (`"15m"`). Fire times in responses are UTC. Every route is described in `/openapi.json` (tag
+//! `schedules`).
 
 use std::time::Duration;
 
@@ -26,7 +27,6 @@ use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 use sundial::{Task, TaskSpec, Timestamp};
 use sundial_schedules::{
@@ -35,33 +35,45 @@ use sundial_schedules::{
     TaskTemplate,
 };
 
-use crate::error::ApiError;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::error::{ApiError, ErrorBody};
 use crate::extract::{ApiJson, ApiQuery, parse_json};
 use crate::wire::CreateTask;
 use crate::{duration, time};
 
+/// The schedule routes and their OpenAPI description.
+fn api() -> OpenApiRouter<Schedules> {
+    OpenApiRouter::new()
+        .routes(routes!(create, list))
+        .routes(routes!(preview))
+        .routes(routes!(get_one, patch, delete))
+        .routes(routes!(pause))
+        .routes(routes!(unpause))
+        .routes(routes!(trigger))
+        .routes(routes!(backfill))
+        .routes(routes!(fires))
+}
+
 /// The schedule routes, with their own state. Merged into [`crate::router`].
 pub fn router(schedules: Schedules, body_limit: usize) -> Router {
-    Router::new()
-        .route("/v1/schedules", post(create).get(list))
-        .route("/v1/schedules:preview", post(preview))
-        .route(
-            "/v1/schedules/{id}",
-            get(get_one).patch(patch).delete(delete),
-        )
-        .route("/v1/schedules/{id}/pause", post(pause))
-        .route("/v1/schedules/{id}/unpause", post(unpause))
-        .route("/v1/schedules/{id}/trigger", post(trigger))
-        .route("/v1/schedules/{id}/backfill", post(backfill))
-        .route("/v1/schedules/{id}/fires", get(fires))
+    let (router, _) = api().split_for_parts();
+    router
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(schedules)
+}
+
+/// The OpenAPI description of the schedule routes (merged into `/openapi.json`).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    api().into_openapi()
 }
 
 // ---- Wire types ---------------------------------------------------------------------------------
 
 /// DST policy on the wire.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DstWire {
     /// `shift` (default) or `skip`.
@@ -73,7 +85,7 @@ pub struct DstWire {
 }
 
 /// `POST /v1/schedules` (and, with every field optional, `PATCH`).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ScheduleRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -113,7 +125,7 @@ pub struct ScheduleRequest {
 }
 
 /// `POST /v1/schedules:preview`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PreviewRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -133,33 +145,33 @@ pub struct PreviewRequest {
     pub count: Option<usize>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct PreviewResponse {
     pub fires: Vec<String>,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NoteRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BackfillRequest {
     pub from: String,
     pub to: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct BackfillResponse {
     pub fires: Vec<FireView>,
     /// Fire times in the range that were recorded before (left alone).
     pub already_recorded: Vec<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct FireView {
     pub nominal_time: String,
     /// `fired`, `skipped` or `missed`.
@@ -176,23 +188,24 @@ pub struct FireView {
     pub recorded_at: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct CountsView {
     pub fired: u64,
     pub skipped: u64,
     pub missed: u64,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct TaskTemplateView {
     pub queue: String,
     pub kind: String,
+    #[schema(value_type = Object)]
     pub payload: serde_json::Value,
     pub max_attempts: u32,
     pub timeout: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct ScheduleView {
     pub id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -224,31 +237,37 @@ pub struct ScheduleView {
     pub updated_at: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct ScheduleList {
     pub schedules: Vec<ScheduleView>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_cursor: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct FireList {
     pub fires: Vec<FireView>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_cursor: Option<String>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct PageQuery {
+    /// Page size, 1 to 1000 (default 50).
     pub limit: Option<usize>,
+    /// `next_cursor` of the previous page.
     pub cursor: Option<String>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct FiresQuery {
+    /// Page size, 1 to 1000 (default 50).
     pub limit: Option<usize>,
+    /// RFC 3339: only fire times before it (`next_cursor` of the previous page).
     pub before: Option<String>,
 }
 
@@ -483,7 +502,18 @@ fn note(body: &[u8]) -> Result<Option<String>, ApiError> {
     Ok(parse_json::<NoteRequest>(body)?.note)
 }
 
-async fn create(
+#[utoipa::path(
+    post, path = "/v1/schedules", tag = "schedules",
+    operation_id = "create_schedule",
+    request_body = ScheduleRequest,
+    responses(
+        (status = 201, description = "Stored and armed", body = ScheduleView),
+        (status = 400, description = "Not JSON", body = ErrorBody),
+        (status = 409, description = "A schedule with this id exists", body = ErrorBody),
+        (status = 422, description = "Invalid spec or task (names the field and reason); nothing stored", body = ErrorBody),
+    )
+)]
+pub async fn create(
     State(schedules): State<Schedules>,
     ApiJson(r): ApiJson<ScheduleRequest>,
 ) -> Result<Response, ApiError> {
@@ -513,7 +543,16 @@ async fn create(
     Ok((StatusCode::CREATED, Json(full_view(&schedules, &s).await?)).into_response())
 }
 
-async fn list(
+#[utoipa::path(
+    get, path = "/v1/schedules", tag = "schedules",
+    operation_id = "list_schedules",
+    params(PageQuery),
+    responses(
+        (status = 200, description = "A page of schedules in id order", body = ScheduleList),
+        (status = 422, description = "Unknown parameter or bad value", body = ErrorBody),
+    )
+)]
+pub async fn list(
     State(schedules): State<Schedules>,
     ApiQuery(q): ApiQuery<PageQuery>,
 ) -> Result<Json<ScheduleList>, ApiError> {
@@ -548,7 +587,16 @@ async fn load(schedules: &Schedules, id: &str) -> Result<Schedule, ApiError> {
         .ok_or_else(|| ApiError::not_found("no such schedule"))
 }
 
-async fn get_one(
+#[utoipa::path(
+    get, path = "/v1/schedules/{id}", tag = "schedules",
+    operation_id = "get_schedule",
+    params(("id" = String, Path, description = "Schedule id")),
+    responses(
+        (status = 200, description = "The schedule with its next 5 fire times and last fires", body = ScheduleView),
+        (status = 404, description = "No such schedule", body = ErrorBody),
+    )
+)]
+pub async fn get_one(
     State(schedules): State<Schedules>,
     Path(id): Path<String>,
 ) -> Result<Json<ScheduleView>, ApiError> {
@@ -556,7 +604,18 @@ async fn get_one(
     Ok(Json(full_view(&schedules, &s).await?))
 }
 
-async fn patch(
+#[utoipa::path(
+    patch, path = "/v1/schedules/{id}", tag = "schedules",
+    operation_id = "update_schedule",
+    params(("id" = String, Path, description = "Schedule id")),
+    request_body(content = ScheduleRequest, description = "The fields to change (every field optional; `id`, `paused` and `note` refused)"),
+    responses(
+        (status = 200, description = "Changed and re-armed", body = ScheduleView),
+        (status = 404, description = "No such schedule", body = ErrorBody),
+        (status = 422, description = "Invalid; nothing changed", body = ErrorBody),
+    )
+)]
+pub async fn patch(
     State(schedules): State<Schedules>,
     Path(id): Path<String>,
     ApiJson(r): ApiJson<ScheduleRequest>,
@@ -580,7 +639,16 @@ async fn patch(
     Ok(Json(full_view(&schedules, &s).await?))
 }
 
-async fn delete(
+#[utoipa::path(
+    delete, path = "/v1/schedules/{id}", tag = "schedules",
+    operation_id = "delete_schedule",
+    params(("id" = String, Path, description = "Schedule id")),
+    responses(
+        (status = 204, description = "Deleted; tasks it created stay"),
+        (status = 404, description = "No such schedule", body = ErrorBody),
+    )
+)]
+pub async fn delete(
     State(schedules): State<Schedules>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
@@ -589,7 +657,17 @@ async fn delete(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn pause(
+#[utoipa::path(
+    post, path = "/v1/schedules/{id}/pause", tag = "schedules",
+    operation_id = "pause_schedule",
+    params(("id" = String, Path, description = "Schedule id")),
+    request_body(content = Option<NoteRequest>, description = "Optional note (an empty body is none)"),
+    responses(
+        (status = 200, description = "Paused: fire times pass recorded as skipped (`paused`)", body = ScheduleView),
+        (status = 404, description = "No such schedule", body = ErrorBody),
+    )
+)]
+pub async fn pause(
     State(schedules): State<Schedules>,
     Path(id): Path<String>,
     body: Bytes,
@@ -600,7 +678,17 @@ async fn pause(
     Ok(Json(full_view(&schedules, &s).await?))
 }
 
-async fn unpause(
+#[utoipa::path(
+    post, path = "/v1/schedules/{id}/unpause", tag = "schedules",
+    operation_id = "unpause_schedule",
+    params(("id" = String, Path, description = "Schedule id")),
+    request_body(content = Option<NoteRequest>, description = "Optional note (an empty body is none)"),
+    responses(
+        (status = 200, description = "Firing again from the next fire time", body = ScheduleView),
+        (status = 404, description = "No such schedule", body = ErrorBody),
+    )
+)]
+pub async fn unpause(
     State(schedules): State<Schedules>,
     Path(id): Path<String>,
     body: Bytes,
@@ -611,7 +699,16 @@ async fn unpause(
     Ok(Json(full_view(&schedules, &s).await?))
 }
 
-async fn trigger(
+#[utoipa::path(
+    post, path = "/v1/schedules/{id}/trigger", tag = "schedules",
+    operation_id = "trigger_schedule",
+    params(("id" = String, Path, description = "Schedule id")),
+    responses(
+        (status = 200, description = "Fired now (the fire record)", body = FireView),
+        (status = 404, description = "No such schedule", body = ErrorBody),
+    )
+)]
+pub async fn trigger(
     State(schedules): State<Schedules>,
     Path(id): Path<String>,
 ) -> Result<Json<FireView>, ApiError> {
@@ -620,7 +717,18 @@ async fn trigger(
     Ok(Json(fire_view(&f)))
 }
 
-async fn backfill(
+#[utoipa::path(
+    post, path = "/v1/schedules/{id}/backfill", tag = "schedules",
+    operation_id = "backfill_schedule",
+    params(("id" = String, Path, description = "Schedule id")),
+    request_body = BackfillRequest,
+    responses(
+        (status = 200, description = "The fire times in the range, fired now (respecting overlap)", body = BackfillResponse),
+        (status = 404, description = "No such schedule", body = ErrorBody),
+        (status = 422, description = "Bad range", body = ErrorBody),
+    )
+)]
+pub async fn backfill(
     State(schedules): State<Schedules>,
     Path(id): Path<String>,
     ApiJson(r): ApiJson<BackfillRequest>,
@@ -641,7 +749,17 @@ async fn backfill(
     }))
 }
 
-async fn fires(
+#[utoipa::path(
+    get, path = "/v1/schedules/{id}/fires", tag = "schedules",
+    operation_id = "list_schedule_fires",
+    params(("id" = String, Path, description = "Schedule id"), FiresQuery),
+    responses(
+        (status = 200, description = "Fired, skipped and missed fire times with reasons, newest first", body = FireList),
+        (status = 404, description = "No such schedule", body = ErrorBody),
+        (status = 422, description = "Unknown parameter or bad value", body = ErrorBody),
+    )
+)]
+pub async fn fires(
     State(schedules): State<Schedules>,
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<FiresQuery>,
@@ -669,7 +787,18 @@ async fn fires(
     }))
 }
 
-async fn preview(ApiJson(r): ApiJson<PreviewRequest>) -> Result<Json<PreviewResponse>, ApiError> {
+#[utoipa::path(
+    post, path = "/v1/schedules:preview", tag = "schedules",
+    operation_id = "preview_schedule",
+    request_body = PreviewRequest,
+    responses(
+        (status = 200, description = "The next fire times in UTC; nothing is saved", body = PreviewResponse),
+        (status = 422, description = "Invalid spec (names the field and reason)", body = ErrorBody),
+    )
+)]
+pub async fn preview(
+    ApiJson(r): ApiJson<PreviewRequest>,
+) -> Result<Json<PreviewResponse>, ApiError> {
     let Some(recurrence) = recurrence(r.cron, r.every, r.anchor)? else {
         return Err(ApiError::invalid("cron", "give cron or every"));
     };

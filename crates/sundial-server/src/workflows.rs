@@ -31,7 +31,7 @@
 //! POST /v1/workflow-activities/{task}/fail      {execution_id, error, retryable?} 200 | 409
 //! ```
 //!
-//! These routes are not yet in `/openapi.json`.
+//! Every route is described in `/openapi.json` (tags `workflows` and `workflow workers`).
 
 use axum::Json;
 use axum::Router;
@@ -39,7 +39,6 @@ use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -50,38 +49,47 @@ use sundial_workflow::{
     Error, IdReusePolicy, StartWorkflow, WorkflowFilter, WorkflowRun, WorkflowStatus, Workflows,
 };
 
-use crate::error::ApiError;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::error::{ApiError, ErrorBody};
 use crate::extract::{ApiJson, ApiQuery, parse_json};
 use crate::time;
 
+/// The workflow routes and their OpenAPI description.
+fn api() -> OpenApiRouter<Workflows> {
+    OpenApiRouter::new()
+        .routes(routes!(start, list))
+        .routes(routes!(get_one))
+        .routes(routes!(signal))
+        .routes(routes!(cancel))
+        .routes(routes!(terminate))
+        .routes(routes!(history))
+        .routes(routes!(poll_workflow_tasks))
+        .routes(routes!(complete_workflow_task))
+        .routes(routes!(poll_activities))
+        .routes(routes!(complete_activity))
+        .routes(routes!(fail_activity))
+}
+
 /// The workflow routes, with their own state. Merged into [`crate::router`].
 pub fn router(workflows: Workflows, body_limit: usize) -> Router {
-    Router::new()
-        .route("/v1/workflows", post(start).get(list))
-        .route("/v1/workflows/{id}", get(get_one))
-        .route("/v1/workflows/{id}/signals/{name}", post(signal))
-        .route("/v1/workflows/{id}/cancel", post(cancel))
-        .route("/v1/workflows/{id}/terminate", post(terminate))
-        .route("/v1/workflows/{id}/history", get(history))
-        .route("/v1/workflow-tasks/poll", post(poll_workflow_tasks))
-        .route(
-            "/v1/workflow-tasks/{task}/complete",
-            post(complete_workflow_task),
-        )
-        .route("/v1/workflow-activities/poll", post(poll_activities))
-        .route(
-            "/v1/workflow-activities/{task}/complete",
-            post(complete_activity),
-        )
-        .route("/v1/workflow-activities/{task}/fail", post(fail_activity))
+    let (router, _) = api().split_for_parts();
+    router
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(workflows)
+}
+
+/// The OpenAPI description of the workflow routes (merged into `/openapi.json`).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    api().into_openapi()
 }
 
 // ---- Wire types ---------------------------------------------------------------------------------
 
 /// `POST /v1/workflows`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StartRequest {
     #[serde(rename = "type")]
@@ -90,12 +98,13 @@ pub struct StartRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub input: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id_reuse: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct StartResponse {
     pub id: String,
     pub run_id: uuid::Uuid,
@@ -103,15 +112,16 @@ pub struct StartResponse {
 }
 
 /// `POST /v1/workflows/{id}/signals/{name}` (an empty body is no input).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SignalRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub input: Option<Value>,
 }
 
 /// `POST /v1/workflows/{id}/cancel` and `/terminate` (an empty body is no reason).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReasonRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -119,7 +129,7 @@ pub struct ReasonRequest {
 }
 
 /// A workflow's current run.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct WorkflowView {
     pub id: String,
     pub run_id: uuid::Uuid,
@@ -127,6 +137,7 @@ pub struct WorkflowView {
     pub workflow_type: String,
     pub status: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
     pub result: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -143,20 +154,25 @@ pub struct WorkflowView {
     pub closed_at: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 pub struct WorkflowList {
     pub workflows: Vec<WorkflowView>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_cursor: Option<String>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     #[serde(rename = "type")]
+    #[param(rename = "type")]
     pub workflow_type: Option<String>,
+    /// `running`, `completed`, `failed`, `cancelled`, `terminated` or `continued_as_new`.
     pub status: Option<String>,
+    /// Page size, 1 to 1000 (default 50).
     pub limit: Option<usize>,
+    /// `next_cursor` of the previous page.
     pub cursor: Option<String>,
 }
 
@@ -227,7 +243,18 @@ fn optional_body<T: DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiErr
 
 // ---- Handlers -----------------------------------------------------------------------------------
 
-async fn start(
+#[utoipa::path(
+    post, path = "/v1/workflows", tag = "workflows",
+    operation_id = "start_workflow",
+    request_body = StartRequest,
+    responses(
+        (status = 201, description = "Started: run row, first event and first workflow task stored", body = StartResponse),
+        (status = 400, description = "Not JSON", body = ErrorBody),
+        (status = 409, description = "`already_running` or `already_exists` (id reuse policy)", body = ErrorBody),
+        (status = 422, description = "Invalid; nothing stored", body = ErrorBody),
+    )
+)]
+pub async fn start(
     State(workflows): State<Workflows>,
     ApiJson(r): ApiJson<StartRequest>,
 ) -> Result<Response, ApiError> {
@@ -255,7 +282,16 @@ async fn start(
         .into_response())
 }
 
-async fn list(
+#[utoipa::path(
+    get, path = "/v1/workflows", tag = "workflows",
+    operation_id = "list_workflows",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "Current runs in workflow id order", body = WorkflowList),
+        (status = 422, description = "Unknown parameter or bad value", body = ErrorBody),
+    )
+)]
+pub async fn list(
     State(workflows): State<Workflows>,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<WorkflowList>, ApiError> {
@@ -296,14 +332,35 @@ async fn load(workflows: &Workflows, id: &str) -> Result<WorkflowRun, ApiError> 
         .ok_or_else(|| ApiError::not_found("no such workflow"))
 }
 
-async fn get_one(
+#[utoipa::path(
+    get, path = "/v1/workflows/{id}", tag = "workflows",
+    operation_id = "get_workflow",
+    params(("id" = String, Path, description = "Workflow id (percent-encoded)")),
+    responses(
+        (status = 200, description = "The current run", body = WorkflowView),
+        (status = 404, description = "No such workflow", body = ErrorBody),
+    )
+)]
+pub async fn get_one(
     State(workflows): State<Workflows>,
     Path(id): Path<String>,
 ) -> Result<Json<WorkflowView>, ApiError> {
     Ok(Json(view(&load(&workflows, &id).await?)))
 }
 
-async fn signal(
+#[utoipa::path(
+    post, path = "/v1/workflows/{id}/signals/{name}", tag = "workflows",
+    operation_id = "signal_workflow",
+    params(("id" = String, Path, description = "Workflow id (percent-encoded)"), ("name" = String, Path, description = "Signal name")),
+    request_body(content = Option<SignalRequest>, description = "Optional input (an empty body is none)"),
+    responses(
+        (status = 202, description = "Recorded in the history"),
+        (status = 404, description = "No such workflow", body = ErrorBody),
+        (status = 409, description = "The workflow is not running (`wrong_state`)", body = ErrorBody),
+        (status = 422, description = "Invalid", body = ErrorBody),
+    )
+)]
+pub async fn signal(
     State(workflows): State<Workflows>,
     Path((id, name)): Path<(String, String)>,
     body: Bytes,
@@ -316,7 +373,18 @@ async fn signal(
     Ok(StatusCode::ACCEPTED.into_response())
 }
 
-async fn cancel(
+#[utoipa::path(
+    post, path = "/v1/workflows/{id}/cancel", tag = "workflows",
+    operation_id = "cancel_workflow",
+    params(("id" = String, Path, description = "Workflow id (percent-encoded)")),
+    request_body(content = Option<ReasonRequest>, description = "Optional reason"),
+    responses(
+        (status = 202, description = "Cancel requested: the workflow sees it and may compensate"),
+        (status = 404, description = "No such workflow", body = ErrorBody),
+        (status = 409, description = "The workflow is not running", body = ErrorBody),
+    )
+)]
+pub async fn cancel(
     State(workflows): State<Workflows>,
     Path(id): Path<String>,
     body: Bytes,
@@ -326,7 +394,18 @@ async fn cancel(
     Ok(StatusCode::ACCEPTED.into_response())
 }
 
-async fn terminate(
+#[utoipa::path(
+    post, path = "/v1/workflows/{id}/terminate", tag = "workflows",
+    operation_id = "terminate_workflow",
+    params(("id" = String, Path, description = "Workflow id (percent-encoded)")),
+    request_body(content = Option<ReasonRequest>, description = "Optional reason"),
+    responses(
+        (status = 200, description = "Closed without running workflow code", body = WorkflowView),
+        (status = 404, description = "No such workflow", body = ErrorBody),
+        (status = 409, description = "The workflow is not running", body = ErrorBody),
+    )
+)]
+pub async fn terminate(
     State(workflows): State<Workflows>,
     Path(id): Path<String>,
     body: Bytes,
@@ -339,7 +418,16 @@ async fn terminate(
     Ok(Json(view(&run)))
 }
 
-async fn history(
+#[utoipa::path(
+    get, path = "/v1/workflows/{id}/history", tag = "workflows",
+    operation_id = "workflow_history",
+    params(("id" = String, Path, description = "Workflow id (percent-encoded)")),
+    responses(
+        (status = 200, description = "`{workflow_id, run_id, events}` of the current run", body = Object),
+        (status = 404, description = "No such workflow", body = ErrorBody),
+    )
+)]
+pub async fn history(
     State(workflows): State<Workflows>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
@@ -354,7 +442,16 @@ fn task_id(raw: &str) -> Result<sundial::TaskId, ApiError> {
         .map_err(|_| ApiError::invalid("task", "must be a task id (UUID)"))
 }
 
-async fn poll_workflow_tasks(
+#[utoipa::path(
+    post, path = "/v1/workflow-tasks/poll", tag = "workflow workers",
+    operation_id = "poll_workflow_tasks",
+    request_body(content = Object, description = "`{worker, types, max?, wait_ms?}`"),
+    responses(
+        (status = 200, description = "`{tasks}`: claimed workflow tasks with their histories", body = Object),
+        (status = 422, description = "Invalid", body = ErrorBody),
+    )
+)]
+pub async fn poll_workflow_tasks(
     State(workflows): State<Workflows>,
     ApiJson(r): ApiJson<PollWorkflowTasks>,
 ) -> Result<Json<Value>, ApiError> {
@@ -362,7 +459,18 @@ async fn poll_workflow_tasks(
     Ok(Json(serde_json::json!({ "tasks": tasks })))
 }
 
-async fn complete_workflow_task(
+#[utoipa::path(
+    post, path = "/v1/workflow-tasks/{task}/complete", tag = "workflow workers",
+    operation_id = "complete_workflow_task",
+    params(("task" = uuid::Uuid, Path, description = "The claimed kernel task")),
+    request_body(content = Object, description = "`{execution_id, expect_len, commands | error}`"),
+    responses(
+        (status = 200, description = "`{status: committed | dropped | stale, task?}`", body = Object),
+        (status = 409, description = "Stale execution", body = ErrorBody),
+        (status = 422, description = "Invalid", body = ErrorBody),
+    )
+)]
+pub async fn complete_workflow_task(
     State(workflows): State<Workflows>,
     Path(task): Path<String>,
     ApiJson(r): ApiJson<CompleteWorkflowTask>,
@@ -374,7 +482,16 @@ async fn complete_workflow_task(
     Ok(Json(outcome).into_response())
 }
 
-async fn poll_activities(
+#[utoipa::path(
+    post, path = "/v1/workflow-activities/poll", tag = "workflow workers",
+    operation_id = "poll_workflow_activities",
+    request_body(content = Object, description = "`{worker, names, max?, wait_ms?}`"),
+    responses(
+        (status = 200, description = "`{tasks}`: claimed activity attempts", body = Object),
+        (status = 422, description = "Invalid", body = ErrorBody),
+    )
+)]
+pub async fn poll_activities(
     State(workflows): State<Workflows>,
     ApiJson(r): ApiJson<PollActivities>,
 ) -> Result<Json<Value>, ApiError> {
@@ -382,7 +499,17 @@ async fn poll_activities(
     Ok(Json(serde_json::json!({ "tasks": tasks })))
 }
 
-async fn complete_activity(
+#[utoipa::path(
+    post, path = "/v1/workflow-activities/{task}/complete", tag = "workflow workers",
+    operation_id = "complete_workflow_activity",
+    params(("task" = uuid::Uuid, Path, description = "The claimed kernel task")),
+    request_body(content = Object, description = "`{execution_id, result?}`"),
+    responses(
+        (status = 200, description = "`{status: recorded}`", body = Object),
+        (status = 409, description = "Stale execution", body = ErrorBody),
+    )
+)]
+pub async fn complete_activity(
     State(workflows): State<Workflows>,
     Path(task): Path<String>,
     ApiJson(r): ApiJson<CompleteActivity>,
@@ -394,7 +521,17 @@ async fn complete_activity(
     Ok(Json(serde_json::json!({ "status": "recorded" })))
 }
 
-async fn fail_activity(
+#[utoipa::path(
+    post, path = "/v1/workflow-activities/{task}/fail", tag = "workflow workers",
+    operation_id = "fail_workflow_activity",
+    params(("task" = uuid::Uuid, Path, description = "The claimed kernel task")),
+    request_body(content = Object, description = "`{execution_id, error, retryable?}`"),
+    responses(
+        (status = 200, description = "`{status: recorded}` (retried while the policy has attempts left)", body = Object),
+        (status = 409, description = "Stale execution", body = ErrorBody),
+    )
+)]
+pub async fn fail_activity(
     State(workflows): State<Workflows>,
     Path(task): Path<String>,
     ApiJson(r): ApiJson<FailActivity>,

@@ -149,9 +149,50 @@ fn openapi_document_describes_every_route() {
         "/v1/tasks/{id}/fail",
         "/healthz",
         "/metrics",
+        "/v1/schedules",
+        "/v1/schedules:preview",
+        "/v1/schedules/{id}",
+        "/v1/schedules/{id}/pause",
+        "/v1/schedules/{id}/unpause",
+        "/v1/schedules/{id}/trigger",
+        "/v1/schedules/{id}/backfill",
+        "/v1/schedules/{id}/fires",
+        "/v1/workflows",
+        "/v1/workflows/{id}",
+        "/v1/workflows/{id}/signals/{name}",
+        "/v1/workflows/{id}/cancel",
+        "/v1/workflows/{id}/terminate",
+        "/v1/workflows/{id}/history",
+        "/v1/workflow-tasks/poll",
+        "/v1/workflow-tasks/{task}/complete",
+        "/v1/workflow-activities/poll",
+        "/v1/workflow-activities/{task}/complete",
+        "/v1/workflow-activities/{task}/fail",
     ] {
         assert!(paths.contains_key(p), "{p} missing");
     }
+    for (p, methods) in [
+        ("/v1/schedules", &["get", "post"][..]),
+        ("/v1/schedules/{id}", &["get", "patch", "delete"][..]),
+        ("/v1/workflows", &["get", "post"][..]),
+    ] {
+        for m in methods {
+            assert!(doc["paths"][p][m].is_object(), "{m} {p} missing");
+        }
+    }
+    assert!(doc["paths"]["/v1/workflows"]["get"]["parameters"].is_array());
+    // Operation ids name operations across the whole document, so they must be unique.
+    let mut ids = std::collections::HashSet::new();
+    for (path, ops) in paths {
+        for (method, op) in ops.as_object().unwrap() {
+            let id = op["operationId"].as_str().unwrap_or_default().to_string();
+            assert!(
+                ids.insert(id.clone()),
+                "{method} {path}: operationId {id:?} repeats"
+            );
+        }
+    }
+    assert!(doc["paths"]["/v1/schedules/{id}/fires"]["get"]["parameters"].is_array());
     assert!(doc["paths"]["/v1/tasks:batch"]["post"].is_object());
     assert!(doc["paths"]["/v1/tasks"]["get"]["parameters"].is_array());
     for schema in [
@@ -160,6 +201,13 @@ fn openapi_document_describes_every_route() {
         "PollRequest",
         "ErrorBody",
         "BatchItem",
+        "ScheduleRequest",
+        "ScheduleView",
+        "PreviewRequest",
+        "FireList",
+        "StartRequest",
+        "WorkflowView",
+        "WorkflowList",
     ] {
         assert!(
             doc["components"]["schemas"][schema].is_object(),
