@@ -6,6 +6,7 @@
 //! sundial-bench idle       # store reads per minute per shard while idle with 1,000,000 pending
 //! sundial-bench recover    # seconds from reopening after kill -9 until 100,000 overdue tasks ran
 //! sundial-bench schedules  # 100,000 schedules firing every minute: fires/s, lateness, memory
+//! sundial-bench workflows  # workflow starts/s, steps/s, replay cost, memory with 100,000 asleep
 //! ```
 //!
 //! Build in release (`cargo build --release -p sundial-bench`); `bench/kernel.sh` runs the set
@@ -18,6 +19,7 @@ mod idle;
 mod recover;
 mod schedule;
 mod schedules;
+mod workflows;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -45,6 +47,11 @@ enum Cmd {
     Recover(recover::RecoverArgs),
     /// Many schedules firing every minute: fires/s, lateness and memory.
     Schedules(schedules::SchedulesArgs),
+    /// Durable workflows: starts/s, steps/s, replay cost against history length, memory asleep.
+    Workflows(workflows::WorkflowsArgs),
+    /// (internal) the fresh process `workflows` measures the sleepers' memory in.
+    #[command(hide = true)]
+    WorkflowsAsleepChild(workflows::AsleepChildArgs),
     /// (internal) the process `recover` kills.
     #[command(hide = true)]
     RecoverChild(recover::ChildArgs),
@@ -62,6 +69,8 @@ fn main() -> Result<()> {
             Cmd::Idle(a) => idle::run(&cli.common, a).await,
             Cmd::Recover(a) => recover::run(&cli.common, a).await,
             Cmd::Schedules(a) => schedules::run(&cli.common, a).await,
+            Cmd::Workflows(a) => workflows::run(&cli.common, a).await,
+            Cmd::WorkflowsAsleepChild(a) => workflows::asleep_child(&cli.common, a).await,
             Cmd::RecoverChild(a) => recover::child(&cli.common, a).await,
         }
     })
