@@ -12,6 +12,9 @@
 //!   rounds of (up to 10) parallel activities until its history holds about that many events; then the whole
 //!   recorded history is loaded from the store and replayed `--replays` times each, as every
 //!   workflow task of that run does, and both times are reported per length (replay also per event).
+//! - **one long workflow**: `--long` sequential activities in one run, timed per tenth of its
+//!   steps, so a step that gets dearer as the history grows shows (`--history-cache-events 0`
+//!   turns the runtime's history cache off for comparison).
 //! - **memory while asleep**: `--asleep` workflows of type `sleeper` each start a 30-day durable
 //!   sleep. Once all are asleep this process shuts down, and a fresh process (this binary,
 //!   `workflows-asleep-child`) opens the same store with the workflow runtime registered, starts
@@ -32,8 +35,8 @@ use serde_json::json;
 use sundial::{Sundial, TaskState};
 use sundial_store::{ACTIVITY_QUEUE, WORKFLOW_QUEUE};
 use sundial_workflow::{
-    ActivityError, StartWorkflow, WorkflowContext, WorkflowError, WorkflowFilter, WorkflowStatus,
-    Workflows,
+    ActivityError, StartWorkflow, WorkflowConfig, WorkflowContext, WorkflowError, WorkflowFilter,
+    WorkflowStatus, Workflows,
 };
 
 use crate::common::{Common, DataDir, Stopwatch, histogram, print_rss, summary};
@@ -52,15 +55,23 @@ pub struct WorkflowsArgs {
     /// Concurrent in-process workflow tasks and activities (per queue).
     #[arg(long, default_value_t = 256)]
     pub concurrency: usize,
-    /// History lengths (events) to measure replay at, comma separated (empty skips it).
+    /// History lengths (events) to measure replay at, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "10,100,1000,10000")]
     pub replay_lengths: Vec<u64>,
-    /// Replays timed per history length.
+    /// Replays timed per history length (0 skips the replay measurement).
     #[arg(long, default_value_t = 50)]
     pub replays: u32,
+    /// Sequential activities of the one long workflow (0 skips it): how a workflow task's cost
+    /// grows with its history.
+    #[arg(long, default_value_t = 2_000)]
+    pub long: u32,
     /// Workflows put to sleep for 30 days for the memory measurement (0 skips it).
     #[arg(long, default_value_t = 100_000)]
     pub asleep: u64,
+    /// History events the runtime keeps decoded between workflow tasks (0: read the whole
+    /// history from the store for every workflow task).
+    #[arg(long, default_value_t = WorkflowConfig::default().history_cache_events)]
+    pub history_cache_events: usize,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -244,7 +255,14 @@ pub async fn run(common: &Common, args: &WorkflowsArgs) -> Result<()> {
     let sundial = common
         .open(dir.path(), config(common, args.concurrency))
         .await?;
-    let workflows = Workflows::attach(&sundial).context("attach workflows")?;
+    let workflows = Workflows::attach_with(
+        &sundial,
+        WorkflowConfig {
+            history_cache_events: args.history_cache_events,
+            ..WorkflowConfig::default()
+        },
+    )
+    .context("attach workflows")?;
     let steps_done = Arc::new(AtomicU64::new(0));
     register(&workflows, steps_done.clone())?;
     let running = sundial.start();
@@ -252,7 +270,10 @@ pub async fn run(common: &Common, args: &WorkflowsArgs) -> Result<()> {
     if args.starts > 0 {
         starts_and_steps(&sundial, &workflows, args, &steps_done).await?;
     }
-    if !args.replay_lengths.is_empty() {
+    if args.long > 0 {
+        long_run(&sundial, &workflows, args, &steps_done).await?;
+    }
+    if args.replays > 0 && !args.replay_lengths.is_empty() {
         replay_cost(&sundial, &workflows, args).await?;
     }
     let asleep = args.asleep > 0;
@@ -313,6 +334,60 @@ async fn starts_and_steps(
     Ok(())
 }
 
+async fn long_run(
+    sundial: &Sundial,
+    workflows: &Workflows,
+    args: &WorkflowsArgs,
+    steps_done: &AtomicU64,
+) -> Result<()> {
+    println!(
+        "  long: one workflow of {} sequential activities (history cache {} events)",
+        args.long, args.history_cache_events
+    );
+    let before = steps_done.load(Ordering::Relaxed);
+    let sw = Stopwatch::start();
+    workflows
+        .start(StartWorkflow::new(STEPS, json!(args.long)).id("long"))
+        .await?;
+    // The time of every 10% of the steps, to show whether a step gets dearer as the history grows.
+    let tenth = u64::from(args.long).div_ceil(10).max(1);
+    let mut marks = Vec::new();
+    loop {
+        let done = steps_done.load(Ordering::Relaxed) - before;
+        while marks.len() < 10 && done >= tenth * (marks.len() as u64 + 1) {
+            marks.push(sw.elapsed());
+        }
+        if workflow_queue_tasks(sundial).await? == (0, 0) && done >= u64::from(args.long) {
+            break;
+        }
+        if sw.elapsed() > Duration::from_secs(1_800) {
+            bail!("the long workflow did not finish within 30 minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let total = sw.elapsed();
+    let run = workflows.get("long").await?.context("long run")?;
+    if run.status != WorkflowStatus::Completed {
+        bail!("long: {:?} ({:?})", run.status, run.error);
+    }
+    let per_step = |i: usize| {
+        let start = if i == 0 { Duration::ZERO } else { marks[i - 1] };
+        (marks[i].saturating_sub(start)).as_secs_f64() * 1e3 / tenth as f64
+    };
+    if marks.len() == 10 {
+        println!(
+            "    {:.2}s, {:.0} steps/s, {} events; ms per step in the first tenth {:.2}, in the last tenth {:.2} ({:.2}x)",
+            total.as_secs_f64(),
+            f64::from(args.long) / total.as_secs_f64(),
+            run.history_len,
+            per_step(0),
+            per_step(9),
+            per_step(9) / per_step(0).max(1e-9)
+        );
+    }
+    Ok(())
+}
+
 async fn replay_cost(sundial: &Sundial, workflows: &Workflows, args: &WorkflowsArgs) -> Result<()> {
     println!(
         "  replay: whole recorded histories, {} replays each",
@@ -333,7 +408,7 @@ async fn replay_cost(sundial: &Sundial, workflows: &Workflows, args: &WorkflowsA
             bail!("{id}: {:?} ({:?})", run.status, run.error);
         }
         let mut load = histogram();
-        for _ in 0..args.replays.max(1) {
+        for _ in 0..args.replays {
             let sw = Stopwatch::start();
             workflows.history(run.run_id).await?;
             load.saturating_record(sw.elapsed().as_nanos().max(1) as u64);
@@ -344,7 +419,7 @@ async fn replay_cost(sundial: &Sundial, workflows: &Workflows, args: &WorkflowsA
             .map(|e| e.at)
             .unwrap_or(sundial::Timestamp(0));
         let mut h = histogram();
-        for _ in 0..args.replays.max(1) {
+        for _ in 0..args.replays {
             let sw = Stopwatch::start();
             let out = workflows.replay(&run, &history, now)?;
             h.saturating_record(sw.elapsed().as_nanos().max(1) as u64);

@@ -82,6 +82,7 @@ mod activity;
 mod context;
 mod error;
 pub mod event;
+mod history_cache;
 pub mod remote;
 pub mod replay;
 mod runtime;
@@ -152,6 +153,10 @@ pub struct WorkflowConfig {
     pub history_warn_events: u64,
     /// Time limit of one workflow task (replay and commit).
     pub workflow_task_timeout: Duration,
+    /// Decoded history events kept in memory across workflow tasks of open runs (in all), so that
+    /// a workflow task reads only the events appended since the previous one; 0 turns the cache
+    /// off. The store stays the truth: a miss reads the whole history.
+    pub history_cache_events: usize,
 }
 
 impl Default for WorkflowConfig {
@@ -159,6 +164,7 @@ impl Default for WorkflowConfig {
         WorkflowConfig {
             history_warn_events: 10_000,
             workflow_task_timeout: Duration::from_secs(60),
+            history_cache_events: 200_000,
         }
     }
 }
@@ -252,6 +258,7 @@ impl Workflows {
         let inner = Arc::new(Inner {
             sundial: sundial.clone(),
             store,
+            histories: history_cache::HistoryCache::new(config.history_cache_events),
             config,
             workflows: RwLock::new(HashMap::new()),
             activities: RwLock::new(HashMap::new()),
@@ -560,6 +567,7 @@ impl Workflows {
                 now,
             })
             .await?;
+        self.inner.histories.forget(run.run_id);
         let inserted: Vec<&Task> = t.parent.iter().filter_map(|p| p.task.as_ref()).collect();
         self.inner.after_write(&inserted, &t.cancelled);
         Ok(t.run)

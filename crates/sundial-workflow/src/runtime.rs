@@ -37,6 +37,7 @@ use tokio::sync::watch;
 
 use crate::activity::{ActivityContext, ActivityFn};
 use crate::event::{Event, WorkflowEvent};
+use crate::history_cache::HistoryCache;
 use crate::replay::{self, ReplayError, RunInfo, WorkflowFn};
 use crate::{Error, WorkflowConfig};
 
@@ -53,6 +54,8 @@ const HISTORY_PAGE: usize = 10_000;
 pub(crate) struct Inner {
     pub sundial: Sundial,
     pub store: Arc<dyn WorkflowStore>,
+    /// Histories of open runs between their workflow tasks (a cache; see `history_cache`).
+    pub histories: HistoryCache,
     pub config: WorkflowConfig,
     pub workflows: RwLock<HashMap<String, WorkflowFn>>,
     pub activities: RwLock<HashMap<String, ActivityFn>>,
@@ -195,6 +198,7 @@ impl Inner {
         }
         self.after_write(&inserted, &c.cancelled);
         if c.run.status.is_closed() {
+            self.histories.forget(c.run.run_id);
             metrics::counter!("sundial_workflows_closed_total", "status" => c.run.status.as_str())
                 .increment(1);
         }
@@ -261,12 +265,27 @@ impl Inner {
     }
 
     pub async fn load_history(&self, run: RunId) -> Result<Vec<WorkflowEvent>, Error> {
-        let mut out: Vec<WorkflowEvent> = Vec::new();
+        self.load_history_after(run, Vec::new()).await
+    }
+
+    /// The run's whole history, reading from the store only what comes after `known` (a prefix
+    /// of it, such as a cached history). A prefix that does not line up with the store's
+    /// sequence numbers is dropped and the whole history read again.
+    pub async fn load_history_after(
+        &self,
+        run: RunId,
+        known: Vec<WorkflowEvent>,
+    ) -> Result<Vec<WorkflowEvent>, Error> {
+        let lined_up = known.iter().enumerate().all(|(i, e)| e.seq == i as u64);
+        let mut out = if lined_up { known } else { Vec::new() };
         loop {
-            let page = self
-                .store
-                .history(run, out.len() as u64, HISTORY_PAGE)
-                .await?;
+            let from = out.len() as u64;
+            let page = self.store.history(run, from, HISTORY_PAGE).await?;
+            if from > 0 && page.first().is_some_and(|e| e.seq != from) {
+                // The prefix does not continue where the store does: read everything.
+                out.clear();
+                continue;
+            }
             let n = page.len();
             for e in &page {
                 out.push(WorkflowEvent::decode(e).map_err(|err| {
@@ -305,7 +324,8 @@ impl Inner {
                 )));
             };
             let now = self.now();
-            let commit = match self.load_history(run_id).await {
+            let cached = self.histories.take(run_id);
+            let commit = match self.load_history_after(run_id, cached).await {
                 Ok(history) => {
                     let len = history.len() as u64;
                     if len >= self.config.history_warn_events {
@@ -320,11 +340,18 @@ impl Inner {
                         suggest_continue_after: self.config.history_warn_events,
                     };
                     let replayed = tokio::task::spawn_blocking(move || {
-                        replay::replay(&workflow, &history, info, now)
+                        let r = replay::replay(&workflow, &history, info, now);
+                        (r, history)
                     })
                     .await
                     .map_err(|e| ReplayError::Panicked(e.to_string()))
-                    .and_then(|r| r);
+                    .and_then(|(r, history)| {
+                        // Kept for the run's next workflow task unless the run ends here.
+                        if matches!(&r, Ok(r) if !r.finished) {
+                            self.histories.put(run_id, history);
+                        }
+                        r
+                    });
                     match replayed {
                         Ok(r) => match self
                             .build_commit(&run, task.id, len, r.new_commands, now)
