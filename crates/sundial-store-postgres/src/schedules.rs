@@ -20,13 +20,13 @@ use sundial_core::schedule::{ScheduleDef, ScheduleId};
 use sundial_core::{NewTask, Task, TaskId, Timestamp};
 use sundial_store::{
     ArmChange, FireApplied, FireCounts, FireOp, FireOutcome, FirePage, FireReason, FireRecord,
-    FireResult, Inserted, NewSchedule, Schedule, ScheduleError, SchedulePage, ScheduleStore,
-    StoreError,
+    FireResult, Inserted, LastTask, NewSchedule, Schedule, ScheduleError, SchedulePage,
+    ScheduleStore, StoreError,
 };
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-use crate::rows::col;
+use crate::rows::{col, col_u32, parse_state};
 use crate::{PostgresStore, limit_param, pg, query, query_opt};
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
@@ -481,6 +481,102 @@ impl ScheduleStore for PostgresStore {
         let applied = self.fire_in(&tx, op).await?;
         tx.commit().await.map_err(pg)?;
         Ok(applied)
+    }
+
+    /// One transaction for all ops, each inside its own savepoint. The schedule rows are locked
+    /// in id order (ops sorted by schedule id), so two batches that share schedules cannot
+    /// deadlock; answers come back in the callers' order.
+    async fn fire_many(&self, ops: Vec<FireOp>) -> Vec<Result<FireApplied, ScheduleError>> {
+        let n = ops.len();
+        let mut order: Vec<(usize, FireOp)> = ops.into_iter().enumerate().collect();
+        order.sort_by(|a, b| a.1.schedule_id.as_str().cmp(b.1.schedule_id.as_str()));
+        let all = |e: ScheduleError| (0..n).map(|_| Err(e.clone())).collect::<Vec<_>>();
+        let mut client = match self.client().await {
+            Ok(c) => c,
+            Err(e) => return all(e.into()),
+        };
+        let mut tx = match client.transaction().await {
+            Ok(t) => t,
+            Err(e) => return all(pg(e).into()),
+        };
+        let mut out: Vec<Option<Result<FireApplied, ScheduleError>>> =
+            (0..n).map(|_| None).collect();
+        for (i, op) in order {
+            let r = match tx.savepoint("fire").await {
+                Ok(sp) => match self.fire_in(&sp, op).await {
+                    Ok(applied) => match sp.commit().await {
+                        Ok(()) => Ok(applied),
+                        Err(e) => Err(pg(e).into()),
+                    },
+                    Err(e) => match sp.rollback().await {
+                        Ok(()) => Err(e),
+                        Err(re) => Err(pg(re).into()),
+                    },
+                },
+                Err(e) => Err(pg(e).into()),
+            };
+            out[i] = Some(r);
+        }
+        if let Err(e) = tx.commit().await {
+            return all(pg(e).into());
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(StoreError::Backend("fire op not run".into()).into())))
+            .collect()
+    }
+
+    async fn schedules_for_fire(
+        &self,
+        ids: &[ScheduleId],
+    ) -> Result<Vec<(Schedule, Option<LastTask>)>, StoreError> {
+        let ids: Vec<&str> = ids.iter().map(|i| i.as_str()).collect();
+        let client = self.client().await?;
+        let n = self.sql.schedules.columns;
+        query(&client, &self.sql.schedules.for_fire, &[&ids])
+            .await?
+            .iter()
+            .map(|r| {
+                let schedule = schedule_from_row(r)?;
+                let last = match col::<Option<Uuid>>(r, n)? {
+                    Some(id) => Some(LastTask {
+                        id: TaskId(id),
+                        state: parse_state(&col::<String>(r, n + 1)?)?,
+                        attempt: col_u32(r, n + 2, "attempt")?,
+                    }),
+                    None => None,
+                };
+                Ok((schedule, last))
+            })
+            .collect()
+    }
+
+    async fn stranded_schedules(
+        &self,
+        after: Option<&ScheduleId>,
+        limit: usize,
+    ) -> Result<SchedulePage, StoreError> {
+        let after = after.map_or("", |a| a.as_str());
+        let client = self.client().await?;
+        let rows = query(
+            &client,
+            &self.sql.schedules.stranded,
+            &[&after, &limit_param(limit.saturating_add(1))],
+        )
+        .await?;
+        let mut schedules = rows
+            .iter()
+            .map(schedule_from_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        let next_cursor = if schedules.len() > limit {
+            schedules.truncate(limit);
+            schedules.last().map(|s| s.id.clone())
+        } else {
+            None
+        };
+        Ok(SchedulePage {
+            schedules,
+            next_cursor,
+        })
     }
 
     async fn list_fires(

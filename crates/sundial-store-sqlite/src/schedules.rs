@@ -10,8 +10,8 @@ use sundial_core::schedule::{ScheduleDef, ScheduleId};
 use sundial_core::{Task, TaskId, Timestamp};
 use sundial_store::{
     ArmChange, FireApplied, FireCounts, FireOp, FireOutcome, FirePage, FireReason, FireRecord,
-    FireResult, Inserted, NewSchedule, Schedule, ScheduleError, SchedulePage, ScheduleStore,
-    StoreError,
+    FireResult, Inserted, LastTask, NewSchedule, Schedule, ScheduleError, SchedulePage,
+    ScheduleStore, StoreError,
 };
 
 use crate::{SqliteStore, backend, insert_many, rows};
@@ -272,6 +272,72 @@ fn fire(conn: &Connection, op: FireOp) -> Result<FireApplied, ScheduleError> {
     })
 }
 
+/// Fire ops per writer job in [`ScheduleStore::fire_many`]. Every statement of a job runs inside
+/// the job's savepoint, whose sub-journal grows with it (see `INSERT_CHUNK`): a bounded job keeps
+/// that cost per job; the jobs of one call still share a group commit.
+const FIRE_CHUNK: usize = 32;
+
+/// Applies `ops` one after another, each inside its own savepoint: a refused or failed op is
+/// rolled back alone.
+fn fire_chunk(conn: &Connection, ops: Vec<FireOp>) -> Vec<Result<FireApplied, ScheduleError>> {
+    let mut out = Vec::with_capacity(ops.len());
+    for op in ops {
+        if let Err(e) = conn.execute_batch("SAVEPOINT fire") {
+            out.push(Err(backend(e).into()));
+            continue;
+        }
+        let r = fire(conn, op);
+        let end = if r.is_ok() {
+            "RELEASE fire"
+        } else {
+            "ROLLBACK TO fire; RELEASE fire"
+        };
+        match conn.execute_batch(end) {
+            Ok(()) => out.push(r),
+            Err(e) => out.push(Err(backend(e).into())),
+        }
+    }
+    out
+}
+
+/// `columns` ("a, b") qualified by `table` ("t.a, t.b").
+fn prefixed(table: &str, columns: &str) -> String {
+    columns
+        .split(", ")
+        .map(|c| format!("{table}.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Schedules armed with a tick whose task row is gone or terminal.
+fn stranded(conn: &Connection, after: &str, limit: usize) -> Result<SchedulePage, StoreError> {
+    let cols = prefixed("s", SCHEDULE_COLUMNS);
+    let sql = format!(
+        "SELECT {cols} FROM schedules s LEFT JOIN tasks t ON t.id = s.armed_tick \
+         WHERE s.id > ?1 AND s.armed_tick IS NOT NULL \
+         AND (t.id IS NULL OR t.state IN ('succeeded', 'dead', 'cancelled')) \
+         ORDER BY s.id LIMIT ?2"
+    );
+    let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
+    let mut rows = stmt
+        .query(params![after, limit.saturating_add(1) as i64])
+        .map_err(backend)?;
+    let mut schedules = Vec::new();
+    while let Some(r) = rows.next().map_err(backend)? {
+        schedules.push(schedule_from_row(r)?);
+    }
+    let next_cursor = if schedules.len() > limit {
+        schedules.truncate(limit);
+        schedules.last().map(|s| s.id.clone())
+    } else {
+        None
+    };
+    Ok(SchedulePage {
+        schedules,
+        next_cursor,
+    })
+}
+
 #[async_trait]
 impl ScheduleStore for SqliteStore {
     async fn create_schedule(
@@ -413,6 +479,80 @@ impl ScheduleStore for SqliteStore {
 
     async fn fire(&self, op: FireOp) -> Result<FireApplied, ScheduleError> {
         self.writer.write(move |conn| fire(conn, op)).await
+    }
+
+    async fn fire_many(&self, ops: Vec<FireOp>) -> Vec<Result<FireApplied, ScheduleError>> {
+        let mut chunks: Vec<Vec<FireOp>> = Vec::new();
+        let mut ops = ops.into_iter().peekable();
+        while ops.peek().is_some() {
+            chunks.push(ops.by_ref().take(FIRE_CHUNK).collect());
+        }
+        let jobs = chunks.into_iter().map(|chunk| {
+            let n = chunk.len();
+            async move {
+                let r: Result<_, ScheduleError> = self
+                    .writer
+                    .write(move |conn| Ok(fire_chunk(conn, chunk)))
+                    .await;
+                match r {
+                    Ok(results) => results,
+                    // The job or its commit failed: none of its ops happened.
+                    Err(e) => (0..n).map(|_| Err(e.clone())).collect(),
+                }
+            }
+        });
+        futures::future::join_all(jobs)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    async fn schedules_for_fire(
+        &self,
+        ids: &[ScheduleId],
+    ) -> Result<Vec<(Schedule, Option<LastTask>)>, StoreError> {
+        let ids: Vec<&str> = ids.iter().map(|i| i.as_str()).collect();
+        let ids = serde_json::to_string(&ids)
+            .map_err(|e| StoreError::Backend(format!("schedule ids: {e}")))?;
+        self.read(move |conn| {
+            let cols = prefixed("s", SCHEDULE_COLUMNS);
+            let sql = format!(
+                "SELECT {cols}, t.id, t.state, t.attempt FROM schedules s \
+                 LEFT JOIN tasks t ON t.id = s.last_task \
+                 WHERE s.id IN (SELECT value FROM json_each(?1))"
+            );
+            let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
+            let mut rows = stmt.query(params![ids]).map_err(backend)?;
+            let mut out = Vec::new();
+            let n = SCHEDULE_COLUMNS.split(", ").count();
+            while let Some(r) = rows.next().map_err(backend)? {
+                let schedule = schedule_from_row(r)?;
+                let last = match r.get::<_, Option<Vec<u8>>>(n).map_err(backend)? {
+                    Some(id) => {
+                        let state: String = r.get(n + 1).map_err(backend)?;
+                        Some(LastTask {
+                            id: rows::task_id(&id)?,
+                            state: rows::parse_state(&state)?,
+                            attempt: r.get(n + 2).map_err(backend)?,
+                        })
+                    }
+                    None => None,
+                };
+                out.push((schedule, last));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn stranded_schedules(
+        &self,
+        after: Option<&ScheduleId>,
+        limit: usize,
+    ) -> Result<SchedulePage, StoreError> {
+        let after = after.map(|a| a.as_str().to_string()).unwrap_or_default();
+        self.read(move |conn| stranded(conn, &after, limit)).await
     }
 
     async fn list_fires(
