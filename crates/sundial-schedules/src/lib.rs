@@ -30,7 +30,10 @@
 //! task, and run it on this crate's in-process handler, which performs the store's atomic
 //! [`fire`](sundial_store::ScheduleStore::fire): record the fire, create its task, arm the next
 //! tick, all in one transaction and only if this tick is still the armed one. 100,000 schedules
-//! are 100,000 rows and 100,000 scheduled ticks, never 100,000 timers.
+//! are 100,000 rows and 100,000 scheduled ticks, never 100,000 timers. Ticks that come due
+//! together are fired in batches: one read of their schedules, one
+//! [`fire_many`](sundial_store::ScheduleStore::fire_many) in which each tick's op is applied as
+//! `fire` would apply it, on its own.
 //!
 //! - **Exactly once.** The fire record is unique per (schedule, nominal time), and the operation
 //!   is conditional on the armed tick. A crash before its commit leaves the tick to run again (its
@@ -55,10 +58,14 @@
 //! - **Pause** keeps the tick chain going: fires while paused are recorded as skipped (paused).
 //!   **Trigger** and **backfill** fire outside the chain (they never touch the armed tick) and
 //!   follow the overlap policy; a nominal time already recorded is left alone.
+//! - **Re-arming.** A schedule whose armed tick is no longer live (cancelled through the task
+//!   API, dead, gone) is found by a sweep (when attached, in [`Schedules::recover`], then every
+//!   idle interval of the engine) and re-armed: a fresh tick for the same fire time, or, when
+//!   that time has passed, the fire its tick would have made, late (catch-up applies).
 //!
 //! **API Boundary:** this crate talks to the engine only through the [`Sundial`] facade
-//! (`register`, `get`, `cancel`, `notify_task`, `poll`, `complete`) and to storage only through
-//! [`ScheduleStore`].
+//! (`register`, `get`, `cancel`, `notify_task`, `poll`, `complete`, `clock`, `config`) and to
+//! storage only through [`ScheduleStore`].
 
 mod error;
 mod rearm;

@@ -246,27 +246,44 @@ fn fire(conn: &Connection, op: FireOp) -> Result<FireApplied, ScheduleError> {
         });
     }
     let (armed, tick) = apply_arm(conn, current.armed_tick, op.arm, op.now)?;
-    set_arm(conn, id, armed)?;
-    conn.prepare_cached(
+    // The counters, the latest fire and the arming in one statement that returns the new row.
+    let (set, next, armed_tick) = match armed {
+        Some((next, tick)) => (true, next, tick.map(|t| t.as_bytes().to_vec())),
+        None => (false, None, None),
+    };
+    let sql = format!(
         "UPDATE schedules SET fired = fired + ?2, skipped = skipped + ?3, missed = missed + ?4, \
          last_task = COALESCE(?5, last_task), \
          last_fire_at = CASE WHEN ?6 IS NULL THEN last_fire_at \
                              ELSE MAX(COALESCE(last_fire_at, ?6), ?6) END, \
-         updated_at = ?7 WHERE id = ?1",
-    )
-    .map_err(backend)?
-    .execute(params![
-        id.as_str(),
-        fired,
-        skipped,
-        missed,
-        last_task.map(|t| t.as_bytes().to_vec()),
-        last_fire,
-        op.now.0
-    ])
-    .map_err(backend)?;
+         updated_at = ?7, \
+         next_fire_at = CASE WHEN ?8 THEN ?9 ELSE next_fire_at END, \
+         armed_tick = CASE WHEN ?8 THEN ?10 ELSE armed_tick END \
+         WHERE id = ?1 RETURNING {SCHEDULE_COLUMNS}"
+    );
+    let schedule = conn
+        .prepare_cached(&sql)
+        .map_err(backend)?
+        .query_row(
+            params![
+                id.as_str(),
+                fired,
+                skipped,
+                missed,
+                last_task.map(|t| t.as_bytes().to_vec()),
+                last_fire,
+                op.now.0,
+                set,
+                next,
+                armed_tick,
+            ],
+            |r| Ok(schedule_from_row(r)),
+        )
+        .optional()
+        .map_err(backend)?
+        .ok_or(ScheduleError::NotFound)??;
     Ok(FireApplied {
-        schedule: must_load(conn, id)?,
+        schedule,
         fires: results,
         tick: tick.map(Box::new),
     })
