@@ -11,6 +11,8 @@
 //! back, and the tick run again). The fire's task and the next tick are inserted with
 //! [`PostgresStore::insert_in`] in the same transaction, so everything an op writes commits or
 //! rolls back together. Schedule ids are `text COLLATE "C"`: listed in byte order, as in SQLite.
+//! `fire_many` runs its ops in transactions of up to `FIRE_CHUNK` ops, sorted by schedule id (rows
+//! locked in one order, so concurrent batches cannot deadlock), each op inside a savepoint.
 
 use std::collections::HashMap;
 
@@ -344,6 +346,40 @@ impl PostgresStore {
     }
 }
 
+/// Fire ops per transaction in [`ScheduleStore::fire_many`]: bounds how long one transaction
+/// holds its schedule rows locked.
+const FIRE_CHUNK: usize = 64;
+
+impl PostgresStore {
+    /// `ops` (sorted by schedule id) in one transaction, each inside its own savepoint. `Err`:
+    /// the transaction did not start or commit, so none of them happened.
+    async fn fire_chunk(
+        &self,
+        ops: Vec<FireOp>,
+    ) -> Result<Vec<Result<FireApplied, ScheduleError>>, ScheduleError> {
+        let mut client = self.client().await?;
+        let mut tx = client.transaction().await.map_err(pg)?;
+        let mut out = Vec::with_capacity(ops.len());
+        for op in ops {
+            let sp = tx.savepoint("fire").await.map_err(pg)?;
+            let r = match self.fire_in(&sp, op).await {
+                Ok(applied) => sp
+                    .commit()
+                    .await
+                    .map(|()| applied)
+                    .map_err(|e| pg(e).into()),
+                Err(e) => {
+                    sp.rollback().await.map_err(pg)?;
+                    Err(e)
+                }
+            };
+            out.push(r);
+        }
+        tx.commit().await.map_err(pg)?;
+        Ok(out)
+    }
+}
+
 #[async_trait]
 impl ScheduleStore for PostgresStore {
     async fn create_schedule(
@@ -483,42 +519,34 @@ impl ScheduleStore for PostgresStore {
         Ok(applied)
     }
 
-    /// One transaction for all ops, each inside its own savepoint. The schedule rows are locked
-    /// in id order (ops sorted by schedule id), so two batches that share schedules cannot
-    /// deadlock; answers come back in the callers' order.
+    /// Transactions of up to [`FIRE_CHUNK`] ops, each op inside its own savepoint. The schedule
+    /// rows are locked in id order (ops sorted by schedule id), so two batches that share
+    /// schedules cannot deadlock; answers come back in the callers' order.
     async fn fire_many(&self, ops: Vec<FireOp>) -> Vec<Result<FireApplied, ScheduleError>> {
         let n = ops.len();
         let mut order: Vec<(usize, FireOp)> = ops.into_iter().enumerate().collect();
         order.sort_by(|a, b| a.1.schedule_id.as_str().cmp(b.1.schedule_id.as_str()));
-        let all = |e: ScheduleError| (0..n).map(|_| Err(e.clone())).collect::<Vec<_>>();
-        let mut client = match self.client().await {
-            Ok(c) => c,
-            Err(e) => return all(e.into()),
-        };
-        let mut tx = match client.transaction().await {
-            Ok(t) => t,
-            Err(e) => return all(pg(e).into()),
-        };
         let mut out: Vec<Option<Result<FireApplied, ScheduleError>>> =
             (0..n).map(|_| None).collect();
-        for (i, op) in order {
-            let r = match tx.savepoint("fire").await {
-                Ok(sp) => match self.fire_in(&sp, op).await {
-                    Ok(applied) => match sp.commit().await {
-                        Ok(()) => Ok(applied),
-                        Err(e) => Err(pg(e).into()),
-                    },
-                    Err(e) => match sp.rollback().await {
-                        Ok(()) => Err(e),
-                        Err(re) => Err(pg(re).into()),
-                    },
-                },
-                Err(e) => Err(pg(e).into()),
-            };
-            out[i] = Some(r);
-        }
-        if let Err(e) = tx.commit().await {
-            return all(pg(e).into());
+        let mut order = order.into_iter().peekable();
+        while order.peek().is_some() {
+            let chunk: Vec<(usize, FireOp)> = order.by_ref().take(FIRE_CHUNK).collect();
+            let idx: Vec<usize> = chunk.iter().map(|(i, _)| *i).collect();
+            match self
+                .fire_chunk(chunk.into_iter().map(|(_, op)| op).collect())
+                .await
+            {
+                Ok(results) => {
+                    for (i, r) in idx.into_iter().zip(results) {
+                        out[i] = Some(r);
+                    }
+                }
+                Err(e) => {
+                    for i in idx {
+                        out[i] = Some(Err(e.clone()));
+                    }
+                }
+            }
         }
         out.into_iter()
             .map(|r| r.unwrap_or_else(|| Err(StoreError::Backend("fire op not run".into()).into())))
