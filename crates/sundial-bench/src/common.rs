@@ -181,6 +181,14 @@ pub fn rss() -> Rss {
     }
 }
 
+/// The system's load averages (1, 5, 15 minutes) as `/proc/loadavg` has them, or `unknown`.
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|| "unknown".into())
+}
+
 pub fn print_rss(label: &str) -> Rss {
     let r = rss();
     println!(
