@@ -179,6 +179,8 @@ fn def_json(def: &ScheduleDef) -> Result<String, StoreError> {
     serde_json::to_string(def).map_err(|e| StoreError::Backend(format!("schedule def: {e}")))
 }
 
+/// One fire op. Its refusals (`NotFound`, `StaleTick`) come before its first write; `fire_chunk`
+/// relies on that.
 fn fire(conn: &Connection, op: FireOp) -> Result<FireApplied, ScheduleError> {
     let current = must_load(conn, &op.schedule_id)?;
     if let Some(expect) = op.expect_armed
@@ -283,7 +285,9 @@ fn fire(conn: &Connection, op: FireOp) -> Result<FireApplied, ScheduleError> {
         )
         .optional()
         .map_err(backend)?
-        .ok_or(ScheduleError::NotFound)??;
+        // Loaded at the start of this job and nobody else writes: never missing here (and not
+        // `NotFound`, which callers take as "nothing was written").
+        .ok_or_else(|| StoreError::Backend("schedule row vanished during its fire".into()))??;
     Ok(FireApplied {
         schedule,
         fires: results,
@@ -296,27 +300,27 @@ fn fire(conn: &Connection, op: FireOp) -> Result<FireApplied, ScheduleError> {
 /// that cost per job; the jobs of one call still share a group commit.
 const FIRE_CHUNK: usize = 32;
 
-/// Applies `ops` one after another, each inside its own savepoint: a refused or failed op is
-/// rolled back alone.
-fn fire_chunk(conn: &Connection, ops: Vec<FireOp>) -> Vec<Result<FireApplied, ScheduleError>> {
+/// Applies `ops` one after another in the caller's job. A refusal ([`ScheduleError::StaleTick`],
+/// [`ScheduleError::NotFound`]) is decided before `fire` writes anything, so it is answered and
+/// the others go on; any other error may come after some of its op's writes, so the whole job
+/// fails (its savepoint rolls everything back) and the caller applies the ops one job each.
+/// Without a savepoint per op, each page the chunk touches is journaled once per job rather
+/// than once per op.
+fn fire_chunk(
+    conn: &Connection,
+    ops: Vec<FireOp>,
+) -> Result<Vec<Result<FireApplied, ScheduleError>>, ScheduleError> {
     let mut out = Vec::with_capacity(ops.len());
     for op in ops {
-        if let Err(e) = conn.execute_batch("SAVEPOINT fire") {
-            out.push(Err(backend(e).into()));
-            continue;
-        }
-        let r = fire(conn, op);
-        let end = if r.is_ok() {
-            "RELEASE fire"
-        } else {
-            "ROLLBACK TO fire; RELEASE fire"
-        };
-        match conn.execute_batch(end) {
-            Ok(()) => out.push(r),
-            Err(e) => out.push(Err(backend(e).into())),
+        match fire(conn, op) {
+            Ok(applied) => out.push(Ok(applied)),
+            Err(e @ (ScheduleError::StaleTick { .. } | ScheduleError::NotFound)) => {
+                out.push(Err(e))
+            }
+            Err(e) => return Err(e),
         }
     }
-    out
+    Ok(out)
 }
 
 /// `columns` ("a, b") qualified by `table` ("t.a, t.b").
@@ -507,16 +511,16 @@ impl ScheduleStore for SqliteStore {
             chunks.push(ops.by_ref().take(FIRE_CHUNK).collect());
         }
         let jobs = chunks.into_iter().map(|chunk| {
-            let n = chunk.len();
+            let copy = chunk.clone();
             async move {
-                let r: Result<_, ScheduleError> = self
-                    .writer
-                    .write(move |conn| Ok(fire_chunk(conn, chunk)))
-                    .await;
+                let r = self.writer.write(move |conn| fire_chunk(conn, chunk)).await;
                 match r {
                     Ok(results) => results,
-                    // The job or its commit failed: none of its ops happened.
-                    Err(e) => (0..n).map(|_| Err(e.clone())).collect(),
+                    // An op failed part-way (or the commit failed): nothing of the job happened.
+                    // Apply its ops one job each, so only the failing one fails.
+                    Err(_) => {
+                        futures::future::join_all(copy.into_iter().map(|op| self.fire(op))).await
+                    }
                 }
             }
         });

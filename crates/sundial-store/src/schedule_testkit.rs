@@ -774,6 +774,61 @@ pub async fn schedule_fire_many_applies_each_op_alone(
         "the failed op's task rolled back"
     );
     assert!(s.fire_many(Vec::new()).await.is_empty());
+
+    // Refusals without a failure among them: the others commit all the same.
+    let next0 = out[0]
+        .as_ref()
+        .expect("committed")
+        .schedule
+        .armed_tick
+        .expect("armed");
+    let ops = vec![
+        FireOp {
+            schedule_id: ids[1].clone(),
+            expect_armed: Some(fresh_id()),
+            fires: Vec::new(),
+            arm: ArmChange::Disarm,
+            now: at(2 * MIN),
+        },
+        FireOp {
+            schedule_id: ids[0].clone(),
+            expect_armed: Some(next0),
+            fires: vec![NewFire::fired(
+                at(2 * MIN),
+                FireReason::Schedule,
+                fire_task(&d, &ids[0], at(2 * MIN)),
+            )],
+            arm: ArmChange::arm(arm(&ids[0], at(3 * MIN))),
+            now: at(2 * MIN),
+        },
+        FireOp {
+            schedule_id: sid("m-missing"),
+            expect_armed: None,
+            fires: Vec::new(),
+            arm: ArmChange::Keep,
+            now: at(2 * MIN),
+        },
+    ];
+    let out = s.fire_many(ops).await;
+    assert!(
+        matches!(&out[0], Err(ScheduleError::StaleTick { .. })),
+        "{:?}",
+        out[0]
+    );
+    assert!(
+        matches!(&out[2], Err(ScheduleError::NotFound)),
+        "{:?}",
+        out[2]
+    );
+    let applied = out[1].as_ref().expect("commits beside the refusals");
+    assert_eq!(applied.schedule.counts.fired, 2);
+    assert_eq!(applied.schedule.next_fire_at, Some(at(3 * MIN)));
+    let sch = s.get_schedule(&ids[1]).await.expect("get").expect("exists");
+    assert_eq!(
+        sch.armed_tick,
+        Some(armed[1]),
+        "the refused op changed nothing"
+    );
 }
 
 /// `schedules_for_fire` returns the schedules that exist among the ids asked for, each with the
