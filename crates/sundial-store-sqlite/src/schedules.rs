@@ -3,8 +3,9 @@
 //! Every write runs as one job of the group-committing writer, so everything it does (the fire
 //! record, the fire's task, the next tick, the counters) commits or rolls back together. The fire
 //! record's primary key `(schedule_id, nominal_at)` makes a repeated fire a no-op. `fire_many`
-//! sends its ops as jobs of up to `FIRE_CHUNK` ops, each op inside a savepoint of its own within
-//! the job, so one refused or failed op rolls back alone; the jobs share a group commit.
+//! sends its ops as jobs of up to `FIRE_CHUNK` ops that share a group commit. An op is refused
+//! (stale, not found) before it writes anything, so a refusal leaves the rest of its job alone;
+//! an op that fails part-way fails its whole job, whose ops are then applied one job each.
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, params};
