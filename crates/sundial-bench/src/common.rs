@@ -181,6 +181,42 @@ pub fn rss() -> Rss {
     }
 }
 
+/// CPU time (user + system, seconds) used so far by this process, and by its threads whose name
+/// starts with `thread_prefix` (Linux; clock ticks of 10 ms). Zero where `/proc` is missing.
+pub fn cpu_seconds(thread_prefix: &str) -> (f64, f64) {
+    fn ticks(stat: &str) -> f64 {
+        // Fields after the command name (which is in parentheses and may hold spaces).
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let n = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        // utime and stime are fields 14 and 15 of stat, 12 and 13 after the name.
+        n(11) + n(12)
+    }
+    let total = std::fs::read_to_string("/proc/self/stat")
+        .map(|s| ticks(&s))
+        .unwrap_or(0.0);
+    let mut threads = 0.0;
+    if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
+        for t in dir.flatten() {
+            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            if comm.starts_with(thread_prefix)
+                && let Ok(stat) = std::fs::read_to_string(t.path().join("stat"))
+            {
+                threads += ticks(&stat);
+            }
+        }
+    }
+    (total / 100.0, threads / 100.0)
+}
+
+/// The system's load averages (1, 5, 15 minutes) as `/proc/loadavg` has them, or `unknown`.
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|| "unknown".into())
+}
+
 pub fn print_rss(label: &str) -> Rss {
     let r = rss();
     println!(

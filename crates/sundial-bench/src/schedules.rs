@@ -15,7 +15,9 @@ use sundial_schedules::{
     TaskTemplate,
 };
 
-use crate::common::{Common, DataDir, Stopwatch, histogram, print_rss, sleep_until, summary};
+use crate::common::{
+    Common, DataDir, Stopwatch, cpu_seconds, histogram, print_rss, sleep_until, summary,
+};
 
 #[derive(Debug, Args)]
 pub struct SchedulesArgs {
@@ -118,6 +120,7 @@ pub async fn run(common: &Common, args: &SchedulesArgs) -> Result<()> {
             h.reset();
         }
         let start = fired.load(Ordering::Relaxed);
+        let cpu_before = cpu_seconds("sundial-sqlite");
         let target = start + args.count;
         let deadline = Timestamp(boundary.0 + 59_000);
         while fired.load(Ordering::Relaxed) < target && clock.now() < deadline {
@@ -137,9 +140,36 @@ pub async fn run(common: &Common, args: &SchedulesArgs) -> Result<()> {
             n as f64 / span.as_secs_f64(),
             summary(&h, "ms", 1.0)
         );
+        let cpu_after = cpu_seconds("sundial-sqlite");
+        println!(
+            "  cpu during the minute's fires: process {:.1}s, SQLite writer and checkpoint threads {:.1}s",
+            cpu_after.0 - cpu_before.0,
+            cpu_after.1 - cpu_before.1
+        );
         print_rss(&format!("minute {}", m + 1));
+        println!("  load average: {}", crate::common::loadavg());
         boundary = Timestamp(boundary.0 + 60_000);
     }
+    // What every schedule recorded over the whole run (fires before the measured minutes
+    // included): a fire that ran too late for the catch-up window is recorded missed.
+    let (mut fired_total, mut skipped, mut missed) = (0u64, 0u64, 0u64);
+    let mut after: Option<ScheduleId> = None;
+    loop {
+        let page = schedules.list(after.as_ref(), 1_000).await?;
+        for s in &page.schedules {
+            fired_total += s.counts.fired;
+            skipped += s.counts.skipped;
+            missed += s.counts.missed;
+        }
+        match page.next_cursor {
+            Some(c) => after = Some(c),
+            None => break,
+        }
+    }
+    println!(
+        "  fire records over the run: {fired_total} fired, {skipped} skipped, {missed} missed"
+    );
+    println!("  load average: {}", crate::common::loadavg());
     running.shutdown(Duration::from_secs(10)).await;
     Ok(())
 }

@@ -30,7 +30,10 @@
 //! task, and run it on this crate's in-process handler, which performs the store's atomic
 //! [`fire`](sundial_store::ScheduleStore::fire): record the fire, create its task, arm the next
 //! tick, all in one transaction and only if this tick is still the armed one. 100,000 schedules
-//! are 100,000 rows and 100,000 scheduled ticks, never 100,000 timers.
+//! are 100,000 rows and 100,000 scheduled ticks, never 100,000 timers. Ticks that come due
+//! together are fired in batches: one read of their schedules, one
+//! [`fire_many`](sundial_store::ScheduleStore::fire_many) in which each tick's op is applied as
+//! `fire` would apply it, on its own.
 //!
 //! - **Exactly once.** The fire record is unique per (schedule, nominal time), and the operation
 //!   is conditional on the armed tick. A crash before its commit leaves the tick to run again (its
@@ -55,20 +58,27 @@
 //! - **Pause** keeps the tick chain going: fires while paused are recorded as skipped (paused).
 //!   **Trigger** and **backfill** fire outside the chain (they never touch the armed tick) and
 //!   follow the overlap policy; a nominal time already recorded is left alone.
+//! - **Re-arming.** A schedule whose armed tick is no longer live (cancelled through the task
+//!   API, dead, gone) is found by a sweep (when attached, in [`Schedules::recover`], then every
+//!   idle interval of the engine) and re-armed: a fresh tick for the same fire time, or, when
+//!   that time has passed, the fire its tick would have made, late (catch-up applies).
 //!
 //! **API Boundary:** this crate talks to the engine only through the [`Sundial`] facade
-//! (`register`, `get`, `cancel`, `notify_task`, `poll`, `complete`) and to storage only through
-//! [`ScheduleStore`].
+//! (`register`, `get`, `cancel`, `notify_task`, `poll`, `complete`, `clock`, `config`) and to
+//! storage only through [`ScheduleStore`].
 
 mod error;
+mod rearm;
 mod tick;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use sundial::{Sundial, Task, TaskId, Timestamp};
 use sundial_core::schedule::SpecErrorKind;
 use sundial_store::{ArmChange, FireOp, FireResult, NewSchedule, ScheduleStore};
+use tokio::sync::mpsc;
 
 pub use error::Error;
 pub use sundial_core::schedule::{
@@ -137,6 +147,35 @@ pub struct Schedules {
 pub(crate) struct Inner {
     pub(crate) sundial: Sundial,
     pub(crate) store: Arc<dyn ScheduleStore>,
+    /// Where ticks wait for their batch (the batcher starts with the first tick).
+    pub(crate) batcher: OnceLock<mpsc::UnboundedSender<tick::TickRequest>>,
+    /// Compiled specs by spec: compiling a cron expression costs far more than evaluating it,
+    /// and many schedules share an expression. Bounded by [`COMPILED_CACHE`] (cleared when
+    /// full); only a cache, the definitions stay in the store.
+    pub(crate) compiled: Mutex<HashMap<ScheduleSpec, CompiledSpec>>,
+}
+
+/// Most compiled specs kept in [`Inner::compiled`].
+const COMPILED_CACHE: usize = 4_096;
+
+impl Inner {
+    /// `def` validated as [`ScheduleDef::validate`] does, with its spec compiled once and kept.
+    pub(crate) fn validate(&self, def: &ScheduleDef) -> Result<CompiledSpec, SpecError> {
+        let limits = &self.sundial.config().limits;
+        def.validate_with(limits, |spec| {
+            if let Some(c) = self.compiled.lock().ok().and_then(|m| m.get(spec).cloned()) {
+                return Ok(c);
+            }
+            let c = spec.compile()?;
+            if let Ok(mut m) = self.compiled.lock() {
+                if m.len() >= COMPILED_CACHE {
+                    m.clear();
+                }
+                m.insert(spec.clone(), c.clone());
+            }
+            Ok(c)
+        })
+    }
 }
 
 impl Schedules {
@@ -155,20 +194,28 @@ impl Schedules {
         let inner = Arc::new(Inner {
             sundial: sundial.clone(),
             store,
+            batcher: OnceLock::new(),
+            compiled: Mutex::new(HashMap::new()),
         });
         let handler = inner.clone();
         sundial.register(TICK_KIND, move |ctx: sundial::TaskContext| {
             let inner = handler.clone();
             async move { inner.on_tick(&ctx.task).await }
         });
+        // Re-arming stranded schedules (see `rearm.rs`): now and on every idle interval. Outside
+        // a runtime there is nothing to run it on; `recover` then does it once.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(rearm::sweep_loop(Arc::downgrade(&inner)));
+        }
         Schedules { inner }
     }
 
-    /// Runs ticks that became `ready` while no tick handler was registered (a process that
-    /// started the engine before attaching, or an older binary). Call after
-    /// [`Sundial::start`]. Returns how many it ran.
+    /// Re-arms stranded schedules (armed with a tick that is no longer live), then runs ticks
+    /// that became `ready` while no tick handler was registered (a process that started the
+    /// engine before attaching, or an older binary). Call after [`Sundial::start`]. Returns how
+    /// many schedules it re-armed and ticks it ran.
     pub async fn recover(&self) -> Result<usize, Error> {
-        let mut n = 0;
+        let mut n = self.inner.rearm_stranded().await?;
         loop {
             let ticks = self
                 .inner
@@ -203,8 +250,7 @@ impl Schedules {
     /// `start_at`). A schedule whose `end_at` has passed is stored without a fire.
     pub async fn create(&self, req: CreateSchedule) -> Result<Schedule, Error> {
         let inner = &self.inner;
-        let cfg = inner.sundial.config();
-        let spec = req.def.validate(&cfg.limits)?;
+        let spec = inner.validate(&req.def)?;
         let id = match req.id {
             Some(id) => id,
             None => ScheduleId::new(uuid::Uuid::now_v7().to_string())?,
@@ -253,7 +299,7 @@ impl Schedules {
     /// definition strictly after now. The pause state is kept.
     pub async fn update(&self, id: &ScheduleId, def: ScheduleDef) -> Result<Schedule, Error> {
         let inner = &self.inner;
-        let spec = def.validate(&inner.sundial.config().limits)?;
+        let spec = inner.validate(&def)?;
         let now = inner.sundial.clock().now();
         let arm = match def.next_nominal_after(&spec, now) {
             Some(n) => ArmChange::arm(inner.arm(id, &def, n, now)?),
@@ -290,7 +336,13 @@ impl Schedules {
         let schedule = inner.store.get_schedule(id).await?.ok_or(Error::NotFound)?;
         let now = inner.sundial.clock().now();
         let fire = inner
-            .decide(&schedule, now, FireReason::Trigger, now)
+            .decide(
+                &schedule,
+                inner.last_task(&schedule).await?,
+                now,
+                FireReason::Trigger,
+                now,
+            )
             .await?;
         let applied = inner
             .store
@@ -327,7 +379,7 @@ impl Schedules {
     ) -> Result<Backfill, Error> {
         let inner = &self.inner;
         let schedule = inner.store.get_schedule(id).await?.ok_or(Error::NotFound)?;
-        let spec = schedule.def.validate(&inner.sundial.config().limits)?;
+        let spec = inner.validate(&schedule.def)?;
         let now = inner.sundial.clock().now();
         if to > now {
             return Err(Error::Invalid(SpecError::new(
@@ -363,7 +415,13 @@ impl Schedules {
             let schedule = inner.store.get_schedule(id).await?.ok_or(Error::NotFound)?;
             let now = inner.sundial.clock().now();
             let fire = inner
-                .decide(&schedule, nominal, FireReason::Backfill, now)
+                .decide(
+                    &schedule,
+                    inner.last_task(&schedule).await?,
+                    nominal,
+                    FireReason::Backfill,
+                    now,
+                )
                 .await?;
             let applied = inner
                 .store
@@ -406,7 +464,7 @@ impl Schedules {
         let Some(first) = schedule.next_fire_at else {
             return Vec::new();
         };
-        let Ok(spec) = schedule.def.validate(&self.inner.sundial.config().limits) else {
+        let Ok(spec) = self.inner.validate(&schedule.def) else {
             return vec![first];
         };
         let mut out = vec![first];

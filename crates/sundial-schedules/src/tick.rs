@@ -1,16 +1,23 @@
 //! The tick handler: what happens when a schedule's armed tick comes due. See the crate
-//! documentation for the protocol; this module decides (catch-up, pause, overlap) and hands one
-//! [`FireOp`] to the store.
+//! documentation for the protocol; this module decides (catch-up, pause, overlap) and hands the
+//! store one [`FireOp`] per tick, many ticks' ops in one [`ScheduleStore::fire_many`]: ticks that
+//! come due together wait for the batcher, which reads their schedules in one read and fires
+//! them in one call.
+//!
+//! [`ScheduleStore::fire_many`]: sundial_store::ScheduleStore::fire_many
 
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use serde_json::json;
 use sundial::{Backoff, HandlerError, Task, TaskId, TaskSpec, Timestamp};
 use sundial_core::schedule::{OverlapPolicy, ScheduleDef, ScheduleId};
 use sundial_store::{
-    Arm, ArmChange, FireApplied, FireOp, FireOutcome, FireReason, FireResult, NewFire, Schedule,
-    ScheduleError, TICK_KIND, TICK_QUEUE,
+    Arm, ArmChange, FireApplied, FireOp, FireOutcome, FireReason, FireResult, LastTask, NewFire,
+    Schedule, ScheduleError, TICK_KIND, TICK_QUEUE,
 };
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::{Error, Inner, MISSED_INDIVIDUALLY, MISSED_WALK_LIMIT};
 
@@ -28,6 +35,46 @@ fn parse_tick(payload: &serde_json::Value) -> Option<(ScheduleId, Timestamp)> {
 
 fn retryable(e: impl std::fmt::Display) -> HandlerError {
     HandlerError::retryable(e.to_string())
+}
+
+/// Most ticks fired by one batch (one read, one `fire_many`).
+const MAX_BATCH: usize = 512;
+/// Batches in flight at once: while one batch's writes wait for their commit, the next one
+/// reads and decides.
+const BATCHES_IN_FLIGHT: usize = 2;
+
+/// A tick waiting for its batch.
+pub(crate) struct TickRequest {
+    tick: Task,
+    reply: oneshot::Sender<Result<(), HandlerError>>,
+}
+
+/// Collects the ticks that wait (those that came due together) into batches, up to
+/// [`BATCHES_IN_FLIGHT`] at a time. Ends when the runner is dropped.
+async fn batch_loop(inner: Weak<Inner>, mut rx: mpsc::UnboundedReceiver<TickRequest>) {
+    let permits = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
+    loop {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = rx.recv().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(r) => batch.push(r),
+                Err(_) => break,
+            }
+        }
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        tokio::spawn(async move {
+            inner.fire_batch(batch).await;
+            drop(permit);
+        });
+    }
 }
 
 impl Inner {
@@ -75,10 +122,13 @@ impl Inner {
     }
 
     /// What the fire at `nominal` does: skipped (paused, for scheduled fires; overlap) or fired
-    /// with a new task. `cancel_other` cancels the previous task here, before the fire commits.
+    /// with a new task. `last` is the state of the schedule's previous fire's task, read before
+    /// (`None`: there is none). `cancel_other` cancels the previous task here, before the fire
+    /// commits.
     pub(crate) async fn decide(
         &self,
         schedule: &Schedule,
+        last: Option<LastTask>,
         nominal: Timestamp,
         reason: FireReason,
         now: Timestamp,
@@ -87,11 +137,7 @@ impl Inner {
             return Ok(NewFire::skipped(nominal, FireReason::Paused));
         }
         let def = &schedule.def;
-        let previous = match schedule.last_task {
-            Some(id) => self.sundial.get(id).await?,
-            None => None,
-        };
-        let live = previous.as_ref().filter(|t| !t.state.is_terminal());
+        let live = last.filter(|t| !t.state.is_terminal());
         match (def.overlap, live) {
             (OverlapPolicy::Skip, Some(_)) => {
                 return Ok(NewFire::skipped(nominal, FireReason::Overlap));
@@ -118,46 +164,143 @@ impl Inner {
         Ok(NewFire::fired(nominal, reason, task))
     }
 
-    /// Runs one tick.
-    pub(crate) async fn on_tick(&self, tick: &Task) -> Result<(), HandlerError> {
-        let Some((id, nominal)) = parse_tick(&tick.payload) else {
-            tracing::warn!(tick = %tick.id, "schedule tick with an unreadable payload; dropped");
-            return Ok(());
+    /// The state of the schedule's previous fire's task, read now (for fires outside the tick
+    /// path: trigger, backfill, re-arming).
+    pub(crate) async fn last_task(&self, schedule: &Schedule) -> Result<Option<LastTask>, Error> {
+        Ok(match schedule.last_task {
+            Some(id) => self.sundial.get(id).await?.as_ref().map(LastTask::of),
+            None => None,
+        })
+    }
+
+    /// Runs one tick: hands it to the batcher, which fires it together with the other ticks
+    /// that are due, and waits for its answer.
+    pub(crate) async fn on_tick(self: &Arc<Self>, tick: &Task) -> Result<(), HandlerError> {
+        let (reply, answer) = oneshot::channel();
+        let queue = self.batcher.get_or_init(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(batch_loop(Arc::downgrade(self), rx));
+            tx
+        });
+        let request = TickRequest {
+            tick: tick.clone(),
+            reply,
         };
-        let Some(schedule) = self.store.get_schedule(&id).await.map_err(retryable)? else {
-            return Ok(()); // deleted
-        };
-        if schedule.armed_tick != Some(tick.id) {
-            // Superseded, or this tick already fired and its run's result was lost after the
-            // commit (so the engine may not have heard of what that commit inserted).
-            self.renotify(&schedule).await;
-            return Ok(());
+        if let Err(mpsc::error::SendError(request)) = queue.send(request) {
+            // The batcher is gone (its runtime ended): fire this tick alone.
+            self.fire_batch(vec![request]).await;
         }
+        answer
+            .await
+            .unwrap_or_else(|_| Err(HandlerError::retryable("tick batch interrupted")))
+    }
+
+    /// Fires a batch of due ticks: one read of their schedules (with their previous tasks), the
+    /// decisions, then one [`ScheduleStore::fire_many`] (each op conditional on its tick still
+    /// being the armed one), and an answer to each tick.
+    pub(crate) async fn fire_batch(&self, batch: Vec<TickRequest>) {
+        let mut parsed = Vec::with_capacity(batch.len());
+        for req in batch {
+            match parse_tick(&req.tick.payload) {
+                Some((id, nominal)) => parsed.push((req, id, nominal)),
+                None => {
+                    tracing::warn!(tick = %req.tick.id, "schedule tick with an unreadable payload; dropped");
+                    let _ = req.reply.send(Ok(()));
+                }
+            }
+        }
+        if parsed.is_empty() {
+            return;
+        }
+        let ids: Vec<ScheduleId> = parsed
+            .iter()
+            .map(|(_, id, _)| id.clone())
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        let loaded: HashMap<ScheduleId, (Schedule, Option<LastTask>)> =
+            match self.store.schedules_for_fire(&ids).await {
+                Ok(v) => v.into_iter().map(|(s, l)| (s.id.clone(), (s, l))).collect(),
+                Err(e) => {
+                    for (req, ..) in parsed {
+                        let _ = req.reply.send(Err(retryable(&e)));
+                    }
+                    return;
+                }
+            };
+        let now = self.sundial.clock().now();
+        let mut ops = Vec::with_capacity(parsed.len());
+        let mut waiting = Vec::with_capacity(parsed.len());
+        for (req, id, nominal) in parsed {
+            let Some((schedule, last)) = loaded.get(&id) else {
+                let _ = req.reply.send(Ok(())); // deleted
+                continue;
+            };
+            if schedule.armed_tick != Some(req.tick.id) {
+                // Superseded, or this tick already fired and its run's result was lost after
+                // the commit (so the engine may not have heard of what that commit inserted).
+                self.renotify(schedule).await;
+                let _ = req.reply.send(Ok(()));
+                continue;
+            }
+            match self.plan(schedule, *last, req.tick.id, nominal, now).await {
+                Ok(op) => {
+                    ops.push(op);
+                    waiting.push(req);
+                }
+                Err(e) => {
+                    let _ = req.reply.send(Err(retryable(e)));
+                }
+            }
+        }
+        if ops.is_empty() {
+            return;
+        }
+        let results = self.store.fire_many(ops).await;
+        for (req, r) in waiting.into_iter().zip(results) {
+            let answer = match r {
+                Ok(applied) => {
+                    self.after_fire(&applied, now);
+                    Ok(())
+                }
+                Err(ScheduleError::StaleTick { .. } | ScheduleError::NotFound) => Ok(()),
+                Err(ScheduleError::AlreadyExists) => Ok(()),
+                Err(ScheduleError::Store(e)) => Err(retryable(e)),
+            };
+            let _ = req.reply.send(answer);
+        }
+    }
+
+    /// What the armed tick `tick` of `schedule`, for the fire at `nominal`, writes: the fire (or
+    /// the missed fires, when it runs too late), the next tick, conditional on `tick` still
+    /// being the armed one.
+    pub(crate) async fn plan(
+        &self,
+        schedule: &Schedule,
+        last: Option<LastTask>,
+        tick: TaskId,
+        nominal: Timestamp,
+        now: Timestamp,
+    ) -> Result<FireOp, Error> {
+        let id = &schedule.id;
         let def = &schedule.def;
-        let spec = match def.validate(&self.sundial.config().limits) {
+        let spec = match self.validate(def) {
             Ok(s) => s,
             Err(e) => {
                 // A definition stored by another version that this one refuses: stop rather than
                 // guess, and say so.
                 tracing::error!(schedule = %id, error = %e, "schedule definition no longer valid; disarmed");
-                let op = FireOp {
-                    schedule_id: id,
-                    expect_armed: Some(tick.id),
+                return Ok(FireOp {
+                    schedule_id: id.clone(),
+                    expect_armed: Some(tick),
                     fires: Vec::new(),
                     arm: ArmChange::Disarm,
-                    now: self.sundial.clock().now(),
-                };
-                return match self.store.fire(op).await {
-                    Ok(_) | Err(ScheduleError::StaleTick { .. } | ScheduleError::NotFound) => {
-                        Ok(())
-                    }
-                    Err(e) => Err(retryable(e)),
-                };
+                    now,
+                });
             }
         };
-        let now = self.sundial.clock().now();
         let window = def.catchup();
-        let late = |n: Timestamp| now.since(n.saturating_add(def.jitter_for(&id, n))) > window;
+        let late = |n: Timestamp| now.since(n.saturating_add(def.jitter_for(id, n))) > window;
 
         let mut fires = Vec::new();
         let next = if late(nominal) {
@@ -200,29 +343,19 @@ impl Inner {
             cursor
         } else {
             fires.push(
-                self.decide(&schedule, nominal, FireReason::Schedule, now)
-                    .await
-                    .map_err(retryable)?,
+                self.decide(schedule, last, nominal, FireReason::Schedule, now)
+                    .await?,
             );
             def.next_nominal_after(&spec, nominal)
         };
-        let arm = self.arm_change(&id, def, next, now).map_err(retryable)?;
-        let op = FireOp {
-            schedule_id: id,
-            expect_armed: Some(tick.id),
+        let arm = self.arm_change(id, def, next, now)?;
+        Ok(FireOp {
+            schedule_id: id.clone(),
+            expect_armed: Some(tick),
             fires,
             arm,
             now,
-        };
-        match self.store.fire(op).await {
-            Ok(applied) => {
-                self.after_fire(&applied, now);
-                Ok(())
-            }
-            Err(ScheduleError::StaleTick { .. } | ScheduleError::NotFound) => Ok(()),
-            Err(ScheduleError::AlreadyExists) => Ok(()),
-            Err(ScheduleError::Store(e)) => Err(retryable(e)),
-        }
+        })
     }
 
     /// Tells the engine again about a schedule's armed tick and latest task: after a fire whose

@@ -16,8 +16,8 @@ use sundial::{ManualClock, StoreError, Sundial, Timestamp};
 use sundial_core::schedule::ScheduleId;
 use sundial_schedules::{CreateSchedule, FireOutcome, Schedules};
 use sundial_store::{
-    ArmChange, FireApplied, FireOp, FirePage, NewSchedule, Schedule, ScheduleError, SchedulePage,
-    ScheduleStore,
+    ArmChange, FireApplied, FireOp, FirePage, LastTask, NewSchedule, Schedule, ScheduleError,
+    SchedulePage, ScheduleStore,
 };
 use sundial_store_sqlite::{SqliteOptions, SqliteStore};
 
@@ -45,6 +45,19 @@ impl ScheduleStore for Faulty {
     }
     async fn get_schedule(&self, id: &ScheduleId) -> Result<Option<Schedule>, StoreError> {
         self.inner.get_schedule(id).await
+    }
+    async fn schedules_for_fire(
+        &self,
+        ids: &[ScheduleId],
+    ) -> Result<Vec<(Schedule, Option<LastTask>)>, StoreError> {
+        self.inner.schedules_for_fire(ids).await
+    }
+    async fn stranded_schedules(
+        &self,
+        after: Option<&ScheduleId>,
+        limit: usize,
+    ) -> Result<SchedulePage, StoreError> {
+        self.inner.stranded_schedules(after, limit).await
     }
     async fn list_schedules(
         &self,

@@ -76,7 +76,7 @@ pub fn col<'a, T: FromSql<'a>>(r: &'a Row, idx: usize) -> Result<T, StoreError> 
 }
 
 /// A `bigint` column that holds a `u32`.
-fn col_u32(r: &Row, idx: usize, what: &str) -> Result<u32, StoreError> {
+pub fn col_u32(r: &Row, idx: usize, what: &str) -> Result<u32, StoreError> {
     let v: i64 = col(r, idx)?;
     u32::try_from(v).map_err(|_| StoreError::Corrupt(format!("{what} {v} is out of range")))
 }

@@ -11,6 +11,8 @@
 //! back, and the tick run again). The fire's task and the next tick are inserted with
 //! [`PostgresStore::insert_in`] in the same transaction, so everything an op writes commits or
 //! rolls back together. Schedule ids are `text COLLATE "C"`: listed in byte order, as in SQLite.
+//! `fire_many` runs its ops in transactions of up to `FIRE_CHUNK` ops, sorted by schedule id (rows
+//! locked in one order, so concurrent batches cannot deadlock), each op inside a savepoint.
 
 use std::collections::HashMap;
 
@@ -20,13 +22,13 @@ use sundial_core::schedule::{ScheduleDef, ScheduleId};
 use sundial_core::{NewTask, Task, TaskId, Timestamp};
 use sundial_store::{
     ArmChange, FireApplied, FireCounts, FireOp, FireOutcome, FirePage, FireReason, FireRecord,
-    FireResult, Inserted, NewSchedule, Schedule, ScheduleError, SchedulePage, ScheduleStore,
-    StoreError,
+    FireResult, Inserted, LastTask, NewSchedule, Schedule, ScheduleError, SchedulePage,
+    ScheduleStore, StoreError,
 };
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-use crate::rows::col;
+use crate::rows::{col, col_u32, parse_state};
 use crate::{PostgresStore, limit_param, pg, query, query_opt};
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
@@ -344,6 +346,40 @@ impl PostgresStore {
     }
 }
 
+/// Fire ops per transaction in [`ScheduleStore::fire_many`]: bounds how long one transaction
+/// holds its schedule rows locked.
+const FIRE_CHUNK: usize = 64;
+
+impl PostgresStore {
+    /// `ops` (sorted by schedule id) in one transaction, each inside its own savepoint. `Err`:
+    /// the transaction did not start or commit, so none of them happened.
+    async fn fire_chunk(
+        &self,
+        ops: Vec<FireOp>,
+    ) -> Result<Vec<Result<FireApplied, ScheduleError>>, ScheduleError> {
+        let mut client = self.client().await?;
+        let mut tx = client.transaction().await.map_err(pg)?;
+        let mut out = Vec::with_capacity(ops.len());
+        for op in ops {
+            let sp = tx.savepoint("fire").await.map_err(pg)?;
+            let r = match self.fire_in(&sp, op).await {
+                Ok(applied) => sp
+                    .commit()
+                    .await
+                    .map(|()| applied)
+                    .map_err(|e| pg(e).into()),
+                Err(e) => {
+                    sp.rollback().await.map_err(pg)?;
+                    Err(e)
+                }
+            };
+            out.push(r);
+        }
+        tx.commit().await.map_err(pg)?;
+        Ok(out)
+    }
+}
+
 #[async_trait]
 impl ScheduleStore for PostgresStore {
     async fn create_schedule(
@@ -481,6 +517,94 @@ impl ScheduleStore for PostgresStore {
         let applied = self.fire_in(&tx, op).await?;
         tx.commit().await.map_err(pg)?;
         Ok(applied)
+    }
+
+    /// Transactions of up to [`FIRE_CHUNK`] ops, each op inside its own savepoint. The schedule
+    /// rows are locked in id order (ops sorted by schedule id), so two batches that share
+    /// schedules cannot deadlock; answers come back in the callers' order.
+    async fn fire_many(&self, ops: Vec<FireOp>) -> Vec<Result<FireApplied, ScheduleError>> {
+        let n = ops.len();
+        let mut order: Vec<(usize, FireOp)> = ops.into_iter().enumerate().collect();
+        order.sort_by(|a, b| a.1.schedule_id.as_str().cmp(b.1.schedule_id.as_str()));
+        let mut out: Vec<Option<Result<FireApplied, ScheduleError>>> =
+            (0..n).map(|_| None).collect();
+        let mut order = order.into_iter().peekable();
+        while order.peek().is_some() {
+            let chunk: Vec<(usize, FireOp)> = order.by_ref().take(FIRE_CHUNK).collect();
+            let idx: Vec<usize> = chunk.iter().map(|(i, _)| *i).collect();
+            match self
+                .fire_chunk(chunk.into_iter().map(|(_, op)| op).collect())
+                .await
+            {
+                Ok(results) => {
+                    for (i, r) in idx.into_iter().zip(results) {
+                        out[i] = Some(r);
+                    }
+                }
+                Err(e) => {
+                    for i in idx {
+                        out[i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(StoreError::Backend("fire op not run".into()).into())))
+            .collect()
+    }
+
+    async fn schedules_for_fire(
+        &self,
+        ids: &[ScheduleId],
+    ) -> Result<Vec<(Schedule, Option<LastTask>)>, StoreError> {
+        let ids: Vec<&str> = ids.iter().map(|i| i.as_str()).collect();
+        let client = self.client().await?;
+        let n = self.sql.schedules.columns;
+        query(&client, &self.sql.schedules.for_fire, &[&ids])
+            .await?
+            .iter()
+            .map(|r| {
+                let schedule = schedule_from_row(r)?;
+                let last = match col::<Option<Uuid>>(r, n)? {
+                    Some(id) => Some(LastTask {
+                        id: TaskId(id),
+                        state: parse_state(&col::<String>(r, n + 1)?)?,
+                        attempt: col_u32(r, n + 2, "attempt")?,
+                    }),
+                    None => None,
+                };
+                Ok((schedule, last))
+            })
+            .collect()
+    }
+
+    async fn stranded_schedules(
+        &self,
+        after: Option<&ScheduleId>,
+        limit: usize,
+    ) -> Result<SchedulePage, StoreError> {
+        let after = after.map_or("", |a| a.as_str());
+        let client = self.client().await?;
+        let rows = query(
+            &client,
+            &self.sql.schedules.stranded,
+            &[&after, &limit_param(limit.saturating_add(1))],
+        )
+        .await?;
+        let mut schedules = rows
+            .iter()
+            .map(schedule_from_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        let next_cursor = if schedules.len() > limit {
+            schedules.truncate(limit);
+            schedules.last().map(|s| s.id.clone())
+        } else {
+            None
+        };
+        Ok(SchedulePage {
+            schedules,
+            next_cursor,
+        })
     }
 
     async fn list_fires(

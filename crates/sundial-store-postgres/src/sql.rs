@@ -74,6 +74,12 @@ pub(crate) struct ClusterSql {
 /// Schedules and their fire records (see `schedules.rs`).
 pub(crate) struct ScheduleSql {
     pub get: String,
+    /// Schedules by id, each with its last task's id, state and attempt (after the columns).
+    pub for_fire: String,
+    /// How many columns a schedule row has.
+    pub columns: usize,
+    /// Armed schedules whose armed tick is gone or terminal.
+    pub stranded: String,
     pub lock: String,
     pub create: String,
     pub list: String,
@@ -264,11 +270,30 @@ impl ClusterSql {
 impl ScheduleSql {
     fn new(s: &str) -> Self {
         let sc = SCHEDULE_COLUMNS;
+        let scs = sc
+            .split(", ")
+            .map(|c| format!("s.{c}"))
+            .collect::<Vec<_>>()
+            .join(", ");
         let fc = FIRE_COLUMNS;
         let schedules = format!("{s}.schedules");
         let fires = format!("{s}.schedule_fires");
         ScheduleSql {
             get: format!("SELECT {sc} FROM {schedules} WHERE id = $1"),
+            for_fire: format!(
+                "SELECT {scs}, t.id, t.state, t.attempt FROM {schedules} s \
+                 LEFT JOIN {s}.tasks t ON t.id = s.last_task WHERE s.id = ANY($1::text[])"
+            ),
+            columns: sc.split(", ").count(),
+            stranded: {
+                let cols = &scs;
+                format!(
+                    "SELECT {cols} FROM {schedules} s LEFT JOIN {s}.tasks t ON t.id = s.armed_tick \
+                     WHERE s.id > $1 AND s.armed_tick IS NOT NULL \
+                     AND (t.id IS NULL OR t.state IN ('succeeded', 'dead', 'cancelled')) \
+                     ORDER BY s.id LIMIT $2"
+                )
+            },
             lock: format!("SELECT {sc} FROM {schedules} WHERE id = $1 FOR UPDATE"),
             create: format!(
                 "INSERT INTO {schedules} (id, def, paused, note, created_at, updated_at) \

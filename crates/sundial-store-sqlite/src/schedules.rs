@@ -2,7 +2,10 @@
 //!
 //! Every write runs as one job of the group-committing writer, so everything it does (the fire
 //! record, the fire's task, the next tick, the counters) commits or rolls back together. The fire
-//! record's primary key `(schedule_id, nominal_at)` makes a repeated fire a no-op.
+//! record's primary key `(schedule_id, nominal_at)` makes a repeated fire a no-op. `fire_many`
+//! sends its ops as jobs of up to `FIRE_CHUNK` ops that share a group commit. An op is refused
+//! (stale, not found) before it writes anything, so a refusal leaves the rest of its job alone;
+//! an op that fails part-way fails its whole job, whose ops are then applied one job each.
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, params};
@@ -10,8 +13,8 @@ use sundial_core::schedule::{ScheduleDef, ScheduleId};
 use sundial_core::{Task, TaskId, Timestamp};
 use sundial_store::{
     ArmChange, FireApplied, FireCounts, FireOp, FireOutcome, FirePage, FireReason, FireRecord,
-    FireResult, Inserted, NewSchedule, Schedule, ScheduleError, SchedulePage, ScheduleStore,
-    StoreError,
+    FireResult, Inserted, LastTask, NewSchedule, Schedule, ScheduleError, SchedulePage,
+    ScheduleStore, StoreError,
 };
 
 use crate::{SqliteStore, backend, insert_many, rows};
@@ -177,6 +180,8 @@ fn def_json(def: &ScheduleDef) -> Result<String, StoreError> {
     serde_json::to_string(def).map_err(|e| StoreError::Backend(format!("schedule def: {e}")))
 }
 
+/// One fire op. Its refusals (`NotFound`, `StaleTick`) come before its first write; `fire_chunk`
+/// relies on that.
 fn fire(conn: &Connection, op: FireOp) -> Result<FireApplied, ScheduleError> {
     let current = must_load(conn, &op.schedule_id)?;
     if let Some(expect) = op.expect_armed
@@ -246,29 +251,114 @@ fn fire(conn: &Connection, op: FireOp) -> Result<FireApplied, ScheduleError> {
         });
     }
     let (armed, tick) = apply_arm(conn, current.armed_tick, op.arm, op.now)?;
-    set_arm(conn, id, armed)?;
-    conn.prepare_cached(
+    // The counters, the latest fire and the arming in one statement that returns the new row.
+    let (set, next, armed_tick) = match armed {
+        Some((next, tick)) => (true, next, tick.map(|t| t.as_bytes().to_vec())),
+        None => (false, None, None),
+    };
+    let sql = format!(
         "UPDATE schedules SET fired = fired + ?2, skipped = skipped + ?3, missed = missed + ?4, \
          last_task = COALESCE(?5, last_task), \
          last_fire_at = CASE WHEN ?6 IS NULL THEN last_fire_at \
                              ELSE MAX(COALESCE(last_fire_at, ?6), ?6) END, \
-         updated_at = ?7 WHERE id = ?1",
-    )
-    .map_err(backend)?
-    .execute(params![
-        id.as_str(),
-        fired,
-        skipped,
-        missed,
-        last_task.map(|t| t.as_bytes().to_vec()),
-        last_fire,
-        op.now.0
-    ])
-    .map_err(backend)?;
+         updated_at = ?7, \
+         next_fire_at = CASE WHEN ?8 THEN ?9 ELSE next_fire_at END, \
+         armed_tick = CASE WHEN ?8 THEN ?10 ELSE armed_tick END \
+         WHERE id = ?1 RETURNING {SCHEDULE_COLUMNS}"
+    );
+    let schedule = conn
+        .prepare_cached(&sql)
+        .map_err(backend)?
+        .query_row(
+            params![
+                id.as_str(),
+                fired,
+                skipped,
+                missed,
+                last_task.map(|t| t.as_bytes().to_vec()),
+                last_fire,
+                op.now.0,
+                set,
+                next,
+                armed_tick,
+            ],
+            |r| Ok(schedule_from_row(r)),
+        )
+        .optional()
+        .map_err(backend)?
+        // Loaded at the start of this job and nobody else writes: never missing here (and not
+        // `NotFound`, which callers take as "nothing was written").
+        .ok_or_else(|| StoreError::Backend("schedule row vanished during its fire".into()))??;
     Ok(FireApplied {
-        schedule: must_load(conn, id)?,
+        schedule,
         fires: results,
         tick: tick.map(Box::new),
+    })
+}
+
+/// Fire ops per writer job in [`ScheduleStore::fire_many`]. Every statement of a job runs inside
+/// the job's savepoint, whose sub-journal grows with it (see `INSERT_CHUNK`): a bounded job keeps
+/// that cost per job; the jobs of one call still share a group commit.
+const FIRE_CHUNK: usize = 32;
+
+/// Applies `ops` one after another in the caller's job. A refusal ([`ScheduleError::StaleTick`],
+/// [`ScheduleError::NotFound`]) is decided before `fire` writes anything, so it is answered and
+/// the others go on; any other error may come after some of its op's writes, so the whole job
+/// fails (its savepoint rolls everything back) and the caller applies the ops one job each.
+/// Without a savepoint per op, each page the chunk touches is journaled once per job rather
+/// than once per op.
+fn fire_chunk(
+    conn: &Connection,
+    ops: Vec<FireOp>,
+) -> Result<Vec<Result<FireApplied, ScheduleError>>, ScheduleError> {
+    let mut out = Vec::with_capacity(ops.len());
+    for op in ops {
+        match fire(conn, op) {
+            Ok(applied) => out.push(Ok(applied)),
+            Err(e @ (ScheduleError::StaleTick { .. } | ScheduleError::NotFound)) => {
+                out.push(Err(e))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
+/// `columns` ("a, b") qualified by `table` ("t.a, t.b").
+fn prefixed(table: &str, columns: &str) -> String {
+    columns
+        .split(", ")
+        .map(|c| format!("{table}.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Schedules armed with a tick whose task row is gone or terminal.
+fn stranded(conn: &Connection, after: &str, limit: usize) -> Result<SchedulePage, StoreError> {
+    let cols = prefixed("s", SCHEDULE_COLUMNS);
+    let sql = format!(
+        "SELECT {cols} FROM schedules s LEFT JOIN tasks t ON t.id = s.armed_tick \
+         WHERE s.id > ?1 AND s.armed_tick IS NOT NULL \
+         AND (t.id IS NULL OR t.state IN ('succeeded', 'dead', 'cancelled')) \
+         ORDER BY s.id LIMIT ?2"
+    );
+    let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
+    let mut rows = stmt
+        .query(params![after, limit.saturating_add(1) as i64])
+        .map_err(backend)?;
+    let mut schedules = Vec::new();
+    while let Some(r) = rows.next().map_err(backend)? {
+        schedules.push(schedule_from_row(r)?);
+    }
+    let next_cursor = if schedules.len() > limit {
+        schedules.truncate(limit);
+        schedules.last().map(|s| s.id.clone())
+    } else {
+        None
+    };
+    Ok(SchedulePage {
+        schedules,
+        next_cursor,
     })
 }
 
@@ -413,6 +503,80 @@ impl ScheduleStore for SqliteStore {
 
     async fn fire(&self, op: FireOp) -> Result<FireApplied, ScheduleError> {
         self.writer.write(move |conn| fire(conn, op)).await
+    }
+
+    async fn fire_many(&self, ops: Vec<FireOp>) -> Vec<Result<FireApplied, ScheduleError>> {
+        let mut chunks: Vec<Vec<FireOp>> = Vec::new();
+        let mut ops = ops.into_iter().peekable();
+        while ops.peek().is_some() {
+            chunks.push(ops.by_ref().take(FIRE_CHUNK).collect());
+        }
+        let jobs = chunks.into_iter().map(|chunk| {
+            let copy = chunk.clone();
+            async move {
+                let r = self.writer.write(move |conn| fire_chunk(conn, chunk)).await;
+                match r {
+                    Ok(results) => results,
+                    // An op failed part-way (or the commit failed): nothing of the job happened.
+                    // Apply its ops one job each, so only the failing one fails.
+                    Err(_) => {
+                        futures::future::join_all(copy.into_iter().map(|op| self.fire(op))).await
+                    }
+                }
+            }
+        });
+        futures::future::join_all(jobs)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    async fn schedules_for_fire(
+        &self,
+        ids: &[ScheduleId],
+    ) -> Result<Vec<(Schedule, Option<LastTask>)>, StoreError> {
+        let ids: Vec<&str> = ids.iter().map(|i| i.as_str()).collect();
+        let ids = serde_json::to_string(&ids)
+            .map_err(|e| StoreError::Backend(format!("schedule ids: {e}")))?;
+        self.read(move |conn| {
+            let cols = prefixed("s", SCHEDULE_COLUMNS);
+            let sql = format!(
+                "SELECT {cols}, t.id, t.state, t.attempt FROM schedules s \
+                 LEFT JOIN tasks t ON t.id = s.last_task \
+                 WHERE s.id IN (SELECT value FROM json_each(?1))"
+            );
+            let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
+            let mut rows = stmt.query(params![ids]).map_err(backend)?;
+            let mut out = Vec::new();
+            let n = SCHEDULE_COLUMNS.split(", ").count();
+            while let Some(r) = rows.next().map_err(backend)? {
+                let schedule = schedule_from_row(r)?;
+                let last = match r.get::<_, Option<Vec<u8>>>(n).map_err(backend)? {
+                    Some(id) => {
+                        let state: String = r.get(n + 1).map_err(backend)?;
+                        Some(LastTask {
+                            id: rows::task_id(&id)?,
+                            state: rows::parse_state(&state)?,
+                            attempt: r.get(n + 2).map_err(backend)?,
+                        })
+                    }
+                    None => None,
+                };
+                out.push((schedule, last));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn stranded_schedules(
+        &self,
+        after: Option<&ScheduleId>,
+        limit: usize,
+    ) -> Result<SchedulePage, StoreError> {
+        let after = after.map(|a| a.as_str().to_string()).unwrap_or_default();
+        self.read(move |conn| stranded(conn, &after, limit)).await
     }
 
     async fn list_fires(

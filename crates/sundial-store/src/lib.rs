@@ -30,8 +30,8 @@ pub use cluster::{Cluster, Fence, Wakeup};
 pub use error::{StoreError, TransitionError};
 pub use schedules::{
     Arm, ArmChange, FireApplied, FireCounts, FireOp, FireOutcome, FirePage, FireReason, FireRecord,
-    FireResult, NewFire, NewSchedule, Schedule, ScheduleError, SchedulePage, ScheduleStore,
-    TICK_KIND, TICK_QUEUE,
+    FireResult, LastTask, NewFire, NewSchedule, Schedule, ScheduleError, SchedulePage,
+    ScheduleStore, TICK_KIND, TICK_QUEUE,
 };
 pub use types::{
     ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Inserted, ReadyClaim, StateCount,

@@ -19,12 +19,12 @@ use std::task::Poll;
 
 use serde_json::json;
 use sundial_core::schedule::{ScheduleDef, ScheduleId, ScheduleSpec, TaskTemplate};
-use sundial_core::{Limits, NewTask, TaskId, TaskSpec, TaskState, Timestamp};
+use sundial_core::{ExecutionId, Limits, NewTask, TaskId, TaskSpec, TaskState, Timestamp};
 use uuid::Uuid;
 
 use crate::{
-    Arm, ArmChange, FireOp, FireOutcome, FireReason, FireResult, NewFire, NewSchedule,
-    ScheduleError, ScheduleStore, Store, TICK_KIND, TICK_QUEUE,
+    Arm, ArmChange, ClaimTarget, DueClaim, FireOp, FireOutcome, FireReason, FireResult, NewFire,
+    NewSchedule, ScheduleError, ScheduleStore, Store, TICK_KIND, TICK_QUEUE,
 };
 
 /// What a schedule conformance factory hands back.
@@ -105,6 +105,9 @@ macro_rules! schedule_store_conformance {
             schedule_update_rearms_and_cancels_the_old_tick
             schedule_delete_cancels_tick_and_removes_fires
             schedule_fires_list_newest_first_and_count
+            schedule_fire_many_applies_each_op_alone
+            schedule_for_fire_reads_schedules_with_their_last_task
+            schedule_stranded_lists_armed_schedules_whose_tick_is_not_live
         );
     };
 }
@@ -677,4 +680,272 @@ pub async fn schedule_fires_list_newest_first_and_count(
             Some(at(4 * MIN))
         )
     );
+}
+
+/// `fire_many` applies each op as `fire` would, answers in op order, and one refused or failed
+/// op leaves no trace while the others commit.
+pub async fn schedule_fire_many_applies_each_op_alone(
+    tasks: Arc<dyn Store>,
+    schedules: Arc<dyn ScheduleStore>,
+) {
+    let s = schedules.as_ref();
+    let d = def();
+    // Ids out of order on purpose (a backend may sort them to lock in order).
+    let ids = [sid("m-c"), sid("m-a"), sid("m-d"), sid("m-b")];
+    let mut armed = Vec::new();
+    for id in &ids {
+        armed.push(create(s, id, Some(at(MIN))).await);
+    }
+    let op = |i: usize, expect: TaskId, next: Arm| FireOp {
+        schedule_id: ids[i].clone(),
+        expect_armed: Some(expect),
+        fires: vec![NewFire::fired(
+            at(MIN),
+            FireReason::Schedule,
+            fire_task(&d, &ids[i], at(MIN)),
+        )],
+        arm: ArmChange::arm(next),
+        now: at(MIN),
+    };
+    let mut collide = arm(&ids[2], at(2 * MIN));
+    collide.tick.id = armed[2]; // its next tick reuses the armed tick's id: fails part-way
+    let failed_task = fire_task(&d, &ids[2], at(MIN));
+    let failed_task_id = failed_task.id;
+    let mut failing = op(2, armed[2], collide);
+    failing.fires[0].task = Some(failed_task);
+    let ops = vec![
+        op(0, armed[0], arm(&ids[0], at(2 * MIN))),
+        op(1, fresh_id(), arm(&ids[1], at(2 * MIN))), // stale: another tick is armed
+        failing,
+        op(3, armed[3], arm(&ids[3], at(2 * MIN))),
+        FireOp {
+            schedule_id: sid("m-missing"),
+            expect_armed: None,
+            fires: Vec::new(),
+            arm: ArmChange::Keep,
+            now: at(MIN),
+        },
+    ];
+    let out = s.fire_many(ops).await;
+    assert_eq!(out.len(), 5);
+    for i in [0usize, 3] {
+        let applied = out[i].as_ref().expect("op commits");
+        assert_eq!(applied.schedule.id, ids[i]);
+        assert_eq!(applied.schedule.counts.fired, 1);
+        assert_eq!(applied.schedule.next_fire_at, Some(at(2 * MIN)));
+        let tick = applied.tick.as_ref().expect("next tick armed");
+        assert_eq!(applied.schedule.armed_tick, Some(tick.id));
+        assert_eq!(state(tasks.as_ref(), tick.id).await, TaskState::Scheduled);
+        match &applied.fires[0] {
+            FireResult::Recorded {
+                task: Some(task), ..
+            } => assert_eq!(state(tasks.as_ref(), task.id).await, TaskState::Scheduled),
+            other => panic!("expected a recorded fire with its task, got {other:?}"),
+        }
+        let stored = s.get_schedule(&ids[i]).await.expect("get").expect("exists");
+        assert_eq!(&stored, &applied.schedule);
+    }
+    assert!(
+        matches!(&out[1], Err(ScheduleError::StaleTick { armed: a }) if *a == Some(armed[1])),
+        "{:?}",
+        out[1]
+    );
+    assert!(out[2].is_err(), "{:?}", out[2]);
+    assert!(
+        matches!(&out[4], Err(ScheduleError::NotFound)),
+        "{:?}",
+        out[4]
+    );
+    for i in [1usize, 2] {
+        let sch = s.get_schedule(&ids[i]).await.expect("get").expect("exists");
+        assert_eq!(sch.armed_tick, Some(armed[i]), "arming unchanged");
+        assert_eq!(sch.next_fire_at, Some(at(MIN)));
+        assert_eq!(sch.counts.fired, 0);
+        assert!(
+            s.list_fires(&ids[i], None, 10)
+                .await
+                .expect("fires")
+                .fires
+                .is_empty()
+        );
+    }
+    assert!(
+        tasks.get(failed_task_id).await.expect("get").is_none(),
+        "the failed op's task rolled back"
+    );
+    assert!(s.fire_many(Vec::new()).await.is_empty());
+
+    // Refusals without a failure among them: the others commit all the same.
+    let next0 = out[0]
+        .as_ref()
+        .expect("committed")
+        .schedule
+        .armed_tick
+        .expect("armed");
+    let ops = vec![
+        FireOp {
+            schedule_id: ids[1].clone(),
+            expect_armed: Some(fresh_id()),
+            fires: Vec::new(),
+            arm: ArmChange::Disarm,
+            now: at(2 * MIN),
+        },
+        FireOp {
+            schedule_id: ids[0].clone(),
+            expect_armed: Some(next0),
+            fires: vec![NewFire::fired(
+                at(2 * MIN),
+                FireReason::Schedule,
+                fire_task(&d, &ids[0], at(2 * MIN)),
+            )],
+            arm: ArmChange::arm(arm(&ids[0], at(3 * MIN))),
+            now: at(2 * MIN),
+        },
+        FireOp {
+            schedule_id: sid("m-missing"),
+            expect_armed: None,
+            fires: Vec::new(),
+            arm: ArmChange::Keep,
+            now: at(2 * MIN),
+        },
+    ];
+    let out = s.fire_many(ops).await;
+    assert!(
+        matches!(&out[0], Err(ScheduleError::StaleTick { .. })),
+        "{:?}",
+        out[0]
+    );
+    assert!(
+        matches!(&out[2], Err(ScheduleError::NotFound)),
+        "{:?}",
+        out[2]
+    );
+    let applied = out[1].as_ref().expect("commits beside the refusals");
+    assert_eq!(applied.schedule.counts.fired, 2);
+    assert_eq!(applied.schedule.next_fire_at, Some(at(3 * MIN)));
+    let sch = s.get_schedule(&ids[1]).await.expect("get").expect("exists");
+    assert_eq!(
+        sch.armed_tick,
+        Some(armed[1]),
+        "the refused op changed nothing"
+    );
+}
+
+/// `schedules_for_fire` returns the schedules that exist among the ids asked for, each with the
+/// state of its previous fire's task.
+pub async fn schedule_for_fire_reads_schedules_with_their_last_task(
+    tasks: Arc<dyn Store>,
+    schedules: Arc<dyn ScheduleStore>,
+) {
+    let s = schedules.as_ref();
+    for id in ["g-1", "g-2", "g-3"] {
+        create(s, &sid(id), Some(at(MIN))).await;
+    }
+    let d = def();
+    let task = fire_task(&d, &sid("g-3"), at(0));
+    let task_id = task.id;
+    s.fire(FireOp {
+        schedule_id: sid("g-3"),
+        expect_armed: None,
+        fires: vec![NewFire::fired(at(0), FireReason::Trigger, task)],
+        arm: ArmChange::Keep,
+        now: at(0),
+    })
+    .await
+    .expect("trigger");
+    tasks.cancel(task_id, at(1)).await.expect("cancel");
+    let mut got = s
+        .schedules_for_fire(&[sid("g-3"), sid("nope"), sid("g-1")])
+        .await
+        .expect("read");
+    got.sort_by(|a, b| a.0.id.as_str().cmp(b.0.id.as_str()));
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(
+        got[0].0,
+        s.get_schedule(&sid("g-1"))
+            .await
+            .expect("get")
+            .expect("exists")
+    );
+    assert_eq!(got[0].1, None, "no fire yet: no last task");
+    assert_eq!(
+        got[1].0,
+        s.get_schedule(&sid("g-3"))
+            .await
+            .expect("get")
+            .expect("exists")
+    );
+    assert_eq!(
+        got[1].1,
+        Some(crate::LastTask {
+            id: task_id,
+            state: TaskState::Cancelled,
+            attempt: 0,
+        })
+    );
+    assert!(s.schedules_for_fire(&[]).await.expect("none").is_empty());
+}
+
+/// A schedule is stranded when it is armed but its armed tick is no longer live (cancelled,
+/// dead, finished, or gone); scheduled and running ticks and unarmed schedules are not.
+pub async fn schedule_stranded_lists_armed_schedules_whose_tick_is_not_live(
+    tasks: Arc<dyn Store>,
+    schedules: Arc<dyn ScheduleStore>,
+) {
+    let s = schedules.as_ref();
+    let scheduled = create(s, &sid("s-scheduled"), Some(at(MIN))).await;
+    let _ = scheduled;
+    create(s, &sid("s-unarmed"), None).await;
+    let mut cancelled = Vec::new();
+    for id in ["s-cancelled-1", "s-cancelled-2", "s-cancelled-3"] {
+        let t = create(s, &sid(id), Some(at(MIN))).await;
+        tasks.cancel(t, at(10)).await.expect("cancel the tick");
+        cancelled.push(t);
+    }
+    let running = create(s, &sid("s-running"), Some(at(MIN))).await;
+    let succeeded = create(s, &sid("s-succeeded"), Some(at(MIN))).await;
+    let exec = |n: u128| ExecutionId(Uuid::from_u128(n));
+    let claims = [(running, 1u128), (succeeded, 2)]
+        .into_iter()
+        .map(|(id, n)| DueClaim {
+            id,
+            target: ClaimTarget::Run {
+                execution: exec(n),
+                lease_until: at(2 * MIN),
+            },
+        })
+        .collect();
+    tasks.claim_due(claims, at(MIN)).await.expect("claim");
+    assert_eq!(state(tasks.as_ref(), running).await, TaskState::Running);
+    tasks
+        .complete(succeeded, exec(2), at(MIN), None)
+        .await
+        .expect("complete");
+
+    let mut seen = Vec::new();
+    let mut after: Option<ScheduleId> = None;
+    loop {
+        let page = s
+            .stranded_schedules(after.as_ref(), 2)
+            .await
+            .expect("stranded");
+        assert!(page.schedules.len() <= 2);
+        seen.extend(page.schedules.iter().map(|x| x.id.as_str().to_string()));
+        match page.next_cursor {
+            Some(c) => after = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(
+        seen,
+        [
+            "s-cancelled-1",
+            "s-cancelled-2",
+            "s-cancelled-3",
+            "s-succeeded"
+        ]
+    );
+    let page = s.stranded_schedules(None, 10).await.expect("stranded");
+    assert_eq!(page.schedules[0].armed_tick, Some(cancelled[0]));
+    assert!(page.next_cursor.is_none());
 }

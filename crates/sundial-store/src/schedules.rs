@@ -12,7 +12,7 @@
 
 use async_trait::async_trait;
 use sundial_core::schedule::{ScheduleDef, ScheduleId};
-use sundial_core::{NewTask, Task, TaskId, Timestamp};
+use sundial_core::{NewTask, Task, TaskId, TaskState, Timestamp};
 use thiserror::Error;
 
 use crate::StoreError;
@@ -121,6 +121,25 @@ pub struct Schedule {
     pub counts: FireCounts,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
+}
+
+/// The state of a schedule's previous fire's task, as overlap decisions need it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LastTask {
+    pub id: TaskId,
+    pub state: TaskState,
+    /// Attempts started so far (0: created, never started).
+    pub attempt: u32,
+}
+
+impl LastTask {
+    pub fn of(task: &Task) -> Self {
+        LastTask {
+            id: task.id,
+            state: task.state,
+            attempt: task.attempt,
+        }
+    }
 }
 
 /// The tick that arms a schedule's next fire.
@@ -322,6 +341,37 @@ pub trait ScheduleStore: Send + Sync + 'static {
 
     /// Records fires, creates their tasks and changes the arming in one transaction.
     async fn fire(&self, op: FireOp) -> Result<FireApplied, ScheduleError>;
+
+    /// Several [`fire`](ScheduleStore::fire) ops (of different schedules, typically the ticks
+    /// that came due together), each exactly as `fire` would apply it, answered in op order.
+    /// Each op stands alone: one that is refused (stale, not found) or fails leaves no trace and
+    /// does not affect the others. A backend commits them together where it can (one
+    /// transaction, one fsync); the default applies them one after another.
+    async fn fire_many(&self, ops: Vec<FireOp>) -> Vec<Result<FireApplied, ScheduleError>> {
+        let mut out = Vec::with_capacity(ops.len());
+        for op in ops {
+            out.push(self.fire(op).await);
+        }
+        out
+    }
+
+    /// What the runner reads before firing the ticks of `ids`: each schedule that exists (in any
+    /// order) with the state of its previous fire's task (`last_task`; `None` when it has none or
+    /// the task row is gone), read together in one snapshot.
+    async fn schedules_for_fire(
+        &self,
+        ids: &[ScheduleId],
+    ) -> Result<Vec<(Schedule, Option<LastTask>)>, StoreError>;
+
+    /// Schedules that are armed (`next_fire_at` set) but whose armed tick is no longer live:
+    /// its task row is gone or terminal (cancelled through the task API, dead, or completed
+    /// without having fired). Nothing would ever fire them again; the runner re-arms them. In id
+    /// order, strictly after `after` when given, at most `limit`.
+    async fn stranded_schedules(
+        &self,
+        after: Option<&ScheduleId>,
+        limit: usize,
+    ) -> Result<SchedulePage, StoreError>;
 
     /// Fire records of a schedule, newest nominal time first, strictly before `before` when
     /// given, at most `limit`.

@@ -250,7 +250,17 @@ impl ScheduleDef {
     /// Checks every field: the spec, the policies, and the task template (as a task of this
     /// schedule would be checked). Errors name the field (`cron`, `jitter`, `task.kind`, …).
     pub fn validate(&self, limits: &Limits) -> Result<CompiledSpec, SpecError> {
-        let compiled = self.spec.compile()?;
+        self.validate_with(limits, ScheduleSpec::compile)
+    }
+
+    /// [`ScheduleDef::validate`] with the spec compiled by `compile` (a caller that keeps
+    /// compiled specs of definitions it validates again and again hands in a cached one).
+    pub fn validate_with(
+        &self,
+        limits: &Limits,
+        compile: impl FnOnce(&ScheduleSpec) -> Result<CompiledSpec, SpecError>,
+    ) -> Result<CompiledSpec, SpecError> {
+        let compiled = compile(&self.spec)?;
         const DAY_MS: u64 = 86_400_000;
         if self.catchup_window_ms > 365 * DAY_MS {
             return Err(SpecError::new(
