@@ -38,6 +38,9 @@ pub(crate) struct Sql {
     pub start_ready: String,
     pub heartbeat: String,
     pub complete: String,
+    /// `complete` for several attempts at once, each row with its own condition and time
+    /// (see `completer.rs`).
+    pub complete_many: String,
     pub fail: String,
     pub cancel: String,
     pub trigger: String,
@@ -486,6 +489,14 @@ impl Sql {
                 "UPDATE {tasks} t SET state = 'succeeded', result = $3, updated_at = $4, \
                  finished_at = $4, lease_expires_at = NULL \
                  WHERE t.id = $1 AND t.state = 'running' AND t.execution_id = $2 RETURNING {c}"
+            ),
+            complete_many: format!(
+                "UPDATE {tasks} t SET state = 'succeeded', result = u.result, \
+                 updated_at = u.now, finished_at = u.now, lease_expires_at = NULL \
+                 FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[]) \
+                 AS u(id, execution_id, result, now) \
+                 WHERE t.id = u.id AND t.state = 'running' AND t.execution_id = u.execution_id \
+                 RETURNING {c}"
             ),
             fail: format!(
                 "UPDATE {tasks} t SET \

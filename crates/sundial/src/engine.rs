@@ -636,7 +636,10 @@ impl Engine {
                 .permits_released
                 .send_modify(|v| *v = v.wrapping_add(1));
             let res = match outcome {
-                Ok(result) => engine.complete(&task, execution, result).await.map(|_| ()),
+                Ok(result) => engine
+                    .complete(task.id, execution, result)
+                    .await
+                    .map(|_| ()),
                 Err(e) => engine
                     .fail(&task, execution, e.message, e.retryable, interrupted)
                     .await
@@ -654,13 +657,13 @@ impl Engine {
     /// Records success of an attempt (in-process or remote).
     pub async fn complete(
         &self,
-        task: &Task,
+        id: TaskId,
         execution: ExecutionId,
         result: Option<serde_json::Value>,
     ) -> Result<Task, Error> {
         let result = result.map(|v| v.to_string());
         let now = self.clock.now();
-        let t = self.store.complete(task.id, execution, now, result).await?;
+        let t = self.store.complete(id, execution, now, result).await?;
         self.release_exclusive(&t);
         Ok(t)
     }

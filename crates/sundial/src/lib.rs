@@ -362,8 +362,9 @@ impl Sundial {
         execution: ExecutionId,
         result: Option<serde_json::Value>,
     ) -> Result<Task, Error> {
-        let task = self.running_task(id, execution).await?;
-        self.engine.complete(&task, execution, result).await
+        // No read first: the store's update is conditional on `running` with this execution id
+        // and says why it refused (unknown task, or the state the attempt lost to).
+        self.engine.complete(id, execution, result).await
     }
 
     /// Records a failed attempt: retried with the task's backoff while attempts remain and
