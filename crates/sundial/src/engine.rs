@@ -69,8 +69,14 @@ pub(crate) struct Engine {
 
 struct QueueState {
     permits: Arc<Semaphore>,
-    /// Woken when tasks of this queue become ready.
+    /// Pollers that take any kind of the queue wait here. Tasks becoming ready wake *one* of
+    /// them (`notify_one`); a poller that took a full batch passes the wake-up on, and one that
+    /// is dropped after being woken hands it to the next waiter (tokio's `Notify` does that), so
+    /// a batch of ready tasks costs one claim, not one per waiting poller.
     ready: Notify,
+    /// Pollers restricted to some kinds wait here and are all woken: a wake-up cannot be aimed
+    /// at the poller whose kinds match.
+    ready_filtered: Notify,
 }
 
 struct ShardSignal {
@@ -160,6 +166,7 @@ impl Engine {
                 Arc::new(QueueState {
                     permits: Arc::new(Semaphore::new(self.config.concurrency(name))),
                     ready: Notify::new(),
+                    ready_filtered: Notify::new(),
                 })
             })
             .clone()
@@ -250,8 +257,12 @@ impl Engine {
         }
     }
 
+    /// Wakes one waiting poller of `queue` that takes any kind (it passes the wake-up on when
+    /// it took a full batch) and every poller restricted to some kinds.
     pub(crate) fn wake_pollers(&self, queue: &str) {
-        self.queue(queue).ready.notify_waiters();
+        let q = self.queue(queue);
+        q.ready.notify_one();
+        q.ready_filtered.notify_waiters();
     }
 
     pub(crate) fn shard_count(&self) -> u32 {
@@ -799,9 +810,14 @@ impl Engine {
         let start = self.clock.now();
         let deadline = start.saturating_add(wait);
         let mut stopping = self.stopping.subscribe();
+        let ready = if kinds.is_some() {
+            &q.ready_filtered
+        } else {
+            &q.ready
+        };
         loop {
             // Register interest before looking, so a task readied in between is not missed.
-            let notified = q.ready.notified();
+            let notified = ready.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             let now = self.clock.now();
@@ -815,6 +831,10 @@ impl Engine {
                 now,
             };
             let tasks = self.claim_ready(claim).await?;
+            if tasks.len() >= max && kinds.is_none() {
+                // A full batch: more may be ready; the next waiting poller looks.
+                q.ready.notify_one();
+            }
             if !tasks.is_empty() {
                 metrics::histogram!("sundial_poll_wait_seconds", "queue" => queue.to_string())
                     .record(now.since(start).as_secs_f64());
@@ -894,6 +914,7 @@ impl Engine {
             .unwrap_or_default()
         {
             q.ready.notify_waiters();
+            q.ready_filtered.notify_waiters();
         }
     }
 
