@@ -65,6 +65,8 @@ pub(crate) struct ClusterSql {
     pub heartbeat: String,
     pub leave: String,
     pub acquire: String,
+    /// `acquire` for several shards in one statement (rows in shard order).
+    pub acquire_many: String,
     pub release: String,
     /// Reads the shard's fencing number and holds a share lock on its lease row until the
     /// transaction ends: a takeover (an `UPDATE` of the row) waits for the fenced write, or the
@@ -248,6 +250,19 @@ impl ClusterSql {
                                  ELSE l.range_id + 1 END \
                  WHERE l.owner IS NULL OR l.owner = EXCLUDED.owner OR l.expires_at < $3 \
                  RETURNING l.range_id"
+            ),
+            // The same decision per row; rows are written in shard order, so two nodes
+            // acquiring overlapping sets wait for each other in one order only.
+            acquire_many: format!(
+                "INSERT INTO {s}.shard_leases AS l (shard, owner, expires_at, range_id) \
+                 SELECT u.shard, $2::text, $4::bigint, 1 \
+                 FROM unnest($1::bigint[]) AS u(shard) ORDER BY u.shard \
+                 ON CONFLICT (shard) DO UPDATE SET owner = EXCLUDED.owner, \
+                 expires_at = EXCLUDED.expires_at, \
+                 range_id = CASE WHEN l.owner = EXCLUDED.owner THEN l.range_id \
+                                 ELSE l.range_id + 1 END \
+                 WHERE l.owner IS NULL OR l.owner = EXCLUDED.owner OR l.expires_at < $3::bigint \
+                 RETURNING l.shard, l.range_id"
             ),
             // Bumping the number on release kills the released fence at once: a write still
             // in flight with it either committed before (the release waited for its share lock)

@@ -181,8 +181,19 @@ impl Engine {
         let Some(s) = self.shards.get(shard as usize) else {
             return;
         };
+        // A task due later than the owner's next backstop rescan plus its look-ahead needs no
+        // wake-up: that rescan (from the front of the shard, at most one idle interval away)
+        // finds it before it is due, and a shard's next owner scans it from the front anyway.
+        let far = self
+            .clock
+            .now()
+            .saturating_add(self.config.idle_interval)
+            .saturating_add(self.config.lookahead);
+        let worth_publishing = entry.key.due_at <= far;
         if !s.local.load(Ordering::Acquire) {
-            if let Some(c) = &self.cluster {
+            if let Some(c) = &self.cluster
+                && worth_publishing
+            {
                 c.publish(Wakeup::Due { shard, entry });
             }
             return;
@@ -198,7 +209,7 @@ impl Engine {
             // later owner acquires after this task was committed and finds it by its first scan.
             let margin = (c.lease_ttl.as_millis() / 3) as i64;
             let until = s.lease_until.load(Ordering::Acquire);
-            if self.clock.now().0 >= until.saturating_sub(margin) {
+            if worth_publishing && self.clock.now().0 >= until.saturating_sub(margin) {
                 c.publish(Wakeup::Due {
                     shard,
                     entry: entry.clone(),
@@ -247,10 +258,15 @@ impl Engine {
         }
     }
 
-    /// Tasks of `queue` became ready: wake pollers here and on other nodes.
+    /// Tasks of `queue` became ready: wake pollers here and on other nodes (when there are
+    /// others: a node that found itself alone at its last heartbeat publishes nothing; a node
+    /// that joined since waits at most until that heartbeat's successor, a third of the lease
+    /// TTL, for its pollers to hear of ready work, or until their poll ends).
     pub(crate) fn ready_changed(&self, queue: &str) {
         self.wake_pollers(queue);
-        if let Some(c) = &self.cluster {
+        if let Some(c) = &self.cluster
+            && !c.is_alone()
+        {
             c.publish(Wakeup::Ready {
                 queue: queue.to_string(),
             });

@@ -109,11 +109,16 @@ impl Store for Counting {
 
 struct Setup {
     sundial: Sundial,
+    clock: ManualClock,
     claims: Arc<AtomicUsize>,
     _dir: tempfile::TempDir,
 }
 
 fn setup() -> Setup {
+    setup_with(Config::default())
+}
+
+fn setup_with(config: Config) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let inner: Arc<dyn Store> = Arc::new(
         sundial::SqliteStore::open_dir(dir.path(), sundial::SqliteOptions::default()).unwrap(),
@@ -123,12 +128,14 @@ fn setup() -> Setup {
         inner,
         claims: claims.clone(),
     });
+    let clock = ManualClock::new(T0);
     let sundial = Sundial::builder()
-        .config(Config::default())
-        .clock(Arc::new(ManualClock::new(T0)))
+        .config(config)
+        .clock(Arc::new(clock.clone()))
         .with_store(store);
     Setup {
         sundial,
+        clock,
         claims,
         _dir: dir,
     }
@@ -201,12 +208,22 @@ async fn a_ready_task_wakes_one_waiting_poller_not_all_of_them() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poller_that_took_a_full_batch_wakes_the_next() {
-    let s = setup();
+    // One shard, and six tasks due at one moment: they become ready in one claim.
+    let s = setup_with(Config {
+        shard_count: 1,
+        ..Config::default()
+    });
     let _engine = s.sundial.start();
     let waiting = pollers(&s, 3, 2, None).await;
-    // Six tasks readied in one batch: three pollers taking two each all get theirs.
-    let specs = (0..6).map(|_| TaskSpec::new("w").queue("q")).collect();
+    let due = Timestamp(T0.0 + 1_000);
+    let specs = (0..6)
+        .map(|_| TaskSpec::new("w").queue("q").run_at(due))
+        .collect();
     s.sundial.schedule_many(specs).await.unwrap();
+    settle().await;
+    s.clock.advance(Duration::from_secs(1));
+    // Three pollers taking two each all get theirs: the first woken took a full batch and woke
+    // the next, and so on.
     let mut total = 0;
     for h in waiting {
         let got = tokio::time::timeout(Duration::from_secs(10), h)
