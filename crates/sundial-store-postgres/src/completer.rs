@@ -11,10 +11,13 @@
 //! once, alone.
 //!
 //! Every row keeps its own condition, so the outcome of each call is what its single update would
-//! have been: a row not updated is refused (`NotFound` or `StaleExecution`, read afterwards, as a
-//! single call does), and of two calls for one attempt at most one succeeds. Should the grouped
-//! statement fail, each call of the batch is retried on its own, so one call's error is never
-//! another's.
+//! have been, and of two calls for one attempt at most one succeeds. The group never waits for a
+//! row lock: it locks its rows with `SKIP LOCKED`, so it cannot take part in a deadlock (other
+//! writers lock several task rows in orders of their own, closing a workflow run for one). A
+//! call whose row it did not update (refused, or locked by someone else at that moment) then
+//! runs on its own, as before grouping, which waits for the lock and says why it is refused.
+//! Should the grouped statement fail, each call of the batch is retried on its own, so one
+//! call's error is never another's.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -117,8 +120,7 @@ impl PostgresStore {
     async fn complete_batch(&self, batch: Vec<Completion>) {
         if batch.len() == 1 {
             for c in batch {
-                let r = self.complete_one(c.id, c.execution, c.now, c.result).await;
-                let _ = c.reply.send(r);
+                self.complete_alone(c);
             }
             return;
         }
@@ -128,15 +130,12 @@ impl PostgresStore {
         let mut seen = std::collections::HashSet::new();
         let (batch, later): (Vec<Completion>, Vec<Completion>) =
             batch.into_iter().partition(|c| seen.insert(c.id));
-        self.complete_together(batch).await;
-        for c in later {
-            let r = self.complete_one(c.id, c.execution, c.now, c.result).await;
-            let _ = c.reply.send(r);
-        }
+        self.complete_together(batch, later).await;
     }
 
-    /// Completes calls for distinct tasks with one statement.
-    async fn complete_together(&self, batch: Vec<Completion>) {
+    /// Completes calls for distinct tasks with one statement; `later` (second calls for a task of
+    /// `batch`) run on their own once it is done.
+    async fn complete_together(&self, batch: Vec<Completion>, later: Vec<Completion>) {
         // Lock rows in id order, as every multi-row write here does.
         let mut order: Vec<usize> = (0..batch.len()).collect();
         order.sort_by_key(|&i| batch[i].id);
@@ -160,39 +159,38 @@ impl PostgresStore {
             Ok(done) => done,
             Err(e) => {
                 tracing::debug!(error = %e, n = batch.len(), "grouped complete failed; one by one");
-                for c in batch {
-                    let r = self.complete_one(c.id, c.execution, c.now, c.result).await;
-                    let _ = c.reply.send(r);
+                for c in batch.into_iter().chain(later) {
+                    self.complete_alone(c);
                 }
                 return;
             }
         };
         let mut done: HashMap<Uuid, Task> = done.into_iter().map(|t| (t.id.0, t)).collect();
-        let mut refused = Vec::new();
+        let mut rest = Vec::new();
         for c in batch {
             match done.remove(&c.id.0) {
                 Some(t) => {
                     let _ = c.reply.send(Ok(t));
                 }
-                None => refused.push(c),
+                None => rest.push(c),
             }
         }
-        if refused.is_empty() {
-            return;
+        // Not updated by the group: refused, or locked by another transaction at that moment
+        // (the group skips locked rows). Each runs on its own, which waits for the lock and
+        // says exactly why it is refused, if it is.
+        for c in rest.into_iter().chain(later) {
+            self.complete_alone(c);
         }
-        let client = match self.client().await {
-            Ok(c) => c,
-            Err(e) => {
-                for c in refused {
-                    let _ = c.reply.send(Err(TransitionError::Store(e.clone())));
-                }
-                return;
-            }
-        };
-        for c in refused {
-            let why = self.attempt_refusal(&client, &c.id.0).await;
-            let _ = c.reply.send(Err(why));
-        }
+    }
+
+    /// Runs one call on its own, in a task of its own: it may wait for a row lock, and the
+    /// queue behind it must not.
+    fn complete_alone(&self, c: Completion) {
+        let store = self.clone();
+        tokio::spawn(async move {
+            let r = store.complete_one(c.id, c.execution, c.now, c.result).await;
+            let _ = c.reply.send(r);
+        });
     }
 
     /// One completion, as its own statement.

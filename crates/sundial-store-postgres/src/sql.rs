@@ -505,12 +505,18 @@ impl Sql {
                  finished_at = $4, lease_expires_at = NULL \
                  WHERE t.id = $1 AND t.state = 'running' AND t.execution_id = $2 RETURNING {c}"
             ),
+            // Never waits for a row: rows locked elsewhere are left to a call of their own.
             complete_many: format!(
-                "UPDATE {tasks} t SET state = 'succeeded', result = u.result, \
+                "WITH u AS (SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[]) \
+                     AS u(id, execution_id, result, now)), \
+                 l AS (SELECT t.id FROM {tasks} t JOIN u ON t.id = u.id \
+                     WHERE t.state = 'running' AND t.execution_id = u.execution_id \
+                     ORDER BY t.id FOR UPDATE OF t SKIP LOCKED) \
+                 UPDATE {tasks} t SET state = 'succeeded', result = u.result, \
                  updated_at = u.now, finished_at = u.now, lease_expires_at = NULL \
-                 FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[]) \
-                 AS u(id, execution_id, result, now) \
-                 WHERE t.id = u.id AND t.state = 'running' AND t.execution_id = u.execution_id \
+                 FROM u, l \
+                 WHERE t.id = l.id AND t.id = u.id AND t.state = 'running' \
+                 AND t.execution_id = u.execution_id \
                  RETURNING {c}"
             ),
             fail: format!(

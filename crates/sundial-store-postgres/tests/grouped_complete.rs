@@ -201,3 +201,53 @@ async fn each_call_of_a_group_gets_its_own_outcome() {
     .unwrap();
     assert_eq!(t.state, TaskState::Succeeded);
 }
+
+/// The group never waits for a row another transaction holds (so it cannot take part in a
+/// deadlock): the other calls of the group finish while that one waits for the lock, alone, and
+/// succeeds once the lock is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_row_does_not_hold_up_its_group() {
+    let Some((store, guard)) = fresh_postgres().await else {
+        return;
+    };
+    let tasks = running(store.as_ref(), 4).await;
+    let mut locker = raw_client(&guard.url).await;
+    let tx = locker.transaction().await.unwrap();
+    tx.execute(
+        &format!(
+            "SELECT 1 FROM \"{}\".tasks WHERE id = $1 FOR UPDATE",
+            guard.schema
+        ),
+        &[&tasks[0].id.0],
+    )
+    .await
+    .unwrap();
+    let calls: Vec<_> = tasks
+        .iter()
+        .map(|t| {
+            let (store, id, exec) = (store.clone(), t.id, t.execution_id.unwrap());
+            tokio::spawn(async move { store.complete(id, exec, Timestamp(30), None).await })
+        })
+        .collect();
+    let mut calls = calls.into_iter();
+    let locked = calls.next().unwrap();
+    for h in calls {
+        let t = tokio::time::timeout(Duration::from_secs(5), h)
+            .await
+            .expect("the unlocked rows complete while one row is locked")
+            .unwrap()
+            .unwrap();
+        assert_eq!(t.state, TaskState::Succeeded);
+    }
+    assert!(
+        !locked.is_finished(),
+        "the locked row's call waits for the lock"
+    );
+    tx.commit().await.unwrap();
+    let t = tokio::time::timeout(Duration::from_secs(10), locked)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(t.state, TaskState::Succeeded);
+}
