@@ -8,7 +8,7 @@
 //! nothing). The batch takes everything queued (at most [`MAX_BATCH`]), runs *one*
 //! `UPDATE … FROM unnest(…)` with each row's own condition, and answers every caller; calls that
 //! arrive meanwhile form the next batch. Nothing waits for company: an idle store's call runs at
-//! once, alone.
+//! once, as a group of one.
 //!
 //! Every row keeps its own condition, so the outcome of each call is what its single update would
 //! have been, and of two calls for one attempt at most one succeeds. The group never waits for a
@@ -118,12 +118,8 @@ impl PostgresStore {
     }
 
     async fn complete_batch(&self, batch: Vec<Completion>) {
-        if batch.len() == 1 {
-            for c in batch {
-                self.complete_alone(c);
-            }
-            return;
-        }
+        // A lone call goes through the group statement too: it never waits for a lock, so the
+        // loop never blocks, and while it runs the next calls queue up into a group.
         // One call per task in the statement: a second call for the same task runs on its own
         // afterwards, so each call's outcome (and the result written) is what its own update,
         // run one after the other, would have given.
