@@ -239,7 +239,14 @@ async fn membership_loop(engine: Arc<Engine>) {
             {
                 Ok(live) => {
                     let alone = live.len() == 1 && live[0] == node.node;
-                    node.alone.store(alone, Ordering::Release);
+                    let was_alone = node.alone.swap(alone, Ordering::AcqRel);
+                    if was_alone && !alone {
+                        // Ready wake-ups went nowhere while this node was alone: tell the
+                        // newcomers' pollers about every queue that may have ready work.
+                        for queue in engine.queue_names() {
+                            node.publish(Wakeup::Ready { queue });
+                        }
+                    }
                     rebalance(&engine, node, &live, now).await
                 }
                 Err(e) => {

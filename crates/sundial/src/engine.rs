@@ -259,9 +259,9 @@ impl Engine {
     }
 
     /// Tasks of `queue` became ready: wake pollers here and on other nodes (when there are
-    /// others: a node that found itself alone at its last heartbeat publishes nothing; a node
-    /// that joined since waits at most until that heartbeat's successor, a third of the lease
-    /// TTL, for its pollers to hear of ready work, or until their poll ends).
+    /// others: a node that found itself alone at its last heartbeat publishes nothing, and
+    /// announces every queue it knows once its next heartbeat, a third of the lease TTL later,
+    /// finds another node).
     pub(crate) fn ready_changed(&self, queue: &str) {
         self.wake_pollers(queue);
         if let Some(c) = &self.cluster
@@ -279,6 +279,14 @@ impl Engine {
         let q = self.queue(queue);
         q.ready.notify_one();
         q.ready_filtered.notify_waiters();
+    }
+
+    /// The queues this engine has seen (polled, readied or run).
+    pub(crate) fn queue_names(&self) -> Vec<String> {
+        self.queues
+            .lock()
+            .map(|q| q.keys().cloned().collect())
+            .unwrap_or_default()
     }
 
     pub(crate) fn shard_count(&self) -> u32 {

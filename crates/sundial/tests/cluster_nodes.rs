@@ -822,7 +822,8 @@ async fn a_running_node_re_measures_its_clock_and_leaves_while_too_far_off() {
     wait_owned(&c, 16).await;
 }
 
-/// Ready wake-ups go to other nodes only when there are other nodes.
+/// Ready wake-ups go to other nodes only when there are other nodes; a node that was alone
+/// announces its queues when another one turns up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_alone_publishes_no_ready_wake_ups() {
     let readies = |c: &Cluster3, i: usize| {
@@ -846,6 +847,23 @@ async fn a_node_alone_publishes_no_ready_wake_ups() {
     wait_state(&alone.nodes[0].0, id, TaskState::Ready).await;
     settle().await;
     assert_eq!(readies(&alone, 0), 0);
+    // Another node turns up: the lone node's next heartbeat tells it about the queue whose
+    // ready work it did not announce.
+    alone
+        .model
+        .lock()
+        .unwrap()
+        .nodes
+        .insert("newcomer".to_string(), alone.clock.now());
+    run_for(&alone.clock, Duration::from_secs(4)).await;
+    settle().await;
+    let told = alone.calls[0]
+        .published
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|w| matches!(w, Wakeup::Ready { queue } if queue == "default"));
+    assert!(told, "the newcomer hears of the ready queue");
 
     let two = cluster(2).await;
     wait_balanced(&two).await;
