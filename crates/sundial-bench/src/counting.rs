@@ -46,6 +46,7 @@ pub enum Method {
     NodeHeartbeat,
     Leave,
     AcquireShard,
+    AcquireShards,
     ReleaseShard,
     ClaimDueFenced,
     ExpireLeasesFenced,
@@ -56,7 +57,7 @@ pub enum Method {
 }
 
 impl Method {
-    pub const ALL: [Method; 26] = [
+    pub const ALL: [Method; 27] = [
         Method::Insert,
         Method::Get,
         Method::List,
@@ -76,6 +77,7 @@ impl Method {
         Method::NodeHeartbeat,
         Method::Leave,
         Method::AcquireShard,
+        Method::AcquireShards,
         Method::ReleaseShard,
         Method::ClaimDueFenced,
         Method::ExpireLeasesFenced,
@@ -106,6 +108,7 @@ impl Method {
             Method::NodeHeartbeat => "node_heartbeat",
             Method::Leave => "leave",
             Method::AcquireShard => "acquire_shard",
+            Method::AcquireShards => "acquire_shards",
             Method::ReleaseShard => "release_shard",
             Method::ClaimDueFenced => "claim_due_fenced",
             Method::ExpireLeasesFenced => "expire_leases_fenced",
@@ -386,6 +389,19 @@ impl Cluster for CountingStore {
     ) -> Result<Option<Fence>, StoreError> {
         let _t = self.count(Method::AcquireShard, Some(shard));
         self.cluster()?.acquire_shard(shard, node, now, until).await
+    }
+
+    async fn acquire_shards(
+        &self,
+        shards: &[u32],
+        node: &str,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> Result<Vec<Option<Fence>>, StoreError> {
+        let _t = self.count(Method::AcquireShards, None);
+        self.cluster()?
+            .acquire_shards(shards, node, now, until)
+            .await
     }
 
     async fn release_shard(&self, fence: Fence, node: &str) -> Result<(), StoreError> {

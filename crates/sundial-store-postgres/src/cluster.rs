@@ -4,7 +4,8 @@
 //! - **Leases.** `shard_leases (shard, owner, expires_at, range_id)`. `acquire_shard` is one
 //!   `INSERT … ON CONFLICT (shard) DO UPDATE … WHERE` statement: PostgreSQL evaluates the `WHERE`
 //!   on the newest version of the row under its row lock, so of several nodes acquiring one
-//!   shard exactly one gets it. `range_id` moves whenever the holder changes; `release_shard`
+//!   shard exactly one gets it. `acquire_shards` is the same statement over many rows (in shard
+//!   order), so a node renews all its leases with one statement per round. `range_id` moves whenever the holder changes; `release_shard`
 //!   clears the owner and moves it too, so a released fence is dead at once and whoever takes the
 //!   shard next (its previous owner included) gets a new number.
 //! - **Fenced writes.** `claim_due_fenced` and `expire_leases_fenced` run in one transaction
@@ -22,7 +23,7 @@
 //!   costs latency only. A subscriber also receives what its own store published: the store
 //!   cannot tell which engine sharing it sent a wake-up, and a duplicate is harmless.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -138,6 +139,42 @@ impl Cluster for PostgresStore {
             })
         })
         .transpose()
+    }
+
+    async fn acquire_shards(
+        &self,
+        shards: &[u32],
+        node: &str,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> Result<Vec<Option<Fence>>, StoreError> {
+        if shards.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut asked: Vec<i64> = shards.iter().map(|&s| i64::from(s)).collect();
+        asked.sort_unstable();
+        asked.dedup();
+        let client = self.client().await?;
+        let rows = query(
+            &client,
+            &self.sql.cluster.acquire_many,
+            &[&asked, &node, &now.0, &until.0],
+        )
+        .await?;
+        let mut got: HashMap<u32, Fence> = HashMap::with_capacity(rows.len());
+        for r in &rows {
+            let shard: i64 = col(r, 0)?;
+            let shard = u32::try_from(shard)
+                .map_err(|_| StoreError::Corrupt(format!("shard {shard} is out of range")))?;
+            got.insert(
+                shard,
+                Fence {
+                    shard,
+                    range_id: col(r, 1)?,
+                },
+            );
+        }
+        Ok(shards.iter().map(|s| got.get(s).copied()).collect())
     }
 
     async fn release_shard(&self, fence: Fence, node: &str) -> Result<(), StoreError> {

@@ -50,7 +50,9 @@
 //!   backends that no longer exist into stripe 0 (with `SKIP LOCKED`, so it waits for nobody).
 //!
 //! All state changes are single conditional `UPDATE … WHERE state = … [AND execution_id = …]
-//! RETURNING …` statements. Every task row carries its `shard`, so the shard-lease check of a
+//! RETURNING …` statements. Concurrent `complete` calls share one such statement (`completer.rs`:
+//! `UPDATE … FROM unnest(…)`, every row with its own condition and time), so a busy store pays
+//! one statement and one commit for a group of completions rather than one each. Every task row carries its `shard`, so the shard-lease check of a
 //! fenced write runs in the same transaction as the write it guards.
 //!
 //! Several nodes (migration 2, `cluster.rs`):
@@ -151,6 +153,7 @@
 //! engine's skew check and decides nothing.
 
 mod cluster;
+mod completer;
 mod rows;
 mod schedules;
 mod schema;
@@ -265,6 +268,8 @@ pub struct PostgresStore {
     config: tokio_postgres::Config,
     /// The LISTEN/NOTIFY channel of this schema.
     channel: String,
+    /// Completions waiting to share a statement (see `completer.rs`).
+    completer: completer::SharedCompleter,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -318,6 +323,7 @@ impl PostgresStore {
             channel: schema.channel(),
             schema,
             config,
+            completer: Default::default(),
         };
         // Counter stripes of backends that are gone (earlier runs) fold into one.
         client.execute(&store.sql.fold_counts, &[]).await?;
@@ -1115,12 +1121,7 @@ impl Store for PostgresStore {
         now: Timestamp,
         result: Option<String>,
     ) -> Result<Task, TransitionError> {
-        self.attempt_write(
-            &self.sql.complete,
-            id,
-            &[&id.0, &execution.0, &result, &now.0],
-        )
-        .await
+        self.complete_grouped(id, execution, now, result).await
     }
 
     async fn fail(

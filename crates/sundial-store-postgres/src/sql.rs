@@ -38,6 +38,9 @@ pub(crate) struct Sql {
     pub start_ready: String,
     pub heartbeat: String,
     pub complete: String,
+    /// `complete` for several attempts at once, each row with its own condition and time
+    /// (see `completer.rs`).
+    pub complete_many: String,
     pub fail: String,
     pub cancel: String,
     pub trigger: String,
@@ -62,6 +65,8 @@ pub(crate) struct ClusterSql {
     pub heartbeat: String,
     pub leave: String,
     pub acquire: String,
+    /// `acquire` for several shards in one statement (rows in shard order).
+    pub acquire_many: String,
     pub release: String,
     /// Reads the shard's fencing number and holds a share lock on its lease row until the
     /// transaction ends: a takeover (an `UPDATE` of the row) waits for the fenced write, or the
@@ -251,6 +256,19 @@ impl ClusterSql {
                                  ELSE l.range_id + 1 END \
                  WHERE l.owner IS NULL OR l.owner = EXCLUDED.owner OR l.expires_at < $3 \
                  RETURNING l.range_id"
+            ),
+            // The same decision per row; rows are written in shard order, so two nodes
+            // acquiring overlapping sets wait for each other in one order only.
+            acquire_many: format!(
+                "INSERT INTO {s}.shard_leases AS l (shard, owner, expires_at, range_id) \
+                 SELECT u.shard, $2::text, $4::bigint, 1 \
+                 FROM unnest($1::bigint[]) AS u(shard) ORDER BY u.shard \
+                 ON CONFLICT (shard) DO UPDATE SET owner = EXCLUDED.owner, \
+                 expires_at = EXCLUDED.expires_at, \
+                 range_id = CASE WHEN l.owner = EXCLUDED.owner THEN l.range_id \
+                                 ELSE l.range_id + 1 END \
+                 WHERE l.owner IS NULL OR l.owner = EXCLUDED.owner OR l.expires_at < $3::bigint \
+                 RETURNING l.shard, l.range_id"
             ),
             // Bumping the number on release kills the released fence at once: a write still
             // in flight with it either committed before (the release waited for its share lock)
@@ -511,6 +529,20 @@ impl Sql {
                 "UPDATE {tasks} t SET state = 'succeeded', result = $3, updated_at = $4, \
                  finished_at = $4, lease_expires_at = NULL \
                  WHERE t.id = $1 AND t.state = 'running' AND t.execution_id = $2 RETURNING {c}"
+            ),
+            // Never waits for a row: rows locked elsewhere are left to a call of their own.
+            complete_many: format!(
+                "WITH u AS (SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[]) \
+                     AS u(id, execution_id, result, now)), \
+                 l AS (SELECT t.id FROM {tasks} t JOIN u ON t.id = u.id \
+                     WHERE t.state = 'running' AND t.execution_id = u.execution_id \
+                     ORDER BY t.id FOR UPDATE OF t SKIP LOCKED) \
+                 UPDATE {tasks} t SET state = 'succeeded', result = u.result, \
+                 updated_at = u.now, finished_at = u.now, lease_expires_at = NULL \
+                 FROM u, l \
+                 WHERE t.id = l.id AND t.id = u.id AND t.state = 'running' \
+                 AND t.execution_id = u.execution_id \
+                 RETURNING {c}"
             ),
             fail: format!(
                 "UPDATE {tasks} t SET \

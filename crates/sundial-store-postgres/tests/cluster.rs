@@ -682,3 +682,56 @@ async fn database_time_is_close_to_wall_time() {
         "database {db}, wall {before}..{after}"
     );
 }
+
+/// `acquire_shards` answers shard by shard exactly as `acquire_shard` would, in one statement:
+/// free shards are taken, its own renewed (same fence), another node's valid lease refused, an
+/// expired one taken over (higher fence), and the answers come in the order asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_many_shards_at_once() {
+    let Some((s, _guard)) = fresh_postgres().await else {
+        return;
+    };
+    let t = Timestamp;
+    let b0 = s
+        .acquire_shard(0, "b", t(1_000), t(2_000))
+        .await
+        .unwrap()
+        .unwrap();
+    let b1 = s
+        .acquire_shard(1, "b", t(1_000), t(5_000))
+        .await
+        .unwrap()
+        .unwrap();
+    let a2 = s
+        .acquire_shard(2, "a", t(1_000), t(2_000))
+        .await
+        .unwrap()
+        .unwrap();
+    // At 3,000: shard 0 is b's but expired, 1 is b's and valid, 2 is a's own, 3 was never taken.
+    let got = s
+        .acquire_shards(&[3, 2, 1, 0], "a", t(3_000), t(4_000))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 4);
+    assert_eq!(got[0].map(|f| (f.shard, f.range_id)), Some((3, 1)));
+    assert_eq!(got[1], Some(a2), "renewal keeps the fencing number");
+    assert_eq!(got[2], None, "b's valid lease is refused");
+    let taken = got[3].expect("an expired lease is taken over");
+    assert_eq!(taken.shard, 0);
+    assert!(taken.range_id > b0.range_id);
+    // The renewal holds: b cannot take shard 2 before 4,000, and its own shard 1 is untouched.
+    assert_eq!(
+        s.acquire_shard(2, "b", t(3_500), t(4_500)).await.unwrap(),
+        None
+    );
+    assert_eq!(
+        s.acquire_shard(1, "b", t(3_500), t(5_500)).await.unwrap(),
+        Some(b1)
+    );
+    assert!(
+        s.acquire_shards(&[], "a", t(3_000), t(4_000))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}

@@ -70,6 +70,23 @@ pub trait Cluster: Send + Sync + 'static {
         until: Timestamp,
     ) -> Result<Option<Fence>, StoreError>;
 
+    /// [`Cluster::acquire_shard`] for each of `shards` (distinct), one answer per shard in the
+    /// order given. A backend should do it in one round trip: a node renews all its leases every
+    /// third of the TTL. The default asks shard by shard.
+    async fn acquire_shards(
+        &self,
+        shards: &[u32],
+        node: &str,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> Result<Vec<Option<Fence>>, StoreError> {
+        let mut out = Vec::with_capacity(shards.len());
+        for &shard in shards {
+            out.push(self.acquire_shard(shard, node, now, until).await?);
+        }
+        Ok(out)
+    }
+
     /// Gives a shard up (its lease ends at once; the next owner's `range_id` will be higher).
     async fn release_shard(&self, fence: Fence, node: &str) -> Result<(), StoreError>;
 
@@ -100,7 +117,8 @@ pub trait Cluster: Send + Sync + 'static {
     /// which costs latency only.
     async fn subscribe(&self) -> Result<BoxStream<'static, Wakeup>, StoreError>;
 
-    /// The database's own time, for the clock-skew check at start. The only place a store may read
+    /// The database's own time, for the clock-skew checks (at start and every
+    /// `clock_check_interval`). The only place a store may read
     /// a clock, and it decides nothing about tasks.
     async fn database_time(&self) -> Result<Timestamp, StoreError>;
 }

@@ -40,7 +40,8 @@ impl Clock for SystemClock {
 /// A clock corrected by a measured offset: `inner.now() + offset`.
 ///
 /// With several nodes, each node's engine runs on the database's time rather than its own wall
-/// clock: at start the node reads the database's clock once, and the offset is
+/// clock: at start, and again every `Config::clock_check_interval`, the node reads the
+/// database's clock, and the offset is
 /// the difference minus half the round trip and one more millisecond, so the corrected clock is
 /// never ahead of the database's. Due decisions on every node therefore agree with one clock to
 /// within a round trip, and a node never fires early because its own clock runs fast.
@@ -55,6 +56,10 @@ impl OffsetClock {
             inner,
             offset_ms: Arc::new(AtomicI64::new(offset_ms)),
         }
+    }
+    /// The uncorrected clock.
+    pub fn inner(&self) -> &Arc<dyn Clock> {
+        &self.inner
     }
     pub fn offset_ms(&self) -> i64 {
         self.offset_ms.load(Ordering::Acquire)

@@ -13,27 +13,56 @@
 //!   ready) and sends them through the store, outside any task transaction.
 //! - **subscriber**: hands other nodes' wake-ups to the local shard loops and pollers.
 //!
+//! The membership loop also measures the node's clock against the database's again every
+//! `Config::clock_check_interval`, with the rules of the first measurement at join: within
+//! `Config::max_clock_skew` the engine's correction follows the new offset (with a warning past
+//! 50 ms); beyond it the node hands its shards back and leaves the membership (so rendezvous
+//! gives its shards to the others), and rejoins once a later measurement is within the limit.
+//!
 //! Shard loops on a node are fenced: their claims carry the shard's fence, and a claim refused with
 //! `LeaseLost` stops the loop. Nothing here decides whether a write is allowed; the store does.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
 use rand::Rng;
-use sundial_core::{Task, Timestamp, rendezvous_owner};
+use sundial_core::{Clock, Task, Timestamp, rendezvous_owner};
 use sundial_store::{Cluster, Fence, StoreError, Wakeup};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
+use crate::clock::OffsetClock;
 use crate::engine::Engine;
+
+/// Offsets beyond this are logged as a warning (at join and at every later check).
+pub(crate) const WARN_SKEW_MS: u64 = 50;
+
+/// The conservative offset of the database's clock from `clock` (see [`OffsetClock::estimate`]).
+pub(crate) async fn measure_offset(
+    cluster: &dyn Cluster,
+    clock: &dyn Clock,
+) -> Result<i64, StoreError> {
+    let before = clock.now();
+    let db = cluster.database_time().await?;
+    let after = clock.now();
+    Ok(OffsetClock::estimate(before, db, after))
+}
 
 /// This node's place in a cluster.
 pub(crate) struct ClusterNode {
     pub cluster: Arc<dyn Cluster>,
     pub node: String,
     pub lease_ttl: Duration,
+    /// The engine's clock: the wall clock corrected by the measured offset to the database's.
+    clock: Arc<OffsetClock>,
+    max_skew: Duration,
+    clock_check_interval: Duration,
+    /// Whether the last heartbeat found this node the only live one: then nobody else has
+    /// pollers to wake, and ready wake-ups are not published.
+    alone: AtomicBool,
     owned: Mutex<HashMap<u32, OwnedShard>>,
     outbox: mpsc::UnboundedSender<Wakeup>,
     outbox_rx: Mutex<Option<mpsc::UnboundedReceiver<Wakeup>>>,
@@ -46,12 +75,21 @@ struct OwnedShard {
 }
 
 impl ClusterNode {
-    pub fn new(cluster: Arc<dyn Cluster>, node: String, lease_ttl: Duration) -> Self {
+    pub fn new(
+        cluster: Arc<dyn Cluster>,
+        node: String,
+        config: &crate::Config,
+        clock: Arc<OffsetClock>,
+    ) -> Self {
         let (outbox, rx) = mpsc::unbounded_channel();
         ClusterNode {
             cluster,
             node,
-            lease_ttl,
+            lease_ttl: config.shard_lease_ttl,
+            clock,
+            max_skew: config.max_clock_skew,
+            clock_check_interval: config.clock_check_interval,
+            alone: AtomicBool::new(false),
             owned: Mutex::new(HashMap::new()),
             outbox,
             outbox_rx: Mutex::new(Some(rx)),
@@ -61,6 +99,43 @@ impl ClusterNode {
     /// Queues a wake-up for other nodes.
     pub fn publish(&self, w: Wakeup) {
         let _ = self.outbox.send(w);
+    }
+
+    /// Whether the last heartbeat found no other live node.
+    pub fn is_alone(&self) -> bool {
+        self.alone.load(Ordering::Acquire)
+    }
+
+    /// Measures the clock against the database's again. Within the limit the correction takes
+    /// the new offset and this returns `true`; beyond it nothing changes and it returns `false`.
+    async fn check_clock(&self) -> Result<bool, StoreError> {
+        let offset = measure_offset(self.cluster.as_ref(), self.clock.inner().as_ref()).await?;
+        let skew = offset.unsigned_abs();
+        if skew > self.max_skew.as_millis() as u64 {
+            tracing::error!(
+                offset_ms = offset,
+                limit_ms = self.max_skew.as_millis() as u64,
+                "this node's clock differs from the database's beyond the limit: handing its \
+                 shards back and leaving until it is within the limit (fix the clock: NTP)"
+            );
+            return Ok(false);
+        }
+        let old = self.clock.offset_ms();
+        if skew > WARN_SKEW_MS {
+            tracing::warn!(
+                offset_ms = offset,
+                previous_ms = old,
+                "this node's clock differs from the database's; running on the database's time"
+            );
+        } else if offset != old {
+            tracing::debug!(
+                offset_ms = offset,
+                previous_ms = old,
+                "clock offset re-measured"
+            );
+        }
+        self.clock.set_offset_ms(offset);
+        Ok(true)
     }
 
     fn fences(&self) -> Vec<Fence> {
@@ -126,20 +201,59 @@ async fn membership_loop(engine: Arc<Engine>) {
     let mut stopping = engine.stopping_rx();
     let ttl = node.lease_ttl;
     let ttl_ms = ttl.as_millis() as i64;
+    let mut next_clock_check = engine.clock.now().saturating_add(node.clock_check_interval);
+    // Set while the clock is beyond the limit: the node has left and runs no shard.
+    let mut refused = false;
     loop {
         if *stopping.borrow() {
             break;
         }
         let now = engine.clock.now();
-        let waiting = match node
-            .cluster
-            .heartbeat(&node.node, now, Timestamp(now.0 - ttl_ms))
-            .await
-        {
-            Ok(live) => rebalance(&engine, node, &live, now).await,
-            Err(e) => {
-                tracing::warn!(error = %e, "node heartbeat failed");
-                false
+        if now >= next_clock_check {
+            match node.check_clock().await {
+                Ok(true) => {
+                    if refused {
+                        tracing::info!("clock within the limit again; rejoining");
+                    }
+                    refused = false;
+                }
+                Ok(false) => {
+                    if !refused {
+                        hand_back(&engine, node).await;
+                    }
+                    refused = true;
+                }
+                Err(e) => tracing::warn!(error = %e, "clock check failed"),
+            }
+            // From the engine's clock after the check (the offset may have moved).
+            next_clock_check = engine.clock.now().saturating_add(node.clock_check_interval);
+        }
+        let now = engine.clock.now();
+        let waiting = if refused {
+            false
+        } else {
+            match node
+                .cluster
+                .heartbeat(&node.node, now, Timestamp(now.0 - ttl_ms))
+                .await
+            {
+                Ok(live) => {
+                    let alone = live.len() == 1 && live[0] == node.node;
+                    let was_alone = node.alone.swap(alone, Ordering::AcqRel);
+                    if was_alone && !alone {
+                        // Ready wake-ups went nowhere while this node was alone: tell the
+                        // newcomers' pollers about every queue that may have ready work.
+                        for queue in engine.queue_names() {
+                            node.publish(Wakeup::Ready { queue });
+                        }
+                    }
+                    rebalance(&engine, node, &live, now).await
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "node heartbeat failed");
+                    node.alone.store(false, Ordering::Release);
+                    false
+                }
             }
         };
         let third = ttl_ms / 3;
@@ -159,6 +273,14 @@ async fn membership_loop(engine: Arc<Engine>) {
         }
     }
     // Clean exit: stop the loops, hand the shards back, leave.
+    if !refused {
+        hand_back(&engine, node).await;
+    }
+}
+
+/// Stops every shard loop of this node, releases the shards and leaves the membership.
+async fn hand_back(engine: &Arc<Engine>, node: &ClusterNode) {
+    node.alone.store(false, Ordering::Release);
     let owned: Vec<(u32, OwnedShard)> = node
         .owned
         .lock()
@@ -218,16 +340,34 @@ async fn rebalance(
             }
         }
     }
-    // Take or renew what rendezvous gives this node.
+    // Take or renew what rendezvous gives this node: one call for all of them.
     let mut wanted: Vec<u32> = wanted.into_iter().collect();
     wanted.sort_unstable();
-    for shard in wanted {
-        match node
-            .cluster
-            .acquire_shard(shard, &node.node, now, until)
-            .await
-        {
-            Ok(Some(fence)) => {
+    if wanted.is_empty() {
+        return waiting;
+    }
+    let fences = match node
+        .cluster
+        .acquire_shards(&wanted, &node.node, now, until)
+        .await
+    {
+        Ok(f) if f.len() == wanted.len() => f,
+        Ok(f) => {
+            tracing::warn!(
+                asked = wanted.len(),
+                answered = f.len(),
+                "acquire answered for the wrong number of shards"
+            );
+            return waiting;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "acquire failed");
+            return waiting;
+        }
+    };
+    for (shard, fence) in wanted.into_iter().zip(fences) {
+        match fence {
+            Some(fence) => {
                 engine.set_lease_until(shard, until);
                 let mut owned = match node.owned.lock() {
                     Ok(o) => o,
@@ -255,7 +395,7 @@ async fn rebalance(
                     },
                 );
             }
-            Ok(None) => {
+            None => {
                 // Another live node still holds it; it will hand it over or its lease will end.
                 waiting = true;
                 let lost = node.owned.lock().ok().and_then(|mut o| o.remove(&shard));
@@ -265,7 +405,6 @@ async fn rebalance(
                     engine.set_local(shard, false);
                 }
             }
-            Err(e) => tracing::warn!(shard, error = %e, "acquire failed"),
         }
     }
     waiting

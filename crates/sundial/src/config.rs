@@ -38,8 +38,13 @@ pub struct Config {
     /// node that stops heartbeating loses its shards within this time.
     pub shard_lease_ttl: Duration,
     /// Several nodes: the largest difference between this node's clock and the database's that
-    /// start-up accepts. Smaller differences are corrected (see `clock::OffsetClock`).
+    /// start-up accepts. Smaller differences are corrected (see `clock::OffsetClock`). The same
+    /// limit applies to every later measurement (see `clock_check_interval`).
     pub max_clock_skew: Duration,
+    /// Several nodes: how often a running node measures its clock against the database's again.
+    /// Within `max_clock_skew` the correction follows the new measurement; beyond it the node
+    /// hands its shards back and leaves the membership until its clock is within the limit again.
+    pub clock_check_interval: Duration,
 }
 
 impl Default for Config {
@@ -58,6 +63,7 @@ impl Default for Config {
             limits: Limits::default(),
             shard_lease_ttl: Duration::from_secs(10),
             max_clock_skew: Duration::from_secs(2),
+            clock_check_interval: Duration::from_secs(60),
         }
     }
 }

@@ -69,8 +69,14 @@ pub(crate) struct Engine {
 
 struct QueueState {
     permits: Arc<Semaphore>,
-    /// Woken when tasks of this queue become ready.
+    /// Pollers that take any kind of the queue wait here. Tasks becoming ready wake *one* of
+    /// them (`notify_one`); a poller that took a full batch passes the wake-up on, and one that
+    /// is dropped after being woken hands it to the next waiter (tokio's `Notify` does that), so
+    /// a batch of ready tasks costs one claim, not one per waiting poller.
     ready: Notify,
+    /// Pollers restricted to some kinds wait here and are all woken: a wake-up cannot be aimed
+    /// at the poller whose kinds match.
+    ready_filtered: Notify,
 }
 
 struct ShardSignal {
@@ -160,6 +166,7 @@ impl Engine {
                 Arc::new(QueueState {
                     permits: Arc::new(Semaphore::new(self.config.concurrency(name))),
                     ready: Notify::new(),
+                    ready_filtered: Notify::new(),
                 })
             })
             .clone()
@@ -174,8 +181,19 @@ impl Engine {
         let Some(s) = self.shards.get(shard as usize) else {
             return;
         };
+        // A task due later than the owner's next backstop rescan plus its look-ahead needs no
+        // wake-up: that rescan (from the front of the shard, at most one idle interval away)
+        // finds it before it is due, and a shard's next owner scans it from the front anyway.
+        let far = self
+            .clock
+            .now()
+            .saturating_add(self.config.idle_interval)
+            .saturating_add(self.config.lookahead);
+        let worth_publishing = entry.key.due_at <= far;
         if !s.local.load(Ordering::Acquire) {
-            if let Some(c) = &self.cluster {
+            if let Some(c) = &self.cluster
+                && worth_publishing
+            {
                 c.publish(Wakeup::Due { shard, entry });
             }
             return;
@@ -191,7 +209,7 @@ impl Engine {
             // later owner acquires after this task was committed and finds it by its first scan.
             let margin = (c.lease_ttl.as_millis() / 3) as i64;
             let until = s.lease_until.load(Ordering::Acquire);
-            if self.clock.now().0 >= until.saturating_sub(margin) {
+            if worth_publishing && self.clock.now().0 >= until.saturating_sub(margin) {
                 c.publish(Wakeup::Due {
                     shard,
                     entry: entry.clone(),
@@ -240,18 +258,35 @@ impl Engine {
         }
     }
 
-    /// Tasks of `queue` became ready: wake pollers here and on other nodes.
+    /// Tasks of `queue` became ready: wake pollers here and on other nodes (when there are
+    /// others: a node that found itself alone at its last heartbeat publishes nothing, and
+    /// announces every queue it knows once its next heartbeat, a third of the lease TTL later,
+    /// finds another node).
     pub(crate) fn ready_changed(&self, queue: &str) {
         self.wake_pollers(queue);
-        if let Some(c) = &self.cluster {
+        if let Some(c) = &self.cluster
+            && !c.is_alone()
+        {
             c.publish(Wakeup::Ready {
                 queue: queue.to_string(),
             });
         }
     }
 
+    /// Wakes one waiting poller of `queue` that takes any kind (it passes the wake-up on when
+    /// it took a full batch) and every poller restricted to some kinds.
     pub(crate) fn wake_pollers(&self, queue: &str) {
-        self.queue(queue).ready.notify_waiters();
+        let q = self.queue(queue);
+        q.ready.notify_one();
+        q.ready_filtered.notify_waiters();
+    }
+
+    /// The queues this engine has seen (polled, readied or run).
+    pub(crate) fn queue_names(&self) -> Vec<String> {
+        self.queues
+            .lock()
+            .map(|q| q.keys().cloned().collect())
+            .unwrap_or_default()
     }
 
     pub(crate) fn shard_count(&self) -> u32 {
@@ -636,7 +671,10 @@ impl Engine {
                 .permits_released
                 .send_modify(|v| *v = v.wrapping_add(1));
             let res = match outcome {
-                Ok(result) => engine.complete(&task, execution, result).await.map(|_| ()),
+                Ok(result) => engine
+                    .complete(task.id, execution, result)
+                    .await
+                    .map(|_| ()),
                 Err(e) => engine
                     .fail(&task, execution, e.message, e.retryable, interrupted)
                     .await
@@ -654,13 +692,13 @@ impl Engine {
     /// Records success of an attempt (in-process or remote).
     pub async fn complete(
         &self,
-        task: &Task,
+        id: TaskId,
         execution: ExecutionId,
         result: Option<serde_json::Value>,
     ) -> Result<Task, Error> {
         let result = result.map(|v| v.to_string());
         let now = self.clock.now();
-        let t = self.store.complete(task.id, execution, now, result).await?;
+        let t = self.store.complete(id, execution, now, result).await?;
         self.release_exclusive(&t);
         Ok(t)
     }
@@ -796,9 +834,14 @@ impl Engine {
         let start = self.clock.now();
         let deadline = start.saturating_add(wait);
         let mut stopping = self.stopping.subscribe();
+        let ready = if kinds.is_some() {
+            &q.ready_filtered
+        } else {
+            &q.ready
+        };
         loop {
             // Register interest before looking, so a task readied in between is not missed.
-            let notified = q.ready.notified();
+            let notified = ready.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             let now = self.clock.now();
@@ -812,6 +855,10 @@ impl Engine {
                 now,
             };
             let tasks = self.claim_ready(claim).await?;
+            if tasks.len() >= max && kinds.is_none() {
+                // A full batch: more may be ready; the next waiting poller looks.
+                q.ready.notify_one();
+            }
             if !tasks.is_empty() {
                 metrics::histogram!("sundial_poll_wait_seconds", "queue" => queue.to_string())
                     .record(now.since(start).as_secs_f64());
@@ -891,6 +938,7 @@ impl Engine {
             .unwrap_or_default()
         {
             q.ready.notify_waiters();
+            q.ready_filtered.notify_waiters();
         }
     }
 

@@ -161,6 +161,7 @@ impl Builder {
     /// `Config::shard_count`) and measures the node's clock against the database's: beyond
     /// `Config::max_clock_skew` it refuses with [`Error::ClockSkew`]; within it, the engine runs on
     /// the database's time (see [`clock::OffsetClock`]), so all nodes decide "due" on one clock.
+    /// The node measures again every `Config::clock_check_interval` under the same limit.
     pub async fn join_cluster(
         mut self,
         store: Arc<dyn Store>,
@@ -169,10 +170,7 @@ impl Builder {
     ) -> Result<Sundial, Error> {
         let node = node.into();
         self.config.shard_count = cluster.shard_count(self.config.shard_count).await?;
-        let before = self.clock.now();
-        let db = cluster.database_time().await?;
-        let after = self.clock.now();
-        let offset = clock::OffsetClock::estimate(before, db, after);
+        let offset = cluster::measure_offset(cluster.as_ref(), self.clock.as_ref()).await?;
         let skew = offset.unsigned_abs();
         if skew > self.config.max_clock_skew.as_millis() as u64 {
             return Err(Error::ClockSkew {
@@ -180,15 +178,15 @@ impl Builder {
                 limit_ms: self.config.max_clock_skew.as_millis() as u64,
             });
         }
-        if skew > 50 {
+        if skew > cluster::WARN_SKEW_MS {
             tracing::warn!(
                 offset_ms = offset,
                 "this node's clock differs from the database's; running on the database's time"
             );
         }
-        let clock: Arc<dyn Clock> = Arc::new(clock::OffsetClock::new(self.clock, offset));
-        let ttl = self.config.shard_lease_ttl;
-        let node = cluster::ClusterNode::new(cluster, node, ttl);
+        let offset_clock = Arc::new(clock::OffsetClock::new(self.clock, offset));
+        let node = cluster::ClusterNode::new(cluster, node, &self.config, offset_clock.clone());
+        let clock: Arc<dyn Clock> = offset_clock;
         Ok(Sundial {
             engine: Engine::new(store, clock, self.config, Some(node)),
             schedule_store: self.schedule_store,
@@ -362,8 +360,9 @@ impl Sundial {
         execution: ExecutionId,
         result: Option<serde_json::Value>,
     ) -> Result<Task, Error> {
-        let task = self.running_task(id, execution).await?;
-        self.engine.complete(&task, execution, result).await
+        // No read first: the store's update is conditional on `running` with this execution id
+        // and says why it refused (unknown task, or the state the attempt lost to).
+        self.engine.complete(id, execution, result).await
     }
 
     /// Records a failed attempt: retried with the task's backoff while attempts remain and

@@ -10,6 +10,7 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,13 +32,23 @@ struct Model {
 struct MemoryCluster {
     store: Arc<dyn Store>,
     clock: ManualClock,
-    skew_ms: i64,
+    /// How far the database's clock is ahead of the manual clock, as this node measures it.
+    skew_ms: Arc<AtomicI64>,
     model: Arc<Mutex<Model>>,
     /// While true, every call from this node waits, as a SIGSTOPped process's would.
     paused: tokio::sync::watch::Receiver<bool>,
     /// While true, the wake-ups this node publishes are lost (as when a node dies between its
     /// commit and its notification, or a LISTEN connection drops).
     lose_wakeups: Arc<std::sync::atomic::AtomicBool>,
+    calls: Arc<Calls>,
+}
+
+/// What one node asked of the cluster.
+#[derive(Default)]
+struct Calls {
+    acquire_one: AtomicUsize,
+    acquire_many: AtomicUsize,
+    published: Mutex<Vec<Wakeup>>,
 }
 
 impl MemoryCluster {
@@ -48,6 +59,19 @@ impl MemoryCluster {
                 return;
             }
         }
+    }
+
+    fn acquire(&self, shard: u32, node: &str, now: Timestamp, until: Timestamp) -> Option<Fence> {
+        let mut m = self.model.lock().unwrap();
+        let entry = m.leases.get(&shard).cloned();
+        let range_id = match entry {
+            None => 1,
+            Some((owner, _, range)) if owner == node => range,
+            Some((_, expires, range)) if expires < now => range + 1,
+            Some(_) => return None,
+        };
+        m.leases.insert(shard, (node.to_string(), until, range_id));
+        Some(Fence { shard, range_id })
     }
 
     fn check(&self, fence: Fence) -> Result<(), StoreError> {
@@ -101,16 +125,22 @@ impl Cluster for MemoryCluster {
         until: Timestamp,
     ) -> Result<Option<Fence>, StoreError> {
         self.gate().await;
-        let mut m = self.model.lock().unwrap();
-        let entry = m.leases.get(&shard).cloned();
-        let range_id = match entry {
-            None => 1,
-            Some((owner, _, range)) if owner == node => range,
-            Some((_, expires, range)) if expires < now => range + 1,
-            Some(_) => return Ok(None),
-        };
-        m.leases.insert(shard, (node.to_string(), until, range_id));
-        Ok(Some(Fence { shard, range_id }))
+        self.calls.acquire_one.fetch_add(1, Ordering::SeqCst);
+        Ok(self.acquire(shard, node, now, until))
+    }
+    async fn acquire_shards(
+        &self,
+        shards: &[u32],
+        node: &str,
+        now: Timestamp,
+        until: Timestamp,
+    ) -> Result<Vec<Option<Fence>>, StoreError> {
+        self.gate().await;
+        self.calls.acquire_many.fetch_add(1, Ordering::SeqCst);
+        Ok(shards
+            .iter()
+            .map(|s| self.acquire(*s, node, now, until))
+            .collect())
     }
     async fn release_shard(&self, fence: Fence, node: &str) -> Result<(), StoreError> {
         self.gate().await;
@@ -150,6 +180,11 @@ impl Cluster for MemoryCluster {
     }
     async fn publish(&self, wakeups: Vec<Wakeup>) -> Result<(), StoreError> {
         self.gate().await;
+        self.calls
+            .published
+            .lock()
+            .unwrap()
+            .extend(wakeups.iter().cloned());
         if self.lose_wakeups.load(std::sync::atomic::Ordering::SeqCst) {
             return Ok(());
         }
@@ -166,7 +201,9 @@ impl Cluster for MemoryCluster {
     }
     async fn database_time(&self) -> Result<Timestamp, StoreError> {
         self.gate().await;
-        Ok(Timestamp(self.clock.now().0 + self.skew_ms))
+        Ok(Timestamp(
+            self.clock.now().0 + self.skew_ms.load(Ordering::SeqCst),
+        ))
     }
 }
 
@@ -174,6 +211,8 @@ struct Cluster3 {
     nodes: Vec<(Sundial, sundial::Running)>,
     pause: Vec<tokio::sync::watch::Sender<bool>>,
     lose: Vec<Arc<std::sync::atomic::AtomicBool>>,
+    skew: Vec<Arc<AtomicI64>>,
+    calls: Vec<Arc<Calls>>,
     clock: ManualClock,
     model: Arc<Mutex<Model>>,
     store: Arc<dyn Store>,
@@ -189,6 +228,10 @@ fn config() -> Config {
 }
 
 async fn cluster(n: usize) -> Cluster3 {
+    cluster_with(n, config()).await
+}
+
+async fn cluster_with(n: usize, config: Config) -> Cluster3 {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(T0);
     let store: Arc<dyn Store> = Arc::new(
@@ -198,19 +241,22 @@ async fn cluster(n: usize) -> Cluster3 {
     let mut nodes = Vec::new();
     let mut pause = Vec::new();
     let lose: Vec<Arc<std::sync::atomic::AtomicBool>> = (0..n).map(|_| Arc::default()).collect();
+    let skew: Vec<Arc<AtomicI64>> = (0..n).map(|_| Arc::default()).collect();
+    let calls: Vec<Arc<Calls>> = (0..n).map(|_| Arc::default()).collect();
     for (i, lose_wakeups) in lose.iter().enumerate() {
         let (ptx, prx) = tokio::sync::watch::channel(false);
         pause.push(ptx);
         let c = Arc::new(MemoryCluster {
             store: store.clone(),
             clock: clock.clone(),
-            skew_ms: 0,
+            skew_ms: skew[i].clone(),
             model: model.clone(),
             paused: prx,
             lose_wakeups: lose_wakeups.clone(),
+            calls: calls[i].clone(),
         });
         let s = Sundial::builder()
-            .config(config())
+            .config(config.clone())
             .clock(Arc::new(clock.clone()))
             .join_cluster(store.clone(), c, format!("node-{i}"))
             .await
@@ -222,6 +268,8 @@ async fn cluster(n: usize) -> Cluster3 {
         nodes,
         pause,
         lose,
+        skew,
+        calls,
         clock,
         model,
         store,
@@ -240,6 +288,22 @@ async fn run_for(clock: &ManualClock, total: Duration) {
     }
 }
 
+/// Waits until every node runs some shards and all 16 are run.
+async fn wait_balanced(c: &Cluster3) {
+    for _ in 0..200 {
+        let owned: Vec<usize> = c
+            .nodes
+            .iter()
+            .map(|(s, _)| s.owned_shards().len())
+            .collect();
+        if owned.iter().sum::<usize>() == 16 && owned.iter().all(|n| *n > 0) {
+            return;
+        }
+        run_for(&c.clock, Duration::from_millis(500)).await;
+    }
+    panic!("shards never spread over the nodes");
+}
+
 async fn wait_owned(c: &Cluster3, expected_total: usize) {
     for _ in 0..200 {
         let total: usize = c.nodes.iter().map(|(s, _)| s.owned_shards().len()).sum();
@@ -254,7 +318,7 @@ async fn wait_owned(c: &Cluster3, expected_total: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shards_split_and_every_task_runs_once() {
     let c = cluster(3).await;
-    wait_owned(&c, 16).await;
+    wait_balanced(&c).await;
     let mut seen = Vec::new();
     for (s, _) in &c.nodes {
         let owned = s.owned_shards();
@@ -296,7 +360,7 @@ async fn shards_split_and_every_task_runs_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_node_loses_its_shards_and_its_stale_claims_are_refused() {
     let c = cluster(3).await;
-    wait_owned(&c, 16).await;
+    wait_balanced(&c).await;
     let runs = Arc::new(Mutex::new(Vec::new()));
     for (i, (s, _)) in c.nodes.iter().enumerate() {
         let runs = runs.clone();
@@ -371,10 +435,11 @@ async fn a_paused_node_loses_its_shards_and_its_stale_claims_are_refused() {
     let probe = MemoryCluster {
         store: c.store.clone(),
         clock: c.clock.clone(),
-        skew_ms: 0,
+        skew_ms: Default::default(),
         model: c.model.clone(),
         paused: unpaused,
         lose_wakeups: Default::default(),
+        calls: Default::default(),
     };
     for f in stale {
         let r = probe.claim_due_fenced(f, vec![], c.clock.now()).await;
@@ -390,7 +455,7 @@ async fn a_paused_node_loses_its_shards_and_its_stale_claims_are_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_created_through_a_node_with_stale_leases_reaches_the_new_owner_on_time() {
     let c = cluster(3).await;
-    wait_owned(&c, 16).await;
+    wait_balanced(&c).await;
     let runs = Arc::new(Mutex::new(Vec::new()));
     for (i, (s, _)) in c.nodes.iter().enumerate() {
         let runs = runs.clone();
@@ -459,7 +524,7 @@ async fn a_task_created_through_a_node_with_stale_leases_reaches_the_new_owner_o
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_wake_up_costs_at_most_the_idle_interval_even_under_steady_load() {
     let c = cluster(2).await;
-    wait_owned(&c, 16).await;
+    wait_balanced(&c).await;
     let runs = Arc::new(Mutex::new(Vec::new()));
     for (i, (s, _)) in c.nodes.iter().enumerate() {
         let runs = runs.clone();
@@ -551,10 +616,11 @@ async fn a_node_with_a_far_off_clock_refuses_to_join() {
     let c = Arc::new(MemoryCluster {
         store: store.clone(),
         clock: clock.clone(),
-        skew_ms: 5_000,
+        skew_ms: Arc::new(AtomicI64::new(5_000)),
         model: Arc::new(Mutex::new(Model::default())),
         paused: paused.clone(),
         lose_wakeups: Default::default(),
+        calls: Default::default(),
     });
     let r = Sundial::builder()
         .config(config())
@@ -566,10 +632,11 @@ async fn a_node_with_a_far_off_clock_refuses_to_join() {
     let near = Arc::new(MemoryCluster {
         store: store.clone(),
         clock: clock.clone(),
-        skew_ms: 700,
+        skew_ms: Arc::new(AtomicI64::new(700)),
         model: Arc::new(Mutex::new(Model::default())),
         paused,
         lose_wakeups: Default::default(),
+        calls: Default::default(),
     });
     let s = Sundial::builder()
         .config(config())
@@ -579,4 +646,238 @@ async fn a_node_with_a_far_off_clock_refuses_to_join() {
         .unwrap();
     let lag = Timestamp(T0.0 + 700).0 - s.clock().now().0;
     assert!((0..=2).contains(&lag), "runs {lag} ms behind the database");
+}
+
+/// A node renews all its shard leases with one cluster call per membership round, not one per
+/// shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_renews_all_its_leases_with_one_call_per_round() {
+    let c = cluster(1).await;
+    wait_owned(&c, 16).await;
+    let calls = &c.calls[0];
+    let (one, many) = (
+        calls.acquire_one.load(Ordering::SeqCst),
+        calls.acquire_many.load(Ordering::SeqCst),
+    );
+    // Three membership rounds (a third of the 9 s TTL each).
+    run_for(&c.clock, Duration::from_secs(9)).await;
+    let rounds = calls.acquire_many.load(Ordering::SeqCst) - many;
+    assert!((2..=5).contains(&rounds), "{rounds} renewal calls");
+    assert_eq!(
+        calls.acquire_one.load(Ordering::SeqCst),
+        one,
+        "no per-shard calls"
+    );
+    assert_eq!(c.nodes[0].0.owned_shards().len(), 16, "the leases held");
+}
+
+/// A task created through a node that does not run its shard is announced to the owner only
+/// when it is due before the owner's next backstop rescan plus the look-ahead; a later one is
+/// not announced, and the owner still runs it on time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wake_ups_for_tasks_due_after_the_next_rescan_are_not_published() {
+    let c = cluster(2).await;
+    wait_balanced(&c).await;
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    for (s, _) in &c.nodes {
+        let runs = runs.clone();
+        let clock = c.clock.clone();
+        s.register("k", move |ctx: sundial::TaskContext| {
+            let runs = runs.clone();
+            let at = clock.now();
+            async move {
+                runs.lock()
+                    .unwrap()
+                    .push((ctx.task.id, ctx.task.due_at, at));
+                Ok::<(), String>(())
+            }
+        });
+    }
+    let (creator, _) = &c.nodes[0];
+    let mine = creator.owned_shards();
+    let published = |c: &Cluster3| -> Vec<sundial::TaskId> {
+        c.calls[0]
+            .published
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|w| match w {
+                Wakeup::Due { entry, .. } => Some(entry.key.id),
+                Wakeup::Ready { .. } => None,
+            })
+            .collect()
+    };
+    let before = published(&c).len();
+    let mut near = Vec::new();
+    let mut far = Vec::new();
+    for _ in 0..40 {
+        let t = creator
+            .schedule_task(TaskSpec::new("k").delay(Duration::from_secs(2)))
+            .await
+            .unwrap();
+        if !mine.contains(&t.shard) {
+            near.push(t.id);
+        }
+        // Idle interval 30 s plus look-ahead 5 s: two minutes is well past both.
+        let t = creator
+            .schedule_task(TaskSpec::new("k").delay(Duration::from_secs(120)))
+            .await
+            .unwrap();
+        if !mine.contains(&t.shard) {
+            far.push(t.id);
+        }
+    }
+    assert!(!near.is_empty() && !far.is_empty());
+    settle().await;
+    let sent = published(&c);
+    let sent = &sent[before..];
+    for id in &near {
+        assert!(
+            sent.contains(id),
+            "a task due soon is announced to its owner"
+        );
+    }
+    for id in &far {
+        assert!(
+            !sent.contains(id),
+            "a task due after the next rescan is not"
+        );
+    }
+    run_for(&c.clock, Duration::from_secs(125)).await;
+    for id in &far {
+        wait_state(&c.nodes[1].0, *id, TaskState::Succeeded).await;
+    }
+    for (id, due, at) in runs.lock().unwrap().iter() {
+        if far.contains(id) {
+            assert!(at >= due, "never early");
+            assert!(at.0 - due.0 <= 1_000, "ran {} ms late", at.0 - due.0);
+        }
+    }
+}
+
+/// A node measures its clock against the database's again while it runs: within the limit its
+/// engine follows the new offset; beyond it the node hands its shards back and leaves, and it
+/// rejoins once its clock is within the limit again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_node_re_measures_its_clock_and_leaves_while_too_far_off() {
+    let config = Config {
+        clock_check_interval: Duration::from_secs(5),
+        ..config()
+    };
+    let c = cluster_with(2, config).await;
+    wait_balanced(&c).await;
+    let node0 = &c.nodes[0].0;
+    assert!(!node0.owned_shards().is_empty());
+    let lag = |s: &Sundial, skew: i64| c.clock.now().0 + skew - s.clock().now().0;
+    assert!((0..=2).contains(&lag(node0, 0)));
+    // The database's clock moves 800 ms ahead of this node's: the engine follows.
+    c.skew[0].store(800, Ordering::SeqCst);
+    run_for(&c.clock, Duration::from_secs(6)).await;
+    assert!((0..=2).contains(&lag(node0, 800)), "{} ms", lag(node0, 800));
+    // 5 s off, beyond the 2 s limit: the node hands its shards back; the other runs them all.
+    c.skew[0].store(5_000, Ordering::SeqCst);
+    let mut left = false;
+    for _ in 0..60 {
+        run_for(&c.clock, Duration::from_millis(500)).await;
+        if node0.owned_shards().is_empty() && c.nodes[1].0.owned_shards().len() == 16 {
+            left = true;
+            break;
+        }
+    }
+    assert!(
+        left,
+        "the node with the far-off clock left and the other took over"
+    );
+    assert!(
+        !c.model.lock().unwrap().nodes.contains_key("node-0"),
+        "it left the membership"
+    );
+    // A task due now still runs (on the other node).
+    let ran = Arc::new(AtomicUsize::new(0));
+    for (s, _) in &c.nodes {
+        let ran = ran.clone();
+        s.register("k", move |_ctx: sundial::TaskContext| {
+            let ran = ran.clone();
+            async move {
+                ran.fetch_add(1, Ordering::SeqCst);
+                Ok::<(), String>(())
+            }
+        });
+    }
+    let id = node0.schedule(TaskSpec::new("k")).await.unwrap();
+    run_for(&c.clock, Duration::from_secs(1)).await;
+    wait_state(node0, id, TaskState::Succeeded).await;
+    // Back within the limit: it rejoins and gets shards again.
+    c.skew[0].store(0, Ordering::SeqCst);
+    let mut back = false;
+    for _ in 0..60 {
+        run_for(&c.clock, Duration::from_millis(500)).await;
+        if !node0.owned_shards().is_empty() {
+            back = true;
+            break;
+        }
+    }
+    assert!(back, "the node rejoined");
+    assert!((0..=2).contains(&lag(node0, 0)));
+    wait_owned(&c, 16).await;
+}
+
+/// Ready wake-ups go to other nodes only when there are other nodes; a node that was alone
+/// announces its queues when another one turns up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_alone_publishes_no_ready_wake_ups() {
+    let readies = |c: &Cluster3, i: usize| {
+        c.calls[i]
+            .published
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|w| matches!(w, Wakeup::Ready { .. }))
+            .count()
+    };
+    let alone = cluster(1).await;
+    wait_owned(&alone, 16).await;
+    // No handler for the kind: the task becomes ready for workers.
+    let id = alone.nodes[0]
+        .0
+        .schedule(TaskSpec::new("remote"))
+        .await
+        .unwrap();
+    run_for(&alone.clock, Duration::from_secs(1)).await;
+    wait_state(&alone.nodes[0].0, id, TaskState::Ready).await;
+    settle().await;
+    assert_eq!(readies(&alone, 0), 0);
+    // Another node turns up: the lone node's next heartbeat tells it about the queue whose
+    // ready work it did not announce.
+    alone
+        .model
+        .lock()
+        .unwrap()
+        .nodes
+        .insert("newcomer".to_string(), alone.clock.now());
+    run_for(&alone.clock, Duration::from_secs(4)).await;
+    settle().await;
+    let told = alone.calls[0]
+        .published
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|w| matches!(w, Wakeup::Ready { queue } if queue == "default"));
+    assert!(told, "the newcomer hears of the ready queue");
+
+    let two = cluster(2).await;
+    wait_balanced(&two).await;
+    run_for(&two.clock, Duration::from_secs(4)).await;
+    let id = two.nodes[0]
+        .0
+        .schedule(TaskSpec::new("remote"))
+        .await
+        .unwrap();
+    run_for(&two.clock, Duration::from_secs(1)).await;
+    wait_state(&two.nodes[0].0, id, TaskState::Ready).await;
+    settle().await;
+    assert!(
+        readies(&two, 0) + readies(&two, 1) > 0,
+        "the other node's pollers are told"
+    );
 }

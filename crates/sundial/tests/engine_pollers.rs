@@ -1,0 +1,260 @@
+//! Long-poll wake-ups: tasks becoming ready wake one waiting poller (which passes the wake-up on
+//! when it took a full batch), not every poller of the queue; pollers restricted to some kinds
+//! are all woken. Counted on a store that records how often `claim_ready` is called.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use common::*;
+use sundial::{Config, ManualClock, Sundial, TaskSpec};
+use sundial_core::{ExecutionId, NewTask, Task, TaskId, Timestamp};
+use sundial_store::{
+    ClaimOutcome, DueClaim, DueEntry, DueKey, Inserted, ReadyClaim, StateCount, Store, StoreError,
+    TaskFilter, TaskPage, TransitionError,
+};
+
+/// Forwards to the embedded store and counts `claim_ready` calls.
+struct Counting {
+    inner: Arc<dyn Store>,
+    claims: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl Store for Counting {
+    async fn insert(&self, tasks: Vec<NewTask>) -> Result<Vec<Inserted>, StoreError> {
+        self.inner.insert(tasks).await
+    }
+    async fn get(&self, id: TaskId) -> Result<Option<Task>, StoreError> {
+        self.inner.get(id).await
+    }
+    async fn list(&self, filter: &TaskFilter, limit: usize) -> Result<TaskPage, StoreError> {
+        self.inner.list(filter, limit).await
+    }
+    async fn cancel(&self, id: TaskId, now: Timestamp) -> Result<Task, TransitionError> {
+        self.inner.cancel(id, now).await
+    }
+    async fn trigger(&self, id: TaskId, now: Timestamp) -> Result<Task, TransitionError> {
+        self.inner.trigger(id, now).await
+    }
+    async fn scan_due(
+        &self,
+        shard: u32,
+        after: Option<DueKey>,
+        until: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<DueEntry>, StoreError> {
+        self.inner.scan_due(shard, after, until, limit).await
+    }
+    async fn next_due(
+        &self,
+        shard: u32,
+        after: Option<DueKey>,
+    ) -> Result<Option<Timestamp>, StoreError> {
+        self.inner.next_due(shard, after).await
+    }
+    async fn claim_due(
+        &self,
+        claims: Vec<DueClaim>,
+        now: Timestamp,
+    ) -> Result<Vec<ClaimOutcome>, StoreError> {
+        self.inner.claim_due(claims, now).await
+    }
+    async fn claim_ready(&self, claim: ReadyClaim) -> Result<Vec<Task>, StoreError> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        self.inner.claim_ready(claim).await
+    }
+    async fn heartbeat(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        now: Timestamp,
+        lease_until: Timestamp,
+    ) -> Result<Task, TransitionError> {
+        self.inner.heartbeat(id, execution, now, lease_until).await
+    }
+    async fn complete(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        now: Timestamp,
+        result: Option<String>,
+    ) -> Result<Task, TransitionError> {
+        self.inner.complete(id, execution, now, result).await
+    }
+    async fn fail(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        now: Timestamp,
+        error: String,
+        retry_at: Option<Timestamp>,
+    ) -> Result<Task, TransitionError> {
+        self.inner.fail(id, execution, now, error, retry_at).await
+    }
+    async fn expire_leases(&self, now: Timestamp, limit: usize) -> Result<Vec<Task>, StoreError> {
+        self.inner.expire_leases(now, limit).await
+    }
+    async fn next_lease_expiry(&self) -> Result<Option<Timestamp>, StoreError> {
+        self.inner.next_lease_expiry().await
+    }
+    async fn count_by_state(&self) -> Result<Vec<StateCount>, StoreError> {
+        self.inner.count_by_state().await
+    }
+}
+
+struct Setup {
+    sundial: Sundial,
+    clock: ManualClock,
+    claims: Arc<AtomicUsize>,
+    _dir: tempfile::TempDir,
+}
+
+fn setup() -> Setup {
+    setup_with(Config::default())
+}
+
+fn setup_with(config: Config) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let inner: Arc<dyn Store> = Arc::new(
+        sundial::SqliteStore::open_dir(dir.path(), sundial::SqliteOptions::default()).unwrap(),
+    );
+    let claims = Arc::new(AtomicUsize::new(0));
+    let store = Arc::new(Counting {
+        inner,
+        claims: claims.clone(),
+    });
+    let clock = ManualClock::new(T0);
+    let sundial = Sundial::builder()
+        .config(config)
+        .clock(Arc::new(clock.clone()))
+        .with_store(store);
+    Setup {
+        sundial,
+        clock,
+        claims,
+        _dir: dir,
+    }
+}
+
+/// Starts `n` pollers on `queue` (each taking up to `max`, of `kinds` when given) and waits
+/// until every one has made its first claim and is waiting.
+async fn pollers(
+    s: &Setup,
+    n: usize,
+    max: usize,
+    kinds: Option<Vec<String>>,
+) -> Vec<tokio::task::JoinHandle<Vec<Task>>> {
+    let before = s.claims.load(Ordering::SeqCst);
+    let handles = (0..n)
+        .map(|_| {
+            let sundial = s.sundial.clone();
+            let kinds = kinds.clone();
+            tokio::spawn(async move {
+                sundial
+                    .poll("q", None, kinds, max, Duration::from_secs(30))
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    for _ in 0..500 {
+        if s.claims.load(Ordering::SeqCst) >= before + n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(s.claims.load(Ordering::SeqCst), before + n);
+    settle().await;
+    handles
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ready_task_wakes_one_waiting_poller_not_all_of_them() {
+    let s = setup();
+    let _engine = s.sundial.start();
+    // Each takes up to two, so the one woken takes less than a full batch and wakes no other.
+    let mut waiting = pollers(&s, 8, 2, None).await;
+    let before = s.claims.load(Ordering::SeqCst);
+    let id = s
+        .sundial
+        .schedule(TaskSpec::new("w").queue("q"))
+        .await
+        .unwrap();
+    // Exactly one poller returns with the task.
+    let mut got = None;
+    for _ in 0..1_000 {
+        if let Some(i) = waiting.iter().position(|h| h.is_finished()) {
+            got = Some(waiting.swap_remove(i).await.unwrap());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let got = got.expect("a poller got the task");
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].id, id);
+    settle().await;
+    // One claim for one ready task (before, every waiting poller claimed: eight).
+    assert_eq!(s.claims.load(Ordering::SeqCst) - before, 1);
+    assert!(waiting.iter().all(|h| !h.is_finished()));
+    for h in waiting {
+        h.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poller_that_took_a_full_batch_wakes_the_next() {
+    // One shard, and six tasks due at one moment: they become ready in one claim.
+    let s = setup_with(Config {
+        shard_count: 1,
+        ..Config::default()
+    });
+    let _engine = s.sundial.start();
+    let waiting = pollers(&s, 3, 2, None).await;
+    let due = Timestamp(T0.0 + 1_000);
+    let specs = (0..6)
+        .map(|_| TaskSpec::new("w").queue("q").run_at(due))
+        .collect();
+    s.sundial.schedule_many(specs).await.unwrap();
+    settle().await;
+    s.clock.advance(Duration::from_secs(1));
+    // Three pollers taking two each all get theirs: the first woken took a full batch and woke
+    // the next, and so on.
+    let mut total = 0;
+    for h in waiting {
+        let got = tokio::time::timeout(Duration::from_secs(10), h)
+            .await
+            .expect("every poller is woken in turn")
+            .unwrap();
+        assert_eq!(got.len(), 2);
+        total += got.len();
+    }
+    assert_eq!(total, 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pollers_restricted_to_kinds_are_all_woken() {
+    let s = setup();
+    let _engine = s.sundial.start();
+    let mut a = pollers(&s, 2, 1, Some(vec!["a".to_string()])).await;
+    let b = pollers(&s, 1, 1, Some(vec!["b".to_string()])).await;
+    let id = s
+        .sundial
+        .schedule(TaskSpec::new("b").queue("q"))
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), b.into_iter().next().unwrap())
+        .await
+        .expect("the poller of kind b is woken")
+        .unwrap();
+    assert_eq!(got[0].id, id);
+    settle().await;
+    assert!(a.iter().all(|h| !h.is_finished()));
+    for h in a.drain(..) {
+        h.abort();
+    }
+}
