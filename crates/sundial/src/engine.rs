@@ -24,7 +24,7 @@
 //! update in the store, and a refused one (cancelled meanwhile, already taken) is simply dropped.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -55,6 +55,10 @@ pub(crate) struct Engine {
     permits_released: watch::Sender<u64>,
     /// Tasks waiting for an exclusive key, by key.
     exclusive_waiting: Mutex<HashMap<String, Vec<(u32, DueEntry)>>>,
+    /// Bumped by every release of an exclusive key, before its waiters are taken. A claim refused
+    /// as busy compares it with its value from before the claim: a release in between may have
+    /// found no waiter to wake, so the refused task looks again at once.
+    exclusive_releases: AtomicU64,
     reaper: ReaperSignal,
     in_flight: AtomicUsize,
     drained: Notify,
@@ -125,6 +129,7 @@ impl Engine {
             shards,
             permits_released: watch::channel(0).0,
             exclusive_waiting: Mutex::new(HashMap::new()),
+            exclusive_releases: AtomicU64::new(0),
             reaper: ReaperSignal {
                 wake: Notify::new(),
                 gate: AtomicI64::new(i64::MIN),
@@ -568,6 +573,7 @@ impl Engine {
         for (key, ..) in &batch {
             window.remove(key);
         }
+        let releases_before = self.exclusive_releases.load(Ordering::SeqCst);
         let claimed = match (fence, &self.cluster) {
             (Some(f), Some(c)) => c.cluster.claim_due_fenced(f, claims, now).await,
             _ => self.store.claim_due(claims, now).await,
@@ -609,9 +615,16 @@ impl Engine {
                     if let Ok(mut w) = self.exclusive_waiting.lock() {
                         w.entry(exclusive_key).or_default().push((shard, entry));
                     }
-                    // Fallback in case the holder finished between the claim and the line above.
+                    // A release since the claim began may have missed this waiter: look again
+                    // now. Otherwise the release wakes it; the 1 s retry is a backstop only.
+                    let released =
+                        self.exclusive_releases.load(Ordering::SeqCst) != releases_before;
                     let retry = DueKey {
-                        due_at: now.saturating_add(Duration::from_secs(1)),
+                        due_at: if released {
+                            now
+                        } else {
+                            now.saturating_add(Duration::from_secs(1))
+                        },
                         id: key.id,
                     };
                     window.insert(retry, meta);
@@ -749,6 +762,7 @@ impl Engine {
         let Some(ex) = &task.exclusive else {
             return;
         };
+        self.exclusive_releases.fetch_add(1, Ordering::SeqCst);
         let waiting = self
             .exclusive_waiting
             .lock()
