@@ -42,6 +42,7 @@ enum ScheduleCommand {
         #[arg(long, short)]
         note: Option<String>,
     },
+    /// Unpause: fire again from the next fire time (the ones passed while paused stay skipped).
     Unpause {
         id: String,
         #[arg(long, short)]
