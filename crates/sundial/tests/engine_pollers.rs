@@ -10,100 +10,24 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use common::intercept::{Intercept, Intercepted};
 use common::*;
 use sundial::{Config, ManualClock, Sundial, TaskSpec};
-use sundial_core::{ExecutionId, NewTask, Task, TaskId, Timestamp};
-use sundial_store::{
-    ClaimOutcome, DueClaim, DueEntry, DueKey, Inserted, ReadyClaim, StateCount, Store, StoreError,
-    TaskFilter, TaskPage, TransitionError,
-};
+use sundial_core::{Task, Timestamp};
+use sundial_store::{ReadyClaim, Store, StoreError};
 
-/// Forwards to the embedded store and counts `claim_ready` calls.
-struct Counting {
-    inner: Arc<dyn Store>,
-    claims: Arc<AtomicUsize>,
-}
+/// Counts `claim_ready` calls.
+struct CountReadyClaims(Arc<AtomicUsize>);
 
 #[async_trait]
-impl Store for Counting {
-    async fn insert(&self, tasks: Vec<NewTask>) -> Result<Vec<Inserted>, StoreError> {
-        self.inner.insert(tasks).await
-    }
-    async fn get(&self, id: TaskId) -> Result<Option<Task>, StoreError> {
-        self.inner.get(id).await
-    }
-    async fn list(&self, filter: &TaskFilter, limit: usize) -> Result<TaskPage, StoreError> {
-        self.inner.list(filter, limit).await
-    }
-    async fn cancel(&self, id: TaskId, now: Timestamp) -> Result<Task, TransitionError> {
-        self.inner.cancel(id, now).await
-    }
-    async fn trigger(&self, id: TaskId, now: Timestamp) -> Result<Task, TransitionError> {
-        self.inner.trigger(id, now).await
-    }
-    async fn scan_due(
+impl Intercept for CountReadyClaims {
+    async fn claim_ready(
         &self,
-        shard: u32,
-        after: Option<DueKey>,
-        until: Timestamp,
-        limit: usize,
-    ) -> Result<Vec<DueEntry>, StoreError> {
-        self.inner.scan_due(shard, after, until, limit).await
-    }
-    async fn next_due(
-        &self,
-        shard: u32,
-        after: Option<DueKey>,
-    ) -> Result<Option<Timestamp>, StoreError> {
-        self.inner.next_due(shard, after).await
-    }
-    async fn claim_due(
-        &self,
-        claims: Vec<DueClaim>,
-        now: Timestamp,
-    ) -> Result<Vec<ClaimOutcome>, StoreError> {
-        self.inner.claim_due(claims, now).await
-    }
-    async fn claim_ready(&self, claim: ReadyClaim) -> Result<Vec<Task>, StoreError> {
-        self.claims.fetch_add(1, Ordering::SeqCst);
-        self.inner.claim_ready(claim).await
-    }
-    async fn heartbeat(
-        &self,
-        id: TaskId,
-        execution: ExecutionId,
-        now: Timestamp,
-        lease_until: Timestamp,
-    ) -> Result<Task, TransitionError> {
-        self.inner.heartbeat(id, execution, now, lease_until).await
-    }
-    async fn complete(
-        &self,
-        id: TaskId,
-        execution: ExecutionId,
-        now: Timestamp,
-        result: Option<String>,
-    ) -> Result<Task, TransitionError> {
-        self.inner.complete(id, execution, now, result).await
-    }
-    async fn fail(
-        &self,
-        id: TaskId,
-        execution: ExecutionId,
-        now: Timestamp,
-        error: String,
-        retry_at: Option<Timestamp>,
-    ) -> Result<Task, TransitionError> {
-        self.inner.fail(id, execution, now, error, retry_at).await
-    }
-    async fn expire_leases(&self, now: Timestamp, limit: usize) -> Result<Vec<Task>, StoreError> {
-        self.inner.expire_leases(now, limit).await
-    }
-    async fn next_lease_expiry(&self) -> Result<Option<Timestamp>, StoreError> {
-        self.inner.next_lease_expiry().await
-    }
-    async fn count_by_state(&self) -> Result<Vec<StateCount>, StoreError> {
-        self.inner.count_by_state().await
+        inner: &dyn Store,
+        claim: ReadyClaim,
+    ) -> Result<Vec<Task>, StoreError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        inner.claim_ready(claim).await
     }
 }
 
@@ -120,14 +44,11 @@ fn setup() -> Setup {
 
 fn setup_with(config: Config) -> Setup {
     let dir = tempfile::tempdir().unwrap();
-    let inner: Arc<dyn Store> = Arc::new(
-        sundial::SqliteStore::open_dir(dir.path(), sundial::SqliteOptions::default()).unwrap(),
-    );
     let claims = Arc::new(AtomicUsize::new(0));
-    let store = Arc::new(Counting {
-        inner,
-        claims: claims.clone(),
-    });
+    let store = Arc::new(Intercepted::sqlite(
+        dir.path(),
+        CountReadyClaims(claims.clone()),
+    ));
     let clock = ManualClock::new(T0);
     let sundial = Sundial::builder()
         .config(config)

@@ -1,6 +1,8 @@
 //! Test helpers: an engine on a temporary store driven by a manual clock.
 #![allow(dead_code)]
 
+pub mod intercept;
+
 use std::sync::Arc;
 use std::time::Duration;
 
