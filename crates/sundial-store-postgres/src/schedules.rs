@@ -380,6 +380,30 @@ impl PostgresStore {
     }
 }
 
+impl PostgresStore {
+    /// Schedules in id order after `after` from `sql` (parameters: after, limit), one page.
+    async fn schedule_page(
+        &self,
+        sql: &str,
+        after: Option<&ScheduleId>,
+        limit: usize,
+    ) -> Result<SchedulePage, StoreError> {
+        let after = after.map_or("", |a| a.as_str());
+        let client = self.client().await?;
+        let rows = query(
+            &client,
+            sql,
+            &[&after, &limit_param(limit.saturating_add(1))],
+        )
+        .await?;
+        let schedules = rows
+            .iter()
+            .map(schedule_from_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(SchedulePage::from_overfetched(schedules, limit))
+    }
+}
+
 #[async_trait]
 impl ScheduleStore for PostgresStore {
     async fn create_schedule(
@@ -425,28 +449,8 @@ impl ScheduleStore for PostgresStore {
         after: Option<&ScheduleId>,
         limit: usize,
     ) -> Result<SchedulePage, StoreError> {
-        let after = after.map_or("", |a| a.as_str());
-        let client = self.client().await?;
-        let rows = query(
-            &client,
-            &self.sql.schedules.list,
-            &[&after, &limit_param(limit.saturating_add(1))],
-        )
-        .await?;
-        let mut schedules = rows
-            .iter()
-            .map(schedule_from_row)
-            .collect::<Result<Vec<_>, _>>()?;
-        let next_cursor = if schedules.len() > limit {
-            schedules.truncate(limit);
-            schedules.last().map(|s| s.id.clone())
-        } else {
-            None
-        };
-        Ok(SchedulePage {
-            schedules,
-            next_cursor,
-        })
+        self.schedule_page(&self.sql.schedules.list, after, limit)
+            .await
     }
 
     async fn update_schedule(
@@ -583,28 +587,8 @@ impl ScheduleStore for PostgresStore {
         after: Option<&ScheduleId>,
         limit: usize,
     ) -> Result<SchedulePage, StoreError> {
-        let after = after.map_or("", |a| a.as_str());
-        let client = self.client().await?;
-        let rows = query(
-            &client,
-            &self.sql.schedules.stranded,
-            &[&after, &limit_param(limit.saturating_add(1))],
-        )
-        .await?;
-        let mut schedules = rows
-            .iter()
-            .map(schedule_from_row)
-            .collect::<Result<Vec<_>, _>>()?;
-        let next_cursor = if schedules.len() > limit {
-            schedules.truncate(limit);
-            schedules.last().map(|s| s.id.clone())
-        } else {
-            None
-        };
-        Ok(SchedulePage {
-            schedules,
-            next_cursor,
-        })
+        self.schedule_page(&self.sql.schedules.stranded, after, limit)
+            .await
     }
 
     async fn list_fires(

@@ -342,7 +342,17 @@ fn stranded(conn: &Connection, after: &str, limit: usize) -> Result<SchedulePage
          AND (t.id IS NULL OR t.state IN ('succeeded', 'dead', 'cancelled')) \
          ORDER BY s.id LIMIT ?2"
     );
-    let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
+    schedule_page(conn, &sql, after, limit)
+}
+
+/// Schedules in id order from `sql` (parameters: after, limit), one page.
+fn schedule_page(
+    conn: &Connection,
+    sql: &str,
+    after: &str,
+    limit: usize,
+) -> Result<SchedulePage, StoreError> {
+    let mut stmt = conn.prepare_cached(sql).map_err(backend)?;
     let mut rows = stmt
         .query(params![after, limit.saturating_add(1) as i64])
         .map_err(backend)?;
@@ -350,16 +360,7 @@ fn stranded(conn: &Connection, after: &str, limit: usize) -> Result<SchedulePage
     while let Some(r) = rows.next().map_err(backend)? {
         schedules.push(schedule_from_row(r)?);
     }
-    let next_cursor = if schedules.len() > limit {
-        schedules.truncate(limit);
-        schedules.last().map(|s| s.id.clone())
-    } else {
-        None
-    };
-    Ok(SchedulePage {
-        schedules,
-        next_cursor,
-    })
+    Ok(SchedulePage::from_overfetched(schedules, limit))
 }
 
 #[async_trait]
@@ -410,24 +411,7 @@ impl ScheduleStore for SqliteStore {
             let sql = format!(
                 "SELECT {SCHEDULE_COLUMNS} FROM schedules WHERE id > ?1 ORDER BY id LIMIT ?2"
             );
-            let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
-            let mut rows = stmt
-                .query(params![after, limit.saturating_add(1) as i64])
-                .map_err(backend)?;
-            let mut schedules = Vec::new();
-            while let Some(r) = rows.next().map_err(backend)? {
-                schedules.push(schedule_from_row(r)?);
-            }
-            let next_cursor = if schedules.len() > limit {
-                schedules.truncate(limit);
-                schedules.last().map(|s| s.id.clone())
-            } else {
-                None
-            };
-            Ok(SchedulePage {
-                schedules,
-                next_cursor,
-            })
+            schedule_page(conn, &sql, &after, limit)
         })
         .await
     }

@@ -277,6 +277,23 @@ pub struct SchedulePage {
     pub next_cursor: Option<ScheduleId>,
 }
 
+impl SchedulePage {
+    /// The page of at most `limit` schedules from rows read with `LIMIT limit + 1`: an extra
+    /// row only says that a next page exists, and the cursor is the last schedule kept.
+    pub fn from_overfetched(mut schedules: Vec<Schedule>, limit: usize) -> Self {
+        let next_cursor = if schedules.len() > limit {
+            schedules.truncate(limit);
+            schedules.last().map(|s| s.id.clone())
+        } else {
+            None
+        };
+        SchedulePage {
+            schedules,
+            next_cursor,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct FirePage {
     pub fires: Vec<FireRecord>,
