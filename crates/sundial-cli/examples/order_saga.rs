@@ -1,15 +1,20 @@
 //! An order fulfilment saga, run as a **remote worker** of a `sundial server`.
 //!
 //! ```sh
-//! cargo run --release -p sundial-cli -- server                          # terminal 1
+//! sundial server                                                          # terminal 1
 //! cargo run --release --example order_saga -- --server http://127.0.0.1:7373   # terminal 2
 //! ```
 //!
-//! Workflow type `order`, input `{"order_id": "o-1", "amount": 4200, "payment_timeout": 60}`
-//! (`amount` in cents, `payment_timeout` in seconds):
+//! `--server` defaults to `SUNDIAL_SERVER` (as for the `sundial` commands), then
+//! `http://127.0.0.1:7373`. Activities print to stdout; logs go to stderr (`RUST_LOG`, default
+//! `warn`), coloured only on a terminal.
+//!
+//! Workflow type `order`, input `{"order_id": "o-1", "amount": 4200, "payment_timeout": "10m"}`
+//! (`amount` in cents, `payment_timeout` a duration like every other of the API: `"30s"`,
+//! `"10m"`; a number is read as seconds; default `"30m"`):
 //!
 //! 1. `charge`: ask the payment provider for the amount (retried up to 5 times);
-//! 2. wait for the signal `paid` for at most `payment_timeout` seconds; on timeout compensate:
+//! 2. wait for the signal `paid` for at most `payment_timeout`; on timeout compensate:
 //!    `release_stock`, `notify`, result `{"outcome": "compensated", ...}`;
 //! 3. `ship` (this demo's carrier refuses amounts over 100,000 cents, a permanent error); when
 //!    shipping fails compensate the same way;
@@ -31,7 +36,7 @@ use sundial_workflow::{ActivityError, RetryPolicy, WorkflowContext, WorkflowErro
 #[command(about = "Remote worker for the `order` saga workflow")]
 struct Args {
     /// The sundial server's base URL.
-    #[arg(long, env = "SUNDIAL_URL", default_value = "http://127.0.0.1:7373")]
+    #[arg(long, env = "SUNDIAL_SERVER", default_value = "http://127.0.0.1:7373")]
     server: String,
 }
 
@@ -40,13 +45,31 @@ struct Order {
     order_id: String,
     /// Cents.
     amount: u64,
-    /// Seconds to wait for the `paid` signal.
+    /// How long to wait for the `paid` signal: a duration string (`"10m"`) or seconds.
     #[serde(default = "default_payment_timeout")]
-    payment_timeout: u64,
+    payment_timeout: PaymentTimeout,
 }
 
-fn default_payment_timeout() -> u64 {
-    30 * 60
+/// A duration as the API writes them (`"90s"`, `"10m"`), or a number of seconds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+enum PaymentTimeout {
+    Seconds(u64),
+    Text(String),
+}
+
+impl PaymentTimeout {
+    fn duration(&self) -> Result<Duration, WorkflowError> {
+        match self {
+            PaymentTimeout::Seconds(s) => Ok(Duration::from_secs(*s)),
+            PaymentTimeout::Text(t) => sundial_server::duration::parse(t)
+                .map_err(|e| WorkflowError::failed(format!("payment_timeout: {e}"))),
+        }
+    }
+}
+
+fn default_payment_timeout() -> PaymentTimeout {
+    PaymentTimeout::Text("30m".into())
 }
 
 /// What the `paid` signal may carry (anything, or nothing).
@@ -76,7 +99,7 @@ async fn order(ctx: WorkflowContext, order: Order) -> Result<Outcome, WorkflowEr
         .await?;
     let paid = ctx
         .signal::<Option<Paid>>("paid")
-        .timeout(Duration::from_secs(order.payment_timeout))
+        .timeout(order.payment_timeout.duration()?)
         .await?;
     if paid.is_none() {
         return compensate(&ctx, order, payment, "payment timed out".into()).await;
@@ -174,7 +197,10 @@ fn register(worker: &mut RemoteWorker) -> anyhow::Result<()> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
@@ -191,4 +217,38 @@ async fn main() -> anyhow::Result<()> {
         _ = tokio::signal::ctrl_c() => println!("order_saga: stopping"),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payment_timeout_takes_a_duration_string_or_seconds() {
+        let o: Order =
+            serde_json::from_value(json!({"order_id": "o", "amount": 1, "payment_timeout": "10m"}))
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            o.payment_timeout.duration().ok(),
+            Some(Duration::from_secs(600))
+        );
+        let o: Order =
+            serde_json::from_value(json!({"order_id": "o", "amount": 1, "payment_timeout": 5}))
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            o.payment_timeout.duration().ok(),
+            Some(Duration::from_secs(5))
+        );
+        let o: Order = serde_json::from_value(json!({"order_id": "o", "amount": 1}))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            o.payment_timeout.duration().ok(),
+            Some(Duration::from_secs(1800))
+        );
+        let o: Order = serde_json::from_value(
+            json!({"order_id": "o", "amount": 1, "payment_timeout": "soon"}),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(o.payment_timeout.duration().is_err());
+    }
 }

@@ -1,7 +1,8 @@
 //! `sundial server`: the engine on the embedded store (or, with `--database-url`, as one node of
 //! a cluster sharing PostgreSQL), served over HTTP.
 //!
-//! Start-up: install the Prometheus recorder, open the store, bind, print
+//! Start-up: bind (before anything touches the data directory), install the Prometheus recorder,
+//! open the store, print
 //! `sundial listening on http://ADDR` on stdout (scripts and tests read the address from it, which
 //! is how `--listen 127.0.0.1:0` is useful), start the engine and serve.
 //!
@@ -32,9 +33,11 @@ pub struct ServerArgs {
     /// Directory of the embedded store (created if missing).
     #[arg(long, env = "SUNDIAL_DATA_DIR", default_value = "./sundial-data")]
     data_dir: PathBuf,
-    /// Address to listen on; port 0 picks a free port (the address is printed at start).
+    /// Address to listen on, HOST:PORT (`127.0.0.1:7373`, `localhost:7373`, `[::1]:7373`); a
+    /// host name is resolved and the first address that binds is used. Port 0 picks a free port
+    /// (the address is printed at start).
     #[arg(long, env = "SUNDIAL_LISTEN", default_value = crate::DEFAULT_LISTEN)]
-    listen: SocketAddr,
+    listen: String,
     /// Longest a worker's poll may wait for tasks.
     #[arg(long, env = "SUNDIAL_MAX_POLL_WAIT", default_value = "60s", value_parser = parse_duration)]
     max_poll_wait: Duration,
@@ -74,7 +77,34 @@ enum DurabilityArg {
     Normal,
 }
 
+/// Binds `listen` (HOST:PORT, the host an IP address or a name to resolve): the first resolved
+/// address that binds wins.
+async fn bind(listen: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    let addrs: Vec<SocketAddr> = match listen.parse::<SocketAddr>() {
+        Ok(a) => vec![a],
+        Err(_) => tokio::net::lookup_host(listen)
+            .await
+            .with_context(|| {
+                format!("cannot resolve --listen {listen:?}: use HOST:PORT, for example 127.0.0.1:7373 or localhost:7373")
+            })?
+            .collect(),
+    };
+    let mut last = None;
+    for addr in &addrs {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some((addr, e)),
+        }
+    }
+    match last {
+        Some((addr, e)) => Err(e).with_context(|| format!("cannot listen on {addr}")),
+        None => anyhow::bail!("--listen {listen:?} resolves to no address"),
+    }
+}
+
 pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
+    // Bind first: a refused address must not leave a freshly created, empty data directory.
+    let listener = bind(&args.listen).await?;
     let prometheus = sundial_server::prometheus_builder()
         .install_recorder()
         .context("cannot install the metrics recorder")?;
@@ -137,9 +167,6 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         }
     };
 
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener
         .local_addr()
         .context("cannot read the bound address")?;
