@@ -1,0 +1,438 @@
+"""The API's operations as plain request descriptions, shared by the sync and the async client.
+
+An :class:`Op` says what to send and how to read the answer; the clients only carry it out. The
+``*_FIELDS`` tuples name the request fields each builder may send: a test checks them against the
+committed ``openapi.json`` (the server refuses unknown fields, so a name missing there is a bug).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from urllib.parse import quote
+
+from . import models as m
+
+Duration = Union[str, float, int, _dt.timedelta]
+Time = Union[str, _dt.datetime]
+
+
+@dataclass
+class Op:
+    method: str
+    path: str
+    params: Optional[Dict[str, Any]] = None
+    body: Any = None
+    has_body: bool = False
+    parse: Callable[[Any], Any] = lambda data: data
+    headers: Optional[Dict[str, str]] = None
+    #: The answer is text (``/metrics``), not JSON.
+    text: bool = False
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a list, and the cursor of the next (``None`` on the last page)."""
+
+    items: List[Any]
+    next_cursor: Optional[str]
+
+
+def _seg(value: str) -> str:
+    return quote(str(value), safe="")
+
+
+def _drop_none(d: Mapping[str, Any]) -> Dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+# --- tasks -------------------------------------------------------------------------------------
+
+#: Fields of ``CreateTask`` (``POST /v1/tasks``).
+CREATE_TASK_FIELDS: Tuple[str, ...] = (
+    "queue",
+    "kind",
+    "key",
+    "payload",
+    "run_at",
+    "delay",
+    "max_attempts",
+    "backoff",
+    "timeout",
+    "exclusive",
+)
+BACKOFF_FIELDS: Tuple[str, ...] = ("initial", "factor", "max", "jitter")
+EXCLUSIVE_FIELDS: Tuple[str, ...] = ("key", "mode")
+#: Query parameters of ``GET /v1/tasks``.
+LIST_TASKS_PARAMS: Tuple[str, ...] = ("queue", "kind", "state", "key", "limit", "cursor")
+
+
+def task_body(
+    kind: str,
+    *,
+    queue: Optional[str] = None,
+    key: Optional[str] = None,
+    payload: Any = None,
+    run_at: Optional[Time] = None,
+    delay: Optional[Duration] = None,
+    max_attempts: Optional[int] = None,
+    backoff: Optional[Mapping[str, Any]] = None,
+    timeout: Optional[Duration] = None,
+    exclusive: Union[None, str, Mapping[str, Any]] = None,
+    **extra: Any,
+) -> Dict[str, Any]:
+    """The ``CreateTask`` body. ``extra`` passes fields this client does not know yet."""
+    body: Dict[str, Any] = {"kind": kind}
+    if backoff is not None:
+        backoff = {
+            k: (m.format_duration(v) if k in ("initial", "max") else v)
+            for k, v in backoff.items()
+            if v is not None
+        }
+    if isinstance(exclusive, str):
+        exclusive = {"key": exclusive}
+    body.update(
+        _drop_none(
+            {
+                "queue": queue,
+                "key": key,
+                "payload": payload,
+                "run_at": None if run_at is None else m.format_time(run_at),
+                "delay": None if delay is None else m.format_duration(delay),
+                "max_attempts": max_attempts,
+                "backoff": backoff,
+                "timeout": None if timeout is None else m.format_duration(timeout),
+                "exclusive": None if exclusive is None else dict(exclusive),
+            }
+        )
+    )
+    body.update(_drop_none(extra))
+    return body
+
+
+def create_task(body: Dict[str, Any]) -> Op:
+    return Op("POST", "/v1/tasks", body=body, has_body=True, parse=m.Task.from_dict)
+
+
+def create_tasks(tasks: Iterable[Union[Mapping[str, Any]]]) -> Op:
+    items = []
+    for t in tasks:
+        t = dict(t)
+        kind = t.pop("kind")
+        items.append(task_body(kind, **t))
+    return Op(
+        "POST",
+        "/v1/tasks:batch",
+        body={"tasks": items},
+        has_body=True,
+        parse=lambda d: [m.batch_result(r) for r in d["results"]],
+    )
+
+
+def get_task(task_id: str) -> Op:
+    return Op("GET", f"/v1/tasks/{_seg(task_id)}", parse=m.Task.from_dict)
+
+
+def list_tasks(
+    *,
+    queue: Optional[str] = None,
+    kind: Optional[str] = None,
+    state: Optional[str] = None,
+    key: Optional[str] = None,
+    limit: Optional[int] = None,
+    cursor: Optional[str] = None,
+) -> Op:
+    params = _drop_none(
+        {"queue": queue, "kind": kind, "state": state, "key": key, "limit": limit, "cursor": cursor}
+    )
+    return Op(
+        "GET",
+        "/v1/tasks",
+        params=params,
+        parse=lambda d: Page([m.Task.from_dict(t) for t in d["tasks"]], d.get("next_cursor")),
+    )
+
+
+def cancel_task(task_id: str) -> Op:
+    return Op("POST", f"/v1/tasks/{_seg(task_id)}/cancel", parse=m.Task.from_dict)
+
+
+def trigger_task(task_id: str) -> Op:
+    return Op("POST", f"/v1/tasks/{_seg(task_id)}/trigger", parse=m.Task.from_dict)
+
+
+# --- the worker protocol -----------------------------------------------------------------------
+
+POLL_FIELDS: Tuple[str, ...] = ("worker", "max", "wait", "kinds")
+HEARTBEAT_FIELDS: Tuple[str, ...] = ("execution_id",)
+COMPLETE_FIELDS: Tuple[str, ...] = ("execution_id", "result")
+FAIL_FIELDS: Tuple[str, ...] = ("execution_id", "error", "retryable")
+
+
+def poll(
+    queue: str,
+    worker: str,
+    *,
+    max: Optional[int] = None,
+    wait: Optional[Duration] = None,
+    kinds: Optional[Sequence[str]] = None,
+) -> Op:
+    body = _drop_none(
+        {
+            "worker": worker,
+            "max": max,
+            "wait": None if wait is None else m.format_duration(wait),
+            "kinds": None if kinds is None else list(kinds),
+        }
+    )
+    return Op(
+        "POST",
+        f"/v1/queues/{_seg(queue)}/poll",
+        body=body,
+        has_body=True,
+        parse=lambda d: [m.PolledTask.from_dict(t) for t in d["tasks"]],
+    )
+
+
+def heartbeat(task_id: str, execution_id: str) -> Op:
+    return Op(
+        "POST",
+        f"/v1/tasks/{_seg(task_id)}/heartbeat",
+        body={"execution_id": execution_id},
+        has_body=True,
+        parse=m.Task.from_dict,
+    )
+
+
+def complete(task_id: str, execution_id: str, result: Any = None) -> Op:
+    return Op(
+        "POST",
+        f"/v1/tasks/{_seg(task_id)}/complete",
+        body=_drop_none({"execution_id": execution_id, "result": result}),
+        has_body=True,
+        parse=m.Task.from_dict,
+    )
+
+
+def fail(task_id: str, execution_id: str, error: Optional[str] = None, retryable: Optional[bool] = None) -> Op:
+    return Op(
+        "POST",
+        f"/v1/tasks/{_seg(task_id)}/fail",
+        body=_drop_none({"execution_id": execution_id, "error": error, "retryable": retryable}),
+        has_body=True,
+        parse=m.Task.from_dict,
+    )
+
+
+# --- schedules ---------------------------------------------------------------------------------
+
+#: Fields of ``ScheduleRequest`` (``POST /v1/schedules``, ``PATCH /v1/schedules/{id}``).
+SCHEDULE_FIELDS: Tuple[str, ...] = (
+    "id",
+    "cron",
+    "every",
+    "anchor",
+    "timezone",
+    "dst",
+    "overlap",
+    "catchup_window",
+    "jitter",
+    "start_at",
+    "end_at",
+    "paused",
+    "note",
+    "task",
+)
+PREVIEW_FIELDS: Tuple[str, ...] = ("cron", "every", "anchor", "timezone", "dst", "from", "count")
+BACKFILL_FIELDS: Tuple[str, ...] = ("from", "to")
+LIST_SCHEDULES_PARAMS: Tuple[str, ...] = ("limit", "cursor")
+LIST_FIRES_PARAMS: Tuple[str, ...] = ("limit", "before")
+
+_SCHEDULE_DURATIONS = ("every", "catchup_window", "jitter")
+_SCHEDULE_TIMES = ("anchor", "start_at", "end_at")
+
+
+def schedule_body(fields: Mapping[str, Any]) -> Dict[str, Any]:
+    body: Dict[str, Any] = {}
+    for k, v in fields.items():
+        if v is None:
+            continue
+        if k in _SCHEDULE_DURATIONS:
+            v = m.format_duration(v)
+        elif k in _SCHEDULE_TIMES:
+            v = m.format_time(v)
+        elif k == "task" and isinstance(v, Mapping):
+            t = dict(v)
+            v = task_body(t.pop("kind"), **t)
+        body[k] = v
+    return body
+
+
+def create_schedule(fields: Mapping[str, Any]) -> Op:
+    return Op("POST", "/v1/schedules", body=schedule_body(fields), has_body=True, parse=m.Schedule.from_dict)
+
+
+def update_schedule(schedule_id: str, fields: Mapping[str, Any]) -> Op:
+    return Op(
+        "PATCH",
+        f"/v1/schedules/{_seg(schedule_id)}",
+        body=schedule_body(fields),
+        has_body=True,
+        parse=m.Schedule.from_dict,
+    )
+
+
+def get_schedule(schedule_id: str) -> Op:
+    return Op("GET", f"/v1/schedules/{_seg(schedule_id)}", parse=m.Schedule.from_dict)
+
+
+def delete_schedule(schedule_id: str) -> Op:
+    return Op("DELETE", f"/v1/schedules/{_seg(schedule_id)}", parse=lambda d: None)
+
+
+def list_schedules(*, limit: Optional[int] = None, cursor: Optional[str] = None) -> Op:
+    return Op(
+        "GET",
+        "/v1/schedules",
+        params=_drop_none({"limit": limit, "cursor": cursor}),
+        parse=lambda d: Page([m.Schedule.from_dict(s) for s in d["schedules"]], d.get("next_cursor")),
+    )
+
+
+def pause_schedule(schedule_id: str, note: Optional[str] = None) -> Op:
+    return Op(
+        "POST",
+        f"/v1/schedules/{_seg(schedule_id)}/pause",
+        body=_drop_none({"note": note}),
+        has_body=True,
+        parse=m.Schedule.from_dict,
+    )
+
+
+def unpause_schedule(schedule_id: str, note: Optional[str] = None) -> Op:
+    return Op(
+        "POST",
+        f"/v1/schedules/{_seg(schedule_id)}/unpause",
+        body=_drop_none({"note": note}),
+        has_body=True,
+        parse=m.Schedule.from_dict,
+    )
+
+
+def trigger_schedule(schedule_id: str) -> Op:
+    return Op("POST", f"/v1/schedules/{_seg(schedule_id)}/trigger", parse=m.Fire.from_dict)
+
+
+def backfill_schedule(schedule_id: str, start: Time, end: Time) -> Op:
+    return Op(
+        "POST",
+        f"/v1/schedules/{_seg(schedule_id)}/backfill",
+        body={"from": m.format_time(start), "to": m.format_time(end)},
+        has_body=True,
+        parse=lambda d: ([m.Fire.from_dict(f) for f in d["fires"]], [m.parse_time(t) for t in d["already_recorded"]]),
+    )
+
+
+def list_fires(schedule_id: str, *, limit: Optional[int] = None, before: Optional[str] = None) -> Op:
+    return Op(
+        "GET",
+        f"/v1/schedules/{_seg(schedule_id)}/fires",
+        params=_drop_none({"limit": limit, "before": before}),
+        parse=lambda d: Page([m.Fire.from_dict(f) for f in d["fires"]], d.get("next_cursor")),
+    )
+
+
+def preview_schedule(fields: Mapping[str, Any]) -> Op:
+    body = schedule_body({k: v for k, v in fields.items() if k != "from"})
+    body["from"] = m.format_time(fields["from"])
+    return Op(
+        "POST",
+        "/v1/schedules:preview",
+        body=body,
+        has_body=True,
+        parse=lambda d: [m.parse_time(t) for t in d["fires"]],
+    )
+
+
+# --- workflows ---------------------------------------------------------------------------------
+
+START_WORKFLOW_FIELDS: Tuple[str, ...] = ("type", "id", "input", "id_reuse")
+SIGNAL_FIELDS: Tuple[str, ...] = ("input",)
+REASON_FIELDS: Tuple[str, ...] = ("reason",)
+LIST_WORKFLOWS_PARAMS: Tuple[str, ...] = ("type", "status", "limit", "cursor")
+
+
+def start_workflow(
+    workflow_type: str,
+    input: Any = None,
+    *,
+    workflow_id: Optional[str] = None,
+    id_reuse: Optional[str] = None,
+) -> Op:
+    body = _drop_none({"type": workflow_type, "id": workflow_id, "input": input, "id_reuse": id_reuse})
+    return Op("POST", "/v1/workflows", body=body, has_body=True, parse=m.WorkflowStarted.from_dict)
+
+
+def signal_workflow(workflow_id: str, name: str, input: Any = None) -> Op:
+    return Op(
+        "POST",
+        f"/v1/workflows/{_seg(workflow_id)}/signals/{_seg(name)}",
+        body=_drop_none({"input": input}),
+        has_body=True,
+        parse=lambda d: None,
+    )
+
+
+def get_workflow(workflow_id: str) -> Op:
+    return Op("GET", f"/v1/workflows/{_seg(workflow_id)}", parse=m.Workflow.from_dict)
+
+
+def list_workflows(
+    *,
+    workflow_type: Optional[str] = None,
+    status: Optional[str] = None,
+    limit: Optional[int] = None,
+    cursor: Optional[str] = None,
+) -> Op:
+    return Op(
+        "GET",
+        "/v1/workflows",
+        params=_drop_none({"type": workflow_type, "status": status, "limit": limit, "cursor": cursor}),
+        parse=lambda d: Page([m.Workflow.from_dict(w) for w in d["workflows"]], d.get("next_cursor")),
+    )
+
+
+def cancel_workflow(workflow_id: str, reason: Optional[str] = None) -> Op:
+    return Op(
+        "POST",
+        f"/v1/workflows/{_seg(workflow_id)}/cancel",
+        body=_drop_none({"reason": reason}),
+        has_body=True,
+        parse=lambda d: None,
+    )
+
+
+def terminate_workflow(workflow_id: str, reason: Optional[str] = None) -> Op:
+    return Op(
+        "POST",
+        f"/v1/workflows/{_seg(workflow_id)}/terminate",
+        body=_drop_none({"reason": reason}),
+        has_body=True,
+        parse=m.Workflow.from_dict,
+    )
+
+
+def workflow_history(workflow_id: str) -> Op:
+    return Op("GET", f"/v1/workflows/{_seg(workflow_id)}/history")
+
+
+# --- service -----------------------------------------------------------------------------------
+
+
+def health() -> Op:
+    return Op("GET", "/healthz")
+
+
+def metrics() -> Op:
+    return Op("GET", "/metrics", text=True)

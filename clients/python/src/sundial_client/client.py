@@ -1,0 +1,431 @@
+"""The producer client, in a blocking (:class:`Client`) and an asyncio (:class:`AsyncClient`)
+flavour over httpx. Both expose the same methods with the same arguments; the async ones are
+coroutines, and the ``iter_*`` listings are (async) iterators that fetch the next page when the
+current one runs out.
+
+Every error answer raises a :mod:`sundial_client.errors` exception carrying the server's ``code``
+and fields; an unreachable server raises :class:`~sundial_client.errors.ConnectionFailed`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, AsyncIterator, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+import httpx
+
+from . import _ops as ops
+from . import models as m
+from ._ops import Duration, Op, Page, Time
+from ._version import __version__ as _version
+from .errors import ConnectionFailed, error_from_response
+
+__all__ = ["Client", "AsyncClient", "Page", "DEFAULT_URL"]
+
+#: Where the clients connect when given no URL and ``SUNDIAL_URL`` is not set.
+DEFAULT_URL = "http://127.0.0.1:7373"
+
+
+
+def _base_url(url: Optional[str]) -> str:
+    return (url or os.environ.get("SUNDIAL_URL") or DEFAULT_URL).rstrip("/")
+
+
+def _headers(token: Optional[str], headers: Optional[Mapping[str, str]]) -> Dict[str, str]:
+    h = {"User-Agent": f"sundial-client-python/{_version}", "Accept": "application/json"}
+    token = token if token is not None else os.environ.get("SUNDIAL_TOKEN")
+    if token:
+        h["Authorization"] = f"Bearer {token}"
+    if headers:
+        h.update(headers)
+    return h
+
+
+def _request_kwargs(op: Op) -> Dict[str, Any]:
+    kw: Dict[str, Any] = {}
+    if op.params:
+        kw["params"] = op.params
+    if op.has_body:
+        kw["json"] = op.body
+    if op.headers:
+        kw["headers"] = op.headers
+    return kw
+
+
+def _answer(op: Op, resp: httpx.Response) -> Any:
+    if resp.status_code >= 400:
+        try:
+            body: Any = resp.json()
+        except ValueError:
+            body = resp.text
+        raise error_from_response(resp.status_code, body)
+    if op.text:
+        return resp.text
+    if resp.status_code == 204 or not resp.content:
+        return op.parse(None)
+    return op.parse(resp.json())
+
+
+def _transport_error(op: Op, e: httpx.TransportError) -> ConnectionFailed:
+    err = ConnectionFailed(f"{op.method} {op.path}: {type(e).__name__}: {e}")
+    err.__cause__ = e
+    return err
+
+
+class _Methods:
+    """The methods both flavours share. ``_run`` carries out one operation; the async client's
+    returns a coroutine, so each method here returns whatever ``_run`` returns."""
+
+    def _run(self, op: Op) -> Any:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    # tasks
+
+    def create_task(
+        self,
+        kind: str,
+        *,
+        queue: Optional[str] = None,
+        key: Optional[str] = None,
+        payload: Any = None,
+        run_at: Optional[Time] = None,
+        delay: Optional[Duration] = None,
+        max_attempts: Optional[int] = None,
+        backoff: Optional[Mapping[str, Any]] = None,
+        timeout: Optional[Duration] = None,
+        exclusive: Any = None,
+        **extra: Any,
+    ) -> Any:
+        """Create a task (``POST /v1/tasks``) and return the stored :class:`~sundial_client.Task`.
+
+        ``delay`` and ``timeout`` take seconds, a ``timedelta`` or a wire string (``"30s"``);
+        ``run_at`` a datetime or an RFC 3339 string; ``exclusive`` a key or ``{"key", "mode"}``.
+        Further keyword arguments are sent as they are (fields newer than this client)."""
+        body = ops.task_body(
+            kind,
+            queue=queue,
+            key=key,
+            payload=payload,
+            run_at=run_at,
+            delay=delay,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            timeout=timeout,
+            exclusive=exclusive,
+            **extra,
+        )
+        return self._run(ops.create_task(body))
+
+    def create_tasks(self, tasks: Iterable[Mapping[str, Any]]) -> Any:
+        """Create many tasks in one transaction (``POST /v1/tasks:batch``). Each item takes the
+        arguments of :meth:`create_task` as a dict. Returns one ``BatchCreated`` or
+        ``BatchDuplicate`` per item, in order."""
+        return self._run(ops.create_tasks(tasks))
+
+    def get_task(self, task_id: str) -> Any:
+        return self._run(ops.get_task(task_id))
+
+    def list_tasks_page(
+        self,
+        *,
+        queue: Optional[str] = None,
+        kind: Optional[str] = None,
+        state: Optional[str] = None,
+        key: Optional[str] = None,
+        limit: Optional[int] = None,
+        cursor: Optional[str] = None,
+    ) -> Any:
+        """One page of tasks, newest first (a :class:`Page`)."""
+        return self._run(ops.list_tasks(queue=queue, kind=kind, state=state, key=key, limit=limit, cursor=cursor))
+
+    def cancel_task(self, task_id: str) -> Any:
+        return self._run(ops.cancel_task(task_id))
+
+    def trigger_task(self, task_id: str) -> Any:
+        return self._run(ops.trigger_task(task_id))
+
+    # the worker protocol (the Worker uses these; they are here for custom loops)
+
+    def poll(
+        self,
+        queue: str,
+        worker: str,
+        *,
+        max: Optional[int] = None,
+        wait: Optional[Duration] = None,
+        kinds: Optional[Sequence[str]] = None,
+    ) -> Any:
+        """Long-poll ``queue``: the tasks now running for ``worker`` (maybe none)."""
+        return self._run(ops.poll(queue, worker, max=max, wait=wait, kinds=kinds))
+
+    def heartbeat(self, task_id: str, execution_id: str) -> Any:
+        return self._run(ops.heartbeat(task_id, execution_id))
+
+    def complete(self, task_id: str, execution_id: str, result: Any = None) -> Any:
+        return self._run(ops.complete(task_id, execution_id, result))
+
+    def fail(
+        self, task_id: str, execution_id: str, error: Optional[str] = None, *, retryable: Optional[bool] = None
+    ) -> Any:
+        return self._run(ops.fail(task_id, execution_id, error, retryable))
+
+    # schedules
+
+    def create_schedule(self, **fields: Any) -> Any:
+        """Create a schedule: ``cron=`` or ``every=``, ``task={"kind": ...}`` and the other
+        ``ScheduleRequest`` fields (``id``, ``timezone``, ``overlap``, ``catchup_window``, ...)."""
+        return self._run(ops.create_schedule(fields))
+
+    def update_schedule(self, schedule_id: str, **fields: Any) -> Any:
+        return self._run(ops.update_schedule(schedule_id, fields))
+
+    def get_schedule(self, schedule_id: str) -> Any:
+        return self._run(ops.get_schedule(schedule_id))
+
+    def delete_schedule(self, schedule_id: str) -> Any:
+        return self._run(ops.delete_schedule(schedule_id))
+
+    def list_schedules_page(self, *, limit: Optional[int] = None, cursor: Optional[str] = None) -> Any:
+        return self._run(ops.list_schedules(limit=limit, cursor=cursor))
+
+    def pause_schedule(self, schedule_id: str, note: Optional[str] = None) -> Any:
+        return self._run(ops.pause_schedule(schedule_id, note))
+
+    def unpause_schedule(self, schedule_id: str, note: Optional[str] = None) -> Any:
+        return self._run(ops.unpause_schedule(schedule_id, note))
+
+    def trigger_schedule(self, schedule_id: str) -> Any:
+        """Fire the schedule now (a :class:`~sundial_client.Fire`)."""
+        return self._run(ops.trigger_schedule(schedule_id))
+
+    def backfill_schedule(self, schedule_id: str, start: Time, end: Time) -> Any:
+        """Fire every time in ``[start, end]`` not fired before: ``(fires, already_recorded)``."""
+        return self._run(ops.backfill_schedule(schedule_id, start, end))
+
+    def list_fires_page(self, schedule_id: str, *, limit: Optional[int] = None, before: Optional[str] = None) -> Any:
+        return self._run(ops.list_fires(schedule_id, limit=limit, before=before))
+
+    def preview_schedule(self, start: Time, **fields: Any) -> Any:
+        """The fire times a schedule would have from ``start`` (``cron``/``every``, ``count``...)."""
+        return self._run(ops.preview_schedule({"from": start, **fields}))
+
+    # workflows
+
+    def start_workflow(
+        self,
+        workflow_type: str,
+        input: Any = None,
+        *,
+        workflow_id: Optional[str] = None,
+        id_reuse: Optional[str] = None,
+    ) -> Any:
+        """Start a workflow run (a :class:`~sundial_client.WorkflowStarted`)."""
+        return self._run(ops.start_workflow(workflow_type, input, workflow_id=workflow_id, id_reuse=id_reuse))
+
+    def signal_workflow(self, workflow_id: str, name: str, input: Any = None) -> Any:
+        return self._run(ops.signal_workflow(workflow_id, name, input))
+
+    def get_workflow(self, workflow_id: str) -> Any:
+        return self._run(ops.get_workflow(workflow_id))
+
+    def list_workflows_page(
+        self,
+        *,
+        workflow_type: Optional[str] = None,
+        status: Optional[str] = None,
+        limit: Optional[int] = None,
+        cursor: Optional[str] = None,
+    ) -> Any:
+        return self._run(ops.list_workflows(workflow_type=workflow_type, status=status, limit=limit, cursor=cursor))
+
+    def cancel_workflow(self, workflow_id: str, reason: Optional[str] = None) -> Any:
+        return self._run(ops.cancel_workflow(workflow_id, reason))
+
+    def terminate_workflow(self, workflow_id: str, reason: Optional[str] = None) -> Any:
+        return self._run(ops.terminate_workflow(workflow_id, reason))
+
+    def workflow_history(self, workflow_id: str) -> Any:
+        return self._run(ops.workflow_history(workflow_id))
+
+    # service
+
+    def health(self) -> Any:
+        return self._run(ops.health())
+
+    def metrics(self) -> Any:
+        """The Prometheus text of ``/metrics``."""
+        return self._run(ops.metrics())
+
+    def request(self, method: str, path: str, *, json: Any = None, content: Optional[bytes] = None) -> Any:
+        """Any request, answered with parsed JSON (or raising the matching error): for routes this
+        client has no method for yet."""
+        op = Op(method.upper(), path, body=json, has_body=json is not None)
+        op.headers = {"Content-Type": "application/json"} if content is not None else None
+        return self._run_raw(op, content)
+
+    def _run_raw(self, op: Op, content: Optional[bytes]) -> Any:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+class Client(_Methods):
+    """Blocking client. ``Client(url, token=...)``; use as a context manager or call
+    :meth:`close`. ``url`` defaults to ``$SUNDIAL_URL``, else ``http://127.0.0.1:7373``; ``token``
+    (default ``$SUNDIAL_TOKEN``) is sent as ``Authorization: Bearer``. ``timeout`` is in seconds
+    and applies to every request except polls, which wait up to their ``wait`` longer."""
+
+    def __init__(
+        self,
+        url: Optional[str] = None,
+        *,
+        token: Optional[str] = None,
+        timeout: float = 30.0,
+        headers: Optional[Mapping[str, str]] = None,
+        transport: Optional[httpx.BaseTransport] = None,
+    ) -> None:
+        self.url = _base_url(url)
+        self._timeout = timeout
+        self._http = httpx.Client(
+            base_url=self.url, headers=_headers(token, headers), timeout=timeout, transport=transport
+        )
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _send(self, op: Op, **kw: Any) -> httpx.Response:
+        timeout = self._timeout
+        if op.path.endswith("/poll") and isinstance(op.body, dict) and "wait" in op.body:
+            timeout += m.parse_duration(op.body["wait"])
+        elif op.path.endswith("/poll"):
+            timeout += 60.0
+        try:
+            return self._http.request(op.method, op.path, timeout=timeout, **kw)
+        except httpx.TransportError as e:
+            raise _transport_error(op, e) from e
+
+    def _run(self, op: Op) -> Any:
+        return _answer(op, self._send(op, **_request_kwargs(op)))
+
+    def _run_raw(self, op: Op, content: Optional[bytes]) -> Any:
+        kw = _request_kwargs(op)
+        if content is not None:
+            kw["content"] = content
+        return _answer(op, self._send(op, **kw))
+
+    def _iter(self, fetch: Any, cursor_name: str = "cursor", **kw: Any) -> Iterator[Any]:
+        cursor: Optional[str] = None
+        while True:
+            page: Page = fetch(**kw, **({cursor_name: cursor} if cursor else {}))
+            yield from page.items
+            if not page.next_cursor or not page.items:
+                return
+            cursor = page.next_cursor
+
+    def iter_tasks(self, **filters: Any) -> Iterator[m.Task]:
+        """Every task matching the filters (``queue``, ``kind``, ``state``, ``key``), newest
+        first, fetching ``limit`` per page as the iteration goes."""
+        return self._iter(self.list_tasks_page, **filters)
+
+    def list_tasks(self, **filters: Any) -> List[m.Task]:
+        """Every matching task (all pages) as a list."""
+        return list(self.iter_tasks(**filters))
+
+    def iter_schedules(self, *, limit: Optional[int] = None) -> Iterator[m.Schedule]:
+        return self._iter(self.list_schedules_page, limit=limit)
+
+    def list_schedules(self, *, limit: Optional[int] = None) -> List[m.Schedule]:
+        return list(self.iter_schedules(limit=limit))
+
+    def iter_fires(self, schedule_id: str, *, limit: Optional[int] = None) -> Iterator[m.Fire]:
+        return self._iter(lambda **kw: self.list_fires_page(schedule_id, **kw), "before", limit=limit)
+
+    def iter_workflows(self, **filters: Any) -> Iterator[m.Workflow]:
+        return self._iter(self.list_workflows_page, **filters)
+
+    def list_workflows(self, **filters: Any) -> List[m.Workflow]:
+        return list(self.iter_workflows(**filters))
+
+
+class AsyncClient(_Methods):
+    """The asyncio flavour of :class:`Client`: the same methods, as coroutines; the ``iter_*``
+    listings are async iterators. Use ``async with AsyncClient(...)`` or ``await aclose()``."""
+
+    def __init__(
+        self,
+        url: Optional[str] = None,
+        *,
+        token: Optional[str] = None,
+        timeout: float = 30.0,
+        headers: Optional[Mapping[str, str]] = None,
+        transport: Optional[httpx.AsyncBaseTransport] = None,
+    ) -> None:
+        self.url = _base_url(url)
+        self._timeout = timeout
+        self._http = httpx.AsyncClient(
+            base_url=self.url, headers=_headers(token, headers), timeout=timeout, transport=transport
+        )
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _send(self, op: Op, **kw: Any) -> httpx.Response:
+        timeout = self._timeout
+        if op.path.endswith("/poll") and isinstance(op.body, dict) and "wait" in op.body:
+            timeout += m.parse_duration(op.body["wait"])
+        elif op.path.endswith("/poll"):
+            timeout += 60.0
+        try:
+            return await self._http.request(op.method, op.path, timeout=timeout, **kw)
+        except httpx.TransportError as e:
+            raise _transport_error(op, e) from e
+
+    async def _run(self, op: Op) -> Any:
+        return _answer(op, await self._send(op, **_request_kwargs(op)))
+
+    async def _run_raw(self, op: Op, content: Optional[bytes]) -> Any:
+        kw = _request_kwargs(op)
+        if content is not None:
+            kw["content"] = content
+        return _answer(op, await self._send(op, **kw))
+
+    async def _iter(self, fetch: Any, cursor_name: str = "cursor", **kw: Any) -> AsyncIterator[Any]:
+        cursor: Optional[str] = None
+        while True:
+            page: Page = await fetch(**kw, **({cursor_name: cursor} if cursor else {}))
+            for item in page.items:
+                yield item
+            if not page.next_cursor or not page.items:
+                return
+            cursor = page.next_cursor
+
+    def iter_tasks(self, **filters: Any) -> AsyncIterator[m.Task]:
+        return self._iter(self.list_tasks_page, **filters)
+
+    async def list_tasks(self, **filters: Any) -> List[m.Task]:
+        return [t async for t in self.iter_tasks(**filters)]
+
+    def iter_schedules(self, *, limit: Optional[int] = None) -> AsyncIterator[m.Schedule]:
+        return self._iter(self.list_schedules_page, limit=limit)
+
+    async def list_schedules(self, *, limit: Optional[int] = None) -> List[m.Schedule]:
+        return [s async for s in self.iter_schedules(limit=limit)]
+
+    def iter_fires(self, schedule_id: str, *, limit: Optional[int] = None) -> AsyncIterator[m.Fire]:
+        return self._iter(lambda **kw: self.list_fires_page(schedule_id, **kw), "before", limit=limit)
+
+    def iter_workflows(self, **filters: Any) -> AsyncIterator[m.Workflow]:
+        return self._iter(self.list_workflows_page, **filters)
+
+    async def list_workflows(self, **filters: Any) -> List[m.Workflow]:
+        return [w async for w in self.iter_workflows(**filters)]

@@ -1,0 +1,169 @@
+"""Every error class: raised for the server's real answers where the server can be made to give
+them, from a stubbed transport for the statuses a healthy local server does not produce (401,
+429, 500, 503), and for an unreachable server."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import uuid
+
+import httpx
+import pytest
+
+from sundial_client import (
+    AlreadyRunning,
+    ApiError,
+    AsyncClient,
+    Client,
+    Conflict,
+    ConnectionFailed,
+    DuplicateKey,
+    InternalError,
+    Invalid,
+    Malformed,
+    MethodNotAllowed,
+    NotFound,
+    RateLimited,
+    ShuttingDown,
+    StaleExecution,
+    SundialError,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+    WrongState,
+)
+
+
+def test_malformed(client):
+    with pytest.raises(Malformed) as e:
+        client.request("POST", "/v1/tasks", content=b"{not json")
+    assert e.value.status == 400 and e.value.code == "malformed"
+
+
+def test_invalid_names_the_field(client):
+    with pytest.raises(Invalid) as e:
+        client.create_task("k", delay="soon")
+    assert e.value.status == 422 and e.value.code == "invalid" and e.value.field == "delay"
+    # An unknown field (sent through the pass-through keywords) is refused, not ignored.
+    with pytest.raises(Invalid) as e:
+        client.create_task("k", delya="5s")
+    assert e.value.status == 422
+
+
+def test_invalid_batch_item_names_the_index(client, queue):
+    with pytest.raises(Invalid) as e:
+        client.create_tasks([{"kind": "ok", "queue": queue}, {"kind": "", "queue": queue}])
+    assert e.value.index == 1 and e.value.field and e.value.field.startswith("tasks[1]")
+    assert client.list_tasks(queue=queue) == []  # nothing stored
+
+
+def test_not_found(client):
+    with pytest.raises(NotFound) as e:
+        client.get_task(str(uuid.uuid4()))
+    assert e.value.status == 404 and e.value.code == "not_found"
+    with pytest.raises(NotFound):
+        client.get_workflow("no-such-workflow")
+
+
+def test_method_not_allowed(client):
+    with pytest.raises(MethodNotAllowed) as e:
+        client.request("DELETE", "/v1/tasks")
+    assert e.value.status == 405
+
+
+def test_duplicate_key_carries_existing_id(client, queue):
+    first = client.create_task("k", queue=queue, key="same")
+    with pytest.raises(DuplicateKey) as e:
+        client.create_task("k", queue=queue, key="same")
+    assert isinstance(e.value, Conflict) and e.value.status == 409
+    assert e.value.existing_id == first.id
+
+
+def test_wrong_state_carries_state(client, queue):
+    t = client.create_task("k", queue=queue)
+    client.cancel_task(t.id)
+    with pytest.raises(WrongState) as e:
+        client.cancel_task(t.id)
+    assert e.value.state == "cancelled" and e.value.code == "wrong_state"
+
+
+def test_stale_execution(client, queue):
+    client.create_task("k", queue=queue)
+    (p,) = client.poll(queue, "w", wait=5)
+    with pytest.raises(StaleExecution) as e:
+        client.complete(p.id, str(uuid.uuid4()))
+    assert e.value.state == "running"
+    client.complete(p.id, p.execution_id)
+
+
+def test_too_large(client, queue):
+    with pytest.raises(TooLarge) as e:
+        client.create_task("k", queue=queue, payload="x" * (300 * 1024))
+    assert e.value.status == 413 and e.value.code == "too_large"
+
+
+def test_already_running_workflow(client):
+    wid = f"wf-{uuid.uuid4().hex[:8]}"
+    client.start_workflow("t", workflow_id=wid, id_reuse="reject_duplicate")
+    with pytest.raises(Conflict) as e:
+        client.start_workflow("t", workflow_id=wid)
+    assert isinstance(e.value, AlreadyRunning) and e.value.code == "already_running"
+
+
+def _stub(status: int, body):
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, json=body) if not isinstance(body, str) else httpx.Response(status, text=body)
+
+    return handler
+
+
+@pytest.mark.parametrize(
+    "status,code,cls,retryable",
+    [
+        (401, "unauthorized", Unauthorized, False),
+        (429, "rate_limited", RateLimited, True),
+        (500, "internal", InternalError, False),
+        (503, "shutting_down", ShuttingDown, True),
+        (503, "unavailable", Unavailable, True),
+        (502, None, Unavailable, True),
+        (418, "teapot", ApiError, False),
+    ],
+)
+def test_statuses_map_to_classes(status, code, cls, retryable):
+    body = {"error": {"code": code, "message": "m"}} if code else "Bad Gateway"
+    with Client("http://stub", transport=httpx.MockTransport(_stub(status, body))) as c:
+        with pytest.raises(cls) as e:
+            c.get_task("x")
+    assert type(e.value) is cls
+    assert e.value.status == status and e.value.retryable is retryable
+    assert e.value.code == (code or f"http_{status}")
+
+
+def test_token_is_sent_as_bearer():
+    seen = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen["auth"] = request.headers.get("authorization")
+        return httpx.Response(200, json={"status": "ok"})
+
+    with Client("http://stub", token="s3cret", transport=httpx.MockTransport(handler)) as c:
+        c.health()
+    assert seen["auth"] == "Bearer s3cret"
+
+
+def test_unreachable_server_is_connection_failed():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with Client(f"http://127.0.0.1:{port}") as c:
+        with pytest.raises(ConnectionFailed) as e:
+            c.health()
+    assert isinstance(e.value, SundialError)
+
+    async def main():
+        async with AsyncClient(f"http://127.0.0.1:{port}") as ac:
+            with pytest.raises(ConnectionFailed):
+                await ac.health()
+
+    asyncio.run(main())
