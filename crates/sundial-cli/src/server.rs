@@ -63,7 +63,10 @@ pub struct ServerArgs {
     /// the running nodes.
     #[arg(long, env = "SUNDIAL_NODE_ID")]
     node_id: Option<String>,
-    /// Shards of the due index. Fixed when a store is first used; later values are ignored.
+    /// Shards of the due index, recorded when the store is created (the embedded store in its
+    /// data directory, PostgreSQL in the schema). A store keeps its count for good: a different
+    /// value on a later start is ignored with a warning, and the server runs with the stored
+    /// count (a store from a build that did not record it gets one derived from its tasks).
     #[arg(long, env = "SUNDIAL_SHARDS", default_value_t = 16)]
     shards: u32,
     /// With PostgreSQL: how long a node's shard leases last without renewal.
@@ -182,10 +185,10 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
     let running = sundial.start();
     match &args.database_url {
         None => {
-            tracing::info!(data_dir = %args.data_dir.display(), %addr, durability = ?args.durability, "sundial started")
+            tracing::info!(data_dir = %args.data_dir.display(), %addr, durability = ?args.durability, shards = sundial.config().shard_count, "sundial started")
         }
         Some(_) => {
-            tracing::info!(%addr, schema = %args.database_schema, "sundial started on PostgreSQL")
+            tracing::info!(%addr, schema = %args.database_schema, shards = sundial.config().shard_count, "sundial started on PostgreSQL")
         }
     }
     {

@@ -211,6 +211,19 @@ async fn failure_after_the_commit_is_not_fired_twice() {
     crash_around_the_commit(Fault::After).await;
 }
 
+/// The database files of `dir` as they are now, copied to a new directory (SQLite rebuilds the
+/// WAL index from the log on open).
+fn crashed_copy(dir: &std::path::Path) -> tempfile::TempDir {
+    let copy = tempfile::tempdir().unwrap();
+    for name in ["sundial.db", "sundial.db-wal"] {
+        let from = dir.join(name);
+        if from.exists() {
+            std::fs::copy(&from, copy.path().join(name)).unwrap();
+        }
+    }
+    copy
+}
+
 /// Instance A fires and commits, then its whole runtime is dropped (every task of the engine
 /// gone mid-handler, like `kill -9`). Instance B opens the same directory: the dead tick's lease
 /// runs out, the reaper hands it back, it is refused as stale, and the fire A committed, and the
@@ -246,6 +259,9 @@ fn killed_right_after_the_commit_then_restarted() {
             .expect("A committed its fire");
     });
     rt_a.shutdown_background(); // kill: nothing of A runs any more
+    // A's leaked engine still holds its store, and with it the data directory's lock, which a
+    // real kill would have released: B opens a copy of the files as A left them on disk.
+    let dir = crashed_copy(dir.path());
 
     let rt_b = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -15,9 +15,11 @@
 //! This crate is the only one in the workspace that depends on rusqlite. It never reads a clock:
 //! every time it writes was handed to it.
 
+mod lock;
 mod rows;
 mod schedules;
 mod schema;
+mod shards;
 mod workflows;
 mod writer;
 
@@ -37,7 +39,11 @@ use thiserror::Error;
 use rows::{TASK_COLUMNS, task_from_row};
 use writer::Writer;
 
+pub use lock::LockHolder;
 pub use schema::CURRENT_VERSION as SCHEMA_VERSION;
+pub use shards::{ShardCountOrigin, StoreShards};
+
+use lock::StoreLock;
 
 /// Errors from opening the store (operations report [`StoreError`]).
 #[derive(Debug, Error)]
@@ -53,6 +59,17 @@ pub enum SqliteError {
         "database schema version {found} is newer than this build supports ({supported}); upgrade Sundial"
     )]
     TooNew { found: i64, supported: i64 },
+    /// Another store (in this process or another) has the database open.
+    #[error("{0}")]
+    InUse(LockHolder),
+    #[error("cannot lock {path}: {source}")]
+    Lock {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// What the database holds is not what this build wrote.
+    #[error("the database is corrupt: {0}")]
+    Corrupt(String),
 }
 
 impl From<SqliteError> for StoreError {
@@ -84,6 +101,10 @@ pub struct SqliteOptions {
     pub readers: usize,
     /// Page cache per connection, in KiB.
     pub cache_kib: i64,
+    /// The shard count recorded when the store is created. A store that exists keeps the count
+    /// it recorded (or, from an older build, one derived from its rows): see
+    /// [`SqliteStore::shards`].
+    pub shard_count: u32,
 }
 
 impl Default for SqliteOptions {
@@ -93,6 +114,7 @@ impl Default for SqliteOptions {
             max_batch: 1024,
             readers: 4,
             cache_kib: 16 * 1024,
+            shard_count: 4,
         }
     }
 }
@@ -102,6 +124,8 @@ impl Default for SqliteOptions {
 pub struct SqliteStore {
     writer: Arc<Writer>,
     readers: Arc<ReaderPool>,
+    shards: StoreShards,
+    _lock: Arc<StoreLock>,
 }
 
 struct ReaderPool {
@@ -111,19 +135,30 @@ struct ReaderPool {
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) the store in directory `dir` (file `sundial.db`).
+    /// Opens (creating if needed) the store in directory `dir` (file `sundial.db`). Refused with
+    /// [`SqliteError::InUse`] ("data directory D is in use by pid N") while another store has it
+    /// open.
     pub fn open_dir(dir: &Path, opts: SqliteOptions) -> Result<Self, SqliteError> {
         std::fs::create_dir_all(dir).map_err(|source| SqliteError::DataDir {
             path: dir.to_path_buf(),
             source,
         })?;
-        Self::open(&dir.join("sundial.db"), opts)
+        let db = dir.join("sundial.db");
+        let lock = StoreLock::acquire(&db, format!("data directory {}", dir.display()))?;
+        Self::open_locked(&db, opts, lock)
     }
 
-    /// Opens (creating if needed) the database file at `path` and migrates it.
+    /// Opens (creating if needed) the database file at `path` and migrates it. Refused with
+    /// [`SqliteError::InUse`] while another store has it open (the lock is `<path>.lock`).
     pub fn open(path: &Path, opts: SqliteOptions) -> Result<Self, SqliteError> {
+        let lock = StoreLock::acquire(path, format!("database {}", path.display()))?;
+        Self::open_locked(path, opts, lock)
+    }
+
+    fn open_locked(path: &Path, opts: SqliteOptions, lock: StoreLock) -> Result<Self, SqliteError> {
         let mut conn = open_connection(path, &opts)?;
         schema::migrate(&mut conn)?;
+        let shards = shards::adopt(&mut conn, opts.shard_count)?;
         // Checkpoints run on the writer's checkpoint thread; the automatic one (inside a commit)
         // is only a backstop, at 64 MiB of WAL instead of SQLite's 4 MiB.
         conn.pragma_update(None, "wal_autocheckpoint", 16_384)?;
@@ -136,7 +171,16 @@ impl SqliteStore {
                 opts,
                 idle: Mutex::new(Vec::new()),
             }),
+            shards,
+            _lock: Arc::new(lock),
         })
+    }
+
+    /// The shard count this store runs with and where it came from. Tasks are hashed into and
+    /// scanned by these shards, so an engine on this store must use this count whatever it was
+    /// configured with (`sundial::Builder::open` adopts it).
+    pub fn shards(&self) -> StoreShards {
+        self.shards
     }
 
     /// Runs `f` on a read connection from the pool, on a blocking thread.

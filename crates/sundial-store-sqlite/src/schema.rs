@@ -24,6 +24,8 @@
 //!   points at each workflow id's current run. `workflow_history (run_id, seq)` is the append-only
 //!   event log (JSON text). `workflow_markers (run_id, marker)` makes marked appends (a timer
 //!   firing, an activity's result) happen at most once.
+//! - `store_meta (name → value)` (migration 4): facts about the store itself; `shard_count` is
+//!   the shard count, recorded when the store is created (see `shards.rs`).
 
 use rusqlite::Connection;
 
@@ -156,6 +158,13 @@ CREATE TABLE workflow_markers (
     run_id BLOB NOT NULL,
     marker TEXT NOT NULL,
     PRIMARY KEY (run_id, marker)
+) WITHOUT ROWID;
+"#,
+    // 4: facts about the store itself (its shard count).
+    r#"
+CREATE TABLE store_meta (
+    name  TEXT NOT NULL PRIMARY KEY,
+    value TEXT NOT NULL
 ) WITHOUT ROWID;
 "#,
 ];

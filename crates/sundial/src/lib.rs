@@ -131,12 +131,43 @@ impl Builder {
         self
     }
     /// Opens (creating if needed) the embedded store in directory `dir`.
-    pub async fn open(self, dir: impl AsRef<Path>) -> Result<Sundial, Error> {
+    ///
+    /// The shard count is the store's: a new store records `Config::shard_count`, an existing
+    /// one keeps the count it was created with (one derived from its rows, for a store of a
+    /// build that did not record it). A configured count that differs is ignored with a warning,
+    /// and [`Sundial::config`] shows the count in force. Refused while another process (or
+    /// another open store in this one) has the directory open.
+    pub async fn open(mut self, dir: impl AsRef<Path>) -> Result<Sundial, Error> {
         let dir = dir.as_ref().to_path_buf();
-        let opts = self.sqlite.clone();
-        let store = tokio::task::spawn_blocking(move || SqliteStore::open_dir(&dir, opts))
+        let opts = SqliteOptions {
+            shard_count: self.config.shard_count,
+            ..self.sqlite.clone()
+        };
+        let at = dir.clone();
+        let store = tokio::task::spawn_blocking(move || SqliteStore::open_dir(&at, opts))
             .await
             .map_err(|e| Error::Store(StoreError::Backend(e.to_string())))??;
+        let shards = store.shards();
+        if shards.origin == sundial_store_sqlite::ShardCountOrigin::DerivedFromRows {
+            tracing::warn!(
+                data_dir = %dir.display(),
+                shards = shards.count,
+                "the store did not record its shard count (an older build wrote it); derived {} from its tasks and recorded it",
+                shards.count
+            );
+        }
+        if shards.count != self.config.shard_count {
+            tracing::warn!(
+                data_dir = %dir.display(),
+                stored = shards.count,
+                requested = self.config.shard_count,
+                "the store in {} has {} shards, fixed when it was created; the requested {} is ignored",
+                dir.display(),
+                shards.count,
+                self.config.shard_count
+            );
+            self.config.shard_count = shards.count;
+        }
         let store = Arc::new(store);
         let schedules: Arc<dyn ScheduleStore> = store.clone();
         let workflows: Arc<dyn WorkflowStore> = store.clone();
@@ -169,7 +200,16 @@ impl Builder {
         node: impl Into<String>,
     ) -> Result<Sundial, Error> {
         let node = node.into();
-        self.config.shard_count = cluster.shard_count(self.config.shard_count).await?;
+        let stored = cluster.shard_count(self.config.shard_count).await?;
+        if stored != self.config.shard_count {
+            tracing::warn!(
+                stored,
+                requested = self.config.shard_count,
+                "the database has {stored} shards, fixed when it was first used; the requested {} is ignored",
+                self.config.shard_count
+            );
+        }
+        self.config.shard_count = stored;
         let offset = cluster::measure_offset(cluster.as_ref(), self.clock.as_ref()).await?;
         let skew = offset.unsigned_abs();
         if skew > self.config.max_clock_skew.as_millis() as u64 {

@@ -1,0 +1,143 @@
+//! Opening the embedded store: the shard count it records and adopts, the lock that keeps a second
+//! opener out.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic on failure
+
+use std::path::Path;
+
+use sundial_core::{Limits, NewTask, TaskId, TaskSpec, Timestamp};
+use sundial_store::Store;
+use sundial_store_sqlite::{ShardCountOrigin, SqliteError, SqliteOptions, SqliteStore};
+
+const NOW: Timestamp = Timestamp(1_700_000_000_000);
+
+fn opts(shards: u32) -> SqliteOptions {
+    SqliteOptions {
+        shard_count: shards,
+        ..SqliteOptions::default()
+    }
+}
+
+fn open(dir: &Path, shards: u32) -> SqliteStore {
+    SqliteStore::open_dir(dir, opts(shards)).expect("open store")
+}
+
+fn task(i: usize, keyed: bool, shards: u32) -> NewTask {
+    let spec = TaskSpec::new("k").payload(serde_json::json!(i));
+    let spec = if keyed {
+        spec.key(format!("key-{i}"))
+    } else {
+        spec
+    };
+    spec.validate(
+        TaskId(uuid::Uuid::now_v7()),
+        NOW,
+        shards,
+        &Limits::default(),
+    )
+    .expect("valid")
+}
+
+fn insert(store: &SqliteStore, tasks: Vec<NewTask>) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(store.insert(tasks)).expect("insert");
+}
+
+/// Makes the database look as a build before the shard count was recorded left it.
+fn forget_shard_count(dir: &Path) {
+    let conn = rusqlite::Connection::open(dir.join("sundial.db")).unwrap();
+    conn.execute_batch("DROP TABLE store_meta; PRAGMA user_version = 3;")
+        .unwrap();
+}
+
+#[test]
+fn a_new_store_records_the_proposed_count_and_keeps_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path(), 16);
+    assert_eq!(s.shards().count, 16);
+    assert_eq!(s.shards().origin, ShardCountOrigin::Created);
+    drop(s);
+    for proposed in [4, 16, 64] {
+        let s = open(dir.path(), proposed);
+        assert_eq!(s.shards().count, 16, "proposed {proposed}");
+        assert_eq!(s.shards().origin, ShardCountOrigin::Recorded);
+    }
+}
+
+#[test]
+fn an_older_store_gets_the_count_its_rows_were_written_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path(), 16);
+    insert(&s, (0..60).map(|i| task(i, i % 2 == 0, 16)).collect());
+    drop(s);
+    for proposed in [4, 16, 32] {
+        forget_shard_count(dir.path());
+        let s = open(dir.path(), proposed);
+        assert_eq!(s.shards().count, 16, "proposed {proposed}");
+        assert_eq!(s.shards().origin, ShardCountOrigin::DerivedFromRows);
+        drop(s);
+        let s = open(dir.path(), proposed);
+        assert_eq!(s.shards().count, 16);
+        assert_eq!(s.shards().origin, ShardCountOrigin::Recorded);
+    }
+}
+
+#[test]
+fn an_older_store_without_tasks_takes_the_proposed_count() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(open(dir.path(), 16));
+    forget_shard_count(dir.path());
+    let s = open(dir.path(), 8);
+    assert_eq!(s.shards().count, 8);
+    assert_eq!(s.shards().origin, ShardCountOrigin::Created);
+}
+
+#[test]
+fn rows_written_with_several_counts_all_stay_in_running_shards() {
+    // What the defect left behind: a store opened with 16 shards, then with 4.
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path(), 16);
+    let mut tasks: Vec<NewTask> = (0..40).map(|i| task(i, true, 16)).collect();
+    tasks.extend((40..80).map(|i| task(i, true, 4)));
+    let highest = tasks.iter().map(|t| t.shard).max().unwrap();
+    insert(&s, tasks);
+    drop(s);
+    forget_shard_count(dir.path());
+    let s = open(dir.path(), 4);
+    assert_eq!(s.shards().origin, ShardCountOrigin::DerivedFromRows);
+    assert!(
+        s.shards().count > highest,
+        "count {} leaves shard {highest} unrun",
+        s.shards().count
+    );
+}
+
+#[test]
+fn a_second_opener_is_refused_naming_the_holder() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = open(dir.path(), 4);
+    let clone = first.clone();
+    drop(first);
+    // A clone keeps the store (and its lock) alive.
+    match SqliteStore::open_dir(dir.path(), opts(4)) {
+        Err(SqliteError::InUse(holder)) => {
+            assert_eq!(holder.pid, Some(std::process::id()));
+            assert_eq!(
+                holder.to_string(),
+                format!(
+                    "data directory {} is in use by pid {}",
+                    dir.path().display(),
+                    std::process::id()
+                )
+            );
+        }
+        Err(other) => panic!("expected InUse, got {other}"),
+        Ok(_) => panic!("a second opener must be refused"),
+    }
+    drop(clone);
+    // Released with the last clone.
+    let again = open(dir.path(), 4);
+    assert_eq!(again.shards().count, 4);
+}
