@@ -35,7 +35,31 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::clock::OffsetClock;
-use crate::engine::Engine;
+
+/// What the membership loops need of the engine they place shards for. The engine implements
+/// it; this module never names the engine, so the dependency points one way.
+pub(crate) trait ShardHost: Send + Sync + 'static {
+    fn clock(&self) -> &Arc<dyn Clock>;
+    /// Turns true when shutdown begins.
+    fn stopping(&self) -> watch::Receiver<bool>;
+    fn shard_count(&self) -> u32;
+    /// The queues this node has seen (for the ready wake-ups owed to a newcomer).
+    fn queue_names(&self) -> Vec<String>;
+    /// Marks `shard` as run here and starts its loop under `fence`, until `stop` turns true or
+    /// the fence is refused.
+    fn run_shard(
+        self: Arc<Self>,
+        shard: u32,
+        fence: Fence,
+        stop: watch::Receiver<bool>,
+    ) -> JoinHandle<()>;
+    /// Marks `shard` as no longer run here (its loop has stopped).
+    fn shard_left(&self, shard: u32);
+    /// Records that this node's lease on `shard` holds until `until`.
+    fn set_lease_until(&self, shard: u32, until: Timestamp);
+    /// Hands another node's wake-up to the local shard loop or pollers.
+    fn deliver(&self, wakeup: Wakeup);
+}
 
 /// Offsets beyond this are logged as a warning (at join and at every later check).
 pub(crate) const WARN_SKEW_MS: u64 = 50;
@@ -183,32 +207,33 @@ impl ClusterNode {
 }
 
 /// Starts the membership, publisher and subscriber loops.
-pub(crate) fn start(engine: Arc<Engine>) -> Vec<JoinHandle<()>> {
+pub(crate) fn start(node: Arc<ClusterNode>, host: Arc<dyn ShardHost>) -> Vec<JoinHandle<()>> {
     let mut tasks = Vec::new();
-    let e = engine.clone();
-    tasks.push(tokio::spawn(async move { membership_loop(e).await }));
-    let e = engine.clone();
-    tasks.push(tokio::spawn(async move { publisher_loop(e).await }));
-    let e = engine;
-    tasks.push(tokio::spawn(async move { subscriber_loop(e).await }));
+    let (n, h) = (node.clone(), host.clone());
+    tasks.push(tokio::spawn(async move { membership_loop(h, &n).await }));
+    let (n, h) = (node.clone(), host.clone());
+    tasks.push(tokio::spawn(async move { publisher_loop(h, &n).await }));
+    tasks.push(tokio::spawn(
+        async move { subscriber_loop(host, &node).await },
+    ));
     tasks
 }
 
-async fn membership_loop(engine: Arc<Engine>) {
-    let Some(node) = &engine.cluster else {
-        return;
-    };
-    let mut stopping = engine.stopping_rx();
+async fn membership_loop(engine: Arc<dyn ShardHost>, node: &ClusterNode) {
+    let mut stopping = engine.stopping();
     let ttl = node.lease_ttl;
     let ttl_ms = ttl.as_millis() as i64;
-    let mut next_clock_check = engine.clock.now().saturating_add(node.clock_check_interval);
+    let mut next_clock_check = engine
+        .clock()
+        .now()
+        .saturating_add(node.clock_check_interval);
     // Set while the clock is beyond the limit: the node has left and runs no shard.
     let mut refused = false;
     loop {
         if *stopping.borrow() {
             break;
         }
-        let now = engine.clock.now();
+        let now = engine.clock().now();
         if now >= next_clock_check {
             match node.check_clock().await {
                 Ok(true) => {
@@ -226,9 +251,12 @@ async fn membership_loop(engine: Arc<Engine>) {
                 Err(e) => tracing::warn!(error = %e, "clock check failed"),
             }
             // From the engine's clock after the check (the offset may have moved).
-            next_clock_check = engine.clock.now().saturating_add(node.clock_check_interval);
+            next_clock_check = engine
+                .clock()
+                .now()
+                .saturating_add(node.clock_check_interval);
         }
-        let now = engine.clock.now();
+        let now = engine.clock().now();
         let waiting = if refused {
             false
         } else {
@@ -268,7 +296,7 @@ async fn membership_loop(engine: Arc<Engine>) {
         };
         let next = Timestamp(now.0 + pause);
         tokio::select! {
-            _ = engine.clock.sleep_until(next) => {}
+            _ = engine.clock().sleep_until(next) => {}
             _ = stopping.changed() => {}
         }
     }
@@ -279,7 +307,7 @@ async fn membership_loop(engine: Arc<Engine>) {
 }
 
 /// Stops every shard loop of this node, releases the shards and leaves the membership.
-async fn hand_back(engine: &Arc<Engine>, node: &ClusterNode) {
+async fn hand_back(engine: &Arc<dyn ShardHost>, node: &ClusterNode) {
     node.alone.store(false, Ordering::Release);
     let owned: Vec<(u32, OwnedShard)> = node
         .owned
@@ -289,7 +317,7 @@ async fn hand_back(engine: &Arc<Engine>, node: &ClusterNode) {
     for (shard, s) in owned {
         s.stop.send_replace(true);
         let _ = s.handle.await;
-        engine.set_local(shard, false);
+        engine.shard_left(shard);
         if let Err(e) = node.cluster.release_shard(s.fence, &node.node).await {
             tracing::warn!(shard, error = %e, "release failed");
         }
@@ -302,7 +330,7 @@ async fn hand_back(engine: &Arc<Engine>, node: &ClusterNode) {
 /// Releases and acquires shards to match rendezvous over `live`. Returns whether some shard this
 /// node should own is still held by another node.
 async fn rebalance(
-    engine: &Arc<Engine>,
+    engine: &Arc<dyn ShardHost>,
     node: &ClusterNode,
     live: &[String],
     now: Timestamp,
@@ -332,7 +360,7 @@ async fn rebalance(
         };
         s.stop.send_replace(true);
         let _ = s.handle.await;
-        engine.set_local(shard, false);
+        engine.shard_left(shard);
         if !finished {
             tracing::info!(shard, "handing shard over");
             if let Err(e) = node.cluster.release_shard(s.fence, &node.node).await {
@@ -381,10 +409,7 @@ async fn rebalance(
                     old.stop.send_replace(true);
                 }
                 let (stop, stop_rx) = watch::channel(false);
-                engine.set_local(shard, true);
-                let e = engine.clone();
-                let handle =
-                    tokio::spawn(async move { e.shard_loop(shard, Some(fence), stop_rx).await });
+                let handle = engine.clone().run_shard(shard, fence, stop_rx);
                 tracing::info!(shard, range_id = fence.range_id, "shard acquired");
                 owned.insert(
                     shard,
@@ -402,7 +427,7 @@ async fn rebalance(
                 if let Some(s) = lost {
                     tracing::warn!(shard, "shard lease lost");
                     s.stop.send_replace(true);
-                    engine.set_local(shard, false);
+                    engine.shard_left(shard);
                 }
             }
         }
@@ -410,14 +435,11 @@ async fn rebalance(
     waiting
 }
 
-async fn publisher_loop(engine: Arc<Engine>) {
-    let Some(node) = &engine.cluster else {
-        return;
-    };
+async fn publisher_loop(engine: Arc<dyn ShardHost>, node: &ClusterNode) {
     let Some(mut rx) = node.outbox_rx.lock().ok().and_then(|mut r| r.take()) else {
         return;
     };
-    let mut stopping = engine.stopping_rx();
+    let mut stopping = engine.stopping();
     loop {
         let first = tokio::select! {
             w = rx.recv() => w,
@@ -445,19 +467,16 @@ async fn publisher_loop(engine: Arc<Engine>) {
     }
 }
 
-async fn subscriber_loop(engine: Arc<Engine>) {
-    let Some(node) = &engine.cluster else {
-        return;
-    };
-    let mut stopping = engine.stopping_rx();
+async fn subscriber_loop(engine: Arc<dyn ShardHost>, node: &ClusterNode) {
+    let mut stopping = engine.stopping();
     let mut stream = loop {
         match node.cluster.subscribe().await {
             Ok(s) => break s,
             Err(e) => {
                 tracing::warn!(error = %e, "subscribe failed; retrying");
-                let until = engine.clock.now().saturating_add(Duration::from_secs(1));
+                let until = engine.clock().now().saturating_add(Duration::from_secs(1));
                 tokio::select! {
-                    _ = engine.clock.sleep_until(until) => {}
+                    _ = engine.clock().sleep_until(until) => {}
                     _ = stopping.changed() => return,
                 }
             }
@@ -469,8 +488,7 @@ async fn subscriber_loop(engine: Arc<Engine>) {
             _ = stopping.changed() => None,
         };
         match next {
-            Some(Wakeup::Due { shard, entry }) => engine.notify_local(shard, entry),
-            Some(Wakeup::Ready { queue }) => engine.wake_pollers(&queue),
+            Some(w) => engine.deliver(w),
             None => break,
         }
     }

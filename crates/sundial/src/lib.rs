@@ -39,6 +39,7 @@ mod config;
 mod engine;
 mod error;
 mod handler;
+mod placement;
 mod window;
 
 use std::path::Path;
@@ -49,6 +50,7 @@ use sundial_store::Inserted;
 
 pub use clock::SystemClock;
 pub use config::Config;
+pub use engine::step::Stepper;
 pub use error::Error;
 pub use handler::{Handler, HandlerError, HandlerFuture, TaskContext};
 pub use sundial_core::{
@@ -179,7 +181,7 @@ impl Builder {
     /// Uses an already opened store (any backend), on a single node that runs every shard.
     pub fn with_store(self, store: Arc<dyn Store>) -> Sundial {
         Sundial {
-            engine: Engine::new(store, self.clock, self.config, None),
+            engine: Engine::new(store, self.clock, self.config, placement::Placement::Single),
             schedule_store: self.schedule_store,
             workflow_store: self.workflow_store,
         }
@@ -228,7 +230,12 @@ impl Builder {
         let node = cluster::ClusterNode::new(cluster, node, &self.config, offset_clock.clone());
         let clock: Arc<dyn Clock> = offset_clock;
         Ok(Sundial {
-            engine: Engine::new(store, clock, self.config, Some(node)),
+            engine: Engine::new(
+                store,
+                clock,
+                self.config,
+                placement::Placement::Cluster(Arc::new(node)),
+            ),
             schedule_store: self.schedule_store,
             workflow_store: self.workflow_store,
         })
@@ -428,6 +435,15 @@ impl Sundial {
         Ok(task)
     }
 
+    /// Takes the engine's loops (shard loops and reaper) to turn them by hand on the engine's
+    /// clock instead of running them as tasks: for tests on a [`ManualClock`], which then step
+    /// exactly what the engine does at each time (see [`Stepper`]). After this, [`Sundial::start`]
+    /// starts nothing (its [`Running::shutdown`] still stops handler runs). On several nodes the
+    /// shard loops belong to the membership loop and only the reaper is stepped.
+    pub fn stepper(&self) -> Stepper {
+        Stepper::new(self.engine.clone())
+    }
+
     /// Starts the engine (shard loops and lease reaper) on the current tokio runtime.
     pub fn start(&self) -> Running {
         let tasks = self.engine.start();
@@ -439,11 +455,7 @@ impl Sundial {
 
     /// With several nodes: the shards this node runs now (empty on a single node).
     pub fn owned_shards(&self) -> Vec<u32> {
-        self.engine
-            .cluster
-            .as_ref()
-            .map(|c| c.owned_shards())
-            .unwrap_or_default()
+        self.engine.placement.owned_shards()
     }
 
     /// Handler runs under way in this process.
@@ -465,7 +477,13 @@ impl Running {
     pub async fn shutdown(self, deadline: Duration) -> usize {
         self.engine.begin_stop();
         for t in self.tasks {
-            let _ = t.await;
+            // The loops catch their own panics (see `engine::shard::Supervised`); one that still
+            // ended in a panic is reported, not dropped.
+            if let Err(e) = t.await
+                && e.is_panic()
+            {
+                tracing::error!(error = %e, "an engine task panicked");
+            }
         }
         self.engine.drain(deadline).await;
         self.engine.in_flight()

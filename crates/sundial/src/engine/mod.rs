@@ -1,0 +1,425 @@
+//! The engine: turns persisted due times into handler runs and worker deliveries.
+//!
+//! This module holds what the parts share: the handlers, the queues (concurrency permits and the
+//! pollers' wake-ups), one [`ShardSignal`] per shard (its inbox of notifications, its gate, what
+//! its window covers), the exclusive-key waiters, and the [`Placement`] that says where shards run.
+//! The parts live in modules of their own:
+//!
+//! - [`shard`]: the [`shard::ShardLoop`], one per shard run here, whose turn refills the
+//!   look-ahead window, claims what is due and answers when to look next; its supervisor and the
+//!   thin task that drives it.
+//! - [`run`]: in-process handler runs, `complete`, `fail`, exclusive-key hand-over.
+//! - [`reaper`]: running attempts whose lease ended.
+//! - [`poll`]: the worker protocol (long-poll claims, heartbeats).
+//! - [`step`]: [`crate::Stepper`], which turns every loop on the caller's clock instead of tasks.
+//!
+//! Writes that make a task scheduled (create, retry, trigger, lease expiry, a released exclusive
+//! key) send the shard a [`DueEntry`] through [`Engine::notify_due`]; if it lies inside what the
+//! window covers it goes to the inbox, and if it is earlier than the gate the gate is pulled in.
+//! The gate never moves later while an earlier due time is known.
+//!
+//! This module never decides *whether* a state change is allowed: every change is a conditional
+//! update in the store, and a refused one (cancelled meanwhile, already taken) is simply dropped.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use rand::Rng;
+use sundial_core::{Clock, Task, TaskState, Timestamp};
+use sundial_store::{DueEntry, DueKey, Fence, Store, Wakeup};
+use tokio::sync::{Notify, Semaphore, watch};
+
+use crate::cluster::ShardHost;
+use crate::config::Config;
+use crate::handler::Handler;
+pub(crate) use crate::placement::{ClaimError, LeaseLost, Owner, Placement};
+
+mod poll;
+pub(crate) mod reaper;
+mod run;
+pub(crate) mod shard;
+pub(crate) mod step;
+
+/// Shared state of one engine (one per [`crate::Sundial`]).
+pub(crate) struct Engine {
+    pub store: Arc<dyn Store>,
+    pub clock: Arc<dyn Clock>,
+    pub config: Config,
+    handlers: RwLock<HashMap<String, Arc<dyn Handler>>>,
+    queues: Mutex<HashMap<String, Arc<QueueState>>>,
+    shards: Vec<ShardSignal>,
+    /// Bumped whenever a concurrency permit is released, so starved shards look again.
+    permits_released: watch::Sender<u64>,
+    /// Tasks waiting for an exclusive key, by key.
+    exclusive_waiting: Mutex<HashMap<String, Vec<(u32, DueEntry)>>>,
+    /// Bumped by every release of an exclusive key, before its waiters are taken. A claim refused
+    /// as busy compares it with its value from before the claim: a release in between may have
+    /// found no waiter to wake, so the refused task looks again at once.
+    exclusive_releases: AtomicU64,
+    reaper: ReaperSignal,
+    in_flight: AtomicUsize,
+    drained: Notify,
+    /// Set when shutdown begins: no new work is taken.
+    stopping: watch::Sender<bool>,
+    /// Set when the shutdown deadline passes: running handlers are interrupted.
+    aborting: watch::Sender<bool>,
+    started: AtomicBool,
+    /// Where shards run: here, all of them, or those this node leases from a cluster.
+    pub(crate) placement: Placement,
+}
+
+pub(crate) struct QueueState {
+    permits: Arc<Semaphore>,
+    /// Pollers that take any kind of the queue wait here. Tasks becoming ready wake *one* of
+    /// them (`notify_one`); a poller that took a full batch passes the wake-up on, and one that
+    /// is dropped after being woken hands it to the next waiter (tokio's `Notify` does that), so
+    /// a batch of ready tasks costs one claim, not one per waiting poller.
+    ready: Notify,
+    /// Pollers restricted to some kinds wait here and are all woken: a wake-up cannot be aimed
+    /// at the poller whose kinds match.
+    ready_filtered: Notify,
+}
+
+pub(crate) struct ShardSignal {
+    inbox: Mutex<Vec<DueEntry>>,
+    wake: Notify,
+    /// Entries with a due time at or before this go straight into the window (see `Window`).
+    covered_until: AtomicI64,
+    /// When the loop's gate will open next.
+    gate: AtomicI64,
+    /// Whether this process runs the shard's loop (always, on a single node).
+    local: AtomicBool,
+    /// With several nodes: until when (engine clock) this node's lease on the shard is known to
+    /// hold, from its last acquisition or renewal. Past that, `local` may be stale.
+    lease_until: AtomicI64,
+}
+
+struct ReaperSignal {
+    wake: Notify,
+    gate: AtomicI64,
+}
+
+impl Engine {
+    pub fn new(
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        config: Config,
+        placement: Placement,
+    ) -> Arc<Self> {
+        let single = placement.is_single();
+        let shards = (0..config.shard_count.max(1))
+            .map(|_| ShardSignal {
+                inbox: Mutex::new(Vec::new()),
+                wake: Notify::new(),
+                covered_until: AtomicI64::new(i64::MIN),
+                gate: AtomicI64::new(i64::MIN),
+                local: AtomicBool::new(single),
+                lease_until: AtomicI64::new(if single { i64::MAX } else { i64::MIN }),
+            })
+            .collect();
+        Arc::new(Engine {
+            store,
+            clock,
+            config,
+            handlers: RwLock::new(HashMap::new()),
+            queues: Mutex::new(HashMap::new()),
+            shards,
+            permits_released: watch::channel(0).0,
+            exclusive_waiting: Mutex::new(HashMap::new()),
+            exclusive_releases: AtomicU64::new(0),
+            reaper: ReaperSignal {
+                wake: Notify::new(),
+                gate: AtomicI64::new(i64::MIN),
+            },
+            in_flight: AtomicUsize::new(0),
+            drained: Notify::new(),
+            stopping: watch::channel(false).0,
+            aborting: watch::channel(false).0,
+            started: AtomicBool::new(false),
+            placement,
+        })
+    }
+
+    pub fn register(&self, kind: String, handler: Arc<dyn Handler>) {
+        if let Ok(mut h) = self.handlers.write() {
+            h.insert(kind, handler);
+        }
+    }
+
+    fn handler(&self, kind: &str) -> Option<Arc<dyn Handler>> {
+        self.handlers.read().ok().and_then(|h| h.get(kind).cloned())
+    }
+
+    fn queue(&self, name: &str) -> Arc<QueueState> {
+        let mut queues = match self.queues.lock() {
+            Ok(q) => q,
+            Err(p) => p.into_inner(),
+        };
+        queues
+            .entry(name.to_string())
+            .or_insert_with(|| {
+                Arc::new(QueueState {
+                    permits: Arc::new(Semaphore::new(self.config.concurrency(name))),
+                    ready: Notify::new(),
+                    ready_filtered: Notify::new(),
+                })
+            })
+            .clone()
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        *self.stopping.borrow()
+    }
+
+    /// Tells the owning shard that a task is (now) scheduled at `entry.key.due_at` (and, through
+    /// the placement, other nodes that may run it).
+    pub fn notify_due(&self, shard: u32, entry: DueEntry) {
+        let Some(s) = self.shards.get(shard as usize) else {
+            return;
+        };
+        let now = self.clock.now();
+        let publish_horizon = now
+            .saturating_add(self.config.idle_interval)
+            .saturating_add(self.config.lookahead);
+        let local = self.placement.due_written(
+            shard,
+            &entry,
+            s.local.load(Ordering::Acquire),
+            s.lease_until.load(Ordering::Acquire),
+            now,
+            publish_horizon,
+        );
+        if local {
+            self.notify_local(shard, entry);
+        }
+    }
+
+    /// A wake-up for a shard this process runs (ignored when it does not run it).
+    pub(crate) fn notify_local(&self, shard: u32, entry: DueEntry) {
+        let Some(s) = self.shards.get(shard as usize) else {
+            return;
+        };
+        if !s.local.load(Ordering::Acquire) {
+            return;
+        }
+        let due = entry.key.due_at.0;
+        if due <= s.covered_until.load(Ordering::Acquire) {
+            if let Ok(mut inbox) = s.inbox.lock() {
+                inbox.push(entry);
+            }
+            s.wake.notify_one();
+        } else if due < s.gate.load(Ordering::Acquire) {
+            // Beyond what the window covers, but earlier than the gate: pull the gate in.
+            s.wake.notify_one();
+        }
+    }
+
+    pub fn notify_task(&self, task: &Task) {
+        match task.state {
+            TaskState::Scheduled => self.notify_due(
+                task.shard,
+                DueEntry {
+                    key: DueKey {
+                        due_at: task.due_at,
+                        id: task.id,
+                    },
+                    queue: task.queue.clone(),
+                    kind: task.kind.clone(),
+                    timeout_ms: task.timeout_ms,
+                },
+            ),
+            TaskState::Ready => self.ready_changed(&task.queue),
+            _ => {}
+        }
+    }
+
+    /// Tasks of `queue` became ready: wake pollers here and (through the placement) on other
+    /// nodes.
+    pub(crate) fn ready_changed(&self, queue: &str) {
+        self.wake_pollers(queue);
+        self.placement.ready_written(queue);
+    }
+
+    /// Wakes one waiting poller of `queue` that takes any kind (it passes the wake-up on when
+    /// it took a full batch) and every poller restricted to some kinds.
+    pub(crate) fn wake_pollers(&self, queue: &str) {
+        let q = self.queue(queue);
+        q.ready.notify_one();
+        q.ready_filtered.notify_waiters();
+    }
+
+    /// Claims due tasks as `owner`, through the placement.
+    pub(crate) async fn claim(
+        &self,
+        owner: Owner,
+        claims: Vec<sundial_store::DueClaim>,
+        now: Timestamp,
+    ) -> Result<Vec<sundial_store::ClaimOutcome>, ClaimError> {
+        self.placement.claim(&self.store, owner, claims, now).await
+    }
+
+    pub(crate) fn stopping_rx(&self) -> watch::Receiver<bool> {
+        self.stopping.subscribe()
+    }
+
+    /// Starts the shard loops and the reaper (on several nodes, the membership loop that decides
+    /// which shard loops run here). Idempotent; refused (empty) once a [`crate::Stepper`] took
+    /// the loops.
+    pub fn start(self: &Arc<Self>) -> Vec<tokio::task::JoinHandle<()>> {
+        if self.started.swap(true, Ordering::SeqCst) {
+            return Vec::new();
+        }
+        let mut tasks = Vec::new();
+        match &self.placement {
+            Placement::Cluster(node) => {
+                let host: Arc<dyn ShardHost> = self.clone();
+                tasks.extend(crate::cluster::start(node.clone(), host));
+            }
+            Placement::Single => {
+                let (_keep, stop) = watch::channel(false);
+                for shard in 0..self.shards.len() as u32 {
+                    // Each loop holds a receiver; the sender may go: `changed()` then reports an
+                    // error, which the loops treat as "never".
+                    tasks.push(tokio::spawn(shard::drive(
+                        self.clone(),
+                        shard,
+                        Owner::Sole,
+                        stop.clone(),
+                    )));
+                }
+            }
+        }
+        tasks.push(tokio::spawn(reaper::drive(self.clone())));
+        tasks
+    }
+
+    /// Marks the engine started without spawning anything: the caller turns the loops itself.
+    /// Answers `false` when it was already started.
+    pub(crate) fn take_loops(&self) -> bool {
+        !self.started.swap(true, Ordering::SeqCst)
+    }
+
+    pub(crate) fn idle_deadline(&self, now: Timestamp) -> Timestamp {
+        let idle = self.config.idle_interval.as_millis() as f64;
+        let cut = rand::rng().random_range(0.0..0.1) * idle;
+        Timestamp(now.0 + (idle - cut).max(1.0) as i64)
+    }
+
+    /// Waits until no handler is running or `deadline` passes; then interrupts the rest.
+    pub async fn drain(&self, deadline: Duration) {
+        let until = self.clock.now().saturating_add(deadline);
+        loop {
+            let notified = self.drained.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.in_flight.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            tokio::select! {
+                _ = notified => {}
+                _ = self.clock.sleep_until(until) => break,
+            }
+        }
+        self.aborting.send_replace(true);
+        // Interrupted runs record their interruption quickly; give them a moment (real time: this
+        // bounds how long a process takes to exit, it decides nothing about tasks).
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                let notified = self.drained.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if self.in_flight.load(Ordering::SeqCst) == 0 {
+                    return;
+                }
+                notified.await;
+            }
+        })
+        .await;
+    }
+
+    pub fn begin_stop(&self) {
+        self.stopping.send_replace(true);
+        for q in self
+            .queues
+            .lock()
+            .map(|q| q.values().cloned().collect::<Vec<_>>())
+            .unwrap_or_default()
+        {
+            q.ready.notify_waiters();
+            q.ready_filtered.notify_waiters();
+        }
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+}
+
+/// Completes when the value changes; never, if the sender is gone.
+async fn changed_or_never(rx: &mut watch::Receiver<bool>) {
+    if rx.changed().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+async fn wait_true(rx: &mut watch::Receiver<bool>) {
+    loop {
+        if *rx.borrow_and_update() {
+            return;
+        }
+        if rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl ShardHost for Engine {
+    fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+    fn stopping(&self) -> watch::Receiver<bool> {
+        self.stopping.subscribe()
+    }
+    fn shard_count(&self) -> u32 {
+        self.shards.len() as u32
+    }
+    fn queue_names(&self) -> Vec<String> {
+        self.queues
+            .lock()
+            .map(|q| q.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+    fn run_shard(
+        self: Arc<Self>,
+        shard: u32,
+        fence: Fence,
+        stop: watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()> {
+        if let Some(s) = self.shards.get(shard as usize) {
+            s.local.store(true, Ordering::Release);
+        }
+        tokio::spawn(shard::drive(self, shard, Owner::Fenced(fence), stop))
+    }
+    fn shard_left(&self, shard: u32) {
+        if let Some(s) = self.shards.get(shard as usize) {
+            s.local.store(false, Ordering::Release);
+            s.covered_until.store(i64::MIN, Ordering::Release);
+            if let Ok(mut inbox) = s.inbox.lock() {
+                inbox.clear();
+            }
+        }
+    }
+    fn set_lease_until(&self, shard: u32, until: Timestamp) {
+        if let Some(s) = self.shards.get(shard as usize) {
+            s.lease_until.store(until.0, Ordering::Release);
+        }
+    }
+    fn deliver(&self, wakeup: Wakeup) {
+        match wakeup {
+            Wakeup::Due { shard, entry } => self.notify_local(shard, entry),
+            Wakeup::Ready { queue } => self.wake_pollers(&queue),
+        }
+    }
+}

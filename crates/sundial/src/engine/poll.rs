@@ -1,0 +1,92 @@
+//! The worker protocol's engine side: long-polls that wait for ready tasks of a queue and claim
+//! them (one waiting poller woken per readiness, passed on after a full batch), and heartbeats.
+//!
+//! Never decides whether a claim is allowed: `claim_ready` is conditional in the store.
+
+use std::time::Duration;
+
+use sundial_core::{ExecutionId, Task, TaskId};
+use sundial_store::ReadyClaim;
+
+use super::Engine;
+use crate::Error;
+
+impl Engine {
+    /// Waits up to `wait` for ready tasks of `queue` and claims up to `max` of them.
+    pub async fn poll(
+        &self,
+        queue: &str,
+        worker: Option<String>,
+        kinds: Option<Vec<String>>,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Task>, Error> {
+        let max = max.clamp(1, self.config.max_poll_batch);
+        let wait = wait.min(self.config.max_poll_wait);
+        let q = self.queue(queue);
+        let start = self.clock.now();
+        let deadline = start.saturating_add(wait);
+        let mut stopping = self.stopping.subscribe();
+        let ready = if kinds.is_some() {
+            &q.ready_filtered
+        } else {
+            &q.ready
+        };
+        loop {
+            // Register interest before looking, so a task readied in between is not missed.
+            let notified = ready.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let now = self.clock.now();
+            let claim = ReadyClaim {
+                queue: queue.to_string(),
+                kinds: kinds.clone(),
+                execution_ids: (0..max)
+                    .map(|_| ExecutionId(uuid::Uuid::now_v7()))
+                    .collect(),
+                worker: worker.clone(),
+                now,
+            };
+            let tasks = self.claim_ready(claim).await?;
+            if tasks.len() >= max && kinds.is_none() {
+                // A full batch: more may be ready; the next waiting poller looks.
+                q.ready.notify_one();
+            }
+            if !tasks.is_empty() {
+                metrics::histogram!("sundial_poll_wait_seconds", "queue" => queue.to_string())
+                    .record(now.since(start).as_secs_f64());
+                return Ok(tasks);
+            }
+            if now >= deadline || self.is_stopping() {
+                return Ok(Vec::new());
+            }
+            tokio::select! {
+                _ = notified => {}
+                _ = self.clock.sleep_until(deadline) => {}
+                _ = stopping.changed() => {}
+            }
+        }
+    }
+
+    async fn claim_ready(&self, claim: ReadyClaim) -> Result<Vec<Task>, Error> {
+        let tasks = self.store.claim_ready(claim).await?;
+        for t in &tasks {
+            if let Some(until) = t.lease_expires_at {
+                self.lease_granted(until);
+            }
+            if let Some(s) = t.started_at {
+                metrics::histogram!("sundial_dispatch_wait_seconds", "queue" => t.queue.clone())
+                    .record(s.since(t.due_at).as_secs_f64());
+            }
+        }
+        Ok(tasks)
+    }
+
+    pub async fn heartbeat(&self, id: TaskId, execution: ExecutionId) -> Result<Task, Error> {
+        let now = self.clock.now();
+        let task = self.store.get(id).await?.ok_or(Error::NotFound)?;
+        let until = now.saturating_add(task.timeout());
+        let t = self.store.heartbeat(id, execution, now, until).await?;
+        Ok(t)
+    }
+}

@@ -1,0 +1,162 @@
+//! Handler runs and the results of attempts: an in-process run under its queue permit, with its
+//! timeout and the shutdown interruption; `complete` and `fail` (shared with remote workers); and
+//! the hand-over of exclusive keys to the tasks waiting for them.
+//!
+//! Never decides whether a result is accepted: the store's update is conditional on the attempt's
+//! execution id, and a refused result is reported, not forced.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use futures::FutureExt;
+use rand::Rng;
+use sundial_core::{ExecutionId, Task, TaskId, TaskState};
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::{Engine, wait_true};
+use crate::Error;
+use crate::handler::{Handler, HandlerError, TaskContext};
+
+impl Engine {
+    /// Runs a started task on its handler (resolved with the claim's batch) under the permit
+    /// taken for it, and records the result.
+    pub(super) fn spawn_run(
+        self: &Arc<Self>,
+        task: Task,
+        handler: Arc<dyn Handler>,
+        permit: OwnedSemaphorePermit,
+    ) {
+        let Some(execution) = task.execution_id else {
+            return;
+        };
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let engine = self.clone();
+        tokio::spawn(async move {
+            let started = engine.clock.now();
+            metrics::histogram!("sundial_fire_lateness_seconds", "queue" => task.queue.clone(), "target" => "handler")
+                .record(started.since(task.due_at).as_secs_f64());
+            let deadline = started.saturating_add(task.timeout());
+            let ctx = TaskContext {
+                task: task.clone(),
+                execution_id: execution,
+            };
+            let mut aborting = engine.aborting.subscribe();
+            let run = std::panic::AssertUnwindSafe(handler.call(ctx)).catch_unwind();
+            let outcome: Result<Option<serde_json::Value>, HandlerError> = tokio::select! {
+                r = run => match r {
+                    Ok(r) => r,
+                    Err(_) => Err(HandlerError::retryable("handler panicked")),
+                },
+                _ = engine.clock.sleep_until(deadline) => Err(HandlerError::retryable(format!(
+                    "timed out after {}ms", task.timeout_ms
+                ))),
+                _ = wait_true(&mut aborting) => Err(HandlerError::retryable("interrupted by shutdown")),
+            };
+            let finished = engine.clock.now();
+            metrics::histogram!("sundial_task_duration_seconds", "kind" => task.kind.clone())
+                .record(finished.since(started).as_secs_f64());
+            let interrupted = *engine.aborting.borrow();
+            // The concurrency limit bounds handler runs, not the bookkeeping after them: hand the
+            // permit on before recording the result. Holding it through that write would tie
+            // fire throughput to write latency (at most `permits / write latency` tasks a second,
+            // which a busy disk or CPU pushes below the due rate, so lateness snowballs).
+            drop(permit);
+            engine
+                .permits_released
+                .send_modify(|v| *v = v.wrapping_add(1));
+            let res = match outcome {
+                Ok(result) => engine
+                    .complete(task.id, execution, result)
+                    .await
+                    .map(|_| ()),
+                Err(e) => engine
+                    .fail(&task, execution, e.message, e.retryable, interrupted)
+                    .await
+                    .map(|_| ()),
+            };
+            if let Err(e) = res {
+                tracing::debug!(id = %task.id, error = %e, "result not recorded");
+            }
+            if engine.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+                engine.drained.notify_waiters();
+            }
+        });
+    }
+
+    /// Records success of an attempt (in-process or remote).
+    pub async fn complete(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        result: Option<serde_json::Value>,
+    ) -> Result<Task, Error> {
+        let result = result.map(|v| v.to_string());
+        let now = self.clock.now();
+        let t = self.store.complete(id, execution, now, result).await?;
+        self.release_exclusive(&t);
+        Ok(t)
+    }
+
+    /// Records failure of an attempt: retry with backoff while attempts remain and the error is
+    /// retryable, else `dead`. `immediate` retries at once (shutdown interrupted the attempt).
+    pub async fn fail(
+        &self,
+        task: &Task,
+        execution: ExecutionId,
+        error: String,
+        retryable: bool,
+        immediate: bool,
+    ) -> Result<Task, Error> {
+        let now = self.clock.now();
+        let retry_at = if retryable && task.attempt < task.max_attempts {
+            if immediate {
+                Some(now)
+            } else {
+                let r: f64 = rand::rng().random();
+                Some(now.saturating_add(task.backoff.delay(task.attempt, r)))
+            }
+        } else {
+            None
+        };
+        let t = self
+            .store
+            .fail(task.id, execution, now, error, retry_at)
+            .await?;
+        match t.state {
+            TaskState::Dead => {
+                metrics::counter!("sundial_tasks_dead_total", "kind" => t.kind.clone()).increment(1)
+            }
+            _ => {
+                metrics::counter!("sundial_task_retries_total", "kind" => t.kind.clone(), "attempt" => t.attempt.to_string())
+                    .increment(1)
+            }
+        }
+        metrics::counter!("sundial_task_failures_total", "kind" => t.kind.clone(), "attempt" => t.attempt.to_string())
+            .increment(1);
+        self.notify_task(&t);
+        self.release_exclusive(&t);
+        Ok(t)
+    }
+
+    /// A task holding an exclusive key stopped running: wake the tasks waiting for that key.
+    pub fn release_exclusive(&self, task: &Task) {
+        let Some(ex) = &task.exclusive else {
+            return;
+        };
+        self.exclusive_releases.fetch_add(1, Ordering::SeqCst);
+        let waiting = self
+            .exclusive_waiting
+            .lock()
+            .ok()
+            .and_then(|mut w| w.remove(&ex.key))
+            .unwrap_or_default();
+        for (shard, e) in waiting {
+            if let Some(s) = self.shards.get(shard as usize) {
+                if let Ok(mut inbox) = s.inbox.lock() {
+                    inbox.push(e);
+                }
+                s.wake.notify_one();
+            }
+        }
+    }
+}

@@ -1,0 +1,468 @@
+//! The shard loop: one per shard this process runs, owning the shard's [`Window`] and its gate.
+//!
+//! [`ShardLoop::turn`] is one turn, at a time the caller gives: take notifications into the
+//! window; refill the look-ahead when it has moved past the cursor (one range scan, bounded by the
+//! window's room; from the front of the shard when the idle backstop is due); claim what is due in
+//! one batch; and answer when the loop wants to look next (the earliest entry, the next refill or
+//! the backstop). The turn never sleeps. In production [`drive`] runs turns in a thin task that
+//! sleeps on the engine's clock until the answer, a notification, a released permit or a stop;
+//! tests step the turns themselves on a manual clock (see [`crate::Stepper`]).
+//!
+//! [`Supervised`] wraps a loop so that a panic inside a turn (in any code the turn runs: the store,
+//! the window) does not stop the shard until the process restarts: the panic is logged at error
+//! level, counted in `sundial_shard_loop_restarts_total`, and a fresh loop (empty window, scanning
+//! from the front) resumes after a backoff on the engine's clock.
+//!
+//! This module never decides *whether* a claim is allowed: the store does, conditionally, and a
+//! refused claim is dropped.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::FutureExt;
+use sundial_core::{ExecutionId, Timestamp};
+use sundial_store::{ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey};
+use tokio::sync::{OwnedSemaphorePermit, watch};
+
+use super::{Engine, LeaseLost, Owner, QueueState, changed_or_never};
+use crate::handler::Handler;
+use crate::window::{Meta, Window};
+
+/// First pause after a failed scan or a panic; doubled on each repeat up to its cap.
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const SCAN_BACKOFF_CAP: Duration = Duration::from_secs(5);
+const RESTART_BACKOFF_CAP: Duration = Duration::from_secs(30);
+
+/// One shard's loop state. Dropping it loses nothing: the window is a cache of the store.
+pub(crate) struct ShardLoop {
+    engine: Arc<Engine>,
+    shard: u32,
+    owner: Owner,
+    window: Window,
+    names: HashSet<Arc<str>>,
+    /// Queue state by interned queue name, so a batch takes the engine's queue lock only for a
+    /// queue this loop has not met yet.
+    queues: HashMap<Arc<str>, Arc<QueueState>>,
+    shard_label: String,
+    /// The backstop: once every idle interval (with jitter) the next refill starts from the front
+    /// of the shard and so finds any task whose notification was lost (between nodes, wake-ups are
+    /// best effort). It runs whether or not the window is empty: a steady load keeps the window
+    /// busy and would otherwise hide such a task behind the cursor for as long as the load lasts.
+    rescan_at: Timestamp,
+    scan_backoff: Duration,
+    /// Whether the last turn left due entries behind for want of a concurrency permit.
+    starved: bool,
+}
+
+impl ShardLoop {
+    pub(crate) fn new(engine: Arc<Engine>, shard: u32, owner: Owner) -> Self {
+        let rescan_at = engine.idle_deadline(engine.clock.now());
+        if let Some(s) = engine.shards.get(shard as usize) {
+            // A fresh window covers nothing yet.
+            s.covered_until.store(i64::MIN, Ordering::Release);
+        }
+        ShardLoop {
+            window: Window::new(engine.config.window_capacity),
+            engine,
+            shard,
+            owner,
+            names: HashSet::new(),
+            queues: HashMap::new(),
+            shard_label: shard.to_string(),
+            rescan_at,
+            scan_backoff: FIRST_BACKOFF,
+            starved: false,
+        }
+    }
+
+    /// Whether the last turn left due entries waiting for a concurrency permit: the driver then
+    /// also wakes when a permit is released.
+    pub(crate) fn starved(&self) -> bool {
+        self.starved
+    }
+
+    fn intern(&mut self, s: &str) -> Arc<str> {
+        intern(&mut self.names, s)
+    }
+
+    fn take_inbox(&mut self) {
+        let inbox: Vec<DueEntry> = self.engine.shards[self.shard as usize]
+            .inbox
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default();
+        for e in inbox {
+            let meta = Meta {
+                queue: self.intern(&e.queue),
+                kind: self.intern(&e.kind),
+                timeout_ms: e.timeout_ms,
+            };
+            self.window.insert(e.key, meta);
+        }
+    }
+
+    /// One turn at `now`: returns when the loop wants its next turn (at or before `now`: at once),
+    /// or [`LeaseLost`] when a fenced claim was refused and the loop must end.
+    pub(crate) async fn turn(&mut self, now: Timestamp) -> Result<Timestamp, LeaseLost> {
+        let engine = self.engine.clone();
+        let signal = &engine.shards[self.shard as usize];
+        let lookahead = engine.config.lookahead;
+        // While the loop is busy, any notification must wake it again: the gate it is about to
+        // arm may be computed from reads that missed the notified write.
+        signal.gate.store(i64::MAX, Ordering::Release);
+        // 1. Notifications.
+        self.take_inbox();
+
+        // 2. Refill the look-ahead (from the front of the shard when the backstop is due).
+        if now >= self.rescan_at {
+            self.window.reset_cursor();
+            signal.covered_until.store(i64::MIN, Ordering::Release);
+            self.rescan_at = engine.idle_deadline(now);
+        }
+        let horizon = now.saturating_add(lookahead);
+        if self.window.needs_refill(now, lookahead) {
+            let limit = self.window.room();
+            // Writes that commit while the scan runs may be missing from its snapshot: route their
+            // notifications into the inbox, which is read after the scan.
+            signal.covered_until.store(horizon.0, Ordering::Release);
+            metrics::counter!("sundial_store_scans_total", "shard" => self.shard_label.clone())
+                .increment(1);
+            match engine
+                .store
+                .scan_due(self.shard, self.window.cursor(), horizon, limit)
+                .await
+            {
+                Ok(rows) => {
+                    let names = &mut self.names;
+                    self.window
+                        .absorb_scan(rows, horizon, limit, &mut |s| intern(names, s));
+                    self.scan_backoff = FIRST_BACKOFF;
+                }
+                Err(e) => {
+                    tracing::warn!(shard = self.shard, error = %e, "scan failed; retrying");
+                    let retry = now.saturating_add(self.scan_backoff);
+                    self.scan_backoff = (self.scan_backoff * 2).min(SCAN_BACKOFF_CAP);
+                    signal.gate.store(retry.0, Ordering::Release);
+                    return Ok(retry);
+                }
+            }
+            let covered = self.window.cursor().map_or(i64::MIN, |c| c.due_at.0);
+            signal.covered_until.store(covered, Ordering::Release);
+        }
+        // Anything that arrived while scanning.
+        self.take_inbox();
+
+        // 3. Claim what is due.
+        self.starved = self.claim_due(now).await?;
+        metrics::gauge!("sundial_window_size", "shard" => self.shard_label.clone())
+            .set(self.window.len() as f64);
+
+        // 4. Arm the gate: the earliest entry, the next refill, or the idle backstop.
+        let first = if self.starved {
+            self.window.first_due_after(now)
+        } else {
+            self.window.first_due()
+        };
+        let mut gate = first.unwrap_or(Timestamp::MAX);
+        if self.window.is_empty() {
+            match engine
+                .store
+                .next_due(self.shard, self.window.cursor())
+                .await
+            {
+                Ok(Some(t))
+                    if Timestamp(t.0.saturating_sub(lookahead.as_millis() as i64))
+                        < self.rescan_at =>
+                {
+                    gate = Timestamp(t.0 - lookahead.as_millis() as i64).max(now);
+                }
+                Ok(_) => gate = self.rescan_at,
+                Err(e) => {
+                    tracing::warn!(shard = self.shard, error = %e, "next_due failed");
+                    gate = now.saturating_add(Duration::from_secs(1));
+                }
+            }
+        } else if let Some(refill) = self.window.refill_at(lookahead) {
+            gate = gate.min(refill.max(Timestamp(now.0 + 1)));
+        }
+        gate = gate.min(self.rescan_at);
+        signal.gate.store(gate.0, Ordering::Release);
+        Ok(gate)
+    }
+
+    /// Claims and dispatches every due entry it can, in one store call. Returns whether some due
+    /// entries had to stay because their queue had no free concurrency permit.
+    async fn claim_due(&mut self, now: Timestamp) -> Result<bool, LeaseLost> {
+        let engine = self.engine.clone();
+        let mut starved = false;
+        let mut starved_queues: HashSet<Arc<str>> = HashSet::new();
+        // Resolved once per batch: the handler of each kind met and the state of each queue.
+        let mut handlers: HashMap<Arc<str>, Option<Arc<dyn Handler>>> = HashMap::new();
+        let mut batch: Vec<Pending> = Vec::new();
+        let claim_batch = engine.config.claim_batch;
+        // Bounded walk: entries of starved queues are skipped, but not without limit.
+        for (key, meta) in self.window.due(now).take(claim_batch.saturating_mul(4)) {
+            if batch.len() >= claim_batch {
+                break;
+            }
+            if starved_queues.contains(&meta.queue) {
+                continue;
+            }
+            let handler = handlers
+                .entry(meta.kind.clone())
+                .or_insert_with(|| engine.handler(&meta.kind))
+                .clone();
+            let Some(handler) = handler else {
+                batch.push(Pending {
+                    key: *key,
+                    meta: meta.clone(),
+                    claim: DueClaim {
+                        id: key.id,
+                        target: ClaimTarget::Ready,
+                    },
+                    run: None,
+                });
+                continue;
+            };
+            let q = self
+                .queues
+                .entry(meta.queue.clone())
+                .or_insert_with(|| engine.queue(&meta.queue));
+            match q.permits.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    let execution = ExecutionId(uuid::Uuid::now_v7());
+                    batch.push(Pending {
+                        key: *key,
+                        meta: meta.clone(),
+                        claim: DueClaim {
+                            id: key.id,
+                            target: ClaimTarget::Run {
+                                execution,
+                                lease_until: now
+                                    .saturating_add(Duration::from_millis(meta.timeout_ms))
+                                    .saturating_add(engine.config.lease_grace),
+                            },
+                        },
+                        run: Some((handler, permit)),
+                    });
+                }
+                Err(_) => {
+                    starved = true;
+                    starved_queues.insert(meta.queue.clone());
+                }
+            }
+        }
+        if batch.is_empty() {
+            return Ok(starved);
+        }
+        let claims: Vec<DueClaim> = batch.iter().map(|b| b.claim).collect();
+        for b in &batch {
+            self.window.remove(&b.key);
+        }
+        let releases_before = engine.exclusive_releases.load(Ordering::SeqCst);
+        let outcomes = match engine.claim(self.owner, claims, now).await {
+            Ok(o) => o,
+            Err(super::ClaimError::LeaseLost) => return Err(LeaseLost),
+            Err(super::ClaimError::Store(e)) => {
+                tracing::warn!(shard = self.shard, error = %e, "claim failed; entries stay in the window");
+                for b in batch {
+                    self.window.insert(b.key, b.meta);
+                }
+                return Ok(starved);
+            }
+        };
+        let mut readied_queues: HashSet<Arc<str>> = HashSet::new();
+        for (b, outcome) in batch.into_iter().zip(outcomes) {
+            match outcome {
+                ClaimOutcome::Started(task) => {
+                    if let Some(until) = task.lease_expires_at {
+                        engine.lease_granted(until);
+                    }
+                    if let Some((handler, permit)) = b.run {
+                        engine.spawn_run(*task, handler, permit);
+                    }
+                }
+                ClaimOutcome::Readied(task) => {
+                    metrics::histogram!("sundial_fire_lateness_seconds", "queue" => task.queue.clone(), "target" => "ready")
+                        .record(now.since(task.due_at).as_secs_f64());
+                    readied_queues.insert(b.meta.queue.clone());
+                }
+                ClaimOutcome::Busy { exclusive_key } => {
+                    let entry = DueEntry {
+                        key: b.key,
+                        queue: b.meta.queue.to_string(),
+                        kind: b.meta.kind.to_string(),
+                        timeout_ms: b.meta.timeout_ms,
+                    };
+                    if let Ok(mut w) = engine.exclusive_waiting.lock() {
+                        w.entry(exclusive_key)
+                            .or_default()
+                            .push((self.shard, entry));
+                    }
+                    // A release since the claim began may have missed this waiter: look again
+                    // now. Otherwise the release wakes it; the 1 s retry is a backstop only.
+                    let released =
+                        engine.exclusive_releases.load(Ordering::SeqCst) != releases_before;
+                    let retry = DueKey {
+                        due_at: if released {
+                            now
+                        } else {
+                            now.saturating_add(Duration::from_secs(1))
+                        },
+                        id: b.key.id,
+                    };
+                    self.window.insert(retry, b.meta);
+                }
+                ClaimOutcome::Skipped(task) => {
+                    tracing::debug!(id = %task.id, "skipped: exclusive key busy");
+                }
+                ClaimOutcome::NotClaimable => {}
+            }
+        }
+        for q in readied_queues {
+            engine.ready_changed(&q);
+        }
+        Ok(starved)
+    }
+}
+
+/// One due entry on its way into a claim.
+struct Pending {
+    key: DueKey,
+    meta: Meta,
+    claim: DueClaim,
+    /// For a `Run` claim: the handler resolved for the batch and the queue permit taken for it.
+    run: Option<(Arc<dyn Handler>, OwnedSemaphorePermit)>,
+}
+
+fn intern(names: &mut HashSet<Arc<str>>, s: &str) -> Arc<str> {
+    if let Some(a) = names.get(s) {
+        return a.clone();
+    }
+    let a: Arc<str> = Arc::from(s);
+    names.insert(a.clone());
+    a
+}
+
+/// A shard loop under supervision: a panic inside a turn replaces the loop by a fresh one that
+/// resumes after a backoff (on the engine's clock), instead of ending the shard.
+pub(crate) struct Supervised {
+    inner: ShardLoop,
+    restarts: u64,
+    backoff: Duration,
+    resume_at: Option<Timestamp>,
+}
+
+impl Supervised {
+    pub(crate) fn new(inner: ShardLoop) -> Self {
+        Supervised {
+            inner,
+            restarts: 0,
+            backoff: FIRST_BACKOFF,
+            resume_at: None,
+        }
+    }
+
+    /// How often this loop was restarted after a panic.
+    pub(crate) fn restarts(&self) -> u64 {
+        self.restarts
+    }
+
+    pub(crate) fn starved(&self) -> bool {
+        self.resume_at.is_none() && self.inner.starved()
+    }
+
+    /// [`ShardLoop::turn`], or (while a restart waits for its backoff) the time it resumes.
+    pub(crate) async fn turn(&mut self, now: Timestamp) -> Result<Timestamp, LeaseLost> {
+        if let Some(at) = self.resume_at {
+            if now < at {
+                return Ok(at);
+            }
+            self.resume_at = None;
+        }
+        match std::panic::AssertUnwindSafe(self.inner.turn(now))
+            .catch_unwind()
+            .await
+        {
+            Ok(next) => {
+                self.backoff = FIRST_BACKOFF;
+                next
+            }
+            Err(panic) => {
+                let shard = self.inner.shard;
+                self.restarts += 1;
+                let at = now.saturating_add(self.backoff);
+                tracing::error!(
+                    shard,
+                    panic = panic_message(&*panic),
+                    restarts = self.restarts,
+                    backoff_ms = self.backoff.as_millis() as u64,
+                    "shard loop panicked; restarting it after the backoff"
+                );
+                metrics::counter!("sundial_shard_loop_restarts_total", "shard" => shard.to_string())
+                    .increment(1);
+                let engine = self.inner.engine.clone();
+                let owner = self.inner.owner;
+                self.inner = ShardLoop::new(engine.clone(), shard, owner);
+                self.backoff = (self.backoff * 2).min(RESTART_BACKOFF_CAP);
+                self.resume_at = Some(at);
+                engine.shards[shard as usize]
+                    .gate
+                    .store(at.0, Ordering::Release);
+                Ok(at)
+            }
+        }
+    }
+}
+
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}
+
+/// The production driver of one shard loop: turns, then sleeps on the engine's clock until the
+/// turn's answer, a notification, a released permit (when starved), shutdown, or `stop`. Ends at
+/// shutdown, when `stop` turns true, or when the shard's lease is lost.
+pub(crate) async fn drive(
+    engine: Arc<Engine>,
+    shard: u32,
+    owner: Owner,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut stopping = engine.stopping_rx();
+    let mut permits = engine.permits_released.subscribe();
+    let mut looped = Supervised::new(ShardLoop::new(engine.clone(), shard, owner));
+    let signal = &engine.shards[shard as usize];
+    loop {
+        if *stopping.borrow() || *stop.borrow() {
+            break;
+        }
+        let now = engine.clock.now();
+        let gate = match looped.turn(now).await {
+            Ok(gate) => gate,
+            Err(LeaseLost) => {
+                tracing::warn!(shard, "shard lease lost; this node stops running the shard");
+                break;
+            }
+        };
+        let starved = looped.starved();
+        if gate <= now && !starved {
+            continue;
+        }
+        permits.borrow_and_update();
+        tokio::select! {
+            _ = engine.clock.sleep_until(gate) => {}
+            _ = signal.wake.notified() => {}
+            _ = permits.changed(), if starved => {}
+            _ = stopping.changed() => {}
+            _ = changed_or_never(&mut stop) => {}
+        }
+    }
+}
