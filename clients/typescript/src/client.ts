@@ -1,0 +1,440 @@
+/**
+ * The producer client over the platform's `fetch`: tasks, batches, schedules, workflows, the
+ * worker protocol by hand, health and metrics. Listings come as a page (`list*Page`) or as an
+ * async iterator that fetches the next page when the current one runs out (`iter*`).
+ *
+ * Every error answer throws an {@link ApiError} subclass carrying the server's `code` and fields;
+ * a server that cannot be reached throws {@link ConnectionFailed}.
+ */
+
+import { ConnectionFailed, errorFromResponse } from "./errors.js";
+import type { components } from "./openapi.js";
+import type {
+  BackfillResult,
+  BatchResult,
+  CreateTaskBody,
+  Duration,
+  Fire,
+  Health,
+  Page,
+  PollOptions,
+  PolledTask,
+  PreviewFields,
+  Schedule,
+  ScheduleFields,
+  StartWorkflowOptions,
+  Task,
+  TaskFilter,
+  TaskOptions,
+  Time,
+  Workflow,
+  WorkflowFilter,
+  WorkflowStarted,
+} from "./types.js";
+
+type S = components["schemas"];
+
+/** Where the client connects when given no URL and `SUNDIAL_URL` is not set. */
+export const DEFAULT_URL = "http://127.0.0.1:7373";
+export const VERSION = "0.1.0";
+
+export type ClientOptions = {
+  /** Base URL (default `$SUNDIAL_URL`, else `http://127.0.0.1:7373`). */
+  url?: string;
+  /** Sent as `Authorization: Bearer` (default `$SUNDIAL_TOKEN`). */
+  token?: string;
+  /** Per-request time limit in ms (default 30 s); polls add their wait. */
+  timeoutMs?: number;
+  headers?: Record<string, string>;
+  /** A `fetch` to use instead of the global one (tests, proxies). */
+  fetch?: typeof fetch;
+};
+
+function env(name: string): string | undefined {
+  return typeof process !== "undefined" ? process.env[name] : undefined;
+}
+
+/** A duration for the wire: strings pass, numbers are milliseconds. */
+export function formatDuration(d: Duration): string {
+  if (typeof d === "string") return d;
+  if (!Number.isFinite(d) || d < 0) throw new RangeError(`not a duration: ${d}`);
+  const ms = Math.round(d);
+  return ms % 1000 === 0 ? `${ms / 1000}s` : `${ms}ms`;
+}
+
+const UNITS: Record<string, number> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 };
+
+/** A wire duration (`"1h30m"`) in milliseconds. */
+export function parseDuration(text: string): number {
+  const re = /(\d+(?:\.\d+)?)([a-z]+)/gy;
+  let total = 0;
+  let end = 0;
+  for (let m = re.exec(text); m; m = re.exec(text)) {
+    const unit = UNITS[m[2]!];
+    if (unit === undefined) throw new RangeError(`unknown unit in duration ${JSON.stringify(text)}`);
+    total += Number(m[1]) * unit;
+    end = re.lastIndex;
+  }
+  if (end === 0 || end !== text.length) throw new RangeError(`not a duration: ${JSON.stringify(text)}`);
+  return total;
+}
+
+/** A time for the wire (the server keeps milliseconds). */
+export function formatTime(t: Time): string {
+  return typeof t === "string" ? t : t.toISOString();
+}
+
+function seg(s: string): string {
+  return encodeURIComponent(s);
+}
+
+function dropUndefined<T extends Record<string, unknown>>(o: T): T {
+  return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)) as T;
+}
+
+/** The wire body of a task, from the friendlier options. */
+export function taskBody(kind: string, options: TaskOptions = {}): CreateTaskBody {
+  const { delay, timeout, run_at, backoff, exclusive, ...rest } = options;
+  const body: CreateTaskBody = { ...rest, kind };
+  if (delay !== undefined) body.delay = formatDuration(delay);
+  if (timeout !== undefined) body.timeout = formatDuration(timeout);
+  if (run_at !== undefined) body.run_at = formatTime(run_at);
+  if (backoff !== undefined) {
+    const { initial, max, ...b } = backoff;
+    body.backoff = dropUndefined({
+      ...b,
+      initial: initial === undefined ? undefined : formatDuration(initial),
+      max: max === undefined ? undefined : formatDuration(max),
+    });
+  }
+  if (exclusive !== undefined) body.exclusive = typeof exclusive === "string" ? { key: exclusive } : exclusive;
+  return body;
+}
+
+function scheduleBody(fields: ScheduleFields): S["ScheduleRequest"] {
+  const { every, jitter, catchup_window, task, ...rest } = fields;
+  const body: S["ScheduleRequest"] = { ...rest };
+  if (every != null) body.every = formatDuration(every);
+  if (jitter != null) body.jitter = formatDuration(jitter);
+  if (catchup_window != null) body.catchup_window = formatDuration(catchup_window);
+  if (task != null) {
+    const { kind, ...opts } = task;
+    body.task = taskBody(kind, opts) as S["CreateTask"];
+  }
+  return body;
+}
+
+type Request = {
+  method: string;
+  path: string;
+  query?: Record<string, string | number | undefined>;
+  body?: unknown;
+  /** Raw body instead of JSON (for testing the server's refusals). */
+  rawBody?: string;
+  text?: boolean;
+  extraTimeoutMs?: number;
+};
+
+/** Sundial's HTTP API. */
+export class SundialClient {
+  readonly url: string;
+  private readonly headers: Record<string, string>;
+  private readonly timeoutMs: number;
+  private readonly fetchImpl: typeof fetch;
+
+  constructor(options: ClientOptions | string = {}) {
+    const o = typeof options === "string" ? { url: options } : options;
+    this.url = (o.url ?? env("SUNDIAL_URL") ?? DEFAULT_URL).replace(/\/+$/, "");
+    this.timeoutMs = o.timeoutMs ?? 30_000;
+    this.fetchImpl = o.fetch ?? globalThis.fetch;
+    const token = o.token ?? env("SUNDIAL_TOKEN");
+    this.headers = {
+      accept: "application/json",
+      "user-agent": `sundial-client-typescript/${VERSION}`,
+      ...(token ? { authorization: `Bearer ${token}` } : {}),
+      ...o.headers,
+    };
+  }
+
+  /** Any request, answered with parsed JSON (or throwing the matching error): for routes this
+   * client has no method for yet. */
+  async request<T = unknown>(method: string, path: string, body?: unknown, rawBody?: string): Promise<T> {
+    return (await this.send({ method, path, body, rawBody })) as T;
+  }
+
+  private async send(r: Request): Promise<unknown> {
+    const url = new URL(this.url + r.path);
+    for (const [k, v] of Object.entries(r.query ?? {})) {
+      if (v !== undefined) url.searchParams.set(k, String(v));
+    }
+    const headers: Record<string, string> = { ...this.headers };
+    let body: string | undefined;
+    if (r.rawBody !== undefined) {
+      body = r.rawBody;
+      headers["content-type"] = "application/json";
+    } else if (r.body !== undefined) {
+      body = JSON.stringify(r.body);
+      headers["content-type"] = "application/json";
+    }
+    let resp: Response;
+    try {
+      resp = await this.fetchImpl(url, {
+        method: r.method,
+        headers,
+        body,
+        signal: AbortSignal.timeout(this.timeoutMs + (r.extraTimeoutMs ?? 0)),
+      });
+    } catch (e) {
+      const cause = e instanceof Error && e.cause instanceof Error ? `: ${e.cause.message}` : "";
+      throw new ConnectionFailed(`${r.method} ${r.path}: ${e instanceof Error ? e.message : String(e)}${cause}`, {
+        cause: e,
+      });
+    }
+    const text = await resp.text();
+    if (resp.status >= 400) {
+      let parsed: unknown = text;
+      try {
+        parsed = JSON.parse(text);
+      } catch {
+        /* not JSON: keep the text */
+      }
+      throw errorFromResponse(resp.status, parsed);
+    }
+    if (r.text) return text;
+    return text ? JSON.parse(text) : undefined;
+  }
+
+  // tasks
+
+  /** Create a task (`POST /v1/tasks`). Durations are strings or milliseconds. */
+  async createTask(kind: string, options: TaskOptions = {}): Promise<Task> {
+    return (await this.send({ method: "POST", path: "/v1/tasks", body: taskBody(kind, options) })) as Task;
+  }
+
+  /** Create many tasks in one transaction (`POST /v1/tasks:batch`): one result per item, in order
+   * (`{status: "created", id, state, run_at}` or `{status: "duplicate", existing_id}`). */
+  async createTasks(tasks: Array<{ kind: string } & TaskOptions>): Promise<BatchResult[]> {
+    const body: S["CreateBatch"] = { tasks: tasks.map(({ kind, ...o }) => taskBody(kind, o) as S["CreateTask"]) };
+    const r = (await this.send({ method: "POST", path: "/v1/tasks:batch", body })) as S["BatchResponse"];
+    return r.results;
+  }
+
+  async getTask(id: string): Promise<Task> {
+    return (await this.send({ method: "GET", path: `/v1/tasks/${seg(id)}` })) as Task;
+  }
+
+  /** One page of tasks, newest first. */
+  async listTasksPage(filter: TaskFilter = {}, cursor?: string | null): Promise<Page<Task>> {
+    const r = (await this.send({
+      method: "GET",
+      path: "/v1/tasks",
+      query: { ...filter, cursor: cursor ?? undefined },
+    })) as S["TaskList"];
+    return { items: r.tasks as Task[], nextCursor: r.next_cursor ?? null };
+  }
+
+  /** Every matching task, newest first, page by page. */
+  iterTasks(filter: TaskFilter = {}): AsyncGenerator<Task> {
+    return paged((c) => this.listTasksPage(filter, c));
+  }
+
+  /** Every matching task (all pages). */
+  async listTasks(filter: TaskFilter = {}): Promise<Task[]> {
+    return collect(this.iterTasks(filter));
+  }
+
+  async cancelTask(id: string): Promise<Task> {
+    return (await this.send({ method: "POST", path: `/v1/tasks/${seg(id)}/cancel` })) as Task;
+  }
+
+  async triggerTask(id: string): Promise<Task> {
+    return (await this.send({ method: "POST", path: `/v1/tasks/${seg(id)}/trigger` })) as Task;
+  }
+
+  // the worker protocol (the Worker uses these)
+
+  /** Long-poll `queue`: the tasks now running for `worker` (maybe none). */
+  async poll(queue: string, worker: string, options: PollOptions = {}): Promise<PolledTask[]> {
+    const body: S["PollRequest"] = dropUndefined({
+      worker,
+      max: options.max,
+      wait: options.wait === undefined ? undefined : formatDuration(options.wait),
+      kinds: options.kinds,
+    });
+    const waitMs = options.wait === undefined ? 60_000 : parseDuration(formatDuration(options.wait));
+    const r = (await this.send({
+      method: "POST",
+      path: `/v1/queues/${seg(queue)}/poll`,
+      body,
+      extraTimeoutMs: waitMs,
+    })) as S["PollResponse"];
+    return r.tasks as PolledTask[];
+  }
+
+  async heartbeat(id: string, executionId: string): Promise<Task> {
+    const body: S["HeartbeatRequest"] = { execution_id: executionId };
+    return (await this.send({ method: "POST", path: `/v1/tasks/${seg(id)}/heartbeat`, body })) as Task;
+  }
+
+  async complete(id: string, executionId: string, result?: unknown): Promise<Task> {
+    const body = dropUndefined({ execution_id: executionId, result }) as S["CompleteRequest"];
+    return (await this.send({ method: "POST", path: `/v1/tasks/${seg(id)}/complete`, body })) as Task;
+  }
+
+  async fail(id: string, executionId: string, error?: string, options: { retryable?: boolean } = {}): Promise<Task> {
+    const body: S["FailRequest"] = dropUndefined({ execution_id: executionId, error, retryable: options.retryable });
+    return (await this.send({ method: "POST", path: `/v1/tasks/${seg(id)}/fail`, body })) as Task;
+  }
+
+  // schedules
+
+  async createSchedule(fields: ScheduleFields): Promise<Schedule> {
+    return (await this.send({ method: "POST", path: "/v1/schedules", body: scheduleBody(fields) })) as Schedule;
+  }
+
+  async updateSchedule(id: string, fields: ScheduleFields): Promise<Schedule> {
+    return (await this.send({ method: "PATCH", path: `/v1/schedules/${seg(id)}`, body: scheduleBody(fields) })) as Schedule;
+  }
+
+  async getSchedule(id: string): Promise<Schedule> {
+    return (await this.send({ method: "GET", path: `/v1/schedules/${seg(id)}` })) as Schedule;
+  }
+
+  async deleteSchedule(id: string): Promise<void> {
+    await this.send({ method: "DELETE", path: `/v1/schedules/${seg(id)}` });
+  }
+
+  async listSchedulesPage(options: { limit?: number } = {}, cursor?: string | null): Promise<Page<Schedule>> {
+    const r = (await this.send({
+      method: "GET",
+      path: "/v1/schedules",
+      query: { limit: options.limit, cursor: cursor ?? undefined },
+    })) as S["ScheduleList"];
+    return { items: r.schedules as Schedule[], nextCursor: r.next_cursor ?? null };
+  }
+
+  iterSchedules(options: { limit?: number } = {}): AsyncGenerator<Schedule> {
+    return paged((c) => this.listSchedulesPage(options, c));
+  }
+
+  async listSchedules(options: { limit?: number } = {}): Promise<Schedule[]> {
+    return collect(this.iterSchedules(options));
+  }
+
+  async pauseSchedule(id: string, note?: string): Promise<Schedule> {
+    const body: S["NoteRequest"] = dropUndefined({ note });
+    return (await this.send({ method: "POST", path: `/v1/schedules/${seg(id)}/pause`, body })) as Schedule;
+  }
+
+  async unpauseSchedule(id: string, note?: string): Promise<Schedule> {
+    const body: S["NoteRequest"] = dropUndefined({ note });
+    return (await this.send({ method: "POST", path: `/v1/schedules/${seg(id)}/unpause`, body })) as Schedule;
+  }
+
+  /** Fire the schedule now. */
+  async triggerSchedule(id: string): Promise<Fire> {
+    return (await this.send({ method: "POST", path: `/v1/schedules/${seg(id)}/trigger` })) as Fire;
+  }
+
+  /** Fire every time in `[from, to]` not fired before. */
+  async backfillSchedule(id: string, from: Time, to: Time): Promise<BackfillResult> {
+    const body: S["BackfillRequest"] = { from: formatTime(from), to: formatTime(to) };
+    return (await this.send({ method: "POST", path: `/v1/schedules/${seg(id)}/backfill`, body })) as S["BackfillResponse"];
+  }
+
+  async listFiresPage(id: string, options: { limit?: number } = {}, before?: string | null): Promise<Page<Fire>> {
+    const r = (await this.send({
+      method: "GET",
+      path: `/v1/schedules/${seg(id)}/fires`,
+      query: { limit: options.limit, before: before ?? undefined },
+    })) as S["FireList"];
+    return { items: r.fires, nextCursor: r.next_cursor ?? null };
+  }
+
+  iterFires(id: string, options: { limit?: number } = {}): AsyncGenerator<Fire> {
+    return paged((c) => this.listFiresPage(id, options, c));
+  }
+
+  /** The fire times a schedule would have from `from`. */
+  async previewSchedule(from: Time, fields: PreviewFields = {}): Promise<string[]> {
+    const { every, ...rest } = fields;
+    const body: S["PreviewRequest"] = { ...rest, from: formatTime(from) };
+    if (every != null) body.every = formatDuration(every);
+    const r = (await this.send({ method: "POST", path: "/v1/schedules:preview", body })) as S["PreviewResponse"];
+    return r.fires;
+  }
+
+  // workflows
+
+  async startWorkflow(type: string, input?: unknown, options: StartWorkflowOptions = {}): Promise<WorkflowStarted> {
+    const body = dropUndefined({ type, input, id: options.id, id_reuse: options.id_reuse }) as S["StartRequest"];
+    return (await this.send({ method: "POST", path: "/v1/workflows", body })) as WorkflowStarted;
+  }
+
+  async signalWorkflow(id: string, name: string, input?: unknown): Promise<void> {
+    const body = dropUndefined({ input }) as S["SignalRequest"];
+    await this.send({ method: "POST", path: `/v1/workflows/${seg(id)}/signals/${seg(name)}`, body });
+  }
+
+  async getWorkflow(id: string): Promise<Workflow> {
+    return (await this.send({ method: "GET", path: `/v1/workflows/${seg(id)}` })) as Workflow;
+  }
+
+  async listWorkflowsPage(filter: WorkflowFilter = {}, cursor?: string | null): Promise<Page<Workflow>> {
+    const r = (await this.send({
+      method: "GET",
+      path: "/v1/workflows",
+      query: { ...filter, cursor: cursor ?? undefined },
+    })) as S["WorkflowList"];
+    return { items: r.workflows as Workflow[], nextCursor: r.next_cursor ?? null };
+  }
+
+  iterWorkflows(filter: WorkflowFilter = {}): AsyncGenerator<Workflow> {
+    return paged((c) => this.listWorkflowsPage(filter, c));
+  }
+
+  async listWorkflows(filter: WorkflowFilter = {}): Promise<Workflow[]> {
+    return collect(this.iterWorkflows(filter));
+  }
+
+  async cancelWorkflow(id: string, reason?: string): Promise<void> {
+    const body: S["ReasonRequest"] = dropUndefined({ reason });
+    await this.send({ method: "POST", path: `/v1/workflows/${seg(id)}/cancel`, body });
+  }
+
+  async terminateWorkflow(id: string, reason?: string): Promise<Workflow> {
+    const body: S["ReasonRequest"] = dropUndefined({ reason });
+    return (await this.send({ method: "POST", path: `/v1/workflows/${seg(id)}/terminate`, body })) as Workflow;
+  }
+
+  async workflowHistory(id: string): Promise<Record<string, unknown>> {
+    return (await this.send({ method: "GET", path: `/v1/workflows/${seg(id)}/history` })) as Record<string, unknown>;
+  }
+
+  // service
+
+  async health(): Promise<Health> {
+    return (await this.send({ method: "GET", path: "/healthz" })) as Health;
+  }
+
+  /** The Prometheus text of `/metrics`. */
+  async metrics(): Promise<string> {
+    return (await this.send({ method: "GET", path: "/metrics", text: true })) as string;
+  }
+}
+
+async function* paged<T>(fetchPage: (cursor: string | null) => Promise<Page<T>>): AsyncGenerator<T> {
+  let cursor: string | null = null;
+  for (;;) {
+    const page: Page<T> = await fetchPage(cursor);
+    yield* page.items;
+    if (!page.nextCursor || page.items.length === 0) return;
+    cursor = page.nextCursor;
+  }
+}
+
+async function collect<T>(it: AsyncIterable<T>): Promise<T[]> {
+  const out: T[] = [];
+  for await (const x of it) out.push(x);
+  return out;
+}

@@ -1,0 +1,166 @@
+// Every error class: from the server's real answers where it can be made to give them, from a
+// stubbed fetch for statuses a healthy local server does not produce, and for an unreachable
+// server.
+
+import assert from "node:assert/strict";
+import { createServer } from "node:net";
+import { after, before, test } from "node:test";
+
+import {
+  AlreadyRunning,
+  ApiError,
+  Conflict,
+  ConnectionFailed,
+  DuplicateKey,
+  InternalError,
+  Invalid,
+  Malformed,
+  MethodNotAllowed,
+  NotFound,
+  RateLimited,
+  ShuttingDown,
+  StaleExecution,
+  SundialClient,
+  SundialError,
+  TooLarge,
+  Unauthorized,
+  Unavailable,
+  WrongState,
+} from "../index.js";
+import { Server, uniqueQueue } from "./server.js";
+
+let server: Server;
+let c: SundialClient;
+before(async () => {
+  server = await new Server().start();
+  c = server.client();
+});
+after(() => server.dispose());
+
+async function rejectsWith<T extends ApiError>(p: Promise<unknown>, cls: new (...a: never[]) => T): Promise<T> {
+  try {
+    await p;
+  } catch (e) {
+    assert.ok(e instanceof cls, `expected ${cls.name}, got ${String(e)}`);
+    return e as T;
+  }
+  assert.fail(`expected ${cls.name}, nothing was thrown`);
+}
+
+test("malformed", async () => {
+  const e = await rejectsWith(c.request("POST", "/v1/tasks", undefined, "{not json"), Malformed);
+  assert.equal(e.status, 400);
+  assert.equal(e.code, "malformed");
+});
+
+test("invalid names the field", async () => {
+  const e = await rejectsWith(c.createTask("k", { delay: "soon" }), Invalid);
+  assert.equal(e.status, 422);
+  assert.equal(e.field, "delay");
+});
+
+test("an invalid batch item names its index and stores nothing", async () => {
+  const queue = uniqueQueue();
+  const e = await rejectsWith(c.createTasks([{ kind: "ok", queue }, { kind: "", queue }]), Invalid);
+  assert.equal(e.index, 1);
+  assert.ok(e.field?.startsWith("tasks[1]"));
+  assert.deepEqual(await c.listTasks({ queue }), []);
+});
+
+test("not found", async () => {
+  const e = await rejectsWith(c.getTask("0190d2f4-0000-7000-8000-000000000000"), NotFound);
+  assert.equal(e.code, "not_found");
+  await rejectsWith(c.getWorkflow("no-such-workflow"), NotFound);
+});
+
+test("method not allowed", async () => {
+  const e = await rejectsWith(c.request("DELETE", "/v1/tasks"), MethodNotAllowed);
+  assert.equal(e.status, 405);
+});
+
+test("duplicate key carries the existing id", async () => {
+  const queue = uniqueQueue();
+  const first = await c.createTask("k", { queue, key: "same" });
+  const e = await rejectsWith(c.createTask("k", { queue, key: "same" }), DuplicateKey);
+  assert.ok(e instanceof Conflict);
+  assert.equal(e.existingId, first.id);
+});
+
+test("wrong state carries the state", async () => {
+  const t = await c.createTask("k", { queue: uniqueQueue() });
+  await c.cancelTask(t.id);
+  const e = await rejectsWith(c.cancelTask(t.id), WrongState);
+  assert.equal(e.state, "cancelled");
+});
+
+test("stale execution", async () => {
+  const queue = uniqueQueue();
+  await c.createTask("k", { queue });
+  const [p] = await c.poll(queue, "w", { wait: "5s" });
+  const e = await rejectsWith(c.complete(p!.id, "0190d2f4-0000-7000-8000-000000000001"), StaleExecution);
+  assert.equal(e.state, "running");
+  await c.complete(p!.id, p!.execution_id);
+});
+
+test("too large", async () => {
+  const e = await rejectsWith(c.createTask("k", { payload: "x".repeat(300 * 1024) }), TooLarge);
+  assert.equal(e.status, 413);
+});
+
+test("already running workflow", async () => {
+  const id = `wf-${Math.random().toString(16).slice(2, 10)}`;
+  await c.startWorkflow("t", undefined, { id, id_reuse: "reject_duplicate" });
+  const e = await rejectsWith(c.startWorkflow("t", undefined, { id }), AlreadyRunning);
+  assert.equal(e.code, "already_running");
+});
+
+const stub = (status: number, body: unknown): typeof fetch =>
+  (async () =>
+    new Response(typeof body === "string" ? body : JSON.stringify(body), { status })) as unknown as typeof fetch;
+
+for (const [status, code, cls, retryable] of [
+  [401, "unauthorized", Unauthorized, false],
+  [429, "rate_limited", RateLimited, true],
+  [500, "internal", InternalError, false],
+  [503, "shutting_down", ShuttingDown, true],
+  [503, "unavailable", Unavailable, true],
+  [502, null, Unavailable, true],
+  [418, "teapot", ApiError, false],
+] as const) {
+  test(`status ${status} ${code ?? "(no body)"} is ${cls.name}`, async () => {
+    const body = code ? { error: { code, message: "m" } } : "Bad Gateway";
+    const sc = new SundialClient({ url: "http://stub", fetch: stub(status, body) });
+    const e = await rejectsWith(sc.getTask("x"), cls as new (...a: never[]) => ApiError);
+    assert.equal(e.constructor, cls);
+    assert.equal(e.status, status);
+    assert.equal(e.retryable, retryable);
+    assert.equal(e.code, code ?? `http_${status}`);
+  });
+}
+
+test("the token is sent as a bearer token", async () => {
+  let auth: string | null = null;
+  const f = (async (_url: URL, init: RequestInit) => {
+    auth = new Headers(init.headers).get("authorization");
+    return new Response(JSON.stringify({ status: "ok" }), { status: 200 });
+  }) as unknown as typeof fetch;
+  await new SundialClient({ url: "http://stub", token: "s3cret", fetch: f }).health();
+  assert.equal(auth, "Bearer s3cret");
+});
+
+test("an unreachable server is ConnectionFailed", async () => {
+  const port = await new Promise<number>((resolve) => {
+    const s = createServer();
+    s.listen(0, "127.0.0.1", () => {
+      const p = (s.address() as { port: number }).port;
+      s.close(() => resolve(p));
+    });
+  });
+  try {
+    await new SundialClient({ url: `http://127.0.0.1:${port}` }).health();
+    assert.fail("expected ConnectionFailed");
+  } catch (e) {
+    assert.ok(e instanceof ConnectionFailed, String(e));
+    assert.ok(e instanceof SundialError);
+  }
+});
