@@ -516,7 +516,8 @@ impl Sql {
                      WHERE t.id = ANY($1::uuid[]) AND t.state = 'ready' AND {free}) \
                  UPDATE {tasks} t SET state = 'running', attempt = t.attempt + 1, \
                  execution_id = ($2::uuid[])[pick.n::int4], \
-                 lease_expires_at = $3::bigint + t.timeout_ms, started_at = $3, updated_at = $3, \
+                 lease_expires_at = GREATEST($3::bigint, t.due_at) + t.timeout_ms, \
+                 started_at = GREATEST($3::bigint, t.due_at), updated_at = GREATEST($3::bigint, t.due_at), \
                  worker = $4 \
                  FROM pick WHERE t.id = pick.id RETURNING {c}"
             ),

@@ -747,7 +747,8 @@ impl Store for SqliteStore {
                     .map_err(backend)?;
                 let sql = format!(
                     "UPDATE tasks SET state = 'running', attempt = attempt + 1, execution_id = ?2, \
-                     lease_expires_at = ?3 + timeout_ms, started_at = ?3, updated_at = ?3, \
+                     lease_expires_at = MAX(?3, due_at) + timeout_ms, started_at = MAX(?3, due_at), \
+                     updated_at = MAX(?3, due_at), \
                      worker = ?4 WHERE id = ?1 AND state = 'ready' AND (exclusive_key IS NULL OR NOT EXISTS \
                      (SELECT 1 FROM tasks r WHERE r.state = 'running' \
                      AND r.exclusive_key = tasks.exclusive_key)) RETURNING {TASK_COLUMNS}"

@@ -95,8 +95,11 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<ClaimOutcome>, StoreError>;
 
     /// Moves up to `claim.execution_ids.len()` `ready` tasks of `queue` (of the given kinds, when
-    /// given) to `running`, oldest id first, skipping tasks whose exclusive key is busy. Each
-    /// claimed task's lease ends at `claim.now` plus the task's own timeout.
+    /// given) to `running`, oldest id first, skipping tasks whose exclusive key is busy. A claimed
+    /// task starts at `claim.now`, or at its due time when that is later (a task readied after
+    /// the caller read its clock, the claim having queued behind the readying write: the start
+    /// happens after the readying, which was at or past the due time), and its lease ends at that
+    /// start plus the task's own timeout. So no task is recorded as started before it was due.
     async fn claim_ready(&self, claim: ReadyClaim) -> Result<Vec<Task>, StoreError>;
 
     /// Extends the lease of a running attempt.

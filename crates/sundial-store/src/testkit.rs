@@ -130,6 +130,7 @@ macro_rules! store_conformance {
             claim_ready_respects_batch_size
             claim_ready_skips_busy_exclusive_keys
             claim_ready_never_returns_a_task_twice_under_concurrency
+            claim_ready_never_starts_a_task_before_its_due_time
             heartbeat_extends_lease
             stale_execution_is_refused
             unknown_task_is_not_found
@@ -1618,6 +1619,33 @@ pub async fn claim_ready_takes_ready_tasks_in_id_order(store: Arc<dyn Store>) {
     assert_eq!(get(s, scheduled.id).await, scheduled);
     assert_eq!(get(s, far.id).await, far);
     assert_eq!(get(s, elsewhere.id).await.state, TaskState::Ready);
+}
+
+/// `claim_ready` never records a start before the task's due time. A poll's `now` is read before
+/// its claim reaches the store, and the task may have been readied in between (the claim queued
+/// behind the readying write): the start is then the due time (it happened after the readying,
+/// which was at or past it), and the lease runs from there for the task's whole timeout.
+pub async fn claim_ready_never_starts_a_task_before_its_due_time(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let t = insert(s, due_task("q", "k", 100)).await;
+    make_ready(s, t.id, at(100)).await;
+    let got = s
+        .claim_ready(ready_claim("q", 5, "w", at(90)))
+        .await
+        .expect("claim_ready");
+    assert_eq!(ids(&got), vec![t.id]);
+    assert_eq!(got[0].started_at, Some(at(100)), "started at its due time");
+    assert_eq!(got[0].lease_expires_at, Some(at(100 + t.timeout_ms as i64)));
+    assert_eq!(&get(s, t.id).await, &got[0]);
+    // A claim whose `now` is later keeps it.
+    let u = insert(s, due_task("q", "k", 100)).await;
+    make_ready(s, u.id, at(100)).await;
+    let got = s
+        .claim_ready(ready_claim("q", 5, "w", at(150)))
+        .await
+        .expect("claim_ready");
+    assert_eq!(got[0].started_at, Some(at(150)));
+    assert_eq!(got[0].lease_expires_at, Some(at(150 + u.timeout_ms as i64)));
 }
 
 /// With `kinds`, `claim_ready` takes only tasks of those kinds (still oldest first); an empty kind
