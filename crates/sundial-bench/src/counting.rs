@@ -13,8 +13,8 @@ use futures::stream::BoxStream;
 use hdrhistogram::Histogram;
 use sundial_core::{ExecutionId, NewTask, Task, TaskId, Timestamp};
 use sundial_store::{
-    ClaimOutcome, Cluster, DueClaim, DueEntry, DueKey, Fence, Inserted, ReadyClaim, StateCount,
-    Store, StoreError, TaskFilter, TaskPage, TransitionError, Wakeup,
+    ClaimOutcome, Cluster, DueClaim, DueEntry, DueKey, Fence, Inserted, Member, ReadyClaim,
+    StateCount, Store, StoreError, TaskFilter, TaskPage, TransitionError, Wakeup,
 };
 
 /// Whether a method only reads.
@@ -370,7 +370,7 @@ impl Cluster for CountingStore {
         node: &str,
         now: Timestamp,
         live_since: Timestamp,
-    ) -> Result<Vec<String>, StoreError> {
+    ) -> Result<Vec<Member>, StoreError> {
         let _t = self.count(Method::NodeHeartbeat, None);
         Cluster::heartbeat(&**self.cluster()?, node, now, live_since).await
     }

@@ -30,7 +30,9 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use sundial_core::{Task, TaskId, Timestamp};
-use sundial_store::{ClaimOutcome, Cluster, DueClaim, DueEntry, DueKey, Fence, StoreError, Wakeup};
+use sundial_store::{
+    ClaimOutcome, Cluster, DueClaim, DueEntry, DueKey, Fence, Member, StoreError, Wakeup,
+};
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, NoTls};
 
@@ -99,7 +101,7 @@ impl Cluster for PostgresStore {
         node: &str,
         now: Timestamp,
         live_since: Timestamp,
-    ) -> Result<Vec<String>, StoreError> {
+    ) -> Result<Vec<Member>, StoreError> {
         let client = self.client().await?;
         query(
             &client,
@@ -108,7 +110,12 @@ impl Cluster for PostgresStore {
         )
         .await?
         .iter()
-        .map(|r| col(r, 0))
+        .map(|r| {
+            Ok(Member {
+                node: col(r, 0)?,
+                last_seen: Timestamp(col(r, 1)?),
+            })
+        })
         .collect()
     }
 

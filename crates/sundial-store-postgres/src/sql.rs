@@ -237,9 +237,9 @@ impl ClusterSql {
                 "WITH me AS (INSERT INTO {s}.nodes AS n (node, heartbeat_at) VALUES ($1, $2) \
                      ON CONFLICT (node) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at \
                      RETURNING n.node, n.heartbeat_at) \
-                 SELECT node FROM me WHERE heartbeat_at >= $3 \
-                 UNION \
-                 SELECT node FROM {s}.nodes WHERE heartbeat_at >= $3 AND node <> $1 \
+                 SELECT node, heartbeat_at FROM me WHERE heartbeat_at >= $3 \
+                 UNION ALL \
+                 SELECT node, heartbeat_at FROM {s}.nodes WHERE heartbeat_at >= $3 AND node <> $1 \
                  ORDER BY 1"
             ),
             leave: format!("DELETE FROM {s}.nodes WHERE node = $1"),

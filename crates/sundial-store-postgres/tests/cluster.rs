@@ -137,7 +137,23 @@ async fn heartbeats_and_the_live_set() {
     };
     let t = Timestamp;
     // `Store` has a `heartbeat` too (an attempt's): name the trait.
-    let beat = |node: &'static str, now, live_since| Cluster::heartbeat(&*s, node, now, live_since);
+    let beat = |node: &'static str, now, live_since| {
+        let s = s.clone();
+        async move {
+            Cluster::heartbeat(&*s, node, now, live_since)
+                .await
+                .map(|v| v.into_iter().map(|m| m.node).collect::<Vec<_>>())
+        }
+    };
+    // Each member comes with its last heartbeat's time.
+    assert_eq!(
+        Cluster::heartbeat(&*s, "z", t(900), t(0)).await.unwrap(),
+        [sundial_store::Member {
+            node: "z".into(),
+            last_seen: t(900)
+        }]
+    );
+    s.leave("z").await.unwrap();
     assert_eq!(beat("b", t(1_000), t(0)).await.unwrap(), ["b"]);
     assert_eq!(beat("a", t(2_000), t(1_500)).await.unwrap(), ["a"]);
     assert_eq!(beat("b", t(2_500), t(1_500)).await.unwrap(), ["a", "b"]);

@@ -40,6 +40,15 @@ pub enum Wakeup {
     Ready { queue: String },
 }
 
+/// A live node as the membership records it: its name and the `now` of its last heartbeat. A node
+/// renews its shard leases with the `now` of the same turn, so its leases end at `last_seen` plus
+/// the lease TTL: when it drops out of the live set its shards are free to take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub node: String,
+    pub last_seen: Timestamp,
+}
+
 /// What a store must offer for several nodes to share it.
 #[async_trait]
 pub trait Cluster: Send + Sync + 'static {
@@ -48,13 +57,13 @@ pub trait Cluster: Send + Sync + 'static {
     async fn shard_count(&self, proposed: u32) -> Result<u32, StoreError>;
 
     /// Records that `node` is alive at `now` and returns the nodes (including this one) whose last
-    /// heartbeat is at or after `live_since`, sorted.
+    /// heartbeat is at or after `live_since`, with that heartbeat's time, sorted by name.
     async fn heartbeat(
         &self,
         node: &str,
         now: Timestamp,
         live_since: Timestamp,
-    ) -> Result<Vec<String>, StoreError>;
+    ) -> Result<Vec<Member>, StoreError>;
 
     /// Removes `node` from the membership (clean shutdown).
     async fn leave(&self, node: &str) -> Result<(), StoreError>;

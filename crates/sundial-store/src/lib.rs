@@ -26,7 +26,7 @@ mod workflows;
 use async_trait::async_trait;
 use sundial_core::{ExecutionId, NewTask, Task, TaskId, Timestamp};
 
-pub use cluster::{Cluster, Fence, Wakeup};
+pub use cluster::{Cluster, Fence, Member, Wakeup};
 pub use error::{StoreError, TransitionError};
 pub use schedules::{
     Arm, ArmChange, FireApplied, FireCounts, FireOp, FireOutcome, FirePage, FireReason, FireRecord,

@@ -13,6 +13,17 @@
 //!   ready) and sends them through the store, outside any task transaction.
 //! - **subscriber**: hands other nodes' wake-ups to the local shard loops and pollers.
 //!
+//! Fail-over is bounded by the lease TTL plus one look: the membership loop does not only turn
+//! every third of the TTL, it also wakes at the instant another node's last heartbeat plus the
+//! TTL passes (that node then leaves the live set and its leases, renewed with the same `now`,
+//! have ended), so the shards of a node that stopped are taken as soon as they are free. And a
+//! node that has missed its heartbeats for half the TTL is *suspect*: rendezvous still counts it
+//! (it may only be slow), but the shards rendezvous would give it that have no valid lease (their
+//! owner died or let them go) are taken by the others meanwhile, since a node that does not
+//! heartbeat does not acquire either. Without that, a node stopped just after another died sat
+//! on the dead node's shards until its own lapse, one TTL later. A suspect node that heartbeats
+//! again gets those shards back by the usual hand-over.
+//!
 //! The membership loop also measures the node's clock against the database's again every
 //! `Config::clock_check_interval`, with the rules of the first measurement at join: within
 //! `Config::max_clock_skew` the engine's correction follows the new offset (with a warning past
@@ -30,7 +41,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use rand::Rng;
 use sundial_core::{Clock, Task, Timestamp, rendezvous_owner};
-use sundial_store::{Cluster, Fence, StoreError, Wakeup};
+use sundial_store::{Cluster, Fence, Member, StoreError, Wakeup};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
@@ -73,6 +84,49 @@ pub(crate) async fn measure_offset(
     let db = cluster.database_time().await?;
     let after = clock.now();
     Ok(OffsetClock::estimate(before, db, after))
+}
+
+/// How the membership loop sees the others after a heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct View {
+    /// Every node heard from within the TTL (this one included), sorted: rendezvous is over these.
+    pub live: Vec<String>,
+    /// The live nodes that are not suspect (heard from within half the TTL), this one included.
+    pub fresh: Vec<String>,
+    /// The next instant at which the view changes by time alone: a node's lapse (last heartbeat
+    /// plus the TTL: it leaves the live set and its leases have ended), or a node that has missed
+    /// a heartbeat turning suspect.
+    pub next_change: Option<Timestamp>,
+}
+
+/// Classifies `members` (from [`Cluster::heartbeat`]) as `me` sees them at `now`.
+pub(crate) fn view(members: &[Member], me: &str, now: Timestamp, ttl: Duration) -> View {
+    let ttl_ms = ttl.as_millis() as i64;
+    // Heartbeats come every third of the TTL: a node not heard from for 40 % of it missed one.
+    let late_ms = ttl_ms * 2 / 5;
+    let suspect_ms = ttl_ms / 2;
+    let mut next: Option<Timestamp> = None;
+    let mut at = |t: Timestamp| next = Some(next.map_or(t, |n| n.min(t)));
+    let mut fresh = Vec::new();
+    for m in members {
+        if m.node == me {
+            fresh.push(m.node.clone());
+            continue;
+        }
+        let age = now.0 - m.last_seen.0;
+        at(Timestamp(m.last_seen.0 + ttl_ms + 1));
+        if age <= suspect_ms {
+            fresh.push(m.node.clone());
+            if age > late_ms {
+                at(Timestamp(m.last_seen.0 + suspect_ms + 1));
+            }
+        }
+    }
+    View {
+        live: members.iter().map(|m| m.node.clone()).collect(),
+        fresh,
+        next_change: next,
+    }
 }
 
 /// This node's place in a cluster.
@@ -229,6 +283,8 @@ async fn membership_loop(engine: Arc<dyn ShardHost>, node: &ClusterNode) {
         .saturating_add(node.clock_check_interval);
     // Set while the clock is beyond the limit: the node has left and runs no shard.
     let mut refused = false;
+    // When the others' heartbeats say the view changes next (see `view`).
+    let mut next_change: Option<Timestamp> = None;
     loop {
         if *stopping.borrow() {
             break;
@@ -265,7 +321,10 @@ async fn membership_loop(engine: Arc<dyn ShardHost>, node: &ClusterNode) {
                 .heartbeat(&node.node, now, Timestamp(now.0 - ttl_ms))
                 .await
             {
-                Ok(live) => {
+                Ok(members) => {
+                    let view = view(&members, &node.node, now, ttl);
+                    next_change = view.next_change;
+                    let live = &view.live;
                     let alone = live.len() == 1 && live[0] == node.node;
                     let was_alone = node.alone.swap(alone, Ordering::AcqRel);
                     if was_alone && !alone {
@@ -275,9 +334,10 @@ async fn membership_loop(engine: Arc<dyn ShardHost>, node: &ClusterNode) {
                             node.publish(Wakeup::Ready { queue });
                         }
                     }
-                    rebalance(&engine, node, &live, now).await
+                    rebalance(&engine, node, &view, now).await
                 }
                 Err(e) => {
+                    next_change = None;
                     tracing::warn!(error = %e, "node heartbeat failed");
                     node.alone.store(false, Ordering::Release);
                     false
@@ -294,7 +354,11 @@ async fn membership_loop(engine: Arc<dyn ShardHost>, node: &ClusterNode) {
         } else {
             third - jitter
         };
-        let next = Timestamp(now.0 + pause);
+        let mut next = Timestamp(now.0 + pause);
+        if let Some(change) = next_change {
+            // A little after the change, never in a tight loop.
+            next = next.min(change.max(Timestamp(now.0 + 20)));
+        }
         tokio::select! {
             _ = engine.clock().sleep_until(next) => {}
             _ = stopping.changed() => {}
@@ -327,19 +391,29 @@ async fn hand_back(engine: &Arc<dyn ShardHost>, node: &ClusterNode) {
     }
 }
 
-/// Releases and acquires shards to match rendezvous over `live`. Returns whether some shard this
-/// node should own is still held by another node.
+/// Releases and acquires shards to match rendezvous over the live nodes, and takes what rendezvous
+/// over the fresh ones adds if it is free (a suspect node's share: see the module doc). Returns
+/// whether some shard rendezvous over the live nodes gives this node is still held by another.
 async fn rebalance(
     engine: &Arc<dyn ShardHost>,
     node: &ClusterNode,
-    live: &[String],
+    view: &View,
     now: Timestamp,
 ) -> bool {
     let mut waiting = false;
     let until = now.saturating_add(node.lease_ttl);
-    let wanted: HashSet<u32> = (0..engine.shard_count())
-        .filter(|s| rendezvous_owner(*s, live) == Some(node.node.as_str()))
-        .collect();
+    let mine = |set: &[String]| -> HashSet<u32> {
+        (0..engine.shard_count())
+            .filter(|s| rendezvous_owner(*s, set) == Some(node.node.as_str()))
+            .collect()
+    };
+    let owed = mine(&view.live);
+    // Removing nodes from rendezvous only moves their shards: this is a superset of `owed`.
+    let wanted: HashSet<u32> = if view.fresh.len() < view.live.len() {
+        mine(&view.fresh)
+    } else {
+        owed.clone()
+    };
     // Give up what another node should have (or whose loop ended: lease lost).
     let held: Vec<u32> = node
         .owned
@@ -409,8 +483,15 @@ async fn rebalance(
                     old.stop.send_replace(true);
                 }
                 let (stop, stop_rx) = watch::channel(false);
+                // (Starting the loop also wakes the reaper: attempts of the shard's previous
+                // owner may have passed their leases already.)
                 let handle = engine.clone().run_shard(shard, fence, stop_rx);
-                tracing::info!(shard, range_id = fence.range_id, "shard acquired");
+                tracing::info!(
+                    shard,
+                    range_id = fence.range_id,
+                    suspect_share = !owed.contains(&shard),
+                    "shard acquired"
+                );
                 owned.insert(
                     shard,
                     OwnedShard {
@@ -422,7 +503,8 @@ async fn rebalance(
             }
             None => {
                 // Another live node still holds it; it will hand it over or its lease will end.
-                waiting = true;
+                // (A suspect node's share is only taken when free: no need to look again soon.)
+                waiting |= owed.contains(&shard);
                 let lost = node.owned.lock().ok().and_then(|mut o| o.remove(&shard));
                 if let Some(s) = lost {
                     tracing::warn!(shard, "shard lease lost");

@@ -179,3 +179,36 @@ async fn pollers_restricted_to_kinds_are_all_woken() {
         h.abort();
     }
 }
+
+/// A poll woken long after its deadline (its process was stopped, SIGSTOP or a stall, while it
+/// waited) answers empty without claiming: its caller has given up by then, and a task claimed
+/// for it would sit `running`, seen by no worker, until its lease (the task's timeout) ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poll_woken_long_past_its_deadline_claims_nothing() {
+    let s = setup();
+    let _running = s.sundial.start();
+    let mut waiting = pollers(&s, 1, 8, None).await;
+    let before = s.claims.load(Ordering::SeqCst);
+    // Work that falls due while the process is "stopped".
+    let id = s
+        .sundial
+        .schedule(TaskSpec::new("k").queue("q").delay(Duration::from_secs(40)))
+        .await
+        .unwrap();
+    // The stop ends 60 s in: the poll's 30 s deadline passed long ago.
+    s.clock.advance(Duration::from_secs(60));
+    let got = waiting.pop().unwrap().await.unwrap();
+    assert!(got.is_empty(), "{got:?}");
+    assert_eq!(
+        s.claims.load(Ordering::SeqCst),
+        before,
+        "the overslept poll claimed again"
+    );
+    // The task is left for the next poll.
+    let next = s
+        .sundial
+        .poll("q", None, None, 8, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(next.iter().map(|t| t.id).collect::<Vec<_>>(), [id]);
+}

@@ -400,6 +400,8 @@ impl ShardHost for Engine {
         if let Some(s) = self.shards.get(shard as usize) {
             s.local.store(true, Ordering::Release);
         }
+        // Attempts of the shard's previous owner may have passed their leases already.
+        self.reaper.wake.notify_one();
         tokio::spawn(shard::drive(self, shard, Owner::Fenced(fence), stop))
     }
     fn shard_left(&self, shard: u32) {

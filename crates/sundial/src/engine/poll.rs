@@ -11,6 +11,9 @@ use sundial_store::ReadyClaim;
 use super::Engine;
 use crate::Error;
 
+/// A poll woken this long after its deadline claims nothing more (see `Engine::poll`).
+const POLL_OVERSLEEP_MS: i64 = 250;
+
 impl Engine {
     /// Waits up to `wait` for ready tasks of `queue` and claims up to `max` of them.
     pub async fn poll(
@@ -64,6 +67,13 @@ impl Engine {
                 _ = notified => {}
                 _ = self.clock.sleep_until(deadline) => {}
                 _ = stopping.changed() => {}
+            }
+            // Woken well past the deadline: the process was stopped (SIGSTOP, a stall) while the
+            // poll waited, and its caller has most likely given up. Tasks claimed now would sit
+            // `running` for a worker that never sees them until their lease (the task's timeout)
+            // ends: answer empty instead, without claiming.
+            if self.clock.now().0 > deadline.0 + POLL_OVERSLEEP_MS {
+                return Ok(Vec::new());
             }
         }
     }
