@@ -7,6 +7,9 @@ use reqwest::StatusCode;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sundial_server::ErrorBody;
+use sundial_server::ops::{
+    AttemptList, BulkRequest, BulkResponse, QueueList, QueueSettingsView, QueueView, RetryRequest,
+};
 use sundial_server::wire::{
     BatchResponse, CompleteRequest, CreateBatch, CreateTask, FailRequest, HeartbeatRequest,
     ListQuery, PollRequest, PollResponse, TaskList, TaskView,
@@ -125,13 +128,81 @@ impl Client {
     }
 
     pub async fn list(&self, query: &ListQuery) -> Result<TaskList, ClientError> {
+        // `tag` repeats, which the form encoder cannot write from a list: one pair each.
+        let tags: Vec<(&str, &str)> = query.tag.iter().map(|t| ("tag", t.as_str())).collect();
+        let rest = ListQuery {
+            tag: Vec::new(),
+            ..query.clone()
+        };
         let resp = self
             .http
             .get(self.url("/v1/tasks"))
-            .query(query)
+            .query(&rest)
+            .query(&tags)
             .send()
             .await?;
         Self::decode(resp).await
+    }
+
+    async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        let resp = self.http.get(self.url(path)).send().await?;
+        Self::decode(resp).await
+    }
+
+    /// A task's attempts, oldest first.
+    pub async fn attempts(&self, id: &str) -> Result<AttemptList, ClientError> {
+        self.get_json(&format!("/v1/tasks/{id}/attempts")).await
+    }
+
+    /// Retries a dead or cancelled task (now, or at `run_at`).
+    pub async fn retry(&self, id: &str, run_at: Option<String>) -> Result<TaskView, ClientError> {
+        self.post(&format!("/v1/tasks/{id}/retry"), &RetryRequest { run_at })
+            .await
+    }
+
+    /// Cancels every live task matching `filter`.
+    pub async fn cancel_matching(&self, filter: &BulkRequest) -> Result<BulkResponse, ClientError> {
+        self.post("/v1/tasks:cancel", filter).await
+    }
+
+    /// Retries every dead or cancelled task matching `filter`.
+    pub async fn retry_matching(&self, filter: &BulkRequest) -> Result<BulkResponse, ClientError> {
+        self.post("/v1/tasks:retry", filter).await
+    }
+
+    pub async fn queues(&self) -> Result<QueueList, ClientError> {
+        self.get_json("/v1/queues").await
+    }
+
+    pub async fn queue(&self, queue: &str) -> Result<QueueView, ClientError> {
+        self.get_json(&format!("/v1/queues/{queue}")).await
+    }
+
+    pub async fn set_queue(
+        &self,
+        queue: &str,
+        settings: &QueueSettingsView,
+    ) -> Result<QueueView, ClientError> {
+        let resp = self
+            .http
+            .put(self.url(&format!("/v1/queues/{queue}")))
+            .json(settings)
+            .send()
+            .await?;
+        Self::decode(resp).await
+    }
+
+    pub async fn pause_queue(&self, queue: &str) -> Result<QueueView, ClientError> {
+        self.post(&format!("/v1/queues/{queue}/pause"), &serde_json::json!({}))
+            .await
+    }
+
+    pub async fn resume_queue(&self, queue: &str) -> Result<QueueView, ClientError> {
+        self.post(
+            &format!("/v1/queues/{queue}/resume"),
+            &serde_json::json!({}),
+        )
+        .await
     }
 
     pub async fn cancel(&self, id: &str) -> Result<TaskView, ClientError> {

@@ -2,12 +2,14 @@
 //!
 //! ```text
 //! sundial server [--data-dir DIR] [--listen ADDR]      run the service (embedded store)
-//! sundial task add|get|ls|cancel|trigger ...           talk to a running server
+//! sundial task add|get|ls|cancel|trigger|attempts|retry|cancel-all|retry-all ...   tasks
+//! sundial queue ls|get|pause|resume|set ...            queues: counts, lateness, pause, settings
 //! sundial worker --queue Q -- CMD ARGS...              run CMD once per task of Q
 //! sundial schedule add|ls|get|pause|unpause|trigger|backfill|fires|rm ...   recurring schedules
 //! sundial workflow start|signal|cancel|terminate|get|ls|history ...          durable workflows
 //! ```
 
+mod queue;
 mod schedule;
 mod server;
 mod task;
@@ -38,6 +40,8 @@ enum Command {
     Server(server::ServerArgs),
     /// Create, inspect, cancel and trigger tasks on a running server.
     Task(task::TaskArgs),
+    /// List queues, pause and resume them, set their retention.
+    Queue(queue::QueueArgs),
     /// Run a command once per task of a queue (a remote worker).
     Worker(worker::WorkerArgs),
     /// Create, inspect, pause, trigger and backfill recurring schedules on a running server.
@@ -61,7 +65,9 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // People read task commands' output: only warnings and errors go to the log there.
     init_logs(match cli.command {
-        Command::Task(_) | Command::Schedule(_) | Command::Workflow(_) => "warn",
+        Command::Task(_) | Command::Queue(_) | Command::Schedule(_) | Command::Workflow(_) => {
+            "warn"
+        }
         _ => "info",
     });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -78,6 +84,7 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Server(args) => server::run(args).await,
             Command::Task(args) => task::run(args).await,
+            Command::Queue(args) => queue::run(args).await,
             Command::Worker(args) => worker::run(args).await,
             Command::Schedule(args) => schedule::run(args).await,
             Command::Workflow(args) => workflow::run(args).await,

@@ -1,4 +1,5 @@
-//! `sundial task ...`: create, inspect, cancel and trigger tasks on a running server. Human tables
+//! `sundial task ...`: create, inspect, cancel, trigger and retry tasks on a running server, one
+//! at a time or every task a filter matches, and show a task's attempts. Human tables
 //! by default, JSON (the API's own) with `--json`. Errors go to stderr with the server's code and
 //! the exit status is 1.
 
@@ -7,7 +8,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use sundial_cli::{Client, ClientError};
-use sundial_server::wire::{CreateTask, ListQuery, TaskView};
+use sundial_server::ops::{AttemptList, BulkRequest, BulkResponse};
+use sundial_server::wire::{CreateTask, ListQuery, StateView, TaskView};
 
 #[derive(Args, Debug)]
 pub struct TaskArgs {
@@ -33,6 +35,76 @@ enum TaskCommand {
     Cancel { id: String },
     /// Make a scheduled task due now.
     Trigger { id: String },
+    /// Show a task's attempts, oldest first.
+    Attempts { id: String },
+    /// Make a dead or cancelled task scheduled again (attempts start over).
+    Retry {
+        id: String,
+        /// Due at this time (RFC 3339) instead of now.
+        #[arg(long)]
+        at: Option<String>,
+    },
+    /// Cancel every live task matching a filter.
+    CancelAll(BulkArgs),
+    /// Retry every dead or cancelled task matching a filter.
+    RetryAll {
+        #[command(flatten)]
+        filter: BulkArgs,
+        /// Due at this time (RFC 3339) instead of now.
+        #[arg(long)]
+        at: Option<String>,
+    },
+}
+
+/// The filter of a bulk action (at least one is required) and `--dry-run`.
+#[derive(Args, Debug)]
+struct BulkArgs {
+    #[arg(long, short)]
+    queue: Option<String>,
+    #[arg(long)]
+    kind: Option<String>,
+    /// scheduled, ready, running, succeeded, dead or cancelled.
+    #[arg(long, short, value_parser = parse_state)]
+    state: Option<StateView>,
+    #[arg(long)]
+    key_prefix: Option<String>,
+    /// key:value (repeatable; all must match).
+    #[arg(long)]
+    tag: Vec<String>,
+    #[arg(long)]
+    created_after: Option<String>,
+    #[arg(long)]
+    created_before: Option<String>,
+    #[arg(long)]
+    due_after: Option<String>,
+    #[arg(long)]
+    due_before: Option<String>,
+    /// Only count what would change.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+fn parse_state(s: &str) -> Result<StateView, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_string()))
+        .map_err(|_| "expected scheduled, ready, running, succeeded, dead or cancelled".to_string())
+}
+
+impl BulkArgs {
+    fn request(self, run_at: Option<String>) -> BulkRequest {
+        BulkRequest {
+            queue: self.queue,
+            kind: self.kind,
+            state: self.state,
+            key_prefix: self.key_prefix,
+            tag: self.tag,
+            created_after: self.created_after,
+            created_before: self.created_before,
+            due_after: self.due_after,
+            due_before: self.due_before,
+            dry_run: Some(self.dry_run),
+            run_at,
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -59,6 +131,9 @@ struct AddArgs {
     /// Time limit of one attempt (a worker's lease).
     #[arg(long)]
     timeout: Option<String>,
+    /// A tag, key:value (repeatable).
+    #[arg(long)]
+    tag: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -72,6 +147,24 @@ struct LsArgs {
     state: Option<String>,
     #[arg(long, short)]
     key: Option<String>,
+    /// Keys starting with this.
+    #[arg(long)]
+    key_prefix: Option<String>,
+    /// key:value (repeatable; all must match).
+    #[arg(long)]
+    tag: Vec<String>,
+    /// Due at or after this time (RFC 3339).
+    #[arg(long)]
+    due_after: Option<String>,
+    /// Due before this time (RFC 3339).
+    #[arg(long)]
+    due_before: Option<String>,
+    /// Created at or after this time (RFC 3339).
+    #[arg(long)]
+    created_after: Option<String>,
+    /// Created before this time (RFC 3339).
+    #[arg(long)]
+    created_before: Option<String>,
     /// Page size (1 to 1000).
     #[arg(long, short, default_value_t = 50)]
     limit: usize,
@@ -89,7 +182,15 @@ pub async fn run(args: TaskArgs) -> anyhow::Result<ExitCode> {
                 Some(p) => Some(serde_json::from_str(&p).context("--payload is not valid JSON")?),
                 None => None,
             };
+            let mut tags = std::collections::BTreeMap::new();
+            for t in &a.tag {
+                let Some((k, v)) = t.split_once(':') else {
+                    anyhow::bail!("--tag takes key:value, got {t:?}");
+                };
+                tags.insert(k.to_string(), v.to_string());
+            }
             let req = CreateTask {
+                tags: (!tags.is_empty()).then_some(tags),
                 queue: a.queue,
                 key: a.key,
                 payload,
@@ -104,12 +205,28 @@ pub async fn run(args: TaskArgs) -> anyhow::Result<ExitCode> {
         TaskCommand::Get { id } => client.get(&id).await.map(|t| show_task(&t, json)),
         TaskCommand::Cancel { id } => client.cancel(&id).await.map(|t| show_task(&t, json)),
         TaskCommand::Trigger { id } => client.trigger(&id).await.map(|t| show_task(&t, json)),
+        TaskCommand::Attempts { id } => client.attempts(&id).await.map(|a| show_attempts(&a, json)),
+        TaskCommand::Retry { id, at } => client.retry(&id, at).await.map(|t| show_task(&t, json)),
+        TaskCommand::CancelAll(f) => client
+            .cancel_matching(&f.request(None))
+            .await
+            .map(|r| show_bulk("cancelled", &r, json)),
+        TaskCommand::RetryAll { filter, at } => client
+            .retry_matching(&filter.request(at))
+            .await
+            .map(|r| show_bulk("retried", &r, json)),
         TaskCommand::Ls(l) => {
             let q = ListQuery {
                 queue: l.queue,
                 kind: l.kind,
                 state: l.state,
                 key: l.key,
+                key_prefix: l.key_prefix,
+                tag: l.tag,
+                due_after: l.due_after,
+                due_before: l.due_before,
+                created_after: l.created_after,
+                created_before: l.created_before,
                 limit: Some(l.limit),
                 cursor: l.cursor,
             };
@@ -134,7 +251,7 @@ pub async fn run(args: TaskArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn report(e: &ClientError, json: bool) {
+pub fn report(e: &ClientError, json: bool) {
     match e {
         ClientError::Api { body, .. } if json => {
             eprintln!(
@@ -158,10 +275,51 @@ fn report(e: &ClientError, json: bool) {
     }
 }
 
-fn print_json<T: serde::Serialize>(v: &T) {
+pub fn print_json<T: serde::Serialize>(v: &T) {
     match serde_json::to_string_pretty(v) {
         Ok(s) => println!("{s}"),
         Err(e) => eprintln!("error: cannot print JSON: {e}"),
+    }
+}
+
+fn show_bulk(verb: &str, r: &BulkResponse, json: bool) {
+    if json {
+        print_json(r);
+    } else if r.dry_run {
+        println!("{} matching (dry run, nothing changed)", r.matched);
+    } else {
+        println!("{} {verb} ({} matching)", r.changed, r.matched);
+    }
+}
+
+fn show_attempts(a: &AttemptList, json: bool) {
+    if json {
+        print_json(a);
+        return;
+    }
+    let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".to_string());
+    println!(
+        "{:<5} {:<26} {:<14} {:<10} {:<12} ERROR",
+        "SEQ", "STARTED AT", "OUTCOME", "DURATION", "WORKER"
+    );
+    for t in &a.attempts {
+        println!(
+            "{:<5} {:<26} {:<14} {:<10} {:<12} {}",
+            t.seq,
+            t.started_at,
+            t.outcome.clone().unwrap_or_else(|| "running".to_string()),
+            t.duration_ms
+                .map(|d| format!("{d}ms"))
+                .unwrap_or_else(|| "-".to_string()),
+            opt(&t.worker),
+            opt(&t.error),
+        );
+    }
+    if a.total > a.attempts.len() as u64 {
+        println!(
+            "({} attempts in all; the oldest are no longer kept)",
+            a.total
+        );
     }
 }
 
@@ -181,6 +339,18 @@ fn show_task(t: &TaskView, json: bool) {
         ("attempt", format!("{}/{}", t.attempt, t.max_attempts)),
         ("timeout", t.timeout.clone()),
         ("payload", t.payload.to_string()),
+        (
+            "tags",
+            if t.tags.is_empty() {
+                "-".to_string()
+            } else {
+                t.tags
+                    .iter()
+                    .map(|(k, v)| format!("{k}:{v}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            },
+        ),
         ("worker", opt(&t.worker)),
         ("last error", opt(&t.last_error)),
         (

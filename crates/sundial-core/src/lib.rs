@@ -24,5 +24,7 @@ pub use schedule::{
     SpecErrorKind,
 };
 pub use shard::{rendezvous_owner, shard_for};
-pub use task::{Due, Exclusive, ExclusiveMode, Limits, NewTask, Task, TaskSpec, TaskState};
+pub use task::{
+    Due, Exclusive, ExclusiveMode, Limits, NewTask, Tags, Task, TaskSpec, TaskState, check_tags,
+};
 pub use time::{Clock, ManualClock, Timestamp};

@@ -16,6 +16,7 @@
 //! `scheduled → ready` when it waits for a worker. `succeeded`, `dead` and `cancelled` are terminal:
 //! nothing moves a task out of them.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
@@ -24,8 +25,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Backoff, ExecutionId, TaskId, Timestamp, ValidationError};
 
-/// Where a task is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// Where a task is in its life. Ordered as listed (life order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TaskState {
     /// Waiting for its due time.
@@ -148,7 +149,12 @@ pub struct Limits {
     pub max_payload_bytes: usize,
     pub max_attempts: u32,
     pub max_timeout: Duration,
+    /// Most tag pairs on one task.
+    pub max_tags: usize,
 }
+
+/// A task's tags: string keys and values, for search (`tag=k:v`). Kept in key order.
+pub type Tags = BTreeMap<String, String>;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -158,6 +164,7 @@ impl Default for Limits {
             max_payload_bytes: 256 * 1024,
             max_attempts: 1_000,
             max_timeout: Duration::from_secs(7 * 24 * 3600),
+            max_tags: 16,
         }
     }
 }
@@ -174,6 +181,7 @@ pub struct TaskSpec {
     pub backoff: Backoff,
     pub timeout: Duration,
     pub exclusive: Option<Exclusive>,
+    pub tags: Tags,
 }
 
 impl TaskSpec {
@@ -195,6 +203,7 @@ impl TaskSpec {
             backoff: Backoff::default(),
             timeout: Self::DEFAULT_TIMEOUT,
             exclusive: None,
+            tags: Tags::new(),
         }
     }
     pub fn queue(mut self, queue: impl Into<String>) -> Self {
@@ -230,6 +239,15 @@ impl TaskSpec {
         self.timeout = timeout;
         self
     }
+    /// Adds (or replaces) one tag.
+    pub fn tag(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.tags.insert(key.into(), value.into());
+        self
+    }
+    pub fn tags(mut self, tags: Tags) -> Self {
+        self.tags = tags;
+        self
+    }
     pub fn exclusive(mut self, key: impl Into<String>, mode: ExclusiveMode) -> Self {
         self.exclusive = Some(Exclusive {
             key: key.into(),
@@ -255,6 +273,7 @@ impl TaskSpec {
         if let Some(ex) = &self.exclusive {
             check_key("exclusive", &ex.key, limits.max_key_len)?;
         }
+        check_tags(&self.tags, limits)?;
         let payload =
             serde_json::to_string(&self.payload).map_err(|_| ValidationError::OutOfRange {
                 field: "payload",
@@ -320,6 +339,7 @@ impl TaskSpec {
             backoff: self.backoff,
             timeout_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
             exclusive: self.exclusive,
+            tags: self.tags,
             created_at: now,
         })
     }
@@ -346,6 +366,28 @@ fn check_name(field: &'static str, v: &str, max: usize) -> Result<(), Validation
             field,
             reason: "use letters, digits and . _ : / - (starting with a letter or digit)",
         });
+    }
+    Ok(())
+}
+
+/// Tags: at most `limits.max_tags` pairs; each key and value is checked like a task key. A tag
+/// key may not contain `:` (the filter form is `key:value`).
+pub fn check_tags(tags: &Tags, limits: &Limits) -> Result<(), ValidationError> {
+    if tags.len() > limits.max_tags {
+        return Err(ValidationError::OutOfRange {
+            field: "tags",
+            reason: format!("at most {} tags; {} given", limits.max_tags, tags.len()),
+        });
+    }
+    for (k, v) in tags {
+        check_key("tags", k, limits.max_key_len)?;
+        check_key("tags", v, limits.max_key_len)?;
+        if k.contains(':') {
+            return Err(ValidationError::BadCharacters {
+                field: "tags",
+                reason: "a tag key may not contain ':'",
+            });
+        }
     }
     Ok(())
 }
@@ -391,6 +433,7 @@ pub struct NewTask {
     pub backoff: Backoff,
     pub timeout_ms: u64,
     pub exclusive: Option<Exclusive>,
+    pub tags: Tags,
     pub created_at: Timestamp,
 }
 
@@ -411,6 +454,8 @@ pub struct Task {
     pub backoff: Backoff,
     pub timeout_ms: u64,
     pub exclusive: Option<Exclusive>,
+    #[serde(default)]
+    pub tags: Tags,
     /// The current (or last) attempt's fencing token.
     pub execution_id: Option<ExecutionId>,
     pub lease_expires_at: Option<Timestamp>,
@@ -507,6 +552,28 @@ mod tests {
             err(TaskSpec::new("k").payload(big)),
             ValidationError::PayloadTooLarge { .. }
         ));
+    }
+
+    #[test]
+    fn validates_tags() {
+        let t = ok(TaskSpec::new("k").tag("env", "prod").tag("team", "a b"));
+        assert_eq!(t.tags.get("env").map(String::as_str), Some("prod"));
+        assert_eq!(err(TaskSpec::new("k").tag("", "x")).field(), Some("tags"));
+        assert_eq!(err(TaskSpec::new("k").tag("a", "")).field(), Some("tags"));
+        assert_eq!(
+            err(TaskSpec::new("k").tag("a:b", "x")).field(),
+            Some("tags")
+        );
+        assert_eq!(err(TaskSpec::new("k").tag("a", " x")).field(), Some("tags"));
+        assert_eq!(
+            err(TaskSpec::new("k").tag("a", "x".repeat(257))).field(),
+            Some("tags")
+        );
+        let mut spec = TaskSpec::new("k");
+        for i in 0..17 {
+            spec = spec.tag(format!("t{i}"), "v");
+        }
+        assert_eq!(err(spec).field(), Some("tags"));
     }
 
     #[test]

@@ -5,16 +5,15 @@
 use std::time::Duration;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use sundial::{ExecutionId, Scheduled, TaskId, TaskSpec, TaskState, Timestamp};
-use sundial_store::TaskFilter;
 
 use crate::AppState;
 use crate::duration;
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{ApiJson, ApiQuery};
+use crate::extract::ApiJson;
 use crate::wire::{
     BatchItem, BatchResponse, CompleteRequest, CreateBatch, CreateTask, FailRequest, Health,
     HeartbeatRequest, ListQuery, PollRequest, PollResponse, PolledTask, TaskList, TaskView,
@@ -143,8 +142,9 @@ pub async fn get_task(
 )]
 pub async fn list_tasks(
     State(st): State<AppState>,
-    ApiQuery(q): ApiQuery<ListQuery>,
+    RawQuery(raw): RawQuery,
 ) -> Result<Json<TaskList>, ApiError> {
+    let q = parse_list_query(raw.as_deref().unwrap_or(""))?;
     let state = match q.state.as_deref() {
         Some(s) => Some(
             s.parse::<TaskState>()
@@ -166,18 +166,42 @@ pub async fn list_tasks(
         ),
         None => None,
     };
-    let filter = TaskFilter {
-        queue: q.queue,
-        kind: q.kind,
+    let mut filter = crate::ops::task_filter(crate::ops::FilterFields {
+        queue: q.queue.clone(),
+        kind: q.kind.clone(),
         state,
-        key: q.key,
-        before,
-    };
+        key: q.key.clone(),
+        key_prefix: q.key_prefix.clone(),
+        tag: &q.tag,
+        due_after: q.due_after.as_deref(),
+        due_before: q.due_before.as_deref(),
+        created_after: q.created_after.as_deref(),
+        created_before: q.created_before.as_deref(),
+    })?;
+    filter.before = before;
     let page = st.sundial.list(filter, limit).await?;
     Ok(Json(TaskList {
         tasks: page.tasks.into_iter().map(TaskView::from).collect(),
         next_cursor: page.next_cursor.map(|c| c.to_string()),
     }))
+}
+
+/// The list query: `tag` may repeat (collected here); every other parameter at most once and
+/// known (`422` otherwise).
+fn parse_list_query(raw: &str) -> Result<ListQuery, ApiError> {
+    let mut tags = Vec::new();
+    let mut rest = form_urlencoded::Serializer::new(String::new());
+    for (k, v) in form_urlencoded::parse(raw.as_bytes()) {
+        if k == "tag" {
+            tags.push(v.into_owned());
+        } else {
+            rest.append_pair(&k, &v);
+        }
+    }
+    let mut q: ListQuery = serde_urlencoded::from_str(&rest.finish())
+        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", e.to_string()))?;
+    q.tag = tags;
+    Ok(q)
 }
 
 /// Cancel a task that has not finished. Once this returns it never starts a new attempt.

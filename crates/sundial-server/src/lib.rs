@@ -7,13 +7,21 @@
 //! POST /v1/tasks                  create one task                     201 | 400 409 413 422
 //! POST /v1/tasks:batch            create many in one transaction      201 | 400 413 422
 //! GET  /v1/tasks/{id}             one task                            200 | 404
-//! GET  /v1/tasks?queue=&kind=&state=&key=&limit=&cursor=   newest first, by cursor
+//! GET  /v1/tasks?queue=&kind=&state=&key=&key_prefix=&tag=k:v&due_after=&due_before=
+//!                 &created_after=&created_before=&limit=&cursor=   newest first, by cursor
 //! POST /v1/tasks/{id}/cancel      cancel                              200 | 404 409
 //! POST /v1/tasks/{id}/trigger     make a scheduled task due now       200 | 404 409
 //! POST /v1/queues/{queue}/poll    long-poll for ready tasks           200
 //! POST /v1/tasks/{id}/heartbeat   extend the lease                    200 | 404 409
 //! POST /v1/tasks/{id}/complete    record success                      200 | 404 409 413
 //! POST /v1/tasks/{id}/fail        record failure (retry or dead)      200 | 404 409
+//! GET  /v1/tasks/{id}/attempts    the task's attempts, oldest first   200 | 404
+//! POST /v1/tasks/{id}/retry       dead or cancelled → scheduled       200 | 404 409
+//! POST /v1/tasks:cancel           cancel what a filter matches        200 | 422
+//! POST /v1/tasks:retry            retry what a filter matches         200 | 422
+//! GET  /v1/queues[/{queue}]       counts, lateness, paused            200 | 404
+//! PUT  /v1/queues/{queue}         queue settings (retention)          200 | 422
+//! POST /v1/queues/{queue}/pause   pause (durable); …/resume resumes   200 | 422
 //! GET  /healthz                   liveness; never touches the store
 //! GET  /metrics                   Prometheus text
 //! GET  /openapi.json              this API, generated from the code
@@ -36,6 +44,7 @@ pub mod api;
 pub mod duration;
 pub mod error;
 pub mod extract;
+pub mod ops;
 pub mod schedules;
 pub mod time;
 pub mod wire;
@@ -133,6 +142,7 @@ impl TaskGauges {
     tags(
         (name = "tasks", description = "Create, inspect, cancel and trigger tasks"),
         (name = "workers", description = "The long-poll protocol for remote workers"),
+        (name = "queues", description = "Queues: counts, lateness, pause and resume, settings"),
         (name = "service", description = "Health and metrics"),
         (name = "schedules", description = "Recurring schedules: cron and intervals with time zones, DST, overlap and catch-up policies"),
         (name = "workflows", description = "Durable workflows: start, signal, cancel, terminate, inspect"),
@@ -157,6 +167,14 @@ fn api_router(batch_body_limit: usize) -> OpenApiRouter<AppState> {
         .routes(routes!(api::heartbeat_task))
         .routes(routes!(api::complete_task))
         .routes(routes!(api::fail_task))
+        .routes(routes!(ops::list_queues))
+        .routes(routes!(ops::get_queue, ops::put_queue))
+        .routes(routes!(ops::pause_queue))
+        .routes(routes!(ops::resume_queue))
+        .routes(routes!(ops::task_attempts))
+        .routes(routes!(ops::retry_task))
+        .routes(routes!(ops::cancel_matching))
+        .routes(routes!(ops::retry_matching))
         .routes(routes!(api::healthz))
         .routes(routes!(api::metrics))
 }

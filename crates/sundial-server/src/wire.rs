@@ -5,6 +5,7 @@
 //! own CLI) ignore fields they do not know. Durations are strings (`"30s"`, see
 //! [`crate::duration`]); times are RFC 3339 strings (see [`crate::time`]).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -53,6 +54,10 @@ pub struct CreateTask {
     /// Mutual exclusion: at most one running task per exclusive key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exclusive: Option<ExclusiveSpec>,
+    /// String tags for search (`GET /v1/tasks?tag=key:value`): at most 16, keys and values
+    /// checked like `key`; a tag key may not contain `:`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tags: Option<BTreeMap<String, String>>,
 }
 
 /// Retry backoff; omitted fields take their defaults.
@@ -166,6 +171,9 @@ impl CreateTask {
             };
             spec = spec.exclusive(ex.key, mode);
         }
+        if let Some(tags) = self.tags {
+            spec = spec.tags(tags);
+        }
         Ok(spec)
     }
 }
@@ -272,6 +280,8 @@ pub struct TaskView {
     pub backoff: BackoffView,
     pub timeout: String,
     pub exclusive: Option<ExclusiveView>,
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
     /// The current (or last) attempt's execution id.
     pub execution_id: Option<Uuid>,
     #[schema(format = DateTime)]
@@ -319,6 +329,7 @@ impl From<Task> for TaskView {
                     ExclusiveMode::Skip => ExclusiveModeView::Skip,
                 },
             }),
+            tags: t.tags,
             execution_id: t.execution_id.map(|e| e.0),
             lease_expires_at: t.lease_expires_at.map(time::format),
             worker: t.worker,
@@ -342,6 +353,19 @@ pub struct ListQuery {
     /// `scheduled`, `ready`, `running`, `succeeded`, `dead` or `cancelled`.
     pub state: Option<String>,
     pub key: Option<String>,
+    /// Keys starting with this.
+    pub key_prefix: Option<String>,
+    /// `key:value`; repeat for several (all must match).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tag: Vec<String>,
+    /// Due at or after this time (RFC 3339).
+    pub due_after: Option<String>,
+    /// Due before this time (RFC 3339).
+    pub due_before: Option<String>,
+    /// Created at or after this time (RFC 3339).
+    pub created_after: Option<String>,
+    /// Created before this time (RFC 3339).
+    pub created_before: Option<String>,
     /// Page size, 1 to 1000 (default 50).
     pub limit: Option<usize>,
     /// `next_cursor` of the previous page.

@@ -154,6 +154,7 @@
 
 mod cluster;
 mod completer;
+mod ops;
 mod rows;
 mod schedules;
 mod schema;
@@ -167,8 +168,9 @@ use async_trait::async_trait;
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, PoolError, Runtime};
 use sundial_core::{ExclusiveMode, ExecutionId, NewTask, Task, TaskId, Timestamp};
 use sundial_store::{
-    ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Inserted, ReadyClaim, StateCount, Store,
-    StoreError, TaskFilter, TaskPage, TransitionError,
+    AttemptHistory, ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Inserted, QueueConfig,
+    QueueSettings, ReadyClaim, RetentionRules, Selected, StateCount, Store, StoreError, TaskFilter,
+    TaskPage, TransitionError,
 };
 use thiserror::Error;
 use tokio_postgres::types::ToSql;
@@ -245,6 +247,9 @@ pub struct PostgresOptions {
     /// before the lease ends (`sundial server` uses half the TTL). `None` keeps the server's
     /// setting.
     pub idle_in_transaction_timeout: Option<Duration>,
+    /// Attempts kept per task (the latest); older ones are dropped as new ones start, while the
+    /// total keeps counting. Written at connect, so the last node to start sets it for all.
+    pub attempts_kept: u32,
 }
 
 impl Default for PostgresOptions {
@@ -254,6 +259,7 @@ impl Default for PostgresOptions {
             pool_size: 16,
             acquire_timeout: Duration::from_secs(30),
             idle_in_transaction_timeout: Some(Duration::from_secs(5)),
+            attempts_kept: 100,
         }
     }
 }
@@ -264,6 +270,7 @@ pub struct PostgresStore {
     pool: Pool,
     schema: SchemaName,
     sql: std::sync::Arc<Sql>,
+    ops: std::sync::Arc<ops::OpsSql>,
     /// How to open a connection outside the pool (the LISTEN connection of `subscribe`).
     config: tokio_postgres::Config,
     /// The LISTEN/NOTIFY channel of this schema.
@@ -319,6 +326,7 @@ impl PostgresStore {
         schema::migrate(&mut client, &schema).await?;
         let store = PostgresStore {
             sql: std::sync::Arc::new(Sql::new(&schema)),
+            ops: std::sync::Arc::new(ops::OpsSql::new(&schema.ident)),
             pool,
             channel: schema.channel(),
             schema,
@@ -327,6 +335,12 @@ impl PostgresStore {
         };
         // Counter stripes of backends that are gone (earlier runs) fold into one.
         client.execute(&store.sql.fold_counts, &[]).await?;
+        client
+            .execute(
+                &store.ops.set_attempts_kept,
+                &[&i64::from(opts.attempts_kept.max(1))],
+            )
+            .await?;
         drop(client);
         Ok(store)
     }
@@ -705,7 +719,16 @@ impl PostgresStore {
         let mut ex_modes = Vec::with_capacity(tasks.len());
         let mut created = Vec::with_capacity(tasks.len());
         let mut ords = Vec::with_capacity(tasks.len());
+        let mut tags: Vec<Option<String>> = Vec::with_capacity(tasks.len());
         for (i, t) in tasks.iter().enumerate() {
+            tags.push(if t.tags.is_empty() {
+                None
+            } else {
+                Some(
+                    serde_json::to_string(&t.tags)
+                        .map_err(|e| StoreError::Backend(format!("tags: {e}")))?,
+                )
+            });
             ids.push(t.id.0);
             shards.push(i64::from(t.shard));
             queues.push(t.queue.as_str());
@@ -744,13 +767,28 @@ impl PostgresStore {
                 &ex_modes,
                 &created,
                 &ords,
+                &tags,
             ],
         )
         .await?;
         let mut made: HashMap<Uuid, Task> = HashMap::with_capacity(rows.len());
+        let (mut tag_keys, mut tag_values, mut tag_ids) = (Vec::new(), Vec::new(), Vec::new());
         for r in &rows {
             let t = task_from_row(r)?;
+            for (k, v) in &t.tags {
+                tag_keys.push(k.clone());
+                tag_values.push(v.clone());
+                tag_ids.push(t.id.0);
+            }
             made.insert(t.id.0, t);
+        }
+        if !tag_ids.is_empty() {
+            query(
+                client,
+                &self.sql.insert_tags,
+                &[&tag_keys, &tag_values, &tag_ids],
+            )
+            .await?;
         }
         // Tasks not created: their key is taken. Name the holders (committed ones, or earlier
         // tasks of this batch), seen by a fresh snapshot in the same transaction.
@@ -867,39 +905,10 @@ impl Store for PostgresStore {
     }
 
     async fn list(&self, filter: &TaskFilter, limit: usize) -> Result<TaskPage, StoreError> {
-        let mut sql = format!(
-            "SELECT {} FROM {} t WHERE true",
-            self.sql.columns, self.sql.tasks
-        );
-        let mut args: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
-        let mut arg = |sql: &mut String, cond: &str, v: Box<dyn ToSql + Sync + Send>| {
-            args.push(v);
-            sql.push_str(&format!(" AND {cond} ${}", args.len()));
-        };
-        if let Some(q) = &filter.queue {
-            arg(&mut sql, "t.queue =", Box::new(q.clone()));
-        }
-        if let Some(k) = &filter.kind {
-            arg(&mut sql, "t.kind =", Box::new(k.clone()));
-        }
-        if let Some(s) = filter.state {
-            arg(&mut sql, "t.state =", Box::new(s.as_str()));
-        }
-        if let Some(k) = &filter.key {
-            arg(&mut sql, "t.key =", Box::new(k.clone()));
-        }
-        if let Some(b) = filter.before {
-            arg(&mut sql, "t.id <", Box::new(b.0));
-        }
         // One row more than asked for tells whether another page follows.
-        args.push(Box::new(limit_param(limit.saturating_add(1))));
-        sql.push_str(&format!(" ORDER BY t.id DESC LIMIT ${}", args.len()));
-        let params: Vec<&(dyn ToSql + Sync)> = args
-            .iter()
-            .map(|b| b.as_ref() as &(dyn ToSql + Sync))
-            .collect();
-        let client = self.client().await?;
-        let rows = query(&client, &sql, &params).await?;
+        let rows = self
+            .list_filtered(filter, &self.sql.columns, limit.saturating_add(1))
+            .await?;
         let mut tasks = tasks_from_rows(&rows)?;
         let next_cursor = if tasks.len() > limit {
             tasks.truncate(limit);
@@ -1173,5 +1182,76 @@ impl Store for PostgresStore {
                 })
             })
             .collect()
+    }
+
+    async fn queue_settings(&self, queue: &str) -> Result<Option<QueueSettings>, StoreError> {
+        self.ops_queue_settings(queue).await
+    }
+
+    async fn list_queue_settings(&self) -> Result<Vec<QueueSettings>, StoreError> {
+        self.ops_list_queue_settings().await
+    }
+
+    async fn put_queue_config(
+        &self,
+        queue: &str,
+        config: QueueConfig,
+        now: Timestamp,
+    ) -> Result<QueueSettings, StoreError> {
+        self.ops_put_queue_config(queue, &config, now).await
+    }
+
+    async fn set_queue_paused(
+        &self,
+        queue: &str,
+        paused: bool,
+        now: Timestamp,
+    ) -> Result<QueueSettings, StoreError> {
+        self.ops_set_queue_paused(queue, paused, now).await
+    }
+
+    async fn earliest_waiting(&self, queue: &str) -> Result<Option<Timestamp>, StoreError> {
+        self.ops_earliest_waiting(queue).await
+    }
+
+    async fn attempts(&self, id: TaskId) -> Result<Option<AttemptHistory>, StoreError> {
+        self.ops_attempts(id).await
+    }
+
+    async fn retry(
+        &self,
+        id: TaskId,
+        due_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<Task, TransitionError> {
+        self.ops_retry(id, due_at, now).await
+    }
+
+    async fn select(&self, filter: &TaskFilter, limit: usize) -> Result<Vec<Selected>, StoreError> {
+        self.ops_select(filter, limit).await
+    }
+
+    async fn cancel_many(&self, ids: Vec<TaskId>, now: Timestamp) -> Result<Vec<Task>, StoreError> {
+        self.ops_cancel_many(ids, now).await
+    }
+
+    async fn retry_many(
+        &self,
+        ids: Vec<TaskId>,
+        due_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<Vec<Task>, StoreError> {
+        self.ops_retry_many(ids, due_at, now).await
+    }
+
+    async fn purge_tasks(
+        &self,
+        shard: Option<u32>,
+        rules: &RetentionRules,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        self.purge_tasks_in(&client, shard, rules, now, limit).await
     }
 }

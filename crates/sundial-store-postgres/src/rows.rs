@@ -10,7 +10,7 @@ use tokio_postgres::types::FromSql;
 use uuid::Uuid;
 
 /// The task columns every task query returns, in the order [`task_from_row`] reads them.
-const COLUMNS: [&str; 23] = [
+const COLUMNS: [&str; 24] = [
     "id",
     "shard",
     "queue",
@@ -34,6 +34,7 @@ const COLUMNS: [&str; 23] = [
     "updated_at",
     "started_at",
     "finished_at",
+    "tags",
 ];
 
 /// The column list qualified with `alias` (`t.id, t.shard, …`): queries that join the task table
@@ -99,6 +100,7 @@ pub fn task_from_row(r: &Row) -> Result<Task, StoreError> {
     let ex_mode: Option<String> = col(r, 13)?;
     let exec: Option<Uuid> = col(r, 14)?;
     let result: Option<String> = col(r, 18)?;
+    let tags: Option<String> = col(r, 23)?;
     let exclusive = match (ex_key, ex_mode) {
         (None, _) => None,
         (Some(key), Some(mode)) => Some(Exclusive {
@@ -137,6 +139,12 @@ pub fn task_from_row(r: &Row) -> Result<Task, StoreError> {
         updated_at: Timestamp(col(r, 20)?),
         started_at: time(col(r, 21)?),
         finished_at: time(col(r, 22)?),
+        tags: match tags {
+            None => Default::default(),
+            Some(s) => {
+                serde_json::from_str(&s).map_err(|e| StoreError::Corrupt(format!("tags: {e}")))?
+            }
+        },
     })
 }
 

@@ -250,6 +250,98 @@ CREATE INDEX tasks_workflow_key ON {schema}.tasks (key text_pattern_ops)
     AND state IN ('scheduled', 'ready', 'running');
 "#,
     },
+    Migration {
+        version: 6,
+        name: "tags, search indexes, queue settings, attempts, retention",
+        sql: r#"
+ALTER TABLE {schema}.tasks ADD COLUMN tags text;
+
+CREATE TABLE {schema}.task_tags (
+    key     text COLLATE "C" NOT NULL,
+    value   text COLLATE "C" NOT NULL,
+    task_id uuid NOT NULL REFERENCES {schema}.tasks (id) ON DELETE CASCADE,
+    PRIMARY KEY (key, value, task_id)
+);
+CREATE INDEX task_tags_task ON {schema}.task_tags (task_id);
+
+CREATE INDEX tasks_queue_state_id ON {schema}.tasks (queue, state, id);
+CREATE INDEX tasks_state_id ON {schema}.tasks (state, id);
+CREATE INDEX tasks_kind_id ON {schema}.tasks (kind, id);
+CREATE INDEX tasks_key_id ON {schema}.tasks (key text_pattern_ops, id) WHERE key IS NOT NULL;
+CREATE INDEX tasks_due_at ON {schema}.tasks (due_at);
+CREATE INDEX tasks_created_at ON {schema}.tasks (created_at);
+CREATE INDEX tasks_waiting ON {schema}.tasks (queue, due_at)
+    WHERE state IN ('scheduled', 'ready');
+CREATE INDEX tasks_finished ON {schema}.tasks (queue, state, shard, finished_at)
+    WHERE state IN ('succeeded', 'dead', 'cancelled');
+
+CREATE TABLE {schema}.queue_settings (
+    queue             text COLLATE "C" NOT NULL PRIMARY KEY,
+    paused            boolean NOT NULL DEFAULT false,
+    paused_changed_at bigint,
+    config            text    NOT NULL DEFAULT '{}',
+    updated_at        bigint  NOT NULL
+);
+
+CREATE TABLE {schema}.store_settings (
+    name  text   NOT NULL PRIMARY KEY,
+    value bigint NOT NULL
+);
+INSERT INTO {schema}.store_settings (name, value) VALUES ('attempts_kept', 100);
+
+CREATE TABLE {schema}.task_attempts (
+    task_id      uuid   NOT NULL REFERENCES {schema}.tasks (id) ON DELETE CASCADE,
+    seq          bigint NOT NULL CHECK (seq >= 1),
+    execution_id uuid,
+    worker       text,
+    started_at   bigint NOT NULL,
+    ended_at     bigint,
+    outcome      text CHECK (outcome IN ('succeeded', 'failed', 'lease_expired', 'cancelled')),
+    error        text,
+    PRIMARY KEY (task_id, seq)
+);
+
+-- One statement's attempts: ends first (of rows that left `running`), then starts (of rows that
+-- entered it), then the oldest beyond `attempts_kept` go. A row's writes are serialised by its
+-- row lock, so `max(seq) + 1` is never taken twice.
+CREATE FUNCTION {schema}.task_attempts_after_update() RETURNS trigger LANGUAGE plpgsql AS $fn$
+DECLARE
+    kept bigint;
+BEGIN
+    UPDATE {schema}.task_attempts a SET ended_at = w.updated_at,
+        outcome = CASE
+            WHEN w.state = 'succeeded' THEN 'succeeded'
+            WHEN w.state = 'cancelled' THEN 'cancelled'
+            WHEN w.last_error = 'lease expired: the attempt neither finished nor heartbeated in time'
+                THEN 'lease_expired'
+            ELSE 'failed' END,
+        error = CASE WHEN w.state IN ('scheduled', 'dead') THEN w.last_error END
+    FROM old_rows o JOIN new_rows w ON w.id = o.id
+    WHERE o.state = 'running' AND w.state <> 'running' AND a.task_id = w.id
+    AND a.seq = (SELECT max(b.seq) FROM {schema}.task_attempts b WHERE b.task_id = w.id);
+
+    INSERT INTO {schema}.task_attempts (task_id, seq, execution_id, worker, started_at)
+    SELECT w.id,
+           COALESCE((SELECT max(b.seq) FROM {schema}.task_attempts b WHERE b.task_id = w.id), 0) + 1,
+           w.execution_id, w.worker, COALESCE(w.started_at, w.updated_at)
+    FROM old_rows o JOIN new_rows w ON w.id = o.id
+    WHERE w.state = 'running' AND o.state <> 'running'
+    ORDER BY w.id;
+
+    SELECT value INTO kept FROM {schema}.store_settings WHERE name = 'attempts_kept';
+    DELETE FROM {schema}.task_attempts a
+    USING old_rows o JOIN new_rows w ON w.id = o.id
+    WHERE w.state = 'running' AND o.state <> 'running' AND a.task_id = w.id
+    AND a.seq <= (SELECT max(b.seq) FROM {schema}.task_attempts b WHERE b.task_id = w.id) - kept;
+    RETURN NULL;
+END
+$fn$;
+
+CREATE TRIGGER task_attempts_update AFTER UPDATE ON {schema}.tasks
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION {schema}.task_attempts_after_update();
+"#,
+    },
 ];
 
 /// The schema version this build writes (the highest migration it knows).
@@ -464,6 +556,15 @@ mod tests {
             sundial_store::ACTIVITY_QUEUE
         );
         assert!(MIGRATIONS[4].sql.contains(&queues));
+    }
+
+    #[test]
+    fn the_attempt_trigger_knows_the_lease_expiry_error() {
+        assert!(
+            MIGRATIONS[5]
+                .sql
+                .contains(sundial_store::LEASE_EXPIRED_ERROR)
+        );
     }
 
     #[test]

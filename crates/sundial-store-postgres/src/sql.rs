@@ -50,6 +50,7 @@ pub(crate) struct Sql {
     pub next_lease_expiry: String,
     pub next_lease_expiry_in_shard: String,
     pub fold_counts: String,
+    pub insert_tags: String,
     pub count_by_state: String,
     /// The task columns qualified with `t.`, for `list`.
     pub columns: String,
@@ -426,15 +427,15 @@ impl Sql {
             insert: format!(
                 "INSERT INTO {tasks} AS t (id, shard, queue, kind, key, payload, due_at, state, \
                  attempt, max_attempts, backoff, timeout_ms, exclusive_key, exclusive_mode, \
-                 created_at, updated_at) \
+                 created_at, updated_at, tags) \
                  SELECT u.id, u.shard, u.queue, u.kind, u.key, u.payload, u.due_at, 'scheduled', 0, \
                  u.max_attempts, u.backoff, u.timeout_ms, u.exclusive_key, u.exclusive_mode, \
-                 u.created_at, u.created_at \
+                 u.created_at, u.created_at, u.tags \
                  FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[], $5::text[], \
                  $6::text[], $7::bigint[], $8::bigint[], $9::text[], $10::bigint[], $11::text[], \
-                 $12::text[], $13::bigint[], $14::bigint[]) \
+                 $12::text[], $13::bigint[], $14::bigint[], $15::text[]) \
                  AS u(id, shard, queue, kind, key, payload, due_at, max_attempts, backoff, \
-                 timeout_ms, exclusive_key, exclusive_mode, created_at, ord) \
+                 timeout_ms, exclusive_key, exclusive_mode, created_at, ord, tags) \
                  ORDER BY u.queue, u.key, u.ord \
                  ON CONFLICT (queue, key) WHERE key IS NOT NULL AND state IN {LIVE} DO NOTHING \
                  RETURNING {c}"
@@ -585,6 +586,10 @@ impl Sql {
             count_by_state: format!(
                 "SELECT queue, state, sum(n)::bigint FROM {s}.task_counts \
                  GROUP BY queue, state HAVING sum(n) <> 0 ORDER BY queue, state"
+            ),
+            insert_tags: format!(
+                "INSERT INTO {s}.task_tags (key, value, task_id) \
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[])"
             ),
             columns: c,
             tasks,

@@ -16,6 +16,7 @@
 //! every time it writes was handed to it.
 
 mod lock;
+mod ops;
 mod rows;
 mod schedules;
 mod schema;
@@ -31,8 +32,9 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 use sundial_core::{ExecutionId, NewTask, Task, TaskId, TaskState, Timestamp};
 use sundial_store::{
-    ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Inserted, ReadyClaim, StateCount, Store,
-    StoreError, TaskFilter, TaskPage, TransitionError,
+    AttemptHistory, ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Inserted, QueueConfig,
+    QueueSettings, ReadyClaim, RetentionRules, Selected, StateCount, Store, StoreError, TaskFilter,
+    TaskPage, TransitionError,
 };
 use thiserror::Error;
 
@@ -105,6 +107,9 @@ pub struct SqliteOptions {
     /// it recorded (or, from an older build, one derived from its rows): see
     /// [`SqliteStore::shards`].
     pub shard_count: u32,
+    /// Attempts kept per task (the latest); older ones are dropped as new ones start, while the
+    /// total keeps counting.
+    pub attempts_kept: u32,
 }
 
 impl Default for SqliteOptions {
@@ -115,6 +120,7 @@ impl Default for SqliteOptions {
             readers: 4,
             cache_kib: 16 * 1024,
             shard_count: 4,
+            attempts_kept: 100,
         }
     }
 }
@@ -159,6 +165,10 @@ impl SqliteStore {
         let mut conn = open_connection(path, &opts)?;
         schema::migrate(&mut conn)?;
         let shards = shards::adopt(&mut conn, opts.shard_count)?;
+        conn.execute(
+            "UPDATE store_settings SET value = ?1 WHERE name = 'attempts_kept'",
+            params![i64::from(opts.attempts_kept.max(1))],
+        )?;
         // Checkpoints run on the writer's checkpoint thread; the automatic one (inside a commit)
         // is only a backstop, at 64 MiB of WAL instead of SQLite's 4 MiB.
         conn.pragma_update(None, "wal_autocheckpoint", 16_384)?;
@@ -266,6 +276,106 @@ fn attempt_refusal(conn: &Connection, id: &TaskId) -> TransitionError {
     }
 }
 
+/// [`TASK_COLUMNS`] qualified with `t.` (a tag filter joins `task_tags`, whose `key` would be
+/// ambiguous).
+fn qualified_columns() -> String {
+    TASK_COLUMNS
+        .split(", ")
+        .map(|c| format!("t.{}", c.trim()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The query behind `list` and `select`: `columns` of tasks matching `filter`, newest id first,
+/// at most `limit`. With tags, the first tag drives (`task_tags (key, value, task_id)` walked
+/// backwards from the cursor) and the rest are probes; without, the planner picks among the
+/// search indexes (migration 4), each of which ends in `id` or bounds a range.
+fn filtered(
+    filter: &TaskFilter,
+    columns: &str,
+    limit: usize,
+) -> (String, Vec<Box<dyn rusqlite::ToSql>>) {
+    let mut args: Vec<Box<dyn rusqlite::ToSql>> = Vec::new();
+    let mut sql;
+    let mut push = |sql: &mut String, cond: &str, v: Box<dyn rusqlite::ToSql>| {
+        args.push(v);
+        sql.push_str(&cond.replace('?', &format!("?{}", args.len())));
+    };
+    let order;
+    match filter.tags.split_first() {
+        Some(((k, v), rest)) => {
+            sql = format!(
+                "SELECT {columns} FROM task_tags g CROSS JOIN tasks t ON t.id = g.task_id WHERE 1 = 1"
+            );
+            push(&mut sql, " AND g.key = ?", Box::new(k.clone()));
+            push(&mut sql, " AND g.value = ?", Box::new(v.clone()));
+            if let Some(b) = filter.before {
+                push(
+                    &mut sql,
+                    " AND g.task_id < ?",
+                    Box::new(b.as_bytes().to_vec()),
+                );
+            }
+            for (k, v) in rest {
+                push(
+                    &mut sql,
+                    " AND EXISTS (SELECT 1 FROM task_tags h WHERE h.key = ?",
+                    Box::new(k.clone()),
+                );
+                push(
+                    &mut sql,
+                    " AND h.value = ? AND h.task_id = t.id)",
+                    Box::new(v.clone()),
+                );
+            }
+            order = "g.task_id";
+        }
+        None => {
+            sql = format!("SELECT {columns} FROM tasks t WHERE 1 = 1");
+            if let Some(b) = filter.before {
+                push(&mut sql, " AND t.id < ?", Box::new(b.as_bytes().to_vec()));
+            }
+            order = "t.id";
+        }
+    }
+    if let Some(q) = &filter.queue {
+        push(&mut sql, " AND t.queue = ?", Box::new(q.clone()));
+    }
+    if let Some(k) = &filter.kind {
+        push(&mut sql, " AND t.kind = ?", Box::new(k.clone()));
+    }
+    if let Some(st) = filter.state {
+        push(&mut sql, " AND t.state = ?", Box::new(st.as_str()));
+    }
+    if let Some(k) = &filter.key {
+        push(&mut sql, " AND t.key = ?", Box::new(k.clone()));
+    }
+    if let Some(p) = &filter.key_prefix {
+        push(&mut sql, " AND t.key >= ?", Box::new(p.clone()));
+        if let Some(upper) = sundial_store::prefix_upper_bound(p) {
+            push(&mut sql, " AND t.key < ?", Box::new(upper));
+        }
+    }
+    if let Some(t) = filter.due_after {
+        push(&mut sql, " AND t.due_at >= ?", Box::new(t.0));
+    }
+    if let Some(t) = filter.due_before {
+        push(&mut sql, " AND t.due_at < ?", Box::new(t.0));
+    }
+    if let Some(t) = filter.created_after {
+        push(&mut sql, " AND t.created_at >= ?", Box::new(t.0));
+    }
+    if let Some(t) = filter.created_before {
+        push(&mut sql, " AND t.created_at < ?", Box::new(t.0));
+    }
+    push(
+        &mut sql,
+        &format!(" ORDER BY {order} DESC LIMIT ?"),
+        Box::new(i64::try_from(limit).unwrap_or(i64::MAX)),
+    );
+    (sql, args)
+}
+
 /// Rows per multi-row `INSERT` statement (13 parameters each; SQLite allows 32,766).
 ///
 /// Inserting a batch row by row is quadratic in SQLite here: every statement inside the job's
@@ -273,7 +383,7 @@ fn attempt_refusal(conn: &Connection, id: &TaskId) -> TransitionError {
 /// sub-journal again, and releasing it walks that journal from the start. One statement per chunk
 /// keeps both costs per chunk instead of per row.
 const INSERT_CHUNK: usize = 64;
-const INSERT_PARAMS: usize = 13;
+const INSERT_PARAMS: usize = 14;
 
 /// Inserts `tasks` in order; a task whose live `(queue, key)` is already held (by an earlier
 /// task, possibly of the same batch) becomes [`Inserted::Duplicate`].
@@ -302,8 +412,8 @@ fn insert_chunk(
         .map(|i| {
             let p = |n: usize| i * INSERT_PARAMS + n;
             format!(
-                "(?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, 'scheduled', 0, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})",
-                p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9), p(10), p(11), p(12), p(13), p(13)
+                "(?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, 'scheduled', 0, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})",
+                p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9), p(10), p(11), p(12), p(13), p(13), p(14)
             )
         })
         .collect::<Vec<_>>()
@@ -312,16 +422,33 @@ fn insert_chunk(
     // skipped and simply not returned; the loop below says why.
     let sql = format!(
         "INSERT INTO tasks (id, shard, queue, kind, key, payload, due_at, state, attempt, \
-         max_attempts, backoff, timeout_ms, exclusive_key, exclusive_mode, created_at, updated_at) \
-         VALUES {values} ON CONFLICT DO NOTHING RETURNING {TASK_COLUMNS}"
+         max_attempts, backoff, timeout_ms, exclusive_key, exclusive_mode, created_at, updated_at, \
+         tags) VALUES {values} ON CONFLICT DO NOTHING RETURNING {TASK_COLUMNS}"
     );
     let timeouts: Vec<i64> = chunk.iter().map(|t| t.timeout_ms as i64).collect();
+    let tags = chunk
+        .iter()
+        .map(|t| {
+            if t.tags.is_empty() {
+                Ok(None)
+            } else {
+                serde_json::to_string(&t.tags).map(Some)
+            }
+        })
+        .collect::<Result<Vec<Option<String>>, _>>()
+        .map_err(|e| StoreError::Backend(e.to_string()))?;
     let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(chunk.len() * INSERT_PARAMS);
     let modes: Vec<Option<&str>> = chunk
         .iter()
         .map(|t| t.exclusive.as_ref().map(|e| rows::mode_str(e.mode)))
         .collect();
-    for (((t, backoff), timeout), mode) in chunk.iter().zip(&backoffs).zip(&timeouts).zip(&modes) {
+    for ((((t, backoff), timeout), mode), tags) in chunk
+        .iter()
+        .zip(&backoffs)
+        .zip(&timeouts)
+        .zip(&modes)
+        .zip(&tags)
+    {
         args.push(t.id.as_bytes());
         args.push(&t.shard);
         args.push(&t.queue);
@@ -338,6 +465,7 @@ fn insert_chunk(
         });
         args.push(mode);
         args.push(&t.created_at.0);
+        args.push(tags);
     }
     let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
     let mut rows = stmt.query(args.as_slice()).map_err(backend)?;
@@ -349,6 +477,17 @@ fn insert_chunk(
     drop(rows);
     for t in chunk {
         if let Some(task) = created.remove(&t.id) {
+            if !task.tags.is_empty() {
+                let mut tag = conn
+                    .prepare_cached(
+                        "INSERT INTO task_tags (key, value, task_id) VALUES (?1, ?2, ?3)",
+                    )
+                    .map_err(backend)?;
+                for (k, v) in &task.tags {
+                    tag.execute(params![k, v, task.id.as_bytes()])
+                        .map_err(backend)?;
+                }
+            }
             out.push(Inserted::Created(Box::new(task)));
             continue;
         }
@@ -565,31 +704,9 @@ impl Store for SqliteStore {
     async fn list(&self, filter: &TaskFilter, limit: usize) -> Result<TaskPage, StoreError> {
         let filter = filter.clone();
         self.read(move |conn| {
-            let mut sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE 1 = 1");
-            let mut args: Vec<Box<dyn rusqlite::ToSql>> = Vec::new();
-            if let Some(q) = filter.queue {
-                args.push(Box::new(q));
-                sql.push_str(&format!(" AND queue = ?{}", args.len()));
-            }
-            if let Some(k) = filter.kind {
-                args.push(Box::new(k));
-                sql.push_str(&format!(" AND kind = ?{}", args.len()));
-            }
-            if let Some(s) = filter.state {
-                args.push(Box::new(s.as_str()));
-                sql.push_str(&format!(" AND state = ?{}", args.len()));
-            }
-            if let Some(k) = filter.key {
-                args.push(Box::new(k));
-                sql.push_str(&format!(" AND key = ?{}", args.len()));
-            }
-            if let Some(b) = filter.before {
-                args.push(Box::new(b.as_bytes().to_vec()));
-                sql.push_str(&format!(" AND id < ?{}", args.len()));
-            }
+            let columns = qualified_columns();
             // One row more than asked for tells whether another page follows.
-            args.push(Box::new(limit.saturating_add(1) as i64));
-            sql.push_str(&format!(" ORDER BY id DESC LIMIT ?{}", args.len()));
+            let (sql, args) = filtered(&filter, &columns, limit.saturating_add(1));
             let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
             let params: Vec<&dyn rusqlite::ToSql> = args.iter().map(|b| b.as_ref()).collect();
             let mut rows = stmt.query(params.as_slice()).map_err(backend)?;
@@ -945,5 +1062,96 @@ impl Store for SqliteStore {
             Ok(out)
         })
         .await
+    }
+
+    async fn queue_settings(&self, queue: &str) -> Result<Option<QueueSettings>, StoreError> {
+        let queue = queue.to_string();
+        self.read(move |conn| ops::queue_settings(conn, &queue))
+            .await
+    }
+
+    async fn list_queue_settings(&self) -> Result<Vec<QueueSettings>, StoreError> {
+        self.read(ops::list_queue_settings).await
+    }
+
+    async fn put_queue_config(
+        &self,
+        queue: &str,
+        config: QueueConfig,
+        now: Timestamp,
+    ) -> Result<QueueSettings, StoreError> {
+        let queue = queue.to_string();
+        self.writer
+            .write(move |conn| ops::put_queue_config(conn, &queue, &config, now))
+            .await
+    }
+
+    async fn set_queue_paused(
+        &self,
+        queue: &str,
+        paused: bool,
+        now: Timestamp,
+    ) -> Result<QueueSettings, StoreError> {
+        let queue = queue.to_string();
+        self.writer
+            .write(move |conn| ops::set_queue_paused(conn, &queue, paused, now))
+            .await
+    }
+
+    async fn earliest_waiting(&self, queue: &str) -> Result<Option<Timestamp>, StoreError> {
+        let queue = queue.to_string();
+        self.read(move |conn| ops::earliest_waiting(conn, &queue))
+            .await
+    }
+
+    async fn attempts(&self, id: TaskId) -> Result<Option<AttemptHistory>, StoreError> {
+        self.read(move |conn| ops::attempts(conn, &id)).await
+    }
+
+    async fn retry(
+        &self,
+        id: TaskId,
+        due_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<Task, TransitionError> {
+        self.writer
+            .write(move |conn| ops::retry(conn, &id, due_at, now))
+            .await
+    }
+
+    async fn select(&self, filter: &TaskFilter, limit: usize) -> Result<Vec<Selected>, StoreError> {
+        let filter = filter.clone();
+        self.read(move |conn| ops::select(conn, &filter, limit))
+            .await
+    }
+
+    async fn cancel_many(&self, ids: Vec<TaskId>, now: Timestamp) -> Result<Vec<Task>, StoreError> {
+        self.writer
+            .write(move |conn| ops::cancel_many(conn, &ids, now))
+            .await
+    }
+
+    async fn retry_many(
+        &self,
+        ids: Vec<TaskId>,
+        due_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<Vec<Task>, StoreError> {
+        self.writer
+            .write(move |conn| ops::retry_many(conn, &ids, due_at, now))
+            .await
+    }
+
+    async fn purge_tasks(
+        &self,
+        shard: Option<u32>,
+        rules: &RetentionRules,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        let rules = rules.clone();
+        self.writer
+            .write(move |conn| ops::purge_tasks(conn, shard, &rules, now, limit))
+            .await
     }
 }

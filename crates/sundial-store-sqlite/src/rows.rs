@@ -12,7 +12,8 @@ use crate::backend;
 /// The column list every task query selects, in the order [`task_from_row`] reads.
 pub const TASK_COLUMNS: &str = "id, shard, queue, kind, key, payload, due_at, state, attempt, \
     max_attempts, backoff, timeout_ms, exclusive_key, exclusive_mode, execution_id, \
-    lease_expires_at, worker, last_error, result, created_at, updated_at, started_at, finished_at";
+    lease_expires_at, worker, last_error, result, created_at, updated_at, started_at, finished_at, \
+    tags";
 
 pub fn parse_state(s: &str) -> Result<TaskState, StoreError> {
     s.parse()
@@ -48,6 +49,7 @@ pub fn task_from_row(r: &Row<'_>) -> Result<Task, StoreError> {
     let ex_mode: Option<String> = r.get(13).map_err(backend)?;
     let exec: Option<Vec<u8>> = r.get(14).map_err(backend)?;
     let result: Option<String> = r.get(18).map_err(backend)?;
+    let tags: Option<String> = r.get(23).map_err(backend)?;
     let exclusive = match (ex_key, ex_mode.as_deref()) {
         (Some(key), Some("wait")) => Some(Exclusive {
             key,
@@ -91,5 +93,11 @@ pub fn task_from_row(r: &Row<'_>) -> Result<Task, StoreError> {
         updated_at: Timestamp(r.get(20).map_err(backend)?),
         started_at: r.get::<_, Option<i64>>(21).map_err(backend)?.map(Timestamp),
         finished_at: r.get::<_, Option<i64>>(22).map_err(backend)?.map(Timestamp),
+        tags: match tags {
+            None => Default::default(),
+            Some(s) => {
+                serde_json::from_str(&s).map_err(|e| StoreError::Corrupt(format!("tags: {e}")))?
+            }
+        },
     })
 }

@@ -26,6 +26,14 @@
 //!   firing, an activity's result) happen at most once.
 //! - `store_meta (name → value)` (migration 4): facts about the store itself; `shard_count` is
 //!   the shard count, recorded when the store is created (see `shards.rs`).
+//! - Migration 5 (operations): `tasks.tags` (the tags as a JSON object) and `task_tags (key,
+//!   value, task_id)`, the tag index; the search indexes behind every filter of `list`
+//!   (`tasks_queue_state_id`, `tasks_state_id`, `tasks_kind_id`, `tasks_key_id`, `tasks_due_at`,
+//!   `tasks_created_at`); `tasks_waiting (queue, due_at)` over scheduled and ready rows (a queue's
+//!   oldest waiting task); `tasks_finished (queue, state, shard, finished_at)` over terminal rows
+//!   (retention); `queue_settings` (pause and configuration per queue); `task_attempts (task_id,
+//!   seq)`, one row per attempt, written by triggers as a task enters and leaves `running` and
+//!   bounded to the latest `store_settings.attempts_kept` per task.
 
 use rusqlite::Connection;
 
@@ -167,6 +175,83 @@ CREATE TABLE store_meta (
     value TEXT NOT NULL
 ) WITHOUT ROWID;
 "#,
+    // 5: tags, search indexes, queue settings, attempts, retention.
+    r#"
+ALTER TABLE tasks ADD COLUMN tags TEXT;
+
+CREATE TABLE task_tags (
+    key     TEXT NOT NULL,
+    value   TEXT NOT NULL,
+    task_id BLOB NOT NULL,
+    PRIMARY KEY (key, value, task_id)
+) WITHOUT ROWID;
+CREATE INDEX task_tags_task ON task_tags (task_id);
+CREATE TRIGGER task_tags_delete AFTER DELETE ON tasks WHEN OLD.tags IS NOT NULL BEGIN
+    DELETE FROM task_tags WHERE task_id = OLD.id;
+END;
+
+CREATE INDEX tasks_queue_state_id ON tasks (queue, state, id);
+CREATE INDEX tasks_state_id ON tasks (state, id);
+CREATE INDEX tasks_kind_id ON tasks (kind, id);
+CREATE INDEX tasks_key_id ON tasks (key, id) WHERE key IS NOT NULL;
+CREATE INDEX tasks_due_at ON tasks (due_at);
+CREATE INDEX tasks_created_at ON tasks (created_at);
+CREATE INDEX tasks_waiting ON tasks (queue, due_at) WHERE state IN ('scheduled', 'ready');
+CREATE INDEX tasks_finished ON tasks (queue, state, shard, finished_at)
+    WHERE state IN ('succeeded', 'dead', 'cancelled');
+
+CREATE TABLE queue_settings (
+    queue             TEXT    NOT NULL PRIMARY KEY,
+    paused            INTEGER NOT NULL DEFAULT 0,
+    paused_changed_at INTEGER,
+    config            TEXT    NOT NULL DEFAULT '{}',
+    updated_at        INTEGER NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE store_settings (
+    name  TEXT    NOT NULL PRIMARY KEY,
+    value INTEGER NOT NULL
+) WITHOUT ROWID;
+INSERT INTO store_settings (name, value) VALUES ('attempts_kept', 100);
+
+CREATE TABLE task_attempts (
+    task_id      BLOB    NOT NULL,
+    seq          INTEGER NOT NULL,
+    execution_id BLOB,
+    worker       TEXT,
+    started_at   INTEGER NOT NULL,
+    ended_at     INTEGER,
+    outcome      TEXT,
+    error        TEXT,
+    PRIMARY KEY (task_id, seq)
+) WITHOUT ROWID;
+CREATE TRIGGER task_attempts_start AFTER UPDATE OF state ON tasks
+    WHEN NEW.state = 'running' AND OLD.state <> 'running' BEGIN
+    INSERT INTO task_attempts (task_id, seq, execution_id, worker, started_at)
+        VALUES (NEW.id,
+                COALESCE((SELECT MAX(seq) FROM task_attempts WHERE task_id = NEW.id), 0) + 1,
+                NEW.execution_id, NEW.worker, COALESCE(NEW.started_at, NEW.updated_at));
+    DELETE FROM task_attempts WHERE task_id = NEW.id
+        AND seq <= (SELECT MAX(seq) FROM task_attempts WHERE task_id = NEW.id)
+                   - (SELECT value FROM store_settings WHERE name = 'attempts_kept');
+END;
+CREATE TRIGGER task_attempts_end AFTER UPDATE OF state ON tasks
+    WHEN OLD.state = 'running' AND NEW.state <> 'running' BEGIN
+    UPDATE task_attempts SET ended_at = NEW.updated_at,
+        outcome = CASE
+            WHEN NEW.state = 'succeeded' THEN 'succeeded'
+            WHEN NEW.state = 'cancelled' THEN 'cancelled'
+            WHEN NEW.last_error = 'lease expired: the attempt neither finished nor heartbeated in time'
+                THEN 'lease_expired'
+            ELSE 'failed' END,
+        error = CASE WHEN NEW.state IN ('scheduled', 'dead') THEN NEW.last_error END
+        WHERE task_id = NEW.id
+        AND seq = (SELECT MAX(seq) FROM task_attempts WHERE task_id = NEW.id);
+END;
+CREATE TRIGGER task_attempts_delete AFTER DELETE ON tasks BEGIN
+    DELETE FROM task_attempts WHERE task_id = OLD.id;
+END;
+"#,
 ];
 
 /// The schema version this build writes.
@@ -188,4 +273,12 @@ pub fn migrate(conn: &mut Connection) -> Result<(), SqliteError> {
         tx.commit()?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_attempt_trigger_knows_the_lease_expiry_error() {
+        assert!(super::MIGRATIONS[4].contains(sundial_store::LEASE_EXPIRED_ERROR));
+    }
 }

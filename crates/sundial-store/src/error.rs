@@ -1,7 +1,7 @@
 //! Storage errors. [`StoreError`] is what any operation can hit (the database failed, the store was
 //! closed); [`TransitionError`] adds the ways a state change can be refused.
 
-use sundial_core::TaskState;
+use sundial_core::{TaskId, TaskState};
 use thiserror::Error;
 
 /// The database could not do what was asked.
@@ -32,6 +32,9 @@ pub enum TransitionError {
     /// The execution id does not match the task's current attempt (lease lost, cancelled, retried).
     #[error("stale execution: the task is {state} and no longer belongs to this attempt")]
     StaleExecution { state: TaskState },
+    /// A retried task's `(queue, key)` is held by another live task now.
+    #[error("the key is held by live task {existing}")]
+    KeyTaken { existing: TaskId },
     #[error(transparent)]
     Store(#[from] StoreError),
 }

@@ -13,6 +13,9 @@
 
 mod cluster;
 mod error;
+mod ops;
+#[cfg(feature = "testkit")]
+pub mod ops_testkit;
 #[cfg(feature = "testkit")]
 pub mod schedule_testkit;
 mod schedules;
@@ -28,6 +31,10 @@ use sundial_core::{ExecutionId, NewTask, Task, TaskId, Timestamp};
 
 pub use cluster::{Cluster, Fence, Member, Wakeup};
 pub use error::{StoreError, TransitionError};
+pub use ops::{
+    Attempt, AttemptHistory, AttemptOutcome, LEASE_EXPIRED_ERROR, Purged, QueueConfig,
+    QueueSettings, RetentionOverride, RetentionRules, Selected, prefix_upper_bound,
+};
 pub use schedules::{
     Arm, ArmChange, FireApplied, FireCounts, FireOp, FireOutcome, FirePage, FireReason, FireRecord,
     FireResult, LastTask, NewFire, NewSchedule, Schedule, ScheduleError, SchedulePage,
@@ -138,6 +145,74 @@ pub trait Store: Send + Sync + 'static {
     /// The earliest lease expiry among running tasks.
     async fn next_lease_expiry(&self) -> Result<Option<Timestamp>, StoreError>;
 
-    /// How many tasks each queue has in each state.
+    /// How many tasks each queue has in each state, from maintained counters (never a scan).
     async fn count_by_state(&self) -> Result<Vec<StateCount>, StoreError>;
+
+    // ---- Operations: queues, attempts, bulk actions, retention --------------------------------
+
+    /// The stored settings of `queue`, if it has any.
+    async fn queue_settings(&self, queue: &str) -> Result<Option<QueueSettings>, StoreError>;
+
+    /// Every queue with stored settings, by name.
+    async fn list_queue_settings(&self) -> Result<Vec<QueueSettings>, StoreError>;
+
+    /// Sets `queue`'s configuration (creating its settings row; the pause state is kept).
+    async fn put_queue_config(
+        &self,
+        queue: &str,
+        config: QueueConfig,
+        now: Timestamp,
+    ) -> Result<QueueSettings, StoreError>;
+
+    /// Pauses or resumes `queue` (creating its settings row). Idempotent: the change time moves
+    /// only when the state changes.
+    async fn set_queue_paused(
+        &self,
+        queue: &str,
+        paused: bool,
+        now: Timestamp,
+    ) -> Result<QueueSettings, StoreError>;
+
+    /// The earliest due time among `queue`'s tasks waiting to start (`scheduled` or `ready`).
+    async fn earliest_waiting(&self, queue: &str) -> Result<Option<Timestamp>, StoreError>;
+
+    /// The kept attempts of a task, oldest first, and its total attempt count. `None` for an
+    /// unknown task.
+    async fn attempts(&self, id: TaskId) -> Result<Option<AttemptHistory>, StoreError>;
+
+    /// `dead` or `cancelled` → `scheduled` due at `due_at`, attempts starting over (`attempt`
+    /// = 0); the id, the attempt history and `last_error` stay. Live → `WrongState`. A task whose
+    /// `(queue, key)` another live task holds now → `KeyTaken`.
+    async fn retry(
+        &self,
+        id: TaskId,
+        due_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<Task, TransitionError>;
+
+    /// Ids (with states) matching `filter` (its `before` is the cursor), newest first, at most
+    /// `limit`: the batches of a bulk action. Served by the same indexes as [`Store::list`].
+    async fn select(&self, filter: &TaskFilter, limit: usize) -> Result<Vec<Selected>, StoreError>;
+
+    /// Cancels those of `ids` that are live, in one transaction; returns the cancelled rows.
+    async fn cancel_many(&self, ids: Vec<TaskId>, now: Timestamp) -> Result<Vec<Task>, StoreError>;
+
+    /// [`Store::retry`] for those of `ids` that are `dead` or `cancelled` and whose key is free,
+    /// in one transaction; returns the retried rows.
+    async fn retry_many(
+        &self,
+        ids: Vec<TaskId>,
+        due_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<Vec<Task>, StoreError>;
+
+    /// Deletes up to `limit` finished tasks (of `shard`, when given) whose retention under
+    /// `rules` has passed at `now`, with their tags and attempts. Never a live task.
+    async fn purge_tasks(
+        &self,
+        shard: Option<u32>,
+        rules: &RetentionRules,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<u64, StoreError>;
 }

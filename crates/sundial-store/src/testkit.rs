@@ -156,14 +156,14 @@ macro_rules! store_conformance {
 // ---------------------------------------------------------------------------------------------
 
 /// Shards the suite's tasks are spread over.
-const SHARDS: u32 = 4;
+pub(crate) const SHARDS: u32 = 4;
 /// The suite's origin of time (2023-11-14T22:13:20Z); every `now` is an offset from it.
-const T0: i64 = 1_700_000_000_000;
+pub(crate) const T0: i64 = 1_700_000_000_000;
 /// A lease length, in milliseconds.
-const LEASE: i64 = 30_000;
+pub(crate) const LEASE: i64 = 30_000;
 
 /// `T0 + ms`.
-fn at(ms: i64) -> Timestamp {
+pub(crate) fn at(ms: i64) -> Timestamp {
     Timestamp(T0 + ms)
 }
 
@@ -172,25 +172,25 @@ static ID_SEQUENCE: AtomicU64 = AtomicU64::new(0);
 /// A fresh task id, UUIDv7-shaped: a process-wide counter in the time field makes ids created later
 /// sort higher (so "oldest first" and "newest first" are predictable), and random bits after it keep
 /// ids unique across processes sharing one database.
-fn task_id() -> TaskId {
+pub(crate) fn task_id() -> TaskId {
     let n = ID_SEQUENCE.fetch_add(1, Ordering::Relaxed);
     let mut random = [0u8; 10];
     random.copy_from_slice(&Uuid::new_v4().as_bytes()[6..]);
     TaskId(uuid::Builder::from_unix_timestamp_millis(T0 as u64 + n, &random).into_uuid())
 }
 
-fn execution_id() -> ExecutionId {
+pub(crate) fn execution_id() -> ExecutionId {
     ExecutionId(Uuid::new_v4())
 }
 
 /// A validated task with a fresh id.
-fn make(spec: TaskSpec, now: Timestamp) -> NewTask {
+pub(crate) fn make(spec: TaskSpec, now: Timestamp) -> NewTask {
     spec.validate(task_id(), now, SHARDS, &Limits::default())
         .expect("the conformance suite's specs are valid")
 }
 
 /// A validated task (without a key) whose fresh id places it on `shard`.
-fn make_on_shard(spec: TaskSpec, now: Timestamp, shard: u32) -> NewTask {
+pub(crate) fn make_on_shard(spec: TaskSpec, now: Timestamp, shard: u32) -> NewTask {
     assert!(spec.key.is_none(), "a keyed task's shard follows its key");
     for _ in 0..10_000 {
         let t = make(spec.clone(), now);
@@ -202,11 +202,11 @@ fn make_on_shard(spec: TaskSpec, now: Timestamp, shard: u32) -> NewTask {
 }
 
 /// A task of kind `kind` in `queue`, due `due` ms after `T0`, created at `T0`.
-fn due_task(queue: &str, kind: &str, due: i64) -> NewTask {
+pub(crate) fn due_task(queue: &str, kind: &str, due: i64) -> NewTask {
     make(TaskSpec::new(kind).queue(queue).run_at(at(due)), at(0))
 }
 
-async fn insert(s: &dyn Store, t: NewTask) -> Task {
+pub(crate) async fn insert(s: &dyn Store, t: NewTask) -> Task {
     let id = t.id;
     let mut out = s.insert(vec![t]).await.expect("insert");
     assert_eq!(out.len(), 1, "one result per inserted task");
@@ -227,14 +227,19 @@ async fn insert_all(s: &dyn Store, tasks: Vec<NewTask>) -> Vec<Task> {
     out
 }
 
-async fn get(s: &dyn Store, id: TaskId) -> Task {
+pub(crate) async fn get(s: &dyn Store, id: TaskId) -> Task {
     s.get(id)
         .await
         .expect("get")
         .unwrap_or_else(|| panic!("task {id} should exist"))
 }
 
-async fn claim(s: &dyn Store, id: TaskId, target: ClaimTarget, now: Timestamp) -> ClaimOutcome {
+pub(crate) async fn claim(
+    s: &dyn Store,
+    id: TaskId,
+    target: ClaimTarget,
+    now: Timestamp,
+) -> ClaimOutcome {
     let mut out = s
         .claim_due(vec![DueClaim { id, target }], now)
         .await
@@ -243,7 +248,7 @@ async fn claim(s: &dyn Store, id: TaskId, target: ClaimTarget, now: Timestamp) -
     out.pop().expect("one outcome")
 }
 
-fn run_target(execution: ExecutionId, lease_until: Timestamp) -> ClaimTarget {
+pub(crate) fn run_target(execution: ExecutionId, lease_until: Timestamp) -> ClaimTarget {
     ClaimTarget::Run {
         execution,
         lease_until,
@@ -251,7 +256,7 @@ fn run_target(execution: ExecutionId, lease_until: Timestamp) -> ClaimTarget {
 }
 
 /// Claims a due task with a `Run` target (lease until `lease_until`) and expects it to start.
-async fn start_with_lease(
+pub(crate) async fn start_with_lease(
     s: &dyn Store,
     id: TaskId,
     now: Timestamp,
@@ -265,19 +270,19 @@ async fn start_with_lease(
 }
 
 /// Claims a due task with a `Run` target and a lease of [`LEASE`], and expects it to start.
-async fn start(s: &dyn Store, id: TaskId, now: Timestamp) -> (ExecutionId, Task) {
+pub(crate) async fn start(s: &dyn Store, id: TaskId, now: Timestamp) -> (ExecutionId, Task) {
     start_with_lease(s, id, now, Timestamp(now.0 + LEASE)).await
 }
 
 /// Claims a due task with a `Ready` target and expects it to become ready.
-async fn make_ready(s: &dyn Store, id: TaskId, now: Timestamp) -> Task {
+pub(crate) async fn make_ready(s: &dyn Store, id: TaskId, now: Timestamp) -> Task {
     match claim(s, id, ClaimTarget::Ready, now).await {
         ClaimOutcome::Readied(t) => *t,
         other => panic!("expected task {id} to become ready at {now}, got {other:?}"),
     }
 }
 
-fn ready_claim(queue: &str, batch: usize, worker: &str, now: Timestamp) -> ReadyClaim {
+pub(crate) fn ready_claim(queue: &str, batch: usize, worker: &str, now: Timestamp) -> ReadyClaim {
     ReadyClaim {
         queue: queue.to_string(),
         kinds: None,
@@ -287,7 +292,7 @@ fn ready_claim(queue: &str, batch: usize, worker: &str, now: Timestamp) -> Ready
     }
 }
 
-fn ids(tasks: &[Task]) -> Vec<TaskId> {
+pub(crate) fn ids(tasks: &[Task]) -> Vec<TaskId> {
     tasks.iter().map(|t| t.id).collect()
 }
 
@@ -347,7 +352,7 @@ async fn assert_attempt_writes_stale(
 }
 
 /// The store's counts as a map, with zero counts dropped; each `(queue, state)` at most once.
-async fn counts(s: &dyn Store) -> HashMap<(String, TaskState), u64> {
+pub(crate) async fn counts(s: &dyn Store) -> HashMap<(String, TaskState), u64> {
     let mut out = HashMap::new();
     for c in s.count_by_state().await.expect("count_by_state") {
         let key = (c.queue.clone(), c.state);
@@ -446,7 +451,9 @@ pub async fn insert_then_get_round_trips_every_field(store: Arc<dyn Store>) {
             .max_attempts(7)
             .backoff(backoff.clone())
             .timeout(Duration::from_secs(90))
-            .exclusive("mailbox:ada", ExclusiveMode::Skip),
+            .exclusive("mailbox:ada", ExclusiveMode::Skip)
+            .tag("tenant", "ada ü")
+            .tag("tier", "gold"),
         now,
     );
     let expected = Task {
@@ -466,6 +473,10 @@ pub async fn insert_then_get_round_trips_every_field(store: Arc<dyn Store>) {
             key: "mailbox:ada".into(),
             mode: ExclusiveMode::Skip,
         }),
+        tags: [("tenant", "ada ü"), ("tier", "gold")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
         execution_id: None,
         lease_expires_at: None,
         worker: None,
@@ -495,6 +506,7 @@ pub async fn insert_then_get_round_trips_every_field(store: Arc<dyn Store>) {
         backoff: Backoff::default(),
         timeout_ms: 300_000,
         exclusive: None,
+        tags: Default::default(),
         execution_id: None,
         lease_expires_at: None,
         worker: None,
@@ -2400,11 +2412,7 @@ pub async fn count_by_state_follows_transitions(store: Arc<dyn Store>) {
 }
 
 fn matches_filter(f: &TaskFilter, t: &Task) -> bool {
-    f.queue.as_ref().is_none_or(|q| &t.queue == q)
-        && f.kind.as_ref().is_none_or(|k| &t.kind == k)
-        && f.state.is_none_or(|st| t.state == st)
-        && f.key.as_ref().is_none_or(|k| t.key.as_ref() == Some(k))
-        && f.before.is_none_or(|b| t.id < b)
+    f.matches(t)
 }
 
 /// `list` returns exactly the tasks matching every given filter field (queue, kind, state, key and
@@ -2520,6 +2528,7 @@ pub async fn list_filters_newest_first(store: Arc<dyn Store>) {
             state: Some(TaskState::Scheduled),
             key: Some("k1".into()),
             before: Some(t8.id),
+            ..f()
         },
     ];
     for filter in filters {

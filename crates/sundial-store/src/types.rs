@@ -75,15 +75,50 @@ pub struct ReadyClaim {
     pub now: Timestamp,
 }
 
-/// Filter for listing tasks.
+/// Filter for listing tasks (and for bulk actions). Every field narrows; all must match.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TaskFilter {
     pub queue: Option<String>,
     pub kind: Option<String>,
     pub state: Option<TaskState>,
     pub key: Option<String>,
+    /// Keys starting with this (byte order).
+    pub key_prefix: Option<String>,
+    /// Tags the task must carry, each `(key, value)`.
+    pub tags: Vec<(String, String)>,
+    /// `due_at >= due_after`.
+    pub due_after: Option<Timestamp>,
+    /// `due_at < due_before`.
+    pub due_before: Option<Timestamp>,
+    /// `created_at >= created_after`.
+    pub created_after: Option<Timestamp>,
+    /// `created_at < created_before`.
+    pub created_before: Option<Timestamp>,
     /// Only tasks with an id strictly smaller (older) than this: the pagination cursor.
     pub before: Option<TaskId>,
+}
+
+impl TaskFilter {
+    /// Whether `task` matches (the cursor included): the reference the stores' queries follow.
+    pub fn matches(&self, task: &Task) -> bool {
+        self.queue.as_ref().is_none_or(|q| &task.queue == q)
+            && self.kind.as_ref().is_none_or(|k| &task.kind == k)
+            && self.state.is_none_or(|s| task.state == s)
+            && self
+                .key
+                .as_ref()
+                .is_none_or(|k| task.key.as_ref() == Some(k))
+            && self
+                .key_prefix
+                .as_ref()
+                .is_none_or(|p| task.key.as_ref().is_some_and(|k| k.starts_with(p.as_str())))
+            && self.tags.iter().all(|(k, v)| task.tags.get(k) == Some(v))
+            && self.due_after.is_none_or(|t| task.due_at >= t)
+            && self.due_before.is_none_or(|t| task.due_at < t)
+            && self.created_after.is_none_or(|t| task.created_at >= t)
+            && self.created_before.is_none_or(|t| task.created_at < t)
+            && self.before.is_none_or(|b| task.id < b)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

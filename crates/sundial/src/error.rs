@@ -47,6 +47,7 @@ impl From<TransitionError> for Error {
             TransitionError::NotFound => Error::NotFound,
             TransitionError::WrongState { state } => Error::WrongState { state },
             TransitionError::StaleExecution { state } => Error::StaleExecution { state },
+            TransitionError::KeyTaken { existing } => Error::Duplicate { existing },
             TransitionError::Store(s) => Error::Store(s),
         }
     }

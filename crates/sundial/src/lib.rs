@@ -40,6 +40,7 @@ mod engine;
 mod error;
 mod handler;
 mod placement;
+mod ops;
 mod window;
 
 use std::path::Path;
@@ -53,12 +54,16 @@ pub use config::Config;
 pub use engine::step::Stepper;
 pub use error::Error;
 pub use handler::{Handler, HandlerError, HandlerFuture, TaskContext};
+pub use ops::{BULK_BATCH, BulkOutcome, QueueInfo};
+pub use sundial_core::Tags;
 pub use sundial_core::{
     Backoff, Clock, Due, Exclusive, ExclusiveMode, ExecutionId, Limits, ManualClock, Task, TaskId,
     TaskSpec, TaskState, Timestamp, ValidationError,
 };
 pub use sundial_store::{
-    Cluster, ScheduleStore, StateCount, Store, StoreError, TaskFilter, TaskPage, WorkflowStore,
+    Attempt, AttemptHistory, AttemptOutcome, Cluster, QueueConfig, QueueSettings,
+    RetentionOverride, RetentionRules, ScheduleStore, StateCount, Store, StoreError, TaskFilter,
+    TaskPage, WorkflowStore,
 };
 pub use sundial_store_sqlite::{Durability, SqliteOptions, SqliteStore};
 

@@ -127,4 +127,73 @@ impl<I: Intercept> Store for Intercepted<I> {
     async fn count_by_state(&self) -> Result<Vec<StateCount>, StoreError> {
         self.inner.count_by_state().await
     }
+    async fn queue_settings(
+        &self,
+        queue: &str,
+    ) -> Result<Option<sundial_store::QueueSettings>, StoreError> {
+        self.inner.queue_settings(queue).await
+    }
+    async fn list_queue_settings(&self) -> Result<Vec<sundial_store::QueueSettings>, StoreError> {
+        self.inner.list_queue_settings().await
+    }
+    async fn put_queue_config(
+        &self,
+        queue: &str,
+        config: sundial_store::QueueConfig,
+        now: Timestamp,
+    ) -> Result<sundial_store::QueueSettings, StoreError> {
+        self.inner.put_queue_config(queue, config, now).await
+    }
+    async fn set_queue_paused(
+        &self,
+        queue: &str,
+        paused: bool,
+        now: Timestamp,
+    ) -> Result<sundial_store::QueueSettings, StoreError> {
+        self.inner.set_queue_paused(queue, paused, now).await
+    }
+    async fn earliest_waiting(&self, queue: &str) -> Result<Option<Timestamp>, StoreError> {
+        self.inner.earliest_waiting(queue).await
+    }
+    async fn attempts(
+        &self,
+        id: TaskId,
+    ) -> Result<Option<sundial_store::AttemptHistory>, StoreError> {
+        self.inner.attempts(id).await
+    }
+    async fn retry(
+        &self,
+        id: TaskId,
+        due_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<Task, TransitionError> {
+        self.inner.retry(id, due_at, now).await
+    }
+    async fn select(
+        &self,
+        filter: &TaskFilter,
+        limit: usize,
+    ) -> Result<Vec<sundial_store::Selected>, StoreError> {
+        self.inner.select(filter, limit).await
+    }
+    async fn cancel_many(&self, ids: Vec<TaskId>, now: Timestamp) -> Result<Vec<Task>, StoreError> {
+        self.inner.cancel_many(ids, now).await
+    }
+    async fn retry_many(
+        &self,
+        ids: Vec<TaskId>,
+        due_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<Vec<Task>, StoreError> {
+        self.inner.retry_many(ids, due_at, now).await
+    }
+    async fn purge_tasks(
+        &self,
+        shard: Option<u32>,
+        rules: &sundial_store::RetentionRules,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        self.inner.purge_tasks(shard, rules, now, limit).await
+    }
 }

@@ -1,0 +1,156 @@
+//! `sundial queue ...`: list queues with their counts and lateness, pause and resume them, and
+//! set their settings (retention overrides) on a running server.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use sundial_cli::{Client, ClientError};
+use sundial_server::ops::{QueueSettingsView, QueueView, RetentionView};
+
+#[derive(Args, Debug)]
+pub struct QueueArgs {
+    /// The server's base URL.
+    #[arg(long, env = "SUNDIAL_SERVER", default_value = crate::DEFAULT_SERVER, global = true)]
+    server: String,
+    /// Print the API's JSON instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: QueueCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum QueueCommand {
+    /// Every queue: counts by state, the oldest overdue task's lateness, paused or not.
+    Ls,
+    /// One queue.
+    Get { queue: String },
+    /// Stop starting the queue's tasks (durable; creates are still accepted).
+    Pause { queue: String },
+    /// Start the queue's waiting tasks again, in due order.
+    Resume { queue: String },
+    /// Replace the queue's settings: retention of finished tasks (e.g. 1d, 12h; unset ones
+    /// follow the server's defaults).
+    Set {
+        queue: String,
+        #[arg(long)]
+        retention_succeeded: Option<String>,
+        #[arg(long)]
+        retention_cancelled: Option<String>,
+        #[arg(long)]
+        retention_dead: Option<String>,
+    },
+}
+
+pub async fn run(args: QueueArgs) -> anyhow::Result<ExitCode> {
+    let client = Client::new(&args.server).context("cannot build the HTTP client")?;
+    let json = args.json;
+    let result: Result<(), ClientError> = match args.command {
+        QueueCommand::Ls => client.queues().await.map(|l| {
+            if json {
+                crate::task::print_json(&l);
+            } else {
+                print!("{}", queue_table(&l.queues));
+            }
+        }),
+        QueueCommand::Get { queue } => client.queue(&queue).await.map(|q| show(&q, json)),
+        QueueCommand::Pause { queue } => client.pause_queue(&queue).await.map(|q| show(&q, json)),
+        QueueCommand::Resume { queue } => client.resume_queue(&queue).await.map(|q| show(&q, json)),
+        QueueCommand::Set {
+            queue,
+            retention_succeeded,
+            retention_cancelled,
+            retention_dead,
+        } => {
+            let settings = QueueSettingsView {
+                retention: RetentionView {
+                    succeeded: retention_succeeded,
+                    cancelled: retention_cancelled,
+                    dead: retention_dead,
+                },
+            };
+            client
+                .set_queue(&queue, &settings)
+                .await
+                .map(|q| show(&q, json))
+        }
+    };
+    match result {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            crate::task::report(&e, json);
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+fn count(q: &QueueView, state: &str) -> u64 {
+    q.counts.get(state).copied().unwrap_or(0)
+}
+
+fn show(q: &QueueView, json: bool) {
+    if json {
+        crate::task::print_json(q);
+        return;
+    }
+    let dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".to_string());
+    let r = &q.settings.retention;
+    let rows: Vec<(&str, String)> = vec![
+        ("queue", q.queue.clone()),
+        ("paused", if q.paused { "yes" } else { "no" }.to_string()),
+        ("changed at", dash(&q.paused_changed_at)),
+        (
+            "counts",
+            [
+                "scheduled",
+                "ready",
+                "running",
+                "succeeded",
+                "dead",
+                "cancelled",
+            ]
+            .iter()
+            .map(|s| format!("{s} {}", count(q, s)))
+            .collect::<Vec<_>>()
+            .join(", "),
+        ),
+        ("oldest due", dash(&q.oldest_overdue_at)),
+        ("lateness", dash(&q.lateness)),
+        (
+            "retention",
+            format!(
+                "succeeded {}, cancelled {}, dead {}",
+                r.succeeded.as_deref().unwrap_or("default"),
+                r.cancelled.as_deref().unwrap_or("default"),
+                r.dead.as_deref().unwrap_or("default"),
+            ),
+        ),
+    ];
+    for (k, v) in rows {
+        println!("{k:<11} {v}");
+    }
+}
+
+/// A fixed-width table of queues.
+pub fn queue_table(queues: &[QueueView]) -> String {
+    let mut out = format!(
+        "{:<24} {:<7} {:>10} {:>8} {:>8} {:>10} {:>8} {:>10}  LATENESS\n",
+        "QUEUE", "PAUSED", "SCHEDULED", "READY", "RUNNING", "SUCCEEDED", "DEAD", "CANCELLED"
+    );
+    for q in queues {
+        out.push_str(&format!(
+            "{:<24} {:<7} {:>10} {:>8} {:>8} {:>10} {:>8} {:>10}  {}\n",
+            q.queue,
+            if q.paused { "yes" } else { "no" },
+            count(q, "scheduled"),
+            count(q, "ready"),
+            count(q, "running"),
+            count(q, "succeeded"),
+            count(q, "dead"),
+            count(q, "cancelled"),
+            q.lateness.as_deref().unwrap_or("-"),
+        ));
+    }
+    out
+}

@@ -1,0 +1,482 @@
+//! Operator features end to end against the real `sundial` binary, on both backends: tags and
+//! search, queues (overview, settings, pause), attempts, retrying dead letters, bulk cancel and
+//! retry. Also the CLI commands for each.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic on failure
+
+mod common;
+
+use std::process::Output;
+use std::time::Duration;
+
+use common::{BIN, Backend, Server, Storage};
+use serde_json::{Value, json};
+use sundial_server::wire::{CreateTask, ListQuery, StateView};
+
+async fn send(method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
+    let http = reqwest::Client::new();
+    let mut req = match method {
+        "GET" => http.get(url),
+        "POST" => http.post(url),
+        "PUT" => http.put(url),
+        m => panic!("method {m}"),
+    };
+    req = req.header("content-type", "application/json");
+    if let Some(b) = body {
+        req = req.body(b.to_string());
+    }
+    let resp = req.send().await.expect("send");
+    let status = resp.status().as_u16();
+    let bytes = resp.bytes().await.expect("body");
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+async fn sundial(server: &Server, args: &[&str]) -> Output {
+    let out = tokio::process::Command::new(BIN)
+        .args(args)
+        .env("SUNDIAL_SERVER", &server.url)
+        .env("RUST_LOG", "warn")
+        .output();
+    tokio::time::timeout(Duration::from_secs(60), out)
+        .await
+        .expect("the command finished")
+        .expect("run sundial")
+}
+
+fn json_out(o: &Output) -> Value {
+    assert!(
+        o.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stdout)))
+}
+
+async fn tags_are_stored_returned_and_searched(backend: Backend) {
+    let Some(storage) = Storage::new(backend) else {
+        return;
+    };
+    let server = Server::start_on(&storage);
+    let c = server.client();
+    let u = &server.url;
+    let (status, a) = send(
+        "POST",
+        &format!("{u}/v1/tasks"),
+        Some(json!({"kind": "k", "delay": "1h", "tags": {"tenant": "acme", "tier": "gold"}})),
+    )
+    .await;
+    assert_eq!(status, 201, "{a}");
+    assert_eq!(a["tags"], json!({"tenant": "acme", "tier": "gold"}));
+    let (_, b) = send(
+        "POST",
+        &format!("{u}/v1/tasks"),
+        Some(json!({"kind": "k", "delay": "1h", "tags": {"tenant": "acme"}})),
+    )
+    .await;
+    let (_, plain) = send(
+        "POST",
+        &format!("{u}/v1/tasks"),
+        Some(json!({"kind": "k", "key": "order-7"})),
+    )
+    .await;
+    assert_eq!(plain["tags"], json!({}));
+    let (status, got) = send(
+        "GET",
+        &format!("{u}/v1/tasks/{}", a["id"].as_str().unwrap()),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(got["tags"], a["tags"]);
+
+    let (status, page) = send("GET", &format!("{u}/v1/tasks?tag=tenant:acme"), None).await;
+    assert_eq!(status, 200, "{page}");
+    let ids: Vec<&str> = page["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        vec![b["id"].as_str().unwrap(), a["id"].as_str().unwrap()]
+    );
+    let (_, page) = send(
+        "GET",
+        &format!("{u}/v1/tasks?tag=tenant:acme&tag=tier:gold"),
+        None,
+    )
+    .await;
+    assert_eq!(page["tasks"].as_array().unwrap().len(), 1);
+    let listed = c
+        .list(&ListQuery {
+            tag: vec!["tenant:acme".into(), "tier:gold".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(listed.tasks.len(), 1);
+    let listed = c
+        .list(&ListQuery {
+            key_prefix: Some("order-".into()),
+            due_before: Some("2099-01-01T00:00:00Z".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(listed.tasks.len(), 1);
+    assert_eq!(listed.tasks[0].key.as_deref(), Some("order-7"));
+
+    // Bad input: a clear error, nothing stored.
+    for (query, field) in [
+        ("tag=novalue", "tag"),
+        ("due_after=yesterday", "due_after"),
+        ("created_before=x", "created_before"),
+    ] {
+        let (status, body) = send("GET", &format!("{u}/v1/tasks?{query}"), None).await;
+        assert_eq!(status, 422, "{query}: {body}");
+        assert_eq!(body["error"]["field"], field, "{body}");
+    }
+    let many: serde_json::Map<String, Value> =
+        (0..17).map(|i| (format!("t{i}"), json!("v"))).collect();
+    for tags in [json!(many), json!({"a:b": "c"}), json!({"a": ""})] {
+        let (status, body) = send(
+            "POST",
+            &format!("{u}/v1/tasks"),
+            Some(json!({"kind": "k", "tags": tags})),
+        )
+        .await;
+        assert_eq!(status, 422, "{body}");
+        assert_eq!(body["error"]["field"], "tags", "{body}");
+    }
+    assert_eq!(common::count(&c).await, 3);
+
+    // The CLI: add with tags, list by tag.
+    let added = json_out(
+        &sundial(
+            &server,
+            &[
+                "task",
+                "add",
+                "k",
+                "--tag",
+                "tenant:beta",
+                "--delay",
+                "1h",
+                "--json",
+            ],
+        )
+        .await,
+    );
+    assert_eq!(added["tags"], json!({"tenant": "beta"}));
+    let listed =
+        json_out(&sundial(&server, &["task", "ls", "--tag", "tenant:beta", "--json"]).await);
+    assert_eq!(listed["tasks"].as_array().unwrap().len(), 1);
+}
+
+async fn queues_show_counts_and_pause_is_durable(backend: Backend) {
+    let Some(storage) = Storage::new(backend) else {
+        return;
+    };
+    let mut server = Server::start_on(&storage);
+    let u = server.url.clone();
+    let c = server.client();
+    for _ in 0..3 {
+        let mut t = CreateTask::new("k");
+        t.queue = Some("mail".into());
+        c.create(&t).await.unwrap();
+    }
+    let (status, list) = send("GET", &format!("{u}/v1/queues"), None).await;
+    assert_eq!(status, 200, "{list}");
+    let mail = list["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["queue"] == "mail")
+        .cloned()
+        .expect("mail is listed");
+    assert_eq!(mail["paused"], false);
+    // No worker polls `mail`: the three are due and waiting (ready), with a lateness.
+    let ready_or_scheduled =
+        mail["counts"]["scheduled"].as_u64().unwrap() + mail["counts"]["ready"].as_u64().unwrap();
+    assert_eq!(ready_or_scheduled, 3, "{mail}");
+    assert!(mail["lateness_ms"].is_u64(), "{mail}");
+
+    let (status, body) = send("GET", &format!("{u}/v1/queues/nowhere"), None).await;
+    assert_eq!(status, 404, "{body}");
+    let (status, body) = send("POST", &format!("{u}/v1/queues/bad%20name/pause"), None).await;
+    assert_eq!(status, 422, "{body}");
+
+    let (status, paused) = send("POST", &format!("{u}/v1/queues/mail/pause"), None).await;
+    assert_eq!(status, 200, "{paused}");
+    assert_eq!(paused["paused"], true);
+    let (status, set) = send(
+        "PUT",
+        &format!("{u}/v1/queues/mail"),
+        Some(json!({"retention": {"succeeded": "1h", "dead": "3d"}})),
+    )
+    .await;
+    assert_eq!(status, 200, "{set}");
+    assert_eq!(set["paused"], true, "settings keep the pause");
+    assert_eq!(set["settings"]["retention"]["succeeded"], "1h");
+    assert_eq!(set["settings"]["retention"]["dead"], "3d");
+    let (status, body) = send(
+        "PUT",
+        &format!("{u}/v1/queues/mail"),
+        Some(json!({"retention": {"succeeded": "soon"}})),
+    )
+    .await;
+    assert_eq!(status, 422, "{body}");
+    let (status, body) = send(
+        "PUT",
+        &format!("{u}/v1/queues/mail"),
+        Some(json!({"retentoin": {}})),
+    )
+    .await;
+    assert_eq!(status, 422, "{body}");
+
+    // Durable: still paused (with its settings) after a restart.
+    server.terminate(Duration::from_secs(20));
+    let server = Server::start_on(&storage);
+    let (_, q) = send("GET", &format!("{}/v1/queues/mail", server.url), None).await;
+    assert_eq!(q["paused"], true, "{q}");
+    assert_eq!(q["settings"]["retention"]["succeeded"], "1h");
+
+    // The CLI: resume, show, list.
+    let resumed = json_out(&sundial(&server, &["queue", "resume", "mail", "--json"]).await);
+    assert_eq!(resumed["paused"], false);
+    let table = sundial(&server, &["queue", "ls"]).await;
+    assert!(table.status.success());
+    let text = String::from_utf8_lossy(&table.stdout).into_owned();
+    assert!(text.contains("mail") && text.contains("PAUSED"), "{text}");
+    let paused = json_out(&sundial(&server, &["queue", "pause", "mail", "--json"]).await);
+    assert_eq!(paused["paused"], true);
+    let set = json_out(
+        &sundial(
+            &server,
+            &[
+                "queue",
+                "set",
+                "mail",
+                "--retention-cancelled",
+                "2d",
+                "--json",
+            ],
+        )
+        .await,
+    );
+    assert_eq!(set["settings"]["retention"]["cancelled"], "2d");
+    assert_eq!(
+        set["settings"]["retention"].get("succeeded"),
+        None,
+        "set replaces the settings"
+    );
+}
+
+async fn dead_tasks_retry_with_their_attempts(backend: Backend) {
+    let Some(storage) = Storage::new(backend) else {
+        return;
+    };
+    let server = Server::start_on(&storage);
+    let u = server.url.clone();
+    let c = server.client();
+    let mut t = CreateTask::new("k");
+    t.queue = Some("jobs".into());
+    t.max_attempts = Some(1);
+    let created = c.create(&t).await.unwrap();
+    let id = created.id.to_string();
+    let polled = c
+        .poll("jobs", "w-1", 1, Duration::from_secs(10), None)
+        .await
+        .unwrap();
+    assert_eq!(polled.tasks.len(), 1);
+    let dead = c
+        .fail(
+            polled.tasks[0].id,
+            polled.tasks[0].execution_id,
+            "no route".into(),
+            true,
+        )
+        .await
+        .unwrap();
+    assert_eq!(dead.state, StateView::Dead);
+
+    let (status, attempts) = send("GET", &format!("{u}/v1/tasks/{id}/attempts"), None).await;
+    assert_eq!(status, 200, "{attempts}");
+    assert_eq!(attempts["total"], 1);
+    let a = &attempts["attempts"][0];
+    assert_eq!(a["seq"], 1);
+    assert_eq!(a["worker"], "w-1");
+    assert_eq!(a["outcome"], "failed");
+    assert_eq!(a["error"], "no route");
+    assert!(a["duration_ms"].is_u64());
+
+    let (status, body) = send("POST", &format!("{u}/v1/tasks/{id}/retry"), None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["id"], id.as_str());
+    assert_eq!(body["state"], "scheduled");
+    assert_eq!(body["attempt"], 0);
+    assert_eq!(body["last_error"], "no route");
+    let (status, body) = send("POST", &format!("{u}/v1/tasks/{id}/retry"), Some(json!({}))).await;
+    assert_eq!(status, 409, "a live task: {body}");
+    assert_eq!(body["error"]["code"], "wrong_state");
+    let (status, _) = send(
+        "POST",
+        &format!("{u}/v1/tasks/{}/retry", uuid::Uuid::nil()),
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+
+    // It runs again; the history keeps both attempts.
+    let polled = c
+        .poll("jobs", "w-2", 1, Duration::from_secs(10), None)
+        .await
+        .unwrap();
+    assert_eq!(polled.tasks.len(), 1);
+    assert_eq!(polled.tasks[0].attempt, 1);
+    c.complete(polled.tasks[0].id, polled.tasks[0].execution_id, None)
+        .await
+        .unwrap();
+    let history = json_out(&sundial(&server, &["task", "attempts", &id, "--json"]).await);
+    assert_eq!(history["total"], 2);
+    assert_eq!(history["attempts"][1]["outcome"], "succeeded");
+    assert_eq!(history["attempts"][1]["worker"], "w-2");
+
+    // A retry at a later time, through the CLI.
+    let mut t = CreateTask::new("k");
+    t.queue = Some("jobs".into());
+    t.delay = Some("1h".into());
+    let later = c.create(&t).await.unwrap();
+    c.cancel(&later.id.to_string()).await.unwrap();
+    let retried = json_out(
+        &sundial(
+            &server,
+            &[
+                "task",
+                "retry",
+                &later.id.to_string(),
+                "--at",
+                "2099-01-01T00:00:00Z",
+                "--json",
+            ],
+        )
+        .await,
+    );
+    assert_eq!(retried["state"], "scheduled");
+    assert_eq!(retried["run_at"], "2099-01-01T00:00:00Z");
+}
+
+async fn bulk_cancel_and_retry_count_and_change(backend: Backend) {
+    let Some(storage) = Storage::new(backend) else {
+        return;
+    };
+    let server = Server::start_on(&storage);
+    let u = server.url.clone();
+    let c = server.client();
+    let n = 1_234;
+    let tasks: Vec<CreateTask> = (0..n)
+        .map(|i| {
+            let mut t = CreateTask::new("k");
+            t.queue = Some("bulk".into());
+            t.delay = Some("1h".into());
+            t.key = Some(format!("b-{i}"));
+            t
+        })
+        .collect();
+    for chunk in tasks.chunks(1_000) {
+        c.create_batch(&sundial_server::wire::CreateBatch {
+            tasks: chunk.to_vec(),
+        })
+        .await
+        .unwrap();
+    }
+    let mut other = CreateTask::new("k");
+    other.queue = Some("other".into());
+    other.delay = Some("1h".into());
+    c.create(&other).await.unwrap();
+
+    let (status, body) = send("POST", &format!("{u}/v1/tasks:cancel"), Some(json!({}))).await;
+    assert_eq!(status, 422, "no filter: {body}");
+    let (status, dry) = send(
+        "POST",
+        &format!("{u}/v1/tasks:cancel"),
+        Some(json!({"queue": "bulk", "dry_run": true})),
+    )
+    .await;
+    assert_eq!(status, 200, "{dry}");
+    assert_eq!(dry, json!({"matched": n, "changed": 0, "dry_run": true}));
+    let (status, done) = send(
+        "POST",
+        &format!("{u}/v1/tasks:cancel"),
+        Some(json!({"queue": "bulk", "key_prefix": "b-"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(done["changed"], n);
+    let (_, again) = send(
+        "POST",
+        &format!("{u}/v1/tasks:cancel"),
+        Some(json!({"queue": "bulk"})),
+    )
+    .await;
+    assert_eq!(again["changed"], 0, "nothing live is left");
+    let (_, other_q) = send("GET", &format!("{u}/v1/queues/other"), None).await;
+    assert_eq!(other_q["counts"]["cancelled"], 0);
+
+    let dry = json_out(
+        &sundial(
+            &server,
+            &[
+                "task",
+                "retry-all",
+                "--queue",
+                "bulk",
+                "--state",
+                "cancelled",
+                "--dry-run",
+                "--json",
+            ],
+        )
+        .await,
+    );
+    assert_eq!(dry["matched"], n);
+    let done =
+        json_out(&sundial(&server, &["task", "retry-all", "--queue", "bulk", "--json"]).await);
+    assert_eq!(done["changed"], n);
+    let (_, q) = send("GET", &format!("{u}/v1/queues/bulk"), None).await;
+    assert_eq!(q["counts"]["cancelled"], 0, "{q}");
+    let cancelled = json_out(
+        &sundial(
+            &server,
+            &["task", "cancel-all", "--queue", "bulk", "--json"],
+        )
+        .await,
+    );
+    assert_eq!(cancelled["changed"], n);
+}
+
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn embedded() {
+                super::$name(super::Backend::Embedded).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::$name(super::Backend::Postgres).await
+            }
+        }
+    )*};
+}
+
+both_backends!(
+    tags_are_stored_returned_and_searched,
+    queues_show_counts_and_pause_is_durable,
+    dead_tasks_retry_with_their_attempts,
+    bulk_cancel_and_retry_count_and_change,
+);

@@ -1,0 +1,553 @@
+//! Operator routes: queues (overview, settings, pause and resume), a task's attempts, retrying
+//! dead or cancelled tasks, and bulk cancel and retry over a filter.
+//!
+//! ```text
+//! GET  /v1/queues                 every queue: counts, oldest overdue lateness, paused   200
+//! GET  /v1/queues/{queue}         one queue                                               200 | 404
+//! PUT  /v1/queues/{queue}         set the queue's settings (retention overrides)          200 | 422
+//! POST /v1/queues/{queue}/pause   no task of the queue starts until resumed               200
+//! POST /v1/queues/{queue}/resume  waiting tasks start again, in due order                 200
+//! GET  /v1/tasks/{id}/attempts    the kept attempts, oldest first, and the total          200 | 404
+//! POST /v1/tasks/{id}/retry       dead or cancelled → scheduled (now or `run_at`)         200 | 404 409
+//! POST /v1/tasks:cancel           cancel every live task matching a filter                200 | 422
+//! POST /v1/tasks:retry            retry every dead or cancelled task matching a filter    200 | 422
+//! ```
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use serde::{Deserialize, Serialize};
+use sundial::{
+    Attempt, AttemptOutcome, QueueConfig, QueueInfo, QueueSettings, RetentionOverride, TaskId,
+    TaskState, Timestamp,
+};
+use sundial_store::TaskFilter;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use crate::AppState;
+use crate::duration::{self, WireDuration};
+use crate::error::{ApiError, ErrorBody};
+use crate::extract::{ApiJson, parse_json};
+use crate::time;
+use crate::wire::{StateView, TaskView};
+
+/// A queue as an operator sees it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct QueueView {
+    pub queue: String,
+    /// While paused nothing of the queue starts; creates are still accepted.
+    pub paused: bool,
+    /// When the queue was last paused or resumed.
+    #[schema(format = DateTime)]
+    pub paused_changed_at: Option<String>,
+    /// Tasks per state (from maintained counters).
+    pub counts: BTreeMap<String, u64>,
+    /// Due time of the oldest task that is due but has not started.
+    #[schema(format = DateTime)]
+    pub oldest_overdue_at: Option<String>,
+    /// How late that task is now (`"1500ms"`).
+    pub lateness: Option<String>,
+    /// The lateness in milliseconds, for dashboards.
+    pub lateness_ms: Option<u64>,
+    pub settings: QueueSettingsView,
+}
+
+/// A queue's settings. Absent retention fields take the server's defaults.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct QueueSettingsView {
+    #[serde(default)]
+    pub retention: RetentionView,
+}
+
+/// How long finished tasks of the queue are kept (durations such as `"7d"`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionView {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub succeeded: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancelled: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct QueueList {
+    pub queues: Vec<QueueView>,
+}
+
+fn duration_view(ms: Option<u64>) -> Option<String> {
+    ms.map(|ms| WireDuration(Duration::from_millis(ms)).to_string())
+}
+
+fn settings_view(s: Option<&QueueSettings>) -> QueueSettingsView {
+    let r = s.map(|s| s.config.retention.clone()).unwrap_or_default();
+    QueueSettingsView {
+        retention: RetentionView {
+            succeeded: duration_view(r.succeeded_ms),
+            cancelled: duration_view(r.cancelled_ms),
+            dead: duration_view(r.dead_ms),
+        },
+    }
+}
+
+impl From<QueueInfo> for QueueView {
+    fn from(q: QueueInfo) -> Self {
+        QueueView {
+            paused: q.paused,
+            paused_changed_at: q
+                .settings
+                .as_ref()
+                .and_then(|s| s.paused_changed_at)
+                .map(time::format),
+            counts: q
+                .counts
+                .iter()
+                .map(|(s, n)| (s.as_str().to_string(), *n))
+                .collect(),
+            oldest_overdue_at: q.oldest_overdue_at.map(time::format),
+            lateness: q.lateness.map(|d| WireDuration(d).to_string()),
+            lateness_ms: q
+                .lateness
+                .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            settings: settings_view(q.settings.as_ref()),
+            queue: q.queue,
+        }
+    }
+}
+
+/// An attempt of a task.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct AttemptView {
+    /// 1 for the first attempt; keeps counting across retries.
+    pub seq: u64,
+    pub execution_id: Option<Uuid>,
+    /// The worker that ran it; `null` for an in-process handler.
+    pub worker: Option<String>,
+    #[schema(format = DateTime)]
+    pub started_at: String,
+    #[schema(format = DateTime)]
+    pub ended_at: Option<String>,
+    /// `succeeded`, `failed`, `lease_expired`, `cancelled`; `null` while it runs.
+    pub outcome: Option<String>,
+    pub error: Option<String>,
+    pub duration_ms: Option<u64>,
+}
+
+impl From<Attempt> for AttemptView {
+    fn from(a: Attempt) -> Self {
+        AttemptView {
+            seq: a.seq,
+            execution_id: a.execution_id.map(|e| e.0),
+            worker: a.worker.clone(),
+            started_at: time::format(a.started_at),
+            ended_at: a.ended_at.map(time::format),
+            outcome: a.outcome.map(|o: AttemptOutcome| o.as_str().to_string()),
+            duration_ms: a.duration_ms(),
+            error: a.error,
+        }
+    }
+}
+
+/// The kept attempts of a task, oldest first.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct AttemptList {
+    pub attempts: Vec<AttemptView>,
+    /// Attempts the task has had in all (older ones beyond the kept number are dropped).
+    pub total: u64,
+}
+
+/// When to run a retried task; an empty body means now.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RetryRequest {
+    /// RFC 3339; a time in the past means now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(format = DateTime)]
+    pub run_at: Option<String>,
+}
+
+/// Which tasks a bulk action applies to. At least one filter field is required.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BulkRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<StateView>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_prefix: Option<String>,
+    /// `key:value` tags, all of which must match.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tag: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(format = DateTime)]
+    pub created_after: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(format = DateTime)]
+    pub created_before: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(format = DateTime)]
+    pub due_after: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(format = DateTime)]
+    pub due_before: Option<String>,
+    /// Only count what would change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dry_run: Option<bool>,
+    /// For `tasks:retry`: when the retried tasks are due (default now).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(format = DateTime)]
+    pub run_at: Option<String>,
+}
+
+/// What a bulk action found and changed.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct BulkResponse {
+    /// Matching tasks the action applies to (live ones for cancel; dead or cancelled for retry).
+    pub matched: u64,
+    /// Tasks changed (0 for a dry run).
+    pub changed: u64,
+    pub dry_run: bool,
+}
+
+fn parse_time(field: &str, v: Option<&str>) -> Result<Option<Timestamp>, ApiError> {
+    v.map(|s| time::parse(s).map_err(|e| ApiError::invalid(field, e)))
+        .transpose()
+}
+
+/// `key:value` tag filters.
+pub fn parse_tags(raw: &[String]) -> Result<Vec<(String, String)>, ApiError> {
+    raw.iter()
+        .map(|t| match t.split_once(':') {
+            Some((k, v)) if !k.is_empty() && !v.is_empty() => Ok((k.to_string(), v.to_string())),
+            _ => Err(ApiError::invalid(
+                "tag",
+                format!("a tag filter is key:value; got {t:?}"),
+            )),
+        })
+        .collect()
+}
+
+/// The filter fields shared by `GET /v1/tasks` and the bulk actions.
+#[derive(Default)]
+pub struct FilterFields<'a> {
+    pub queue: Option<String>,
+    pub kind: Option<String>,
+    pub state: Option<TaskState>,
+    pub key: Option<String>,
+    pub key_prefix: Option<String>,
+    pub tag: &'a [String],
+    pub due_after: Option<&'a str>,
+    pub due_before: Option<&'a str>,
+    pub created_after: Option<&'a str>,
+    pub created_before: Option<&'a str>,
+}
+
+pub fn task_filter(f: FilterFields<'_>) -> Result<TaskFilter, ApiError> {
+    if f.key_prefix.as_deref() == Some("") {
+        return Err(ApiError::invalid(
+            "key_prefix",
+            "key_prefix must not be empty",
+        ));
+    }
+    Ok(TaskFilter {
+        queue: f.queue,
+        kind: f.kind,
+        state: f.state,
+        key: f.key,
+        key_prefix: f.key_prefix,
+        tags: parse_tags(f.tag)?,
+        due_after: parse_time("due_after", f.due_after)?,
+        due_before: parse_time("due_before", f.due_before)?,
+        created_after: parse_time("created_after", f.created_after)?,
+        created_before: parse_time("created_before", f.created_before)?,
+        before: None,
+    })
+}
+
+fn state_of(v: StateView) -> TaskState {
+    match v {
+        StateView::Scheduled => TaskState::Scheduled,
+        StateView::Ready => TaskState::Ready,
+        StateView::Running => TaskState::Running,
+        StateView::Succeeded => TaskState::Succeeded,
+        StateView::Dead => TaskState::Dead,
+        StateView::Cancelled => TaskState::Cancelled,
+    }
+}
+
+impl BulkRequest {
+    fn filter(&self) -> Result<TaskFilter, ApiError> {
+        let filter = task_filter(FilterFields {
+            queue: self.queue.clone(),
+            kind: self.kind.clone(),
+            state: self.state.map(state_of),
+            key: None,
+            key_prefix: self.key_prefix.clone(),
+            tag: &self.tag,
+            due_after: self.due_after.as_deref(),
+            due_before: self.due_before.as_deref(),
+            created_after: self.created_after.as_deref(),
+            created_before: self.created_before.as_deref(),
+        })?;
+        if filter == TaskFilter::default() {
+            return Err(ApiError::invalid(
+                "queue",
+                "a bulk action needs at least one filter (queue, kind, state, key_prefix, tag, \
+                 created or due range)",
+            ));
+        }
+        Ok(filter)
+    }
+}
+
+fn not_found_queue(queue: &str) -> ApiError {
+    ApiError::not_found(format!(
+        "no such queue: {queue:?} has no tasks and no settings"
+    ))
+}
+
+/// List every queue.
+#[utoipa::path(
+    get, path = "/v1/queues", tag = "queues",
+    responses((status = 200, description = "Every queue that has tasks or settings", body = QueueList))
+)]
+pub async fn list_queues(State(st): State<AppState>) -> Result<Json<QueueList>, ApiError> {
+    let queues = st.sundial.queues().await?;
+    Ok(Json(QueueList {
+        queues: queues.into_iter().map(QueueView::from).collect(),
+    }))
+}
+
+/// One queue.
+#[utoipa::path(
+    get, path = "/v1/queues/{queue}", tag = "queues",
+    params(("queue" = String, Path, description = "Queue name")),
+    responses(
+        (status = 200, description = "The queue", body = QueueView),
+        (status = 404, description = "No tasks and no settings", body = ErrorBody),
+    )
+)]
+pub async fn get_queue(
+    State(st): State<AppState>,
+    Path(queue): Path<String>,
+) -> Result<Json<QueueView>, ApiError> {
+    let q = st
+        .sundial
+        .queue(&queue)
+        .await?
+        .ok_or_else(|| not_found_queue(&queue))?;
+    Ok(Json(q.into()))
+}
+
+async fn queue_view(st: &AppState, queue: &str) -> Result<Json<QueueView>, ApiError> {
+    let q = st
+        .sundial
+        .queue(queue)
+        .await?
+        .ok_or_else(|| not_found_queue(queue))?;
+    Ok(Json(q.into()))
+}
+
+fn retention_ms(field: &str, v: Option<&str>) -> Result<Option<u64>, ApiError> {
+    v.map(|s| {
+        duration::parse(s)
+            .map_err(|e| ApiError::invalid(field, e.to_string()))
+            .and_then(|d| {
+                if d < Duration::from_secs(1) {
+                    Err(ApiError::invalid(field, "a retention is at least 1s"))
+                } else {
+                    Ok(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+                }
+            })
+    })
+    .transpose()
+}
+
+/// Set a queue's settings: retention overrides per finished state (absent: the server's
+/// defaults). The whole settings object is replaced; the pause state is not part of it.
+#[utoipa::path(
+    put, path = "/v1/queues/{queue}", tag = "queues",
+    params(("queue" = String, Path, description = "Queue name")),
+    request_body = QueueSettingsView,
+    responses(
+        (status = 200, description = "The queue with its new settings", body = QueueView),
+        (status = 422, description = "Invalid name or setting", body = ErrorBody),
+    )
+)]
+pub async fn put_queue(
+    State(st): State<AppState>,
+    Path(queue): Path<String>,
+    ApiJson(body): ApiJson<QueueSettingsView>,
+) -> Result<Json<QueueView>, ApiError> {
+    let r = &body.retention;
+    let config = QueueConfig {
+        retention: RetentionOverride {
+            succeeded_ms: retention_ms("retention.succeeded", r.succeeded.as_deref())?,
+            cancelled_ms: retention_ms("retention.cancelled", r.cancelled.as_deref())?,
+            dead_ms: retention_ms("retention.dead", r.dead.as_deref())?,
+        },
+    };
+    st.sundial
+        .configure_queue(&queue, config)
+        .await
+        .map_err(|e| ApiError::from(e).with_field("queue"))?;
+    queue_view(&st, &queue).await
+}
+
+/// Pause a queue: no task of it starts (in-process or worker) until it is resumed; creates are
+/// still accepted and due tasks wait, visible as due. Durable; holds on every node.
+#[utoipa::path(
+    post, path = "/v1/queues/{queue}/pause", tag = "queues",
+    params(("queue" = String, Path, description = "Queue name")),
+    responses(
+        (status = 200, description = "Paused", body = QueueView),
+        (status = 422, description = "Invalid queue name", body = ErrorBody),
+    )
+)]
+pub async fn pause_queue(
+    State(st): State<AppState>,
+    Path(queue): Path<String>,
+) -> Result<Json<QueueView>, ApiError> {
+    st.sundial
+        .pause_queue(&queue)
+        .await
+        .map_err(|e| ApiError::from(e).with_field("queue"))?;
+    queue_view(&st, &queue).await
+}
+
+/// Resume a paused queue: its waiting tasks start in due order.
+#[utoipa::path(
+    post, path = "/v1/queues/{queue}/resume", tag = "queues",
+    params(("queue" = String, Path, description = "Queue name")),
+    responses(
+        (status = 200, description = "Resumed", body = QueueView),
+        (status = 422, description = "Invalid queue name", body = ErrorBody),
+    )
+)]
+pub async fn resume_queue(
+    State(st): State<AppState>,
+    Path(queue): Path<String>,
+) -> Result<Json<QueueView>, ApiError> {
+    st.sundial
+        .resume_queue(&queue)
+        .await
+        .map_err(|e| ApiError::from(e).with_field("queue"))?;
+    queue_view(&st, &queue).await
+}
+
+fn parse_id(raw: &str) -> Result<TaskId, ApiError> {
+    raw.parse::<TaskId>()
+        .map_err(|_| ApiError::not_found(format!("no such task: {raw:?} is not a task id")))
+}
+
+/// A task's attempts, oldest first: start, worker, end, outcome, error, duration.
+#[utoipa::path(
+    get, path = "/v1/tasks/{id}/attempts", tag = "tasks",
+    params(("id" = uuid::Uuid, Path, description = "Task id")),
+    responses(
+        (status = 200, description = "The kept attempts and the total", body = AttemptList),
+        (status = 404, description = "No such task", body = ErrorBody),
+    )
+)]
+pub async fn task_attempts(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<AttemptList>, ApiError> {
+    let h = st.sundial.attempts(parse_id(&id)?).await?;
+    Ok(Json(AttemptList {
+        attempts: h.attempts.into_iter().map(AttemptView::from).collect(),
+        total: h.total,
+    }))
+}
+
+/// Retry a dead or cancelled task: `scheduled` again (now, or at `run_at`), attempts starting
+/// over; it keeps its id and attempt history. The body is optional.
+#[utoipa::path(
+    post, path = "/v1/tasks/{id}/retry", tag = "tasks",
+    params(("id" = uuid::Uuid, Path, description = "Task id")),
+    request_body(content = RetryRequest, description = "Optional"),
+    responses(
+        (status = 200, description = "Scheduled again", body = TaskView),
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 409, description = "The task is live (`state`), or its key is held by a live task (`existing_id`)", body = ErrorBody),
+        (status = 422, description = "Invalid run_at", body = ErrorBody),
+    )
+)]
+pub async fn retry_task(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<TaskView>, ApiError> {
+    let id = parse_id(&id)?;
+    let req: RetryRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        RetryRequest::default()
+    } else {
+        parse_json(&body)?
+    };
+    let run_at = parse_time("run_at", req.run_at.as_deref())?;
+    let task = st.sundial.retry(id, run_at).await?;
+    Ok(Json(TaskView::from(task)))
+}
+
+/// Cancel every live task matching the filter, in bounded batches. `dry_run` only counts.
+#[utoipa::path(
+    post, path = "/v1/tasks:cancel", tag = "tasks",
+    request_body = BulkRequest,
+    responses(
+        (status = 200, description = "How many matched and changed", body = BulkResponse),
+        (status = 422, description = "No filter, or an invalid one", body = ErrorBody),
+    )
+)]
+pub async fn cancel_matching(
+    State(st): State<AppState>,
+    ApiJson(body): ApiJson<BulkRequest>,
+) -> Result<Json<BulkResponse>, ApiError> {
+    if body.run_at.is_some() {
+        return Err(ApiError::invalid(
+            "run_at",
+            "run_at applies to tasks:retry only",
+        ));
+    }
+    let filter = body.filter()?;
+    let dry_run = body.dry_run.unwrap_or(false);
+    let out = st.sundial.cancel_matching(filter, dry_run).await?;
+    Ok(Json(BulkResponse {
+        matched: out.matched,
+        changed: out.changed,
+        dry_run,
+    }))
+}
+
+/// Retry every dead or cancelled task matching the filter (now, or at `run_at`), in bounded
+/// batches. Tasks whose key a live task holds are left alone. `dry_run` only counts.
+#[utoipa::path(
+    post, path = "/v1/tasks:retry", tag = "tasks",
+    request_body = BulkRequest,
+    responses(
+        (status = 200, description = "How many matched and changed", body = BulkResponse),
+        (status = 422, description = "No filter, or an invalid one", body = ErrorBody),
+    )
+)]
+pub async fn retry_matching(
+    State(st): State<AppState>,
+    ApiJson(body): ApiJson<BulkRequest>,
+) -> Result<Json<BulkResponse>, ApiError> {
+    let filter = body.filter()?;
+    let run_at = parse_time("run_at", body.run_at.as_deref())?;
+    let dry_run = body.dry_run.unwrap_or(false);
+    let out = st.sundial.retry_matching(filter, run_at, dry_run).await?;
+    Ok(Json(BulkResponse {
+        matched: out.matched,
+        changed: out.changed,
+        dry_run,
+    }))
+}
