@@ -65,10 +65,8 @@ pub(crate) fn put_queue_config(
          updated_at = excluded.updated_at RETURNING {QUEUE_COLUMNS}"
     );
     let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
-    let row = stmt
-        .query_row(params![queue, json, now.0], |r| Ok(queue_from_row(r)))
-        .map_err(backend)?;
-    row
+    stmt.query_row(params![queue, json, now.0], |r| Ok(queue_from_row(r)))
+        .map_err(backend)?
 }
 
 pub(crate) fn set_queue_paused(
@@ -88,12 +86,10 @@ pub(crate) fn set_queue_paused(
          paused = excluded.paused RETURNING {QUEUE_COLUMNS}"
     );
     let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
-    let row = stmt
-        .query_row(params![queue, i64::from(paused), now.0], |r| {
-            Ok(queue_from_row(r))
-        })
-        .map_err(backend)?;
-    row
+    stmt.query_row(params![queue, i64::from(paused), now.0], |r| {
+        Ok(queue_from_row(r))
+    })
+    .map_err(backend)?
 }
 
 pub(crate) fn earliest_waiting(
