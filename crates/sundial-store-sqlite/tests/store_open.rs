@@ -45,11 +45,23 @@ fn insert(store: &SqliteStore, tasks: Vec<NewTask>) {
     rt.block_on(store.insert(tasks)).expect("insert");
 }
 
-/// Makes the database look as a build before the shard count was recorded left it.
+/// Makes the database look as a build before the shard count was recorded left it: version 3,
+/// without what migrations 4 (the store's facts) and 5 (operations) added.
 fn forget_shard_count(dir: &Path) {
     let conn = rusqlite::Connection::open(dir.join("sundial.db")).unwrap();
-    conn.execute_batch("DROP TABLE store_meta; PRAGMA user_version = 3;")
-        .unwrap();
+    conn.execute_batch(
+        "DROP TABLE store_meta;
+         DROP TRIGGER task_tags_delete; DROP TRIGGER task_attempts_start;
+         DROP TRIGGER task_attempts_end; DROP TRIGGER task_attempts_delete;
+         DROP TABLE task_tags; DROP TABLE queue_settings; DROP TABLE store_settings;
+         DROP TABLE task_attempts;
+         DROP INDEX tasks_queue_state_id; DROP INDEX tasks_state_id; DROP INDEX tasks_kind_id;
+         DROP INDEX tasks_key_id; DROP INDEX tasks_due_at; DROP INDEX tasks_created_at;
+         DROP INDEX tasks_waiting; DROP INDEX tasks_finished;
+         ALTER TABLE tasks DROP COLUMN tags;
+         PRAGMA user_version = 3;",
+    )
+    .unwrap();
 }
 
 #[test]

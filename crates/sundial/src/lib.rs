@@ -39,8 +39,8 @@ mod config;
 mod engine;
 mod error;
 mod handler;
-mod placement;
 mod ops;
+mod placement;
 mod window;
 
 use std::path::Path;
