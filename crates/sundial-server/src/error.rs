@@ -7,7 +7,7 @@
 //! | 409 | `duplicate_key` (+ `existing_id`), `wrong_state` (+ `state`), `stale_execution` (+ `state`) | the request is valid but conflicts with the task's current state |
 //! | 413 | `too_large` | a body, payload, result or batch over its limit |
 //! | 422 | `invalid` (+ `field`, `index` in a batch) | well-formed but invalid: unknown fields, bad values |
-//! | 503 | `shutting_down`, `unavailable` | the server is stopping or its store is closed |
+//! | 503 | `shutting_down`, `unavailable` | the server is stopping, its store is closed, or its database cannot be reached for now (down, restarting); always with `Retry-After` |
 //! | 500 | `internal` | anything else (the store failed) |
 //!
 //! **Architecture Invariant:** a request that gets an error stored nothing (the library refuses a
@@ -105,15 +105,26 @@ impl ApiError {
     }
 }
 
+/// Seconds a client is told to wait before retrying a `503`.
+pub const RETRY_AFTER_SECS: u32 = 1;
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (
+        let unavailable = self.status == StatusCode::SERVICE_UNAVAILABLE;
+        let mut resp = (
             self.status,
             Json(ErrorBody {
                 error: *self.detail,
             }),
         )
-            .into_response()
+            .into_response();
+        if unavailable {
+            resp.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(RETRY_AFTER_SECS),
+            );
+        }
+        resp
     }
 }
 
@@ -174,6 +185,14 @@ impl From<Error> for ApiError {
                 "unavailable",
                 "the store is closed",
             ),
+            Error::Store(StoreError::Unavailable(why)) => {
+                tracing::warn!(error = %why, "request refused: the database is unavailable");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    format!("the database is unavailable for now ({why}); retry"),
+                )
+            }
             Error::Store(StoreError::LeaseLost { shard }) => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
@@ -240,12 +259,41 @@ mod tests {
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
             ),
+            (
+                Error::Store(StoreError::Unavailable("connection refused".into())),
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+            ),
         ];
         for (e, status, code) in cases {
             let api = ApiError::from(e);
             assert_eq!(api.status, status);
             assert_eq!(api.detail.code, code);
         }
+    }
+
+    #[test]
+    fn unavailable_answers_carry_retry_after() {
+        for e in [
+            Error::Store(StoreError::Unavailable("connection refused".into())),
+            Error::Store(StoreError::Closed),
+            Error::ShuttingDown,
+        ] {
+            let resp = ApiError::from(e).into_response();
+            assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(
+                resp.headers()
+                    .get(axum::http::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok()),
+                Some("1")
+            );
+        }
+        let resp = ApiError::from(Error::NotFound).into_response();
+        assert!(
+            resp.headers()
+                .get(axum::http::header::RETRY_AFTER)
+                .is_none()
+        );
     }
 
     #[test]

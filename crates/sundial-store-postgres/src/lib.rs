@@ -211,18 +211,54 @@ impl From<PoolError> for PostgresError {
 
 impl From<PostgresError> for StoreError {
     fn from(e: PostgresError) -> Self {
-        StoreError::Backend(e.to_string())
+        match e {
+            PostgresError::Postgres(e) => pg(e),
+            other => StoreError::Backend(other.to_string()),
+        }
+    }
+}
+
+/// Whether `e` says the database cannot be reached for now rather than that the statement
+/// failed: the connection broke or could not be made (I/O, closed), or the server is shutting
+/// down, starting up or out of connections (SQLSTATE class 08, 57P01–57P03, 53300).
+fn is_unavailable(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    match e.code() {
+        Some(code) => {
+            let c = code.code();
+            c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03" | "53300")
+        }
+        // No SQLSTATE: a client-side failure. I/O below it means the connection.
+        None => {
+            let mut source = std::error::Error::source(e);
+            while let Some(s) = source {
+                if s.is::<std::io::Error>() {
+                    return true;
+                }
+                source = s.source();
+            }
+            false
+        }
     }
 }
 
 fn pg(e: tokio_postgres::Error) -> StoreError {
-    StoreError::Backend(e.to_string())
+    if is_unavailable(&e) {
+        StoreError::Unavailable(e.to_string())
+    } else {
+        StoreError::Backend(e.to_string())
+    }
 }
 
 fn pool_error(e: PoolError) -> StoreError {
     match e {
         PoolError::Closed => StoreError::Closed,
         PoolError::Backend(e) => pg(e),
+        PoolError::Timeout(_) => {
+            StoreError::Unavailable("no database connection could be had in time".to_string())
+        }
         other => StoreError::Backend(format!("cannot get a connection: {other}")),
     }
 }
@@ -235,7 +271,9 @@ pub struct PostgresOptions {
     pub schema: String,
     /// Most connections kept open.
     pub pool_size: usize,
-    /// Longest wait for a free connection (and for a new one to be established).
+    /// Longest wait for a free connection (and for a new one to be established). Past it the
+    /// call fails with `StoreError::Unavailable` (HTTP 503), so that while the database is down
+    /// or overloaded callers get an answer instead of waiting.
     pub acquire_timeout: Duration,
     /// How long one of this store's sessions may sit idle inside an open transaction before
     /// PostgreSQL ends it (`idle_in_transaction_session_timeout`), rolling the transaction back
@@ -257,7 +295,7 @@ impl Default for PostgresOptions {
         PostgresOptions {
             schema: "sundial".to_string(),
             pool_size: 16,
-            acquire_timeout: Duration::from_secs(30),
+            acquire_timeout: Duration::from_secs(2),
             idle_in_transaction_timeout: Some(Duration::from_secs(5)),
             attempts_kept: 100,
         }

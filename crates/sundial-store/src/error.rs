@@ -16,6 +16,11 @@ pub enum StoreError {
     /// The store has been closed or its worker stopped.
     #[error("store is closed")]
     Closed,
+    /// The database cannot be reached for now (it is down or restarting, a connection broke, no
+    /// connection could be had in time). Nothing of the call was applied, or (a connection lost
+    /// mid-commit) it is unknown whether it was: retry later, and make the retry safe to repeat.
+    #[error("the database is unavailable: {0}")]
+    Unavailable(String),
     /// A write under a shard lease was refused because the lease is held by another owner.
     #[error("lease lost: shard {shard} is owned elsewhere")]
     LeaseLost { shard: u32 },
