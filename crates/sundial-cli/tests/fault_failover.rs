@@ -264,16 +264,20 @@ async fn setup(ttl: Duration) -> Option<(Nodes, Db)> {
     for i in 0..NODES {
         nodes.start(i);
     }
+    // Every shard owned, by all three nodes (the first node to start takes them all, and hands
+    // the others theirs over its next turns).
     let all = wait_for(Duration::from_secs(30), || async {
-        db.count(
-            "SELECT count(*) FROM {s}.shard_leases WHERE owner IS NOT NULL",
-            &[],
-        )
-        .await
-            == i64::from(SHARDS)
+        let r = &db
+            .rows(
+                "SELECT count(*), count(DISTINCT owner) FROM {s}.shard_leases \
+                 WHERE owner IS NOT NULL AND expires_at > $1",
+                &[&now_ms()],
+            )
+            .await[0];
+        r.get::<_, i64>(0) == i64::from(SHARDS) && r.get::<_, i64>(1) == NODES as i64
     })
     .await;
-    assert!(all, "the nodes did not take all {SHARDS} shards");
+    assert!(all, "the nodes did not share all {SHARDS} shards");
     Some((nodes, db))
 }
 

@@ -24,7 +24,7 @@ mod common;
 
 use std::collections::HashMap;
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -242,6 +242,8 @@ struct Answer {
     /// HTTP status, or `None` when no answer came (connection error or the client's timeout).
     status: Option<u16>,
     retry_after: bool,
+    /// Shown in the failure report (through `Debug`).
+    #[allow(dead_code)]
     body: String,
 }
 
@@ -580,6 +582,3 @@ async fn postgres_crash_and_restart_gives_503_loses_nothing_and_dispatch_resumes
     drop(server);
     assert!(failures.is_empty(), "{failures:#?}");
 }
-
-#[allow(dead_code)]
-fn _path(_: &Path) {}
