@@ -13,6 +13,7 @@ pub mod id;
 pub mod retry;
 pub mod schedule;
 pub mod shard;
+pub mod target;
 pub mod task;
 pub mod time;
 
@@ -24,6 +25,7 @@ pub use schedule::{
     SpecErrorKind,
 };
 pub use shard::{rendezvous_owner, shard_for};
+pub use target::{PushMethod, Target};
 pub use task::{
     Due, Exclusive, ExclusiveMode, Limits, NewTask, Tags, Task, TaskSpec, TaskState, check_tags,
 };

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Backoff, ExecutionId, TaskId, Timestamp, ValidationError};
+use crate::{Backoff, ExecutionId, Target, TaskId, Timestamp, ValidationError};
 
 /// Where a task is in its life. Ordered as listed (life order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -182,6 +182,8 @@ pub struct TaskSpec {
     pub timeout: Duration,
     pub exclusive: Option<Exclusive>,
     pub tags: Tags,
+    /// Deliver by an HTTP call instead of a handler or worker (`sundial-push`).
+    pub target: Option<Target>,
 }
 
 impl TaskSpec {
@@ -204,7 +206,13 @@ impl TaskSpec {
             timeout: Self::DEFAULT_TIMEOUT,
             exclusive: None,
             tags: Tags::new(),
+            target: None,
         }
+    }
+    /// Delivers the task by calling `target` at its due time.
+    pub fn target(mut self, target: Target) -> Self {
+        self.target = Some(target);
+        self
     }
     pub fn queue(mut self, queue: impl Into<String>) -> Self {
         self.queue = queue.into();
@@ -326,6 +334,10 @@ impl TaskSpec {
                 reason: format!("must be between 1ms and {}s", limits.max_timeout.as_secs()),
             });
         }
+        let target = match self.target {
+            Some(t) => Some(t.validate(self.timeout)?),
+            None => None,
+        };
         let shard = crate::shard_for(&self.queue, self.key.as_deref(), &id, shard_count);
         Ok(NewTask {
             id,
@@ -340,6 +352,7 @@ impl TaskSpec {
             timeout_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
             exclusive: self.exclusive,
             tags: self.tags,
+            target,
             created_at: now,
         })
     }
@@ -434,6 +447,7 @@ pub struct NewTask {
     pub timeout_ms: u64,
     pub exclusive: Option<Exclusive>,
     pub tags: Tags,
+    pub target: Option<Target>,
     pub created_at: Timestamp,
 }
 
@@ -462,6 +476,9 @@ pub struct Task {
     pub worker: Option<String>,
     pub last_error: Option<String>,
     pub result: Option<serde_json::Value>,
+    /// The HTTP call that delivers it, when it is a push task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<Target>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     pub started_at: Option<Timestamp>,

@@ -758,6 +758,7 @@ impl PostgresStore {
         let mut created = Vec::with_capacity(tasks.len());
         let mut ords = Vec::with_capacity(tasks.len());
         let mut tags: Vec<Option<String>> = Vec::with_capacity(tasks.len());
+        let mut targets = Vec::with_capacity(tasks.len());
         for (i, t) in tasks.iter().enumerate() {
             tags.push(if t.tags.is_empty() {
                 None
@@ -786,6 +787,13 @@ impl PostgresStore {
             ex_modes.push(t.exclusive.as_ref().map(|e| rows::mode_str(e.mode)));
             created.push(t.created_at.0);
             ords.push(i as i64);
+            targets.push(
+                t.target
+                    .as_ref()
+                    .map(serde_json::to_string)
+                    .transpose()
+                    .map_err(|e| StoreError::Backend(format!("target: {e}")))?,
+            );
         }
         let rows = query(
             client,
@@ -806,6 +814,7 @@ impl PostgresStore {
                 &created,
                 &ords,
                 &tags,
+                &targets,
             ],
         )
         .await?;

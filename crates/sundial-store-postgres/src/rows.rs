@@ -10,7 +10,7 @@ use tokio_postgres::types::FromSql;
 use uuid::Uuid;
 
 /// The task columns every task query returns, in the order [`task_from_row`] reads them.
-const COLUMNS: [&str; 24] = [
+const COLUMNS: [&str; 25] = [
     "id",
     "shard",
     "queue",
@@ -35,6 +35,7 @@ const COLUMNS: [&str; 24] = [
     "started_at",
     "finished_at",
     "tags",
+    "target",
 ];
 
 /// The column list qualified with `alias` (`t.id, t.shard, …`): queries that join the task table
@@ -101,6 +102,7 @@ pub fn task_from_row(r: &Row) -> Result<Task, StoreError> {
     let exec: Option<Uuid> = col(r, 14)?;
     let result: Option<String> = col(r, 18)?;
     let tags: Option<String> = col(r, 23)?;
+    let target: Option<String> = col(r, 24)?;
     let exclusive = match (ex_key, ex_mode) {
         (None, _) => None,
         (Some(key), Some(mode)) => Some(Exclusive {
@@ -145,6 +147,11 @@ pub fn task_from_row(r: &Row) -> Result<Task, StoreError> {
                 serde_json::from_str(&s).map_err(|e| StoreError::Corrupt(format!("tags: {e}")))?
             }
         },
+        target: target
+            .map(|s| {
+                serde_json::from_str(&s).map_err(|e| StoreError::Corrupt(format!("target: {e}")))
+            })
+            .transpose()?,
     })
 }
 

@@ -342,6 +342,20 @@ CREATE TRIGGER task_attempts_update AFTER UPDATE ON {schema}.tasks
     FOR EACH STATEMENT EXECUTE FUNCTION {schema}.task_attempts_after_update();
 "#,
     },
+    Migration {
+        version: 7,
+        name: "push delivery: task targets and signing secrets",
+        sql: r#"
+ALTER TABLE {schema}.tasks ADD COLUMN target text;
+
+CREATE TABLE {schema}.push_secrets (
+    id         text   NOT NULL PRIMARY KEY COLLATE "C",
+    secret     text   NOT NULL,
+    created_at bigint NOT NULL,
+    expires_at bigint
+);
+"#,
+    },
 ];
 
 /// The schema version this build writes (the highest migration it knows).

@@ -383,7 +383,7 @@ fn filtered(
 /// sub-journal again, and releasing it walks that journal from the start. One statement per chunk
 /// keeps both costs per chunk instead of per row.
 const INSERT_CHUNK: usize = 64;
-const INSERT_PARAMS: usize = 14;
+const INSERT_PARAMS: usize = 15;
 
 /// Inserts `tasks` in order; a task whose live `(queue, key)` is already held (by an earlier
 /// task, possibly of the same batch) becomes [`Inserted::Duplicate`].
@@ -412,8 +412,8 @@ fn insert_chunk(
         .map(|i| {
             let p = |n: usize| i * INSERT_PARAMS + n;
             format!(
-                "(?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, 'scheduled', 0, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})",
-                p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9), p(10), p(11), p(12), p(13), p(13), p(14)
+                "(?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, 'scheduled', 0, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})",
+                p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9), p(10), p(11), p(12), p(13), p(13), p(14), p(15)
             )
         })
         .collect::<Vec<_>>()
@@ -423,7 +423,7 @@ fn insert_chunk(
     let sql = format!(
         "INSERT INTO tasks (id, shard, queue, kind, key, payload, due_at, state, attempt, \
          max_attempts, backoff, timeout_ms, exclusive_key, exclusive_mode, created_at, updated_at, \
-         tags) VALUES {values} ON CONFLICT DO NOTHING RETURNING {TASK_COLUMNS}"
+         tags, target) VALUES {values} ON CONFLICT DO NOTHING RETURNING {TASK_COLUMNS}"
     );
     let timeouts: Vec<i64> = chunk.iter().map(|t| t.timeout_ms as i64).collect();
     let tags = chunk
@@ -437,17 +437,23 @@ fn insert_chunk(
         })
         .collect::<Result<Vec<Option<String>>, _>>()
         .map_err(|e| StoreError::Backend(e.to_string()))?;
+    let targets = chunk
+        .iter()
+        .map(|t| t.target.as_ref().map(serde_json::to_string).transpose())
+        .collect::<Result<Vec<Option<String>>, _>>()
+        .map_err(|e| StoreError::Backend(e.to_string()))?;
     let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(chunk.len() * INSERT_PARAMS);
     let modes: Vec<Option<&str>> = chunk
         .iter()
         .map(|t| t.exclusive.as_ref().map(|e| rows::mode_str(e.mode)))
         .collect();
-    for ((((t, backoff), timeout), mode), tags) in chunk
+    for (((((t, backoff), timeout), mode), tags), target) in chunk
         .iter()
         .zip(&backoffs)
         .zip(&timeouts)
         .zip(&modes)
         .zip(&tags)
+        .zip(&targets)
     {
         args.push(t.id.as_bytes());
         args.push(&t.shard);
@@ -466,6 +472,7 @@ fn insert_chunk(
         args.push(mode);
         args.push(&t.created_at.0);
         args.push(tags);
+        args.push(target);
     }
     let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
     let mut rows = stmt.query(args.as_slice()).map_err(backend)?;

@@ -13,7 +13,7 @@ use crate::backend;
 pub const TASK_COLUMNS: &str = "id, shard, queue, kind, key, payload, due_at, state, attempt, \
     max_attempts, backoff, timeout_ms, exclusive_key, exclusive_mode, execution_id, \
     lease_expires_at, worker, last_error, result, created_at, updated_at, started_at, finished_at, \
-    tags";
+    tags, target";
 
 pub fn parse_state(s: &str) -> Result<TaskState, StoreError> {
     s.parse()
@@ -50,6 +50,7 @@ pub fn task_from_row(r: &Row<'_>) -> Result<Task, StoreError> {
     let exec: Option<Vec<u8>> = r.get(14).map_err(backend)?;
     let result: Option<String> = r.get(18).map_err(backend)?;
     let tags: Option<String> = r.get(23).map_err(backend)?;
+    let target: Option<String> = r.get(24).map_err(backend)?;
     let exclusive = match (ex_key, ex_mode.as_deref()) {
         (Some(key), Some("wait")) => Some(Exclusive {
             key,
@@ -99,5 +100,10 @@ pub fn task_from_row(r: &Row<'_>) -> Result<Task, StoreError> {
                 serde_json::from_str(&s).map_err(|e| StoreError::Corrupt(format!("tags: {e}")))?
             }
         },
+        target: target
+            .map(|s| {
+                serde_json::from_str(&s).map_err(|e| StoreError::Corrupt(format!("target: {e}")))
+            })
+            .transpose()?,
     })
 }

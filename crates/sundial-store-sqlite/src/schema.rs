@@ -34,6 +34,8 @@
 //!   (retention); `queue_settings` (pause and configuration per queue); `task_attempts (task_id,
 //!   seq)`, one row per attempt, written by triggers as a task enters and leaves `running` and
 //!   bounded to the latest `store_settings.attempts_kept` per task.
+//! - `tasks.target` and `push_secrets` (migration 6): a push task's HTTP target as JSON, and the
+//!   signing secrets of push delivery with their expiry (a rotation sets the previous ones').
 
 use rusqlite::Connection;
 
@@ -251,6 +253,18 @@ END;
 CREATE TRIGGER task_attempts_delete AFTER DELETE ON tasks BEGIN
     DELETE FROM task_attempts WHERE task_id = OLD.id;
 END;
+"#,
+    // 6: push delivery. A task's HTTP target (JSON, NULL for handler and worker tasks) and the
+    // signing secrets (`whsec_…`); a secret signs while `expires_at` is NULL or in the future.
+    r#"
+ALTER TABLE tasks ADD COLUMN target TEXT;
+
+CREATE TABLE push_secrets (
+    id         TEXT    NOT NULL PRIMARY KEY,
+    secret     TEXT    NOT NULL,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER
+);
 "#,
 ];
 

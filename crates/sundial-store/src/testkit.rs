@@ -31,8 +31,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use sundial_core::{
-    Backoff, Exclusive, ExclusiveMode, ExecutionId, Limits, NewTask, Task, TaskId, TaskSpec,
-    TaskState, Timestamp,
+    Backoff, Exclusive, ExclusiveMode, ExecutionId, Limits, NewTask, PushMethod, Target, Task,
+    TaskId, TaskSpec, TaskState, Timestamp,
 };
 use uuid::Uuid;
 
@@ -453,7 +453,14 @@ pub async fn insert_then_get_round_trips_every_field(store: Arc<dyn Store>) {
             .timeout(Duration::from_secs(90))
             .exclusive("mailbox:ada", ExclusiveMode::Skip)
             .tag("tenant", "ada ü")
-            .tag("tier", "gold"),
+            .tag("tier", "gold")
+            .target(
+                Target::new("https://hooks.example.com/in?b=1&c=ü")
+                    .method(PushMethod::Put)
+                    .header("X-Tenant", "acme")
+                    .timeout(Duration::from_secs(5))
+                    .retry_statuses(vec![409, 404]),
+            ),
         now,
     );
     let expected = Task {
@@ -482,6 +489,13 @@ pub async fn insert_then_get_round_trips_every_field(store: Arc<dyn Store>) {
         worker: None,
         last_error: None,
         result: None,
+        target: Some(Target {
+            url: "https://hooks.example.com/in?b=1&c=ü".into(),
+            method: PushMethod::Put,
+            headers: [("x-tenant".to_string(), "acme".to_string())].into(),
+            timeout_ms: Some(5_000),
+            retry_statuses: vec![404, 409],
+        }),
         created_at: now,
         updated_at: now,
         started_at: None,
@@ -512,6 +526,7 @@ pub async fn insert_then_get_round_trips_every_field(store: Arc<dyn Store>) {
         worker: None,
         last_error: None,
         result: None,
+        target: None,
         created_at: at(5),
         updated_at: at(5),
         started_at: None,

@@ -57,7 +57,15 @@ fn closure(meta: &serde_json::Value, root: &str) -> BTreeSet<String> {
     seen
 }
 
-const IO_CRATES: [&str; 5] = ["tokio", "rusqlite", "tokio-postgres", "axum", "hyper"];
+const IO_CRATES: [&str; 7] = [
+    "tokio",
+    "rusqlite",
+    "tokio-postgres",
+    "axum",
+    "hyper",
+    "reqwest",
+    "rustls",
+];
 
 #[test]
 fn pure_crates_do_no_io() {
@@ -87,4 +95,24 @@ fn only_the_sqlite_store_links_sqlite() {
         .map(|d| d["name"].as_str().unwrap().to_string())
         .collect();
     assert!(!engine_direct.contains(&"rusqlite".to_string()));
+}
+
+/// Push delivery sits above the engine: the engine and the pure crates never reach the HTTP
+/// client, and the push crate never reaches the server.
+#[test]
+fn push_delivery_sits_between_the_engine_and_the_server() {
+    let meta = metadata();
+    for krate in ["sundial-core", "sundial-store", "sundial"] {
+        let deps = closure(&meta, krate);
+        assert!(
+            !deps.contains("sundial-push"),
+            "{krate} depends on sundial-push"
+        );
+        assert!(!deps.contains("reqwest"), "{krate} depends on reqwest");
+    }
+    let push = closure(&meta, "sundial-push");
+    assert!(push.contains("sundial"));
+    for above in ["sundial-server", "sundial-cli", "axum"] {
+        assert!(!push.contains(above), "sundial-push depends on {above}");
+    }
 }
