@@ -46,7 +46,7 @@ fn insert(store: &SqliteStore, tasks: Vec<NewTask>) {
 }
 
 /// Makes the database look as a build before the shard count was recorded left it: version 3,
-/// without what migrations 4 (the store's facts) and 5 (operations) added.
+/// without what migrations 4 (the store's facts), 5 (operations) and 6 (push delivery) added.
 fn forget_shard_count(dir: &Path) {
     let conn = rusqlite::Connection::open(dir.join("sundial.db")).unwrap();
     conn.execute_batch(
@@ -59,6 +59,7 @@ fn forget_shard_count(dir: &Path) {
          DROP INDEX tasks_key_id; DROP INDEX tasks_due_at; DROP INDEX tasks_created_at;
          DROP INDEX tasks_waiting; DROP INDEX tasks_finished;
          ALTER TABLE tasks DROP COLUMN tags;
+         DROP TABLE push_secrets; ALTER TABLE tasks DROP COLUMN target;
          PRAGMA user_version = 3;",
     )
     .unwrap();
