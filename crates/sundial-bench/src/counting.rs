@@ -1,5 +1,6 @@
-//! A [`Store`] that forwards every call to another store and counts it: per method, and per shard
-//! for the methods that name a shard, with each call's latency. Used by the idle benchmark to see
+//! Counting every store call: per method, and per shard for the methods that name a shard, with
+//! each call's latency. The store side is the test kit's forwarding store with the [`Counting`]
+//! hook; the cluster side (several nodes) is [`CountingCluster`]. Used by the idle benchmark to see
 //! how often the engine asks the store anything while nothing is due, and by the fire benchmark to
 //! see where lateness comes from.
 
@@ -11,11 +12,9 @@ use crate::common::{Stopwatch, histogram};
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use hdrhistogram::Histogram;
-use sundial_core::{ExecutionId, NewTask, Task, TaskId, Timestamp};
-use sundial_store::{
-    ClaimOutcome, Cluster, DueClaim, DueEntry, DueKey, Fence, Inserted, Member, ReadyClaim,
-    StateCount, Store, StoreError, TaskFilter, TaskPage, TransitionError, Wakeup,
-};
+use sundial_core::Timestamp;
+use sundial_store::forwarding::{Call, Forwarding, Hooks};
+use sundial_store::{Cluster, Fence, Member, Store, StoreError, Wakeup};
 
 /// Whether a method only reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -48,16 +47,13 @@ pub enum Method {
     AcquireShard,
     AcquireShards,
     ReleaseShard,
-    ClaimDueFenced,
-    ExpireLeasesFenced,
-    NextLeaseExpiryIn,
     Publish,
     Subscribe,
     DatabaseTime,
 }
 
 impl Method {
-    pub const ALL: [Method; 27] = [
+    pub const ALL: [Method; 24] = [
         Method::Insert,
         Method::Get,
         Method::List,
@@ -79,9 +75,6 @@ impl Method {
         Method::AcquireShard,
         Method::AcquireShards,
         Method::ReleaseShard,
-        Method::ClaimDueFenced,
-        Method::ExpireLeasesFenced,
-        Method::NextLeaseExpiryIn,
         Method::Publish,
         Method::Subscribe,
         Method::DatabaseTime,
@@ -110,13 +103,15 @@ impl Method {
             Method::AcquireShard => "acquire_shard",
             Method::AcquireShards => "acquire_shards",
             Method::ReleaseShard => "release_shard",
-            Method::ClaimDueFenced => "claim_due_fenced",
-            Method::ExpireLeasesFenced => "expire_leases_fenced",
-            Method::NextLeaseExpiryIn => "next_lease_expiry_in",
             Method::Publish => "publish",
             Method::Subscribe => "subscribe",
             Method::DatabaseTime => "database_time",
         }
+    }
+
+    /// The method a forwarded store call names.
+    fn of_store_call(name: &str) -> Option<Method> {
+        Method::ALL.iter().copied().find(|m| m.name() == name)
     }
 
     pub fn access(&self) -> Access {
@@ -128,7 +123,6 @@ impl Method {
             | Method::NextLeaseExpiry
             | Method::CountByState
             | Method::ShardCount
-            | Method::NextLeaseExpiryIn
             | Method::Subscribe
             | Method::DatabaseTime => Access::Read,
             _ => Access::Write,
@@ -139,10 +133,8 @@ impl Method {
 /// Counts of one snapshot: `(method, shard)` → calls; `shard` is `None` for methods without one.
 pub type Counts = BTreeMap<(Method, Option<u32>), u64>;
 
-pub struct CountingStore {
-    inner: Arc<dyn Store>,
-    /// The same store's `Cluster` side, when it has one (PostgreSQL).
-    cluster: Option<Arc<dyn Cluster>>,
+/// The counters and latency histograms shared by a counting store and its cluster side.
+pub struct Counter {
     /// One counter per method and shard (index `shards` for calls without a shard).
     counters: Vec<Vec<AtomicU64>>,
     /// Call latency per method, in microseconds.
@@ -150,8 +142,30 @@ pub struct CountingStore {
     shards: u32,
 }
 
-impl CountingStore {
-    pub fn new(inner: Arc<dyn Store>, shards: u32) -> Self {
+/// A store that forwards to another and counts every call.
+pub type CountingStore = Forwarding<Counting>;
+
+/// The forwarding hook that counts.
+pub struct Counting(pub Arc<Counter>);
+
+impl Hooks for Counting {
+    fn enter(&self, call: Call) -> Option<Box<dyn Send>> {
+        let m = Method::of_store_call(call.method)?;
+        Some(Box::new(self.0.count(m, call.shard)))
+    }
+}
+
+/// `inner`, counted into a fresh [`Counter`] (returned beside it).
+pub fn counting_store(inner: Arc<dyn Store>, shards: u32) -> (Arc<CountingStore>, Arc<Counter>) {
+    let counter = Arc::new(Counter::new(shards));
+    (
+        Arc::new(Forwarding::new(inner, Counting(counter.clone()))),
+        counter,
+    )
+}
+
+impl Counter {
+    pub fn new(shards: u32) -> Self {
         let counters = Method::ALL
             .iter()
             .map(|_| (0..=shards).map(|_| AtomicU64::new(0)).collect())
@@ -160,36 +174,22 @@ impl CountingStore {
             .iter()
             .map(|_| Mutex::new(histogram()))
             .collect();
-        CountingStore {
-            inner,
-            cluster: None,
+        Counter {
             counters,
             latency,
             shards,
         }
     }
 
-    /// Also counts the calls of several nodes' protocol, forwarded to `cluster` (the same
-    /// store's `Cluster` side).
-    pub fn with_cluster(mut self, cluster: Arc<dyn Cluster>) -> Self {
-        self.cluster = Some(cluster);
-        self
-    }
-
-    fn cluster(&self) -> Result<&Arc<dyn Cluster>, StoreError> {
-        self.cluster
-            .as_ref()
-            .ok_or_else(|| StoreError::Backend("not a cluster store".to_string()))
-    }
-
     /// Counts a call now and returns what records its latency when dropped.
-    fn count(&self, m: Method, shard: Option<u32>) -> Timing<'_> {
+    fn count(self: &Arc<Self>, m: Method, shard: Option<u32>) -> Timing {
         let slot = shard.map(|s| s.min(self.shards)).unwrap_or(self.shards) as usize;
         if let Some(c) = self.counters.get(m as usize).and_then(|v| v.get(slot)) {
             c.fetch_add(1, Ordering::Relaxed);
         }
         Timing {
-            hist: &self.latency[m as usize],
+            counter: self.clone(),
+            method: m,
             watch: Stopwatch::start(),
         }
     }
@@ -234,204 +234,37 @@ impl CountingStore {
 }
 
 /// Records the time from its creation to its drop (the end of the forwarded call).
-struct Timing<'a> {
-    hist: &'a Mutex<Histogram<u64>>,
+struct Timing {
+    counter: Arc<Counter>,
+    method: Method,
     watch: Stopwatch,
 }
 
-impl Drop for Timing<'_> {
+impl Drop for Timing {
     fn drop(&mut self) {
-        if let Ok(mut h) = self.hist.lock() {
+        if let Ok(mut h) = self.counter.latency[self.method as usize].lock() {
             h.saturating_record(self.watch.elapsed().as_micros() as u64);
         }
     }
 }
 
-#[async_trait]
-impl Store for CountingStore {
-    async fn insert(&self, tasks: Vec<NewTask>) -> Result<Vec<Inserted>, StoreError> {
-        let _t = self.count(Method::Insert, None);
-        self.inner.insert(tasks).await
-    }
+/// The cluster side of a counted store: forwards to `inner` and counts into `counter`.
+pub struct CountingCluster {
+    pub inner: Arc<dyn Cluster>,
+    pub counter: Arc<Counter>,
+}
 
-    async fn get(&self, id: TaskId) -> Result<Option<Task>, StoreError> {
-        let _t = self.count(Method::Get, None);
-        self.inner.get(id).await
-    }
-
-    async fn list(&self, filter: &TaskFilter, limit: usize) -> Result<TaskPage, StoreError> {
-        let _t = self.count(Method::List, None);
-        self.inner.list(filter, limit).await
-    }
-
-    async fn cancel(&self, id: TaskId, now: Timestamp) -> Result<Task, TransitionError> {
-        let _t = self.count(Method::Cancel, None);
-        self.inner.cancel(id, now).await
-    }
-
-    async fn trigger(&self, id: TaskId, now: Timestamp) -> Result<Task, TransitionError> {
-        let _t = self.count(Method::Trigger, None);
-        self.inner.trigger(id, now).await
-    }
-
-    async fn scan_due(
-        &self,
-        shard: u32,
-        after: Option<DueKey>,
-        until: Timestamp,
-        limit: usize,
-    ) -> Result<Vec<DueEntry>, StoreError> {
-        let _t = self.count(Method::ScanDue, Some(shard));
-        self.inner.scan_due(shard, after, until, limit).await
-    }
-
-    async fn next_due(
-        &self,
-        shard: u32,
-        after: Option<DueKey>,
-    ) -> Result<Option<Timestamp>, StoreError> {
-        let _t = self.count(Method::NextDue, Some(shard));
-        self.inner.next_due(shard, after).await
-    }
-
-    async fn claim_due(
-        &self,
-        claims: Vec<DueClaim>,
-        now: Timestamp,
-    ) -> Result<Vec<ClaimOutcome>, StoreError> {
-        let _t = self.count(Method::ClaimDue, None);
-        self.inner.claim_due(claims, now).await
-    }
-
-    async fn claim_ready(&self, claim: ReadyClaim) -> Result<Vec<Task>, StoreError> {
-        let _t = self.count(Method::ClaimReady, None);
-        self.inner.claim_ready(claim).await
-    }
-
-    async fn heartbeat(
-        &self,
-        id: TaskId,
-        execution: ExecutionId,
-        now: Timestamp,
-        lease_until: Timestamp,
-    ) -> Result<Task, TransitionError> {
-        let _t = self.count(Method::Heartbeat, None);
-        self.inner.heartbeat(id, execution, now, lease_until).await
-    }
-
-    async fn complete(
-        &self,
-        id: TaskId,
-        execution: ExecutionId,
-        now: Timestamp,
-        result: Option<String>,
-    ) -> Result<Task, TransitionError> {
-        let _t = self.count(Method::Complete, None);
-        self.inner.complete(id, execution, now, result).await
-    }
-
-    async fn fail(
-        &self,
-        id: TaskId,
-        execution: ExecutionId,
-        now: Timestamp,
-        error: String,
-        retry_at: Option<Timestamp>,
-    ) -> Result<Task, TransitionError> {
-        let _t = self.count(Method::Fail, None);
-        self.inner.fail(id, execution, now, error, retry_at).await
-    }
-
-    async fn expire_leases(&self, now: Timestamp, limit: usize) -> Result<Vec<Task>, StoreError> {
-        let _t = self.count(Method::ExpireLeases, None);
-        self.inner.expire_leases(now, limit).await
-    }
-
-    async fn next_lease_expiry(&self) -> Result<Option<Timestamp>, StoreError> {
-        let _t = self.count(Method::NextLeaseExpiry, None);
-        self.inner.next_lease_expiry().await
-    }
-
-    async fn count_by_state(&self) -> Result<Vec<StateCount>, StoreError> {
-        let _t = self.count(Method::CountByState, None);
-        self.inner.count_by_state().await
-    }
-    async fn queue_settings(
-        &self,
-        queue: &str,
-    ) -> Result<Option<sundial_store::QueueSettings>, StoreError> {
-        self.inner.queue_settings(queue).await
-    }
-    async fn list_queue_settings(&self) -> Result<Vec<sundial_store::QueueSettings>, StoreError> {
-        self.inner.list_queue_settings().await
-    }
-    async fn put_queue_config(
-        &self,
-        queue: &str,
-        config: sundial_store::QueueConfig,
-        now: Timestamp,
-    ) -> Result<sundial_store::QueueSettings, StoreError> {
-        self.inner.put_queue_config(queue, config, now).await
-    }
-    async fn set_queue_paused(
-        &self,
-        queue: &str,
-        paused: bool,
-        now: Timestamp,
-    ) -> Result<sundial_store::QueueSettings, StoreError> {
-        self.inner.set_queue_paused(queue, paused, now).await
-    }
-    async fn earliest_waiting(&self, queue: &str) -> Result<Option<Timestamp>, StoreError> {
-        self.inner.earliest_waiting(queue).await
-    }
-    async fn attempts(
-        &self,
-        id: TaskId,
-    ) -> Result<Option<sundial_store::AttemptHistory>, StoreError> {
-        self.inner.attempts(id).await
-    }
-    async fn retry(
-        &self,
-        id: TaskId,
-        due_at: Timestamp,
-        now: Timestamp,
-    ) -> Result<Task, TransitionError> {
-        self.inner.retry(id, due_at, now).await
-    }
-    async fn select(
-        &self,
-        filter: &TaskFilter,
-        limit: usize,
-    ) -> Result<Vec<sundial_store::Selected>, StoreError> {
-        self.inner.select(filter, limit).await
-    }
-    async fn cancel_many(&self, ids: Vec<TaskId>, now: Timestamp) -> Result<Vec<Task>, StoreError> {
-        self.inner.cancel_many(ids, now).await
-    }
-    async fn retry_many(
-        &self,
-        ids: Vec<TaskId>,
-        due_at: Timestamp,
-        now: Timestamp,
-    ) -> Result<Vec<Task>, StoreError> {
-        self.inner.retry_many(ids, due_at, now).await
-    }
-    async fn purge_tasks(
-        &self,
-        shard: Option<u32>,
-        rules: &sundial_store::RetentionRules,
-        now: Timestamp,
-        limit: usize,
-    ) -> Result<u64, StoreError> {
-        self.inner.purge_tasks(shard, rules, now, limit).await
+impl CountingCluster {
+    fn count(&self, m: Method, shard: Option<u32>) -> Timing {
+        self.counter.count(m, shard)
     }
 }
 
 #[async_trait]
-impl Cluster for CountingStore {
+impl Cluster for CountingCluster {
     async fn shard_count(&self, proposed: u32) -> Result<u32, StoreError> {
         let _t = self.count(Method::ShardCount, None);
-        self.cluster()?.shard_count(proposed).await
+        self.inner.shard_count(proposed).await
     }
 
     async fn heartbeat(
@@ -441,12 +274,12 @@ impl Cluster for CountingStore {
         live_since: Timestamp,
     ) -> Result<Vec<Member>, StoreError> {
         let _t = self.count(Method::NodeHeartbeat, None);
-        Cluster::heartbeat(&**self.cluster()?, node, now, live_since).await
+        Cluster::heartbeat(&*self.inner, node, now, live_since).await
     }
 
     async fn leave(&self, node: &str) -> Result<(), StoreError> {
         let _t = self.count(Method::Leave, None);
-        self.cluster()?.leave(node).await
+        self.inner.leave(node).await
     }
 
     async fn acquire_shard(
@@ -457,7 +290,7 @@ impl Cluster for CountingStore {
         until: Timestamp,
     ) -> Result<Option<Fence>, StoreError> {
         let _t = self.count(Method::AcquireShard, Some(shard));
-        self.cluster()?.acquire_shard(shard, node, now, until).await
+        self.inner.acquire_shard(shard, node, now, until).await
     }
 
     async fn acquire_shards(
@@ -468,55 +301,26 @@ impl Cluster for CountingStore {
         until: Timestamp,
     ) -> Result<Vec<Option<Fence>>, StoreError> {
         let _t = self.count(Method::AcquireShards, None);
-        self.cluster()?
-            .acquire_shards(shards, node, now, until)
-            .await
+        self.inner.acquire_shards(shards, node, now, until).await
     }
 
     async fn release_shard(&self, fence: Fence, node: &str) -> Result<(), StoreError> {
         let _t = self.count(Method::ReleaseShard, Some(fence.shard));
-        self.cluster()?.release_shard(fence, node).await
-    }
-
-    async fn claim_due_fenced(
-        &self,
-        fence: Fence,
-        claims: Vec<DueClaim>,
-        now: Timestamp,
-    ) -> Result<Vec<ClaimOutcome>, StoreError> {
-        let _t = self.count(Method::ClaimDueFenced, Some(fence.shard));
-        self.cluster()?.claim_due_fenced(fence, claims, now).await
-    }
-
-    async fn expire_leases_fenced(
-        &self,
-        fence: Fence,
-        now: Timestamp,
-        limit: usize,
-    ) -> Result<Vec<Task>, StoreError> {
-        let _t = self.count(Method::ExpireLeasesFenced, Some(fence.shard));
-        self.cluster()?
-            .expire_leases_fenced(fence, now, limit)
-            .await
-    }
-
-    async fn next_lease_expiry_in(&self, shard: u32) -> Result<Option<Timestamp>, StoreError> {
-        let _t = self.count(Method::NextLeaseExpiryIn, Some(shard));
-        self.cluster()?.next_lease_expiry_in(shard).await
+        self.inner.release_shard(fence, node).await
     }
 
     async fn publish(&self, wakeups: Vec<Wakeup>) -> Result<(), StoreError> {
         let _t = self.count(Method::Publish, None);
-        self.cluster()?.publish(wakeups).await
+        self.inner.publish(wakeups).await
     }
 
     async fn subscribe(&self) -> Result<BoxStream<'static, Wakeup>, StoreError> {
         let _t = self.count(Method::Subscribe, None);
-        self.cluster()?.subscribe().await
+        self.inner.subscribe().await
     }
 
     async fn database_time(&self) -> Result<Timestamp, StoreError> {
         let _t = self.count(Method::DatabaseTime, None);
-        self.cluster()?.database_time().await
+        self.inner.database_time().await
     }
 }

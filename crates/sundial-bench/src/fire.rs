@@ -19,7 +19,7 @@ use sundial::{Config, Sundial, TaskSpec, Timestamp};
 use crate::common::{
     Common, DataDir, PreloadOrder, Stopwatch, histogram, preload, print_rss, sleep_until, summary,
 };
-use crate::counting::CountingStore;
+use crate::counting::counting_store;
 
 #[derive(Debug, Clone, Args)]
 pub struct FireArgs {
@@ -77,10 +77,8 @@ pub async fn run(common: &Common, args: &FireArgs) -> Result<()> {
     };
     crate::common::print_fsync_probe(dir.path())?;
     let store = common.open_store(dir.path())?;
-    let counting = Arc::new(CountingStore::new(Arc::new(store), common.shards));
-    let sundial = Sundial::builder()
-        .config(config)
-        .with_store(counting.clone());
+    let (counted, counting) = counting_store(Arc::new(store), common.shards);
+    let sundial = Sundial::builder().config(config).with_store(counted);
     print_rss("after open");
     preload(
         &sundial,

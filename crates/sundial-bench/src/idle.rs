@@ -13,7 +13,7 @@ use sundial::Sundial;
 use sundial_store_postgres::{PostgresOptions, PostgresStore};
 
 use crate::common::{Common, DataDir, PreloadOrder, Stopwatch, preload, print_rss};
-use crate::counting::{Access, CountingStore};
+use crate::counting::{Access, CountingCluster, counting_store};
 
 #[derive(Debug, Clone, Args)]
 pub struct IdleArgs {
@@ -43,10 +43,10 @@ pub async fn run(common: &Common, args: &IdleArgs) -> Result<()> {
                 common.shards
             );
             let store = common.open_store(dir.path())?;
-            let counting = Arc::new(CountingStore::new(Arc::new(store), common.shards));
+            let (counted, counting) = counting_store(Arc::new(store), common.shards);
             let sundial = Sundial::builder()
                 .config(common.config())
-                .with_store(counting.clone());
+                .with_store(counted);
             (counting, sundial)
         }
         Some(url) => {
@@ -63,12 +63,14 @@ pub async fn run(common: &Common, args: &IdleArgs) -> Result<()> {
                 .await
                 .context("connect to PostgreSQL")?,
             );
-            let counting = Arc::new(
-                CountingStore::new(store.clone(), common.shards).with_cluster(store.clone()),
-            );
+            let (counted, counting) = counting_store(store.clone(), common.shards);
+            let cluster = Arc::new(CountingCluster {
+                inner: store.clone(),
+                counter: counting.clone(),
+            });
             let sundial = Sundial::builder()
                 .config(common.config())
-                .join_cluster(counting.clone(), counting.clone(), "bench-idle")
+                .join_cluster(counted, cluster, "bench-idle")
                 .await
                 .context("join the cluster")?;
             println!(

@@ -8,7 +8,7 @@
 //!   order), so a node renews all its leases with one statement per round. `range_id` moves whenever the holder changes; `release_shard`
 //!   clears the owner and moves it too, so a released fence is dead at once and whoever takes the
 //!   shard next (its previous owner included) gets a new number.
-//! - **Fenced writes.** `claim_due_fenced` and `expire_leases_fenced` run in one transaction
+//! - **Fenced writes.** `claim_due` and `expire_leases` with a fence run in one transaction
 //!   that first reads the shard's `range_id` `FOR SHARE`. A takeover updates that row, so it waits
 //!   until the fenced write commits, or the fenced write (coming second) reads the new number and
 //!   is refused with `LeaseLost` before it writes anything. The write itself is the unfenced code
@@ -29,10 +29,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use sundial_core::{Task, TaskId, Timestamp};
-use sundial_store::{
-    ClaimOutcome, Cluster, DueClaim, DueEntry, DueKey, Fence, Member, StoreError, Wakeup,
-};
+use sundial_core::{TaskId, Timestamp};
+use sundial_store::{Cluster, DueEntry, DueKey, Fence, Member, StoreError, Wakeup};
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, NoTls};
 
@@ -53,7 +51,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 impl PostgresStore {
     /// Checks `fence` inside `tx`: the shard's `range_id`, read with a share lock held to the end
     /// of the transaction, must be the fence's.
-    async fn check_fence(
+    pub(crate) async fn check_fence(
         &self,
         tx: &deadpool_postgres::Transaction<'_>,
         fence: Fence,
@@ -193,52 +191,6 @@ impl Cluster for PostgresStore {
         )
         .await?;
         Ok(())
-    }
-
-    async fn claim_due_fenced(
-        &self,
-        fence: Fence,
-        claims: Vec<DueClaim>,
-        now: Timestamp,
-    ) -> Result<Vec<ClaimOutcome>, StoreError> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(pg)?;
-        self.check_fence(&tx, fence).await?;
-        let out = self
-            .claim_due_in(&tx, &claims, now, Some(fence.shard))
-            .await?;
-        tx.commit().await.map_err(pg)?;
-        Ok(out)
-    }
-
-    async fn expire_leases_fenced(
-        &self,
-        fence: Fence,
-        now: Timestamp,
-        limit: usize,
-    ) -> Result<Vec<Task>, StoreError> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(pg)?;
-        self.check_fence(&tx, fence).await?;
-        let out = self
-            .expire_leases_in(&tx, now, limit, Some(fence.shard))
-            .await?;
-        tx.commit().await.map_err(pg)?;
-        Ok(out)
-    }
-
-    async fn next_lease_expiry_in(&self, shard: u32) -> Result<Option<Timestamp>, StoreError> {
-        let client = self.client().await?;
-        let row = query_opt(
-            &client,
-            &self.sql.next_lease_expiry_in_shard,
-            &[&i64::from(shard)],
-        )
-        .await?;
-        match row {
-            None => Ok(None),
-            Some(r) => Ok(col::<Option<i64>>(&r, 0)?.map(Timestamp)),
-        }
     }
 
     async fn publish(&self, wakeups: Vec<Wakeup>) -> Result<(), StoreError> {

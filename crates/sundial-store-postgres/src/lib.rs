@@ -37,7 +37,7 @@
 //!   id order with `FOR UPDATE SKIP LOCKED`.
 //! - **`tasks_lease (lease_expires_at) WHERE state = 'running'`**: the reaper's view.
 //! - **`tasks_shard_lease (shard, lease_expires_at) WHERE state = 'running'`** (migration 2): a
-//!   shard owner's reaper view (`expire_leases_fenced`, `next_lease_expiry_in`).
+//!   shard owner's reaper view (`expire_leases` and `next_lease_expiry` of one shard).
 //! - **`tasks_running_exclusive (exclusive_key) WHERE state = 'running' AND exclusive_key IS NOT
 //!   NULL`**: the "is this exclusive key held?" probe.
 //! - **`tasks_queue_id (queue, id)`**: listing a queue newest first.
@@ -115,7 +115,7 @@
 //!
 //! ## Fencing
 //!
-//! A shard owner's writes (`claim_due_fenced`, `expire_leases_fenced`) are one transaction:
+//! A shard owner's writes (`claim_due`, `expire_leases` with a fence) are one transaction:
 //!
 //! ```text
 //! BEGIN
@@ -168,9 +168,9 @@ use async_trait::async_trait;
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, PoolError, Runtime};
 use sundial_core::{ExclusiveMode, ExecutionId, NewTask, Task, TaskId, Timestamp};
 use sundial_store::{
-    AttemptHistory, ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Inserted, QueueConfig,
-    QueueSettings, ReadyClaim, RetentionRules, Selected, StateCount, Store, StoreError, TaskFilter,
-    TaskPage, TransitionError,
+    AttemptHistory, ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Fence, Inserted,
+    QueueConfig, QueueSettings, ReadyClaim, RetentionRules, Retry, Selected, StateCount, Store,
+    StoreError, TaskFilter, TaskPage, TransitionError,
 };
 use thiserror::Error;
 use tokio_postgres::types::ToSql;
@@ -1044,13 +1044,20 @@ impl Store for PostgresStore {
         &self,
         claims: Vec<DueClaim>,
         now: Timestamp,
+        fence: Option<Fence>,
     ) -> Result<Vec<ClaimOutcome>, StoreError> {
-        if claims.is_empty() {
+        // Unfenced and empty: nothing to do. Fenced and empty still checks the fence.
+        if claims.is_empty() && fence.is_none() {
             return Ok(Vec::new());
         }
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
-        let out = self.claim_due_in(&tx, &claims, now, None).await?;
+        if let Some(f) = fence {
+            self.check_fence(&tx, f).await?;
+        }
+        let out = self
+            .claim_due_in(&tx, &claims, now, fence.map(|f| f.shard))
+            .await?;
         tx.commit().await.map_err(pg)?;
         Ok(out)
     }
@@ -1160,14 +1167,9 @@ impl Store for PostgresStore {
         id: TaskId,
         execution: ExecutionId,
         now: Timestamp,
-        lease_until: Timestamp,
     ) -> Result<Task, TransitionError> {
-        self.attempt_write(
-            &self.sql.heartbeat,
-            id,
-            &[&id.0, &execution.0, &lease_until.0, &now.0],
-        )
-        .await
+        self.attempt_write(&self.sql.heartbeat, id, &[&id.0, &execution.0, &now.0])
+            .await
     }
 
     async fn complete(
@@ -1186,8 +1188,27 @@ impl Store for PostgresStore {
         execution: ExecutionId,
         now: Timestamp,
         error: String,
-        retry_at: Option<Timestamp>,
+        retry: Retry,
     ) -> Result<Task, TransitionError> {
+        let retry_at = match retry {
+            Retry::Never => None,
+            // The update itself checks that attempts remain.
+            Retry::At(t) => Some(t),
+            // The backoff needs the attempt's row. Read without a lock: while the execution id
+            // matches, the attempt count and backoff cannot change, and the update below is
+            // conditional on that execution id.
+            Retry::Backoff { .. } => {
+                let client = self.client().await?;
+                let current = query_opt(&client, &self.sql.running_attempt, &[&id.0, &execution.0])
+                    .await?
+                    .map(|r| task_from_row(&r))
+                    .transpose()?;
+                match current {
+                    Some(t) => retry.retry_at(&t, now),
+                    None => return Err(self.attempt_refusal(&client, &id.0).await),
+                }
+            }
+        };
         self.attempt_write(
             &self.sql.fail,
             id,
@@ -1196,14 +1217,39 @@ impl Store for PostgresStore {
         .await
     }
 
-    async fn expire_leases(&self, now: Timestamp, limit: usize) -> Result<Vec<Task>, StoreError> {
-        let client = self.client().await?;
-        self.expire_leases_in(&client, now, limit, None).await
+    async fn expire_leases(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        fence: Option<Fence>,
+    ) -> Result<Vec<Task>, StoreError> {
+        let Some(f) = fence else {
+            let client = self.client().await?;
+            return self.expire_leases_in(&client, now, limit, None).await;
+        };
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        self.check_fence(&tx, f).await?;
+        let out = self
+            .expire_leases_in(&tx, now, limit, Some(f.shard))
+            .await?;
+        tx.commit().await.map_err(pg)?;
+        Ok(out)
     }
 
-    async fn next_lease_expiry(&self) -> Result<Option<Timestamp>, StoreError> {
+    async fn next_lease_expiry(&self, shard: Option<u32>) -> Result<Option<Timestamp>, StoreError> {
         let client = self.client().await?;
-        let rows = query(&client, &self.sql.next_lease_expiry, &[]).await?;
+        let rows = match shard {
+            None => query(&client, &self.sql.next_lease_expiry, &[]).await?,
+            Some(shard) => {
+                query(
+                    &client,
+                    &self.sql.next_lease_expiry_in_shard,
+                    &[&i64::from(shard)],
+                )
+                .await?
+            }
+        };
         match rows.first() {
             None => Ok(None),
             Some(r) => Ok(col::<Option<i64>>(r, 0)?.map(Timestamp)),

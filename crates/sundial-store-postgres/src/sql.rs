@@ -41,7 +41,10 @@ pub(crate) struct Sql {
     /// `complete` for several attempts at once, each row with its own condition and time
     /// (see `completer.rs`).
     pub complete_many: String,
+    /// `$3`: the retry time, taken while attempts remain (`NULL` or none left: dead).
     pub fail: String,
+    /// The running attempt `($1, $2)`, for a failure's backoff.
+    pub running_attempt: String,
     pub cancel: String,
     pub trigger: String,
     pub expire_leases: String,
@@ -373,6 +376,8 @@ impl Sql {
         let s = &schema.ident;
         let tasks = format!("{s}.tasks");
         let c = task_columns("t");
+        // A failure's retry time: `$3` while attempts remain, else `NULL` (dead).
+        let retry_at = "(CASE WHEN t.attempt < t.max_attempts THEN $3::bigint END)";
         // No running task holds the exclusive key of `t`.
         let free = format!(
             "(t.exclusive_key IS NULL OR NOT EXISTS (SELECT 1 FROM {tasks} r \
@@ -523,8 +528,9 @@ impl Sql {
                  FROM pick WHERE t.id = pick.id RETURNING {c}"
             ),
             heartbeat: format!(
-                "UPDATE {tasks} t SET lease_expires_at = GREATEST(t.lease_expires_at, $3::bigint), \
-                 updated_at = $4 \
+                "UPDATE {tasks} t SET \
+                 lease_expires_at = GREATEST(t.lease_expires_at, $3::bigint + t.timeout_ms), \
+                 updated_at = $3 \
                  WHERE t.id = $1 AND t.state = 'running' AND t.execution_id = $2 RETURNING {c}"
             ),
             complete: format!(
@@ -548,11 +554,14 @@ impl Sql {
             ),
             fail: format!(
                 "UPDATE {tasks} t SET \
-                 state = CASE WHEN $3::bigint IS NULL THEN 'dead' ELSE 'scheduled' END, \
-                 due_at = COALESCE($3::bigint, t.due_at), last_error = $4, updated_at = $5, \
-                 finished_at = CASE WHEN $3::bigint IS NULL THEN $5::bigint ELSE NULL END, \
+                 state = CASE WHEN {retry_at} IS NULL THEN 'dead' ELSE 'scheduled' END, \
+                 due_at = COALESCE({retry_at}, t.due_at), last_error = $4, updated_at = $5, \
+                 finished_at = CASE WHEN {retry_at} IS NULL THEN $5::bigint ELSE NULL END, \
                  lease_expires_at = NULL \
                  WHERE t.id = $1 AND t.state = 'running' AND t.execution_id = $2 RETURNING {c}"
+            ),
+            running_attempt: format!(
+                "SELECT {c} FROM {tasks} t WHERE t.id = $1 AND t.state = 'running' AND t.execution_id = $2"
             ),
             cancel: format!(
                 "UPDATE {tasks} t SET state = 'cancelled', updated_at = $2, finished_at = $2, \

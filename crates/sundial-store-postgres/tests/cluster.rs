@@ -252,7 +252,7 @@ async fn release_then_another_takes_it() {
     );
     // The released fence is dead even though nobody else holds the shard.
     let id = task_in_shard(&s, 2, 0).await;
-    let r = s.claim_due_fenced(b, vec![run(id, 60_000)], t(4_000)).await;
+    let r = s.claim_due(vec![run(id, 60_000)], t(4_000), Some(b)).await;
     assert!(
         matches!(r, Err(StoreError::LeaseLost { shard: 2 })),
         "{r:?}"
@@ -282,9 +282,7 @@ async fn stale_fenced_claim_is_refused_and_changes_nothing() {
         .unwrap()
         .unwrap();
 
-    let r = a
-        .claim_due_fenced(fa, vec![run(id, 90_000)], t(2_500))
-        .await;
+    let r = a.claim_due(vec![run(id, 90_000)], t(2_500), Some(fa)).await;
     assert!(
         matches!(r, Err(StoreError::LeaseLost { shard: 3 })),
         "{r:?}"
@@ -292,7 +290,7 @@ async fn stale_fenced_claim_is_refused_and_changes_nothing() {
     let task = a.get(id).await.unwrap().unwrap();
     assert_eq!(task.state, TaskState::Scheduled);
     assert_eq!((task.attempt, task.execution_id), (0, None));
-    let r = a.claim_due_fenced(fa, vec![], t(2_500)).await;
+    let r = a.claim_due(vec![], t(2_500), Some(fa)).await;
     assert!(matches!(r, Err(StoreError::LeaseLost { .. })), "{r:?}");
 
     // A fence for a shard that has no lease row at all.
@@ -301,7 +299,7 @@ async fn stale_fenced_claim_is_refused_and_changes_nothing() {
         range_id: 1,
     };
     let r = a
-        .claim_due_fenced(none, vec![run(id, 90_000)], t(2_500))
+        .claim_due(vec![run(id, 90_000)], t(2_500), Some(none))
         .await;
     assert!(
         matches!(r, Err(StoreError::LeaseLost { shard: 0 })),
@@ -310,7 +308,11 @@ async fn stale_fenced_claim_is_refused_and_changes_nothing() {
 
     // The current owner claims; a task of another shard is not its to claim.
     let out = b
-        .claim_due_fenced(fb, vec![run(id, 90_000), run(other, 90_000)], t(2_500))
+        .claim_due(
+            vec![run(id, 90_000), run(other, 90_000)],
+            t(2_500),
+            Some(fb),
+        )
         .await
         .unwrap();
     assert!(
@@ -351,10 +353,7 @@ async fn fenced_claim_waits_for_a_takeover_and_sees_it() {
     .unwrap();
     let claim = {
         let a = a.clone();
-        tokio::spawn(async move {
-            a.claim_due_fenced(fa, vec![run(id, 90_000)], t(1_500))
-                .await
-        })
+        tokio::spawn(async move { a.claim_due(vec![run(id, 90_000)], t(1_500), Some(fa)).await })
     };
     // The claim blocks on the lease row for as long as the takeover is open.
     let watcher = raw_client(&guard.url).await;
@@ -439,7 +438,7 @@ async fn a_stalled_fenced_write_does_not_hold_up_a_takeover() {
                 ready_tx.send((fence, id)).unwrap();
                 claim_rx.await.unwrap();
                 let claim = tokio::spawn(async move {
-                    a.claim_due_fenced(fence, vec![run(id, 90_000)], t(1_500))
+                    a.claim_due(vec![run(id, 90_000)], t(1_500), Some(fence))
                         .await
                 });
                 stop_rx.await.unwrap();
@@ -521,7 +520,7 @@ async fn stale_fenced_expire_changes_nothing() {
     let id = task_in_shard(&a, shard, 0).await;
     let other = task_in_shard(&a, 0, 0).await;
     let started = a
-        .claim_due(vec![run(id, 1_200), run(other, 1_100)], t(1_000))
+        .claim_due(vec![run(id, 1_200), run(other, 1_100)], t(1_000), None)
         .await
         .unwrap();
     assert!(
@@ -529,9 +528,12 @@ async fn stale_fenced_expire_changes_nothing() {
             .iter()
             .all(|o| matches!(o, ClaimOutcome::Started(_)))
     );
-    assert_eq!(a.next_lease_expiry_in(shard).await.unwrap(), Some(t(1_200)));
-    assert_eq!(a.next_lease_expiry_in(0).await.unwrap(), Some(t(1_100)));
-    assert_eq!(a.next_lease_expiry_in(3).await.unwrap(), None);
+    assert_eq!(
+        a.next_lease_expiry(Some(shard)).await.unwrap(),
+        Some(t(1_200))
+    );
+    assert_eq!(a.next_lease_expiry(Some(0)).await.unwrap(), Some(t(1_100)));
+    assert_eq!(a.next_lease_expiry(Some(3)).await.unwrap(), None);
 
     let fa = a
         .acquire_shard(shard, "a", t(1_000), t(2_000))
@@ -543,13 +545,13 @@ async fn stale_fenced_expire_changes_nothing() {
         .await
         .unwrap()
         .unwrap();
-    let r = a.expire_leases_fenced(fa, t(3_000), 10).await;
+    let r = a.expire_leases(t(3_000), 10, Some(fa)).await;
     assert!(matches!(r, Err(StoreError::LeaseLost { .. })), "{r:?}");
     let task = a.get(id).await.unwrap().unwrap();
     assert_eq!(task.state, TaskState::Running);
     assert_eq!(task.lease_expires_at, Some(t(1_200)));
 
-    let expired = b.expire_leases_fenced(fb, t(3_000), 10).await.unwrap();
+    let expired = b.expire_leases(t(3_000), 10, Some(fb)).await.unwrap();
     assert_eq!(expired.iter().map(|t| t.id).collect::<Vec<_>>(), [id]);
     assert_eq!(expired[0].state, TaskState::Scheduled);
     assert_eq!(
@@ -557,7 +559,7 @@ async fn stale_fenced_expire_changes_nothing() {
         TaskState::Running,
         "another shard's attempt is not this owner's to expire"
     );
-    assert_eq!(a.next_lease_expiry_in(shard).await.unwrap(), None);
+    assert_eq!(a.next_lease_expiry(Some(shard)).await.unwrap(), None);
 }
 
 /// Many nodes acquiring one free shard at the same moment: exactly one gets it.

@@ -43,7 +43,7 @@ async fn running(store: &dyn Store, n: usize) -> Vec<sundial_core::Task> {
             target: sundial_store::ClaimTarget::Ready,
         })
         .collect();
-    store.claim_due(claims, Timestamp(10)).await.unwrap();
+    store.claim_due(claims, Timestamp(10), None).await.unwrap();
     let got = store
         .claim_ready(ReadyClaim {
             queue: "q".to_string(),

@@ -184,7 +184,7 @@ async fn counts_survive_many_backends_and_fold() {
                 },
             })
             .collect();
-        for o in store.claim_due(claims, now).await.unwrap() {
+        for o in store.claim_due(claims, now, None).await.unwrap() {
             assert!(matches!(
                 o,
                 ClaimOutcome::Started(_) | ClaimOutcome::NotClaimable
@@ -192,7 +192,7 @@ async fn counts_survive_many_backends_and_fold() {
         }
         // Every running one expires: back to scheduled, by this backend.
         store
-            .expire_leases(Timestamp(now.0 + 100), 100)
+            .expire_leases(Timestamp(now.0 + 100), 100, None)
             .await
             .unwrap();
     }

@@ -32,9 +32,9 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 use sundial_core::{ExecutionId, NewTask, Task, TaskId, TaskState, Timestamp};
 use sundial_store::{
-    AttemptHistory, ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Inserted, QueueConfig,
-    QueueSettings, ReadyClaim, RetentionRules, Selected, StateCount, Store, StoreError, TaskFilter,
-    TaskPage, TransitionError,
+    AttemptHistory, ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Fence, Inserted,
+    QueueConfig, QueueSettings, ReadyClaim, RetentionRules, Retry, Selected, StateCount, Store,
+    StoreError, TaskFilter, TaskPage, TransitionError,
 };
 use thiserror::Error;
 
@@ -840,7 +840,12 @@ impl Store for SqliteStore {
         &self,
         claims: Vec<DueClaim>,
         now: Timestamp,
+        fence: Option<Fence>,
     ) -> Result<Vec<ClaimOutcome>, StoreError> {
+        // This store grants no shard leases (one process owns every shard): no fence is current.
+        if let Some(f) = fence {
+            return Err(StoreError::LeaseLost { shard: f.shard });
+        }
         self.writer
             .write(move |conn| claim_many(conn, &claims, now))
             .await
@@ -919,12 +924,12 @@ impl Store for SqliteStore {
         id: TaskId,
         execution: ExecutionId,
         now: Timestamp,
-        lease_until: Timestamp,
     ) -> Result<Task, TransitionError> {
         self.writer
             .write(move |conn| {
                 let sql = format!(
-                    "UPDATE tasks SET lease_expires_at = MAX(lease_expires_at, ?3), updated_at = ?4 \
+                    "UPDATE tasks SET lease_expires_at = MAX(lease_expires_at, ?3 + timeout_ms), \
+                     updated_at = ?3 \
                      WHERE id = ?1 AND state = 'running' AND execution_id = ?2 \
                      RETURNING {TASK_COLUMNS}"
                 );
@@ -934,7 +939,6 @@ impl Store for SqliteStore {
                     &[
                         &id.as_bytes().as_slice(),
                         &execution.as_bytes().as_slice(),
-                        &lease_until.0,
                         &now.0,
                     ],
                 )?
@@ -979,15 +983,48 @@ impl Store for SqliteStore {
         execution: ExecutionId,
         now: Timestamp,
         error: String,
-        retry_at: Option<Timestamp>,
+        retry: Retry,
     ) -> Result<Task, TransitionError> {
         self.writer
             .write(move |conn| {
+                let retry_at = match retry {
+                    Retry::Never => None,
+                    // The update itself checks that attempts remain.
+                    Retry::At(t) => Some(t),
+                    // The attempt's own row decides the backoff, read in this write (the writer
+                    // thread runs one job at a time, so nothing changes it in between).
+                    Retry::Backoff { .. } => {
+                        let read = format!(
+                            "SELECT {TASK_COLUMNS} FROM tasks \
+                             WHERE id = ?1 AND state = 'running' AND execution_id = ?2"
+                        );
+                        let mut stmt = conn.prepare_cached(&read).map_err(backend)?;
+                        let mut rows = stmt
+                            .query(params![
+                                id.as_bytes().as_slice(),
+                                execution.as_bytes().as_slice()
+                            ])
+                            .map_err(backend)?;
+                        let current = match rows.next().map_err(backend)? {
+                            Some(r) => task_from_row(r)?,
+                            None => {
+                                drop(rows);
+                                drop(stmt);
+                                return Err(attempt_refusal(conn, &id));
+                            }
+                        };
+                        retry.retry_at(&current, now)
+                    }
+                };
                 let sql = format!(
                     "UPDATE tasks SET \
-                     state = CASE WHEN ?3 IS NULL THEN 'dead' ELSE 'scheduled' END, \
-                     due_at = COALESCE(?3, due_at), last_error = ?4, updated_at = ?5, \
-                     finished_at = CASE WHEN ?3 IS NULL THEN ?5 ELSE NULL END, \
+                     state = CASE WHEN ?3 IS NOT NULL AND attempt < max_attempts \
+                       THEN 'scheduled' ELSE 'dead' END, \
+                     due_at = CASE WHEN ?3 IS NOT NULL AND attempt < max_attempts \
+                       THEN ?3 ELSE due_at END, \
+                     last_error = ?4, updated_at = ?5, \
+                     finished_at = CASE WHEN ?3 IS NOT NULL AND attempt < max_attempts \
+                       THEN NULL ELSE ?5 END, \
                      lease_expires_at = NULL \
                      WHERE id = ?1 AND state = 'running' AND execution_id = ?2 \
                      RETURNING {TASK_COLUMNS}"
@@ -1008,7 +1045,16 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn expire_leases(&self, now: Timestamp, limit: usize) -> Result<Vec<Task>, StoreError> {
+    async fn expire_leases(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        fence: Option<Fence>,
+    ) -> Result<Vec<Task>, StoreError> {
+        // No shard leases here (see `claim_due`): no fence is current.
+        if let Some(f) = fence {
+            return Err(StoreError::LeaseLost { shard: f.shard });
+        }
         self.writer
             .write(move |conn| {
                 let sql = format!(
@@ -1034,13 +1080,13 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn next_lease_expiry(&self) -> Result<Option<Timestamp>, StoreError> {
-        self.read(|conn| {
+    async fn next_lease_expiry(&self, shard: Option<u32>) -> Result<Option<Timestamp>, StoreError> {
+        self.read(move |conn| {
             let t: Option<i64> = conn
                 .query_row(
                     "SELECT MIN(lease_expires_at) FROM tasks INDEXED BY tasks_lease \
-                     WHERE state = 'running'",
-                    [],
+                     WHERE state = 'running' AND (?1 IS NULL OR shard = ?1)",
+                    params![shard],
                     |r| r.get(0),
                 )
                 .map_err(backend)?;

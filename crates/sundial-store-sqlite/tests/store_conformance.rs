@@ -77,6 +77,7 @@ async fn data_survives_reopening() {
                     },
                 ],
                 now,
+                None,
             )
             .await
             .expect("claim_due");
@@ -93,7 +94,10 @@ async fn data_survives_reopening() {
             .expect("task 4")
             .shard;
         let next_due = store.next_due(shard, None).await.expect("next_due");
-        let next_lease = store.next_lease_expiry().await.expect("next_lease_expiry");
+        let next_lease = store
+            .next_lease_expiry(None)
+            .await
+            .expect("next_lease_expiry");
         let counts = store.count_by_state().await.expect("count_by_state");
         (page.tasks, next_due, next_lease, counts)
         // `store` and `clone` are dropped here: the writer stops and the connections close.
@@ -114,7 +118,10 @@ async fn data_survives_reopening() {
         next_due
     );
     assert_eq!(
-        store.next_lease_expiry().await.expect("next_lease_expiry"),
+        store
+            .next_lease_expiry(None)
+            .await
+            .expect("next_lease_expiry"),
         next_lease
     );
     assert_eq!(

@@ -8,8 +8,9 @@
 //!   every time the owner changes. A node acquires a shard only when it is free, expired, or
 //!   already its own ([`Cluster::acquire_shard`]) and renews it well before expiry.
 //! - Every write a shard owner makes because it owns the shard (claiming due tasks, expiring
-//!   leases of running tasks) goes through a fenced method that checks, in the same transaction,
-//!   that the shard's `range_id` is still the one the owner holds. An owner that was paused past its
+//!   leases of running tasks) passes the shard's [`Fence`] to the store call
+//!   ([`crate::Store::claim_due`], [`crate::Store::expire_leases`]), which checks, in the same
+//!   transaction, that the shard's `range_id` is still the one the owner holds. An owner that was paused past its
 //!   lease and lost the shard gets [`crate::StoreError::LeaseLost`] and writes nothing.
 //! - Writes that are not an owner's (create, cancel, a worker completing its own attempt) need no
 //!   fence: they are conditional on the task's state and execution id as always.
@@ -20,9 +21,9 @@
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
-use sundial_core::{Task, Timestamp};
+use sundial_core::Timestamp;
 
-use crate::{ClaimOutcome, DueClaim, DueEntry, StoreError};
+use crate::{DueEntry, StoreError};
 
 /// Proof of shard ownership: the shard and the fencing number its owner was given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -98,26 +99,6 @@ pub trait Cluster: Send + Sync + 'static {
 
     /// Gives a shard up (its lease ends at once; the next owner's `range_id` will be higher).
     async fn release_shard(&self, fence: Fence, node: &str) -> Result<(), StoreError>;
-
-    /// [`crate::Store::claim_due`], refused with `LeaseLost` unless `fence` is still current.
-    async fn claim_due_fenced(
-        &self,
-        fence: Fence,
-        claims: Vec<DueClaim>,
-        now: Timestamp,
-    ) -> Result<Vec<ClaimOutcome>, StoreError>;
-
-    /// [`crate::Store::expire_leases`] limited to the fenced shard's tasks, refused with
-    /// `LeaseLost` unless `fence` is still current.
-    async fn expire_leases_fenced(
-        &self,
-        fence: Fence,
-        now: Timestamp,
-        limit: usize,
-    ) -> Result<Vec<Task>, StoreError>;
-
-    /// The earliest lease expiry among running tasks of `shard`.
-    async fn next_lease_expiry_in(&self, shard: u32) -> Result<Option<Timestamp>, StoreError>;
 
     /// Sends wake-ups to every node (best effort; coalescing allowed).
     async fn publish(&self, wakeups: Vec<Wakeup>) -> Result<(), StoreError>;

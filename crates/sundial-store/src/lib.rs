@@ -13,6 +13,8 @@
 
 mod cluster;
 mod error;
+#[cfg(feature = "testkit")]
+pub mod forwarding;
 mod ops;
 #[cfg(feature = "testkit")]
 pub mod ops_testkit;
@@ -41,7 +43,7 @@ pub use schedules::{
     ScheduleStore, TICK_KIND, TICK_QUEUE,
 };
 pub use types::{
-    ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Inserted, ReadyClaim, StateCount,
+    ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Inserted, ReadyClaim, Retry, StateCount,
     TaskFilter, TaskPage,
 };
 pub use workflows::{
@@ -95,10 +97,16 @@ pub trait Store: Send + Sync + 'static {
     /// Takes due tasks: each claim succeeds only if the task is still `scheduled` with
     /// `due_at <= now` (and, for exclusive tasks, no task with its exclusive key is running).
     /// One outcome per claim, in order.
+    ///
+    /// With a `fence` (a shard owner's write, several nodes), the claim is refused as a whole with
+    /// [`StoreError::LeaseLost`], nothing written, unless the fence is still the shard's current
+    /// one, checked in the claim's own transaction; claims of tasks of other shards are
+    /// `NotClaimable`. A store that grants no leases (no [`Cluster`]) refuses every fence.
     async fn claim_due(
         &self,
         claims: Vec<DueClaim>,
         now: Timestamp,
+        fence: Option<Fence>,
     ) -> Result<Vec<ClaimOutcome>, StoreError>;
 
     /// Moves up to `claim.execution_ids.len()` `ready` tasks of `queue` (of the given kinds, when
@@ -109,13 +117,13 @@ pub trait Store: Send + Sync + 'static {
     /// start plus the task's own timeout. So no task is recorded as started before it was due.
     async fn claim_ready(&self, claim: ReadyClaim) -> Result<Vec<Task>, StoreError>;
 
-    /// Extends the lease of a running attempt.
+    /// Extends the lease of a running attempt to `now` plus the task's own timeout (never
+    /// shortening it).
     async fn heartbeat(
         &self,
         id: TaskId,
         execution: ExecutionId,
         now: Timestamp,
-        lease_until: Timestamp,
     ) -> Result<Task, TransitionError>;
 
     /// `running` (with this execution id) → `succeeded`.
@@ -127,23 +135,31 @@ pub trait Store: Send + Sync + 'static {
         result: Option<String>,
     ) -> Result<Task, TransitionError>;
 
-    /// `running` (with this execution id) → `scheduled` at `retry_at`, or → `dead` when
-    /// `retry_at` is `None`. The error is kept in `last_error` either way.
+    /// `running` (with this execution id) → `scheduled` again or → `dead`, as `retry` decides
+    /// from the task's own attempt count and backoff, read in the same write (see [`Retry`]).
+    /// The error is kept in `last_error` either way.
     async fn fail(
         &self,
         id: TaskId,
         execution: ExecutionId,
         now: Timestamp,
         error: String,
-        retry_at: Option<Timestamp>,
+        retry: Retry,
     ) -> Result<Task, TransitionError>;
 
     /// Running tasks whose lease ended before `now`: back to `scheduled` (due now) when attempts
-    /// remain, else `dead`. At most `limit`; returns the changed rows.
-    async fn expire_leases(&self, now: Timestamp, limit: usize) -> Result<Vec<Task>, StoreError>;
+    /// remain, else `dead`. At most `limit`; returns the changed rows. With a `fence`, only the
+    /// fenced shard's tasks, refused with [`StoreError::LeaseLost`] (nothing written) unless the
+    /// fence is current, as for [`Store::claim_due`].
+    async fn expire_leases(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        fence: Option<Fence>,
+    ) -> Result<Vec<Task>, StoreError>;
 
-    /// The earliest lease expiry among running tasks.
-    async fn next_lease_expiry(&self) -> Result<Option<Timestamp>, StoreError>;
+    /// The earliest lease expiry among running tasks (of `shard`, when given).
+    async fn next_lease_expiry(&self, shard: Option<u32>) -> Result<Option<Timestamp>, StoreError>;
 
     /// How many tasks each queue has in each state, from maintained counters (never a scan).
     async fn count_by_state(&self) -> Result<Vec<StateCount>, StoreError>;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use sundial_core::{TaskId, TaskSpec, TaskState, Timestamp};
 
+use crate::Retry;
 use crate::testkit::{at, counts, get, ids, insert, make, make_ready, ready_claim, start};
 use crate::{
     AttemptOutcome, QueueConfig, RetentionOverride, RetentionRules, Store, TaskFilter,
@@ -329,7 +330,7 @@ pub async fn attempts_record_each_start_and_how_it_ended(store: Arc<dyn Store>) 
         Some(0)
     );
     let (e1, _) = start(s, t.id, at(0)).await;
-    s.fail(t.id, e1, at(100), "boom".into(), Some(at(200)))
+    s.fail(t.id, e1, at(100), "boom".into(), Retry::At(at(200)))
         .await
         .expect("fail");
     // Second attempt by a worker; its lease runs out.
@@ -342,7 +343,7 @@ pub async fn attempts_record_each_start_and_how_it_ended(store: Arc<dyn Store>) 
     let e2 = taken[0].execution_id.expect("execution id");
     let lease_end = taken[0].lease_expires_at.expect("lease");
     let expired = s
-        .expire_leases(Timestamp(lease_end.0 + 1), 10)
+        .expire_leases(Timestamp(lease_end.0 + 1), 10, None)
         .await
         .expect("expire");
     assert_eq!(ids(&expired), vec![t.id]);
@@ -396,7 +397,7 @@ pub async fn attempts_are_bounded_and_counted(store: Arc<dyn Store>) {
     for i in 0..n {
         let now = at(10 * i);
         let (e, _) = start(s, t.id, now).await;
-        s.fail(t.id, e, now, format!("failure {i}"), Some(now))
+        s.fail(t.id, e, now, format!("failure {i}"), Retry::At(now))
             .await
             .expect("fail");
     }
@@ -416,7 +417,7 @@ pub async fn retry_revives_dead_and_cancelled_only(store: Arc<dyn Store>) {
     let t = insert(s, make(TaskSpec::new("k").max_attempts(1).key("x"), at(0))).await;
     let (e, _) = start(s, t.id, at(0)).await;
     let dead = s
-        .fail(t.id, e, at(5), "bad".into(), None)
+        .fail(t.id, e, at(5), "bad".into(), Retry::Never)
         .await
         .expect("fail");
     assert_eq!(dead.state, TaskState::Dead);
@@ -583,7 +584,7 @@ pub async fn purge_deletes_only_expired_finished_tasks(store: Arc<dyn Store>) {
         .expect("complete");
     let dead = insert(s, make(spec("q").max_attempts(1), at(0))).await;
     let (e, _) = start(s, dead.id, at(0)).await;
-    s.fail(dead.id, e, at(100), "x".into(), None)
+    s.fail(dead.id, e, at(100), "x".into(), Retry::Never)
         .await
         .expect("fail");
     let cancelled = insert(s, make(spec("q"), at(0))).await;

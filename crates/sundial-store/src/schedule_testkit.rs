@@ -915,7 +915,7 @@ pub async fn schedule_stranded_lists_armed_schedules_whose_tick_is_not_live(
             },
         })
         .collect();
-    tasks.claim_due(claims, at(MIN)).await.expect("claim");
+    tasks.claim_due(claims, at(MIN), None).await.expect("claim");
     assert_eq!(state(tasks.as_ref(), running).await, TaskState::Running);
     tasks
         .complete(succeeded, exec(2), at(MIN), None)

@@ -36,6 +36,7 @@ use sundial_core::{
 };
 use uuid::Uuid;
 
+use crate::Retry;
 use crate::{
     ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Inserted, ReadyClaim, Store, TaskFilter,
     TransitionError,
@@ -137,6 +138,9 @@ macro_rules! store_conformance {
             complete_stores_result_and_is_terminal
             fail_with_retry_reschedules
             fail_without_retry_is_dead
+            fail_retry_follows_the_tasks_backoff_and_attempts
+            fenced_owner_writes_need_a_current_fence
+            next_lease_expiry_of_one_shard
             cancel_from_live_states
             cancel_from_terminal_is_wrong_state
             trigger_moves_due_to_now_for_scheduled_only
@@ -241,7 +245,7 @@ pub(crate) async fn claim(
     now: Timestamp,
 ) -> ClaimOutcome {
     let mut out = s
-        .claim_due(vec![DueClaim { id, target }], now)
+        .claim_due(vec![DueClaim { id, target }], now, None)
         .await
         .expect("claim_due");
     assert_eq!(out.len(), 1, "one outcome per claim");
@@ -333,19 +337,19 @@ async fn assert_attempt_writes_stale(
     now: Timestamp,
 ) {
     let lease = Timestamp(now.0 + LEASE);
-    assert_stale(s.heartbeat(id, exec, now, lease).await, state, "heartbeat");
+    assert_stale(s.heartbeat(id, exec, now).await, state, "heartbeat");
     assert_stale(
         s.complete(id, exec, now, Some("1".into())).await,
         state,
         "complete",
     );
     assert_stale(
-        s.fail(id, exec, now, "late".into(), Some(lease)).await,
+        s.fail(id, exec, now, "late".into(), Retry::At(lease)).await,
         state,
         "fail with retry",
     );
     assert_stale(
-        s.fail(id, exec, now, "late".into(), None).await,
+        s.fail(id, exec, now, "late".into(), Retry::Never).await,
         state,
         "fail without retry",
     );
@@ -776,7 +780,7 @@ pub async fn key_is_released_when_holder_is_terminal(store: Arc<dyn Store>) {
 
     let h3 = insert(s, keyed(at(4))).await;
     let (e3, _) = start(s, h3.id, at(4)).await;
-    s.fail(h3.id, e3, at(5), "boom".into(), None)
+    s.fail(h3.id, e3, at(5), "boom".into(), Retry::Never)
         .await
         .expect("fail");
 
@@ -1099,7 +1103,7 @@ pub async fn claim_due_run_starts_an_attempt(store: Arc<dyn Store>) {
     );
     assert_eq!(get(s, t.id).await, expected);
 
-    s.fail(t.id, exec, at(20), "try again".into(), Some(at(30)))
+    s.fail(t.id, exec, at(20), "try again".into(), Retry::At(at(30)))
         .await
         .expect("fail");
     let (exec2, again) = start(s, t.id, at(30)).await;
@@ -1184,7 +1188,7 @@ pub async fn claim_due_answers_each_claim_in_order(store: Arc<dyn Store>) {
             target: run_target(ea2, lease),
         },
     ];
-    let out = s.claim_due(claims, at(10)).await.expect("claim_due");
+    let out = s.claim_due(claims, at(10), None).await.expect("claim_due");
     assert_eq!(out.len(), 6, "one outcome per claim: {out:?}");
     assert!(
         matches!(&out[0], ClaimOutcome::Started(t) if t.id == a.id && t.execution_id == Some(ea)),
@@ -1219,7 +1223,7 @@ pub async fn claim_due_answers_each_claim_in_order(store: Arc<dyn Store>) {
     assert_eq!(get(s, a.id).await.execution_id, Some(ea));
     assert_eq!(get(s, b.id).await, b);
     assert!(
-        s.claim_due(Vec::new(), at(10))
+        s.claim_due(Vec::new(), at(10), None)
             .await
             .expect("claim_due")
             .is_empty()
@@ -1265,6 +1269,7 @@ pub async fn claim_due_is_exclusive_under_concurrency(store: Arc<dyn Store>) {
                         target: run_target(*e, Timestamp(now.0 + LEASE)),
                     }],
                     now,
+                    None,
                 )
             })
             .collect();
@@ -1330,7 +1335,7 @@ pub async fn exclusive_key_starts_once_under_concurrency(store: Arc<dyn Store>) 
         ];
         let mut due_calls: Vec<BoxFuture<'_, _>> = Vec::new();
         for b in &batches {
-            due_calls.push(s.claim_due(b.clone(), now));
+            due_calls.push(s.claim_due(b.clone(), now, None));
         }
         let ready_calls: Vec<BoxFuture<'_, _>> = (0..2)
             .map(|i| s.claim_ready(ready_claim(&queue, 4, &format!("w{i}"), now)))
@@ -1477,6 +1482,7 @@ pub async fn exclusive_wait_is_busy_while_key_runs(store: Arc<dyn Store>) {
                 },
             ],
             at(4),
+            None,
         )
         .await
         .expect("claim_due");
@@ -1861,16 +1867,23 @@ pub async fn claim_ready_never_returns_a_task_twice_under_concurrency(store: Arc
 // Attempts: heartbeat, complete, fail
 // ---------------------------------------------------------------------------------------------
 
-/// A heartbeat with the current execution id moves the lease to `lease_until`, sets `updated_at`
-/// and leaves the attempt running.
+/// A heartbeat with the current execution id moves the lease to `now` plus the task's own
+/// timeout (never earlier than it was), sets `updated_at` and leaves the attempt running.
 pub async fn heartbeat_extends_lease(store: Arc<dyn Store>) {
     let s = store.as_ref();
-    let t = insert(s, due_task("q", "k", 0)).await;
+    let t = insert(
+        s,
+        make(
+            TaskSpec::new("k")
+                .queue("q")
+                .run_at(at(0))
+                .timeout(Duration::from_millis(2 * LEASE as u64)),
+            at(0),
+        ),
+    )
+    .await;
     let (exec, started) = start(s, t.id, at(0)).await;
-    let beat = s
-        .heartbeat(t.id, exec, at(10), at(10 + 2 * LEASE))
-        .await
-        .expect("heartbeat");
+    let beat = s.heartbeat(t.id, exec, at(10)).await.expect("heartbeat");
     let expected = Task {
         lease_expires_at: Some(at(10 + 2 * LEASE)),
         updated_at: at(10),
@@ -1879,16 +1892,21 @@ pub async fn heartbeat_extends_lease(store: Arc<dyn Store>) {
     assert_eq!(beat, expected);
     assert_eq!(get(s, t.id).await, expected);
     assert_eq!(
-        s.next_lease_expiry().await.expect("next_lease_expiry"),
+        s.next_lease_expiry(None).await.expect("next_lease_expiry"),
         Some(at(10 + 2 * LEASE))
     );
     // Nothing expires before the new lease ends.
     assert!(
-        s.expire_leases(at(LEASE + 1), 10)
+        s.expire_leases(at(LEASE + 1), 10, None)
             .await
             .expect("expire_leases")
             .is_empty()
     );
+    // A heartbeat never shortens a longer lease (the default timeout is 300 s).
+    let long = insert(s, due_task("q", "k", 0)).await;
+    let (el, _) = start_with_lease(s, long.id, at(0), at(1_000_000)).await;
+    let beat = s.heartbeat(long.id, el, at(10)).await.expect("heartbeat");
+    assert_eq!(beat.lease_expires_at, Some(at(1_000_000)));
 }
 
 /// `heartbeat`, `complete` and `fail` with an execution id that is not the task's current attempt
@@ -1904,7 +1922,7 @@ pub async fn stale_execution_is_refused(store: Arc<dyn Store>) {
     assert_attempt_writes_stale(s, t.id, execution_id(), TaskState::Running, at(3)).await;
     assert_eq!(get(s, t.id).await, running);
 
-    s.fail(t.id, e1, at(4), "retry".into(), Some(at(50)))
+    s.fail(t.id, e1, at(4), "retry".into(), Retry::At(at(50)))
         .await
         .expect("fail");
     let retrying = get(s, t.id).await;
@@ -1925,16 +1943,16 @@ pub async fn unknown_task_is_not_found(store: Arc<dyn Store>) {
     insert(s, due_task("q", "k", 0)).await;
     let id = task_id();
     let exec = execution_id();
-    assert_not_found(
-        s.heartbeat(id, exec, at(1), at(1 + LEASE)).await,
-        "heartbeat",
-    );
+    assert_not_found(s.heartbeat(id, exec, at(1)).await, "heartbeat");
     assert_not_found(s.complete(id, exec, at(1), None).await, "complete");
     assert_not_found(
-        s.fail(id, exec, at(1), "x".into(), Some(at(2))).await,
+        s.fail(id, exec, at(1), "x".into(), Retry::At(at(2))).await,
         "fail with retry",
     );
-    assert_not_found(s.fail(id, exec, at(1), "x".into(), None).await, "fail");
+    assert_not_found(
+        s.fail(id, exec, at(1), "x".into(), Retry::Never).await,
+        "fail",
+    );
     assert_not_found(s.cancel(id, at(1)).await, "cancel");
     assert_not_found(s.trigger(id, at(1)).await, "trigger");
     assert!(s.get(id).await.expect("get").is_none());
@@ -1967,11 +1985,11 @@ pub async fn complete_stores_result_and_is_terminal(store: Arc<dyn Store>) {
     assert_eq!(done.last_error, None);
     assert_eq!(get(s, t.id).await, done);
     assert_eq!(
-        s.next_lease_expiry().await.expect("next_lease_expiry"),
+        s.next_lease_expiry(None).await.expect("next_lease_expiry"),
         None
     );
     assert!(
-        s.expire_leases(at(10 * LEASE), 10)
+        s.expire_leases(at(10 * LEASE), 10, None)
             .await
             .expect("expire_leases")
             .is_empty()
@@ -2003,7 +2021,7 @@ pub async fn fail_with_retry_reschedules(store: Arc<dyn Store>) {
             e1,
             at(100),
             "connection refused".into(),
-            Some(at(5_000)),
+            Retry::At(at(5_000)),
         )
         .await
         .expect("fail");
@@ -2032,7 +2050,7 @@ pub async fn fail_with_retry_reschedules(store: Arc<dyn Store>) {
         Some(at(5_000))
     );
     assert_eq!(
-        s.next_lease_expiry().await.expect("next_lease_expiry"),
+        s.next_lease_expiry(None).await.expect("next_lease_expiry"),
         None
     );
 
@@ -2058,7 +2076,7 @@ pub async fn fail_without_retry_is_dead(store: Arc<dyn Store>) {
     let t = insert(s, due_task("q", "k", 0)).await;
     let (exec, _) = start(s, t.id, at(0)).await;
     let dead = s
-        .fail(t.id, exec, at(10), "bad input".into(), None)
+        .fail(t.id, exec, at(10), "bad input".into(), Retry::Never)
         .await
         .expect("fail");
     assert_eq!(dead.state, TaskState::Dead);
@@ -2075,7 +2093,7 @@ pub async fn fail_without_retry_is_dead(store: Arc<dyn Store>) {
     );
     assert_eq!(s.next_due(t.shard, None).await.expect("next_due"), None);
     assert_eq!(
-        s.next_lease_expiry().await.expect("next_lease_expiry"),
+        s.next_lease_expiry(None).await.expect("next_lease_expiry"),
         None
     );
     assert_not_claimable(
@@ -2125,11 +2143,11 @@ pub async fn cancel_from_live_states(store: Arc<dyn Store>) {
             .is_empty()
     );
     assert_eq!(
-        s.next_lease_expiry().await.expect("next_lease_expiry"),
+        s.next_lease_expiry(None).await.expect("next_lease_expiry"),
         None
     );
     assert!(
-        s.expire_leases(at(10 * LEASE), 10)
+        s.expire_leases(at(10 * LEASE), 10, None)
             .await
             .expect("expire_leases")
             .is_empty()
@@ -2149,7 +2167,7 @@ pub async fn cancel_from_terminal_is_wrong_state(store: Arc<dyn Store>) {
     s.complete(ok.id, e, at(1), None).await.expect("complete");
     let dead = insert(s, due_task("q", "k", 0)).await;
     let (e, _) = start(s, dead.id, at(0)).await;
-    s.fail(dead.id, e, at(1), "x".into(), None)
+    s.fail(dead.id, e, at(1), "x".into(), Retry::Never)
         .await
         .expect("fail");
     let gone = insert(s, due_task("q", "k", 0)).await;
@@ -2251,7 +2269,10 @@ pub async fn expire_leases_reschedules_or_kills(store: Arc<dyn Store>) {
         get(s, rdy.id).await,
     ];
     let now = at(2_000);
-    let out = s.expire_leases(now, 100).await.expect("expire_leases");
+    let out = s
+        .expire_leases(now, 100, None)
+        .await
+        .expect("expire_leases");
     let got: HashSet<TaskId> = ids(&out).into_iter().collect();
     assert_eq!(got, HashSet::from([retry.id, last.id]));
     for t in &out {
@@ -2276,12 +2297,12 @@ pub async fn expire_leases_reschedules_or_kills(store: Arc<dyn Store>) {
         "complete after lease expiry",
     );
     assert_stale(
-        s.heartbeat(last.id, e_last, at(2_001), at(9_000)).await,
+        s.heartbeat(last.id, e_last, at(2_001)).await,
         TaskState::Dead,
         "heartbeat after lease expiry",
     );
     assert!(
-        s.expire_leases(now, 100)
+        s.expire_leases(now, 100, None)
             .await
             .expect("expire_leases")
             .is_empty(),
@@ -2303,7 +2324,10 @@ pub async fn expire_leases_honours_limit(store: Arc<dyn Store>) {
     }
     let mut seen = HashSet::new();
     for want in [2, 2, 1, 0] {
-        let out = s.expire_leases(at(1_000), 2).await.expect("expire_leases");
+        let out = s
+            .expire_leases(at(1_000), 2, None)
+            .await
+            .expect("expire_leases");
         assert_eq!(out.len(), want);
         for t in out {
             assert!(seen.insert(t.id), "task {} expired twice", t.id);
@@ -2317,7 +2341,7 @@ pub async fn expire_leases_honours_limit(store: Arc<dyn Store>) {
 /// finishes; `None` when nothing runs.
 pub async fn next_lease_expiry_is_earliest_running_lease(store: Arc<dyn Store>) {
     let s = store.as_ref();
-    let lease = move || async move { s.next_lease_expiry().await.expect("next_lease_expiry") };
+    let lease = move || async move { s.next_lease_expiry(None).await.expect("next_lease_expiry") };
     assert_eq!(lease().await, None);
     insert(s, due_task("q", "k", 0)).await;
     let rdy = insert(s, due_task("q", "k", 0)).await;
@@ -2327,16 +2351,25 @@ pub async fn next_lease_expiry_is_earliest_running_lease(store: Arc<dyn Store>) 
     let a = insert(s, due_task("q", "k", 0)).await;
     let (ea, _) = start_with_lease(s, a.id, at(0), at(500)).await;
     assert_eq!(lease().await, Some(at(500)));
-    let b = insert(s, due_task("q", "k", 0)).await;
+    // A heartbeat extends the lease by the task's own timeout.
+    let b = insert(
+        s,
+        make(
+            TaskSpec::new("k")
+                .queue("q")
+                .run_at(at(0))
+                .timeout(Duration::from_millis(800)),
+            at(0),
+        ),
+    )
+    .await;
     let (eb, _) = start_with_lease(s, b.id, at(0), at(300)).await;
     assert_eq!(lease().await, Some(at(300)));
-    s.heartbeat(b.id, eb, at(100), at(900))
-        .await
-        .expect("heartbeat");
+    s.heartbeat(b.id, eb, at(100)).await.expect("heartbeat");
     assert_eq!(lease().await, Some(at(500)));
     s.complete(a.id, ea, at(200), None).await.expect("complete");
     assert_eq!(lease().await, Some(at(900)));
-    s.fail(b.id, eb, at(300), "x".into(), None)
+    s.fail(b.id, eb, at(300), "x".into(), Retry::Never)
         .await
         .expect("fail");
     assert_eq!(lease().await, None);
@@ -2390,7 +2423,7 @@ pub async fn count_by_state_follows_transitions(store: Arc<dyn Store>) {
     s.complete(alpha[1].id, e1, at(2), None)
         .await
         .expect("complete");
-    s.fail(beta[0].id, e2, at(2), "x".into(), Some(at(3)))
+    s.fail(beta[0].id, e2, at(2), "x".into(), Retry::At(at(3)))
         .await
         .expect("fail");
     s.cancel(alpha[2].id, at(2)).await.expect("cancel");
@@ -2406,10 +2439,12 @@ pub async fn count_by_state_follows_transitions(store: Arc<dyn Store>) {
         .await
         .expect("claim_ready");
     assert_eq!(ids(&taken), vec![alpha[0].id]);
-    s.expire_leases(at(5), 10).await.expect("expire_leases");
+    s.expire_leases(at(5), 10, None)
+        .await
+        .expect("expire_leases");
     assert_eq!(counts(s).await, counts_of(s, &all).await);
     let (e4, _) = start(s, beta[1].id, at(6)).await;
-    s.fail(beta[1].id, e4, at(7), "x".into(), None)
+    s.fail(beta[1].id, e4, at(7), "x".into(), Retry::Never)
         .await
         .expect("fail");
     assert_eq!(
@@ -2660,7 +2695,7 @@ pub async fn terminal_states_never_change(store: Arc<dyn Store>) {
     // Dead.
     let dead = insert(s, due_task("q", "k", 0)).await;
     let (e_dead, _) = start(s, dead.id, at(0)).await;
-    s.fail(dead.id, e_dead, at(1), "x".into(), None)
+    s.fail(dead.id, e_dead, at(1), "x".into(), Retry::Never)
         .await
         .expect("fail");
     // Cancelled while running, with a lease that has long ended.
@@ -2694,7 +2729,7 @@ pub async fn terminal_states_never_change(store: Arc<dyn Store>) {
         assert_not_claimable(claim(s, id, ClaimTarget::Ready, later).await, "ready claim");
     }
     assert!(
-        s.expire_leases(later, 100)
+        s.expire_leases(later, 100, None)
             .await
             .expect("expire_leases")
             .is_empty()
@@ -2716,4 +2751,163 @@ pub async fn terminal_states_never_change(store: Arc<dyn Store>) {
             ("q", TaskState::Cancelled, 2),
         ])
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The store decides retries and leases from the row; owner writes carry their fence
+// ---------------------------------------------------------------------------------------------
+
+/// `fail` with [`Retry::Backoff`] reschedules after the task's own backoff for the attempt while
+/// attempts remain and makes it `dead` once they are used up; [`Retry::At`] is refused the same
+/// way on the last attempt; the caller never reads the task first.
+pub async fn fail_retry_follows_the_tasks_backoff_and_attempts(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let t = insert(
+        s,
+        make(
+            TaskSpec::new("k")
+                .queue("q")
+                .run_at(at(0))
+                .max_attempts(2)
+                .backoff(Backoff::exponential(
+                    Duration::from_millis(1_000),
+                    3.0,
+                    Duration::from_secs(60),
+                )),
+            at(0),
+        ),
+    )
+    .await;
+    let (e1, _) = start(s, t.id, at(0)).await;
+    // Attempt 1, jitter 20 % with a draw of 0.5: 1,000 ms × 0.9.
+    let failed = s
+        .fail(
+            t.id,
+            e1,
+            at(10),
+            "first".into(),
+            Retry::Backoff { draw: 0.5 },
+        )
+        .await
+        .expect("fail");
+    assert_eq!(failed.state, TaskState::Scheduled);
+    assert_eq!(failed.due_at, at(10 + 900));
+    assert_eq!(failed.last_error.as_deref(), Some("first"));
+    let (e2, _) = start(s, t.id, at(910)).await;
+    let dead = s
+        .fail(
+            t.id,
+            e2,
+            at(920),
+            "second".into(),
+            Retry::Backoff { draw: 0.5 },
+        )
+        .await
+        .expect("fail");
+    assert_eq!(dead.state, TaskState::Dead, "attempts used up");
+    assert_eq!(dead.finished_at, Some(at(920)));
+
+    let u = insert(
+        s,
+        make(
+            TaskSpec::new("k").queue("q").run_at(at(0)).max_attempts(1),
+            at(0),
+        ),
+    )
+    .await;
+    let (eu, _) = start(s, u.id, at(0)).await;
+    let dead = s
+        .fail(u.id, eu, at(5), "only".into(), Retry::At(at(6)))
+        .await
+        .expect("fail");
+    assert_eq!(
+        dead.state,
+        TaskState::Dead,
+        "no attempt left for a retry at a time"
+    );
+    // A stale execution id is refused, whatever the retry.
+    assert_stale(
+        s.fail(u.id, eu, at(7), "late".into(), Retry::Backoff { draw: 0.0 })
+            .await,
+        TaskState::Dead,
+        "fail with backoff",
+    );
+}
+
+/// A fence the store never granted is refused, nothing written: `claim_due` and
+/// `expire_leases` answer `LeaseLost` and the tasks keep their state. (A store without shard
+/// leases grants none; a cluster store's own tests check the granted and stolen cases.)
+pub async fn fenced_owner_writes_need_a_current_fence(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let t = insert(
+        s,
+        make_on_shard(TaskSpec::new("k").queue("q").run_at(at(0)), at(0), 1),
+    )
+    .await;
+    let fence = crate::Fence {
+        shard: 1,
+        range_id: 987_654,
+    };
+    let r = s
+        .claim_due(
+            vec![DueClaim {
+                id: t.id,
+                target: ClaimTarget::Ready,
+            }],
+            at(10),
+            Some(fence),
+        )
+        .await;
+    assert!(
+        matches!(r, Err(crate::StoreError::LeaseLost { shard: 1 })),
+        "fenced claim: {r:?}"
+    );
+    assert_eq!(
+        get(s, t.id).await.state,
+        TaskState::Scheduled,
+        "nothing claimed"
+    );
+    let r = s.claim_due(Vec::new(), at(10), Some(fence)).await;
+    assert!(
+        matches!(r, Err(crate::StoreError::LeaseLost { .. })),
+        "an empty fenced claim still checks the fence: {r:?}"
+    );
+    let running = insert(
+        s,
+        make_on_shard(TaskSpec::new("k").queue("q").run_at(at(0)), at(0), 1),
+    )
+    .await;
+    start_with_lease(s, running.id, at(0), at(5)).await;
+    let r = s.expire_leases(at(100), 10, Some(fence)).await;
+    assert!(
+        matches!(r, Err(crate::StoreError::LeaseLost { shard: 1 })),
+        "fenced expiry: {r:?}"
+    );
+    assert_eq!(
+        get(s, running.id).await.state,
+        TaskState::Running,
+        "nothing expired"
+    );
+}
+
+/// `next_lease_expiry(Some(shard))` looks at that shard's running tasks only.
+pub async fn next_lease_expiry_of_one_shard(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let a = insert(
+        s,
+        make_on_shard(TaskSpec::new("k").queue("q").run_at(at(0)), at(0), 0),
+    )
+    .await;
+    let b = insert(
+        s,
+        make_on_shard(TaskSpec::new("k").queue("q").run_at(at(0)), at(0), 1),
+    )
+    .await;
+    start_with_lease(s, a.id, at(0), at(100)).await;
+    start_with_lease(s, b.id, at(0), at(200)).await;
+    let next = |shard| async move { s.next_lease_expiry(shard).await.expect("next_lease_expiry") };
+    assert_eq!(next(None).await, Some(at(100)));
+    assert_eq!(next(Some(0)).await, Some(at(100)));
+    assert_eq!(next(Some(1)).await, Some(at(200)));
+    assert_eq!(next(Some(2)).await, None);
 }

@@ -1,6 +1,6 @@
 //! Plain data passed across the [`crate::Store`] trait.
 
-use sundial_core::{ExecutionId, Task, TaskId, TaskState, Timestamp};
+use sundial_core::{Backoff, ExecutionId, Task, TaskId, TaskState, Timestamp};
 
 /// Position in a shard's due index: `(due_at, id)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -60,6 +60,45 @@ pub enum ClaimOutcome {
     Skipped(Box<Task>),
     /// Not scheduled any more, or not yet due (cancelled, already taken, moved later).
     NotClaimable,
+}
+
+/// What a failed attempt asks for; the store decides with the task's own attempt count,
+/// `max_attempts` and backoff, read in the same write, so a caller never reads the task first.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Retry {
+    /// Not retryable: `dead`.
+    Never,
+    /// Retry at this time while attempts remain, else `dead` (an attempt interrupted by shutdown
+    /// retries at once; a caller that holds the task may decide the backoff itself).
+    At(Timestamp),
+    /// Retry after the task's backoff for this attempt while attempts remain, else `dead`.
+    /// `draw` (0..=1) is the random draw for the backoff's jitter.
+    Backoff { draw: f64 },
+}
+
+impl Retry {
+    /// When the task runs again after failing attempt `task.attempt`, or `None` for `dead`.
+    pub fn retry_at(&self, task: &Task, now: Timestamp) -> Option<Timestamp> {
+        self.decide(task.attempt, task.max_attempts, &task.backoff, now)
+    }
+
+    /// [`Retry::retry_at`] from the columns it needs.
+    pub fn decide(
+        &self,
+        attempt: u32,
+        max_attempts: u32,
+        backoff: &Backoff,
+        now: Timestamp,
+    ) -> Option<Timestamp> {
+        if attempt >= max_attempts {
+            return None;
+        }
+        match *self {
+            Retry::Never => None,
+            Retry::At(t) => Some(t),
+            Retry::Backoff { draw } => Some(now.saturating_add(backoff.delay(attempt, draw))),
+        }
+    }
 }
 
 /// A worker's request for ready tasks.

@@ -218,6 +218,7 @@ async fn finish(tasks: &dyn Store, id: TaskId, now: Timestamp) {
                 },
             }],
             now,
+            None,
         )
         .await
         .expect("claim");

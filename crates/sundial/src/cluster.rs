@@ -41,7 +41,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use rand::Rng;
 use sundial_core::{Clock, Task, Timestamp, rendezvous_owner};
-use sundial_store::{Cluster, Fence, Member, StoreError, Wakeup};
+use sundial_store::{Cluster, Fence, Member, Store, StoreError, Wakeup};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
@@ -233,12 +233,13 @@ impl ClusterNode {
     /// Expires task leases in the shards this node owns (fenced, shard by shard).
     pub async fn expire_owned(
         &self,
+        store: &dyn Store,
         now: Timestamp,
         limit: usize,
     ) -> Result<Vec<Task>, StoreError> {
         let mut out = Vec::new();
         for f in self.fences() {
-            match self.cluster.expire_leases_fenced(f, now, limit).await {
+            match store.expire_leases(now, limit, Some(f)).await {
                 Ok(mut v) => out.append(&mut v),
                 Err(StoreError::LeaseLost { shard }) => {
                     tracing::warn!(shard, "lease lost while expiring task leases")
@@ -249,10 +250,14 @@ impl ClusterNode {
         Ok(out)
     }
 
-    pub async fn next_owned_lease_expiry(&self) -> Result<Option<Timestamp>, StoreError> {
+    /// The earliest task lease expiry in the shards this node owns.
+    pub async fn next_owned_lease_expiry(
+        &self,
+        store: &dyn Store,
+    ) -> Result<Option<Timestamp>, StoreError> {
         let mut next: Option<Timestamp> = None;
         for f in self.fences() {
-            if let Some(t) = self.cluster.next_lease_expiry_in(f.shard).await? {
+            if let Some(t) = store.next_lease_expiry(Some(f.shard)).await? {
                 next = Some(next.map_or(t, |n| n.min(t)));
             }
         }

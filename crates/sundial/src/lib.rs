@@ -426,18 +426,11 @@ impl Sundial {
         error: String,
         retryable: bool,
     ) -> Result<Task, Error> {
-        let task = self.running_task(id, execution).await?;
+        // No read first: the store decides the retry from the attempt's own row, in the
+        // conditional update on `running` with this execution id.
         self.engine
-            .fail(&task, execution, error, retryable, false)
+            .fail(id, execution, error, retryable, false)
             .await
-    }
-
-    async fn running_task(&self, id: TaskId, execution: ExecutionId) -> Result<Task, Error> {
-        let task = self.engine.store.get(id).await?.ok_or(Error::NotFound)?;
-        if task.state != TaskState::Running || task.execution_id != Some(execution) {
-            return Err(Error::StaleExecution { state: task.state });
-        }
-        Ok(task)
     }
 
     /// Takes the engine's loops (shard loops and reaper) to turn them by hand on the engine's

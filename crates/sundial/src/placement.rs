@@ -58,14 +58,13 @@ impl Placement {
         claims: Vec<DueClaim>,
         now: Timestamp,
     ) -> Result<Vec<ClaimOutcome>, ClaimError> {
-        let claimed = match (owner, self) {
-            (Owner::Sole, _) => store.claim_due(claims, now).await,
-            (Owner::Fenced(f), Placement::Cluster(n)) => {
-                n.cluster.claim_due_fenced(f, claims, now).await
-            }
+        let fence = match (owner, self) {
+            (Owner::Sole, _) => None,
+            (Owner::Fenced(f), Placement::Cluster(_)) => Some(f),
             // A fence from a placement that hands none out: nothing may be written.
             (Owner::Fenced(_), Placement::Single) => return Err(ClaimError::LeaseLost),
         };
+        let claimed = store.claim_due(claims, now, fence).await;
         claimed.map_err(|e| match e {
             StoreError::LeaseLost { .. } => ClaimError::LeaseLost,
             e => ClaimError::Store(e),
@@ -81,8 +80,8 @@ impl Placement {
         limit: usize,
     ) -> Result<Vec<Task>, StoreError> {
         match self {
-            Placement::Single => store.expire_leases(now, limit).await,
-            Placement::Cluster(n) => n.expire_owned(now, limit).await,
+            Placement::Single => store.expire_leases(now, limit, None).await,
+            Placement::Cluster(n) => n.expire_owned(store.as_ref(), now, limit).await,
         }
     }
 
@@ -92,8 +91,8 @@ impl Placement {
         store: &Arc<dyn Store>,
     ) -> Result<Option<Timestamp>, StoreError> {
         match self {
-            Placement::Single => store.next_lease_expiry().await,
-            Placement::Cluster(n) => n.next_owned_lease_expiry().await,
+            Placement::Single => store.next_lease_expiry(None).await,
+            Placement::Cluster(n) => n.next_owned_lease_expiry(store.as_ref()).await,
         }
     }
 

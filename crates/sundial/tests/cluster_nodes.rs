@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use common::intercept::{Intercept, Intercepted};
 use common::*;
 use futures::stream::BoxStream;
 use sundial::{Clock, Config, ManualClock, Sundial, TaskSpec, TaskState, Timestamp};
@@ -86,6 +87,55 @@ impl MemoryCluster {
     }
 }
 
+/// The store side of a node: the shared store, with the owner writes checked against the model's
+/// fences (the fence check and the write are not one transaction here; see the module doc).
+struct Fenced(Arc<MemoryCluster>);
+
+#[async_trait]
+impl Intercept for Fenced {
+    async fn claim_due(
+        &self,
+        inner: &dyn Store,
+        claims: Vec<DueClaim>,
+        now: Timestamp,
+        fence: Option<Fence>,
+    ) -> Result<Vec<ClaimOutcome>, StoreError> {
+        let Some(fence) = fence else {
+            return inner.claim_due(claims, now, None).await;
+        };
+        self.0.gate().await;
+        self.0.check(fence)?;
+        inner.claim_due(claims, now, None).await
+    }
+    async fn expire_leases(
+        &self,
+        inner: &dyn Store,
+        now: Timestamp,
+        limit: usize,
+        fence: Option<Fence>,
+    ) -> Result<Vec<sundial::Task>, StoreError> {
+        if let Some(fence) = fence {
+            self.0.gate().await;
+            self.0.check(fence)?;
+        }
+        // The model expires all shards' leases; fine for these tests (one reaper is enough).
+        inner.expire_leases(now, limit, None).await
+    }
+    async fn next_lease_expiry(
+        &self,
+        inner: &dyn Store,
+        _shard: Option<u32>,
+    ) -> Result<Option<Timestamp>, StoreError> {
+        self.0.gate().await;
+        inner.next_lease_expiry(None).await
+    }
+}
+
+/// The node's store: `c.store` with owner writes fenced by `c`'s model.
+fn node_store(c: &Arc<MemoryCluster>) -> Arc<dyn Store> {
+    Arc::new(Intercepted::new(c.store.clone(), Fenced(c.clone())))
+}
+
 #[async_trait]
 impl Cluster for MemoryCluster {
     async fn shard_count(&self, proposed: u32) -> Result<u32, StoreError> {
@@ -155,31 +205,6 @@ impl Cluster for MemoryCluster {
             *expires = Timestamp(i64::MIN);
         }
         Ok(())
-    }
-    async fn claim_due_fenced(
-        &self,
-        fence: Fence,
-        claims: Vec<DueClaim>,
-        now: Timestamp,
-    ) -> Result<Vec<ClaimOutcome>, StoreError> {
-        self.gate().await;
-        self.check(fence)?;
-        self.store.claim_due(claims, now).await
-    }
-    async fn expire_leases_fenced(
-        &self,
-        fence: Fence,
-        now: Timestamp,
-        limit: usize,
-    ) -> Result<Vec<sundial::Task>, StoreError> {
-        self.gate().await;
-        self.check(fence)?;
-        // The model expires all shards' leases; fine for these tests (one reaper is enough).
-        self.store.expire_leases(now, limit).await
-    }
-    async fn next_lease_expiry_in(&self, _shard: u32) -> Result<Option<Timestamp>, StoreError> {
-        self.gate().await;
-        self.store.next_lease_expiry().await
     }
     async fn publish(&self, wakeups: Vec<Wakeup>) -> Result<(), StoreError> {
         self.gate().await;
@@ -261,7 +286,7 @@ async fn cluster_with(n: usize, config: Config) -> Cluster3 {
         let s = Sundial::builder()
             .config(config.clone())
             .clock(Arc::new(clock.clone()))
-            .join_cluster(store.clone(), c, format!("node-{i}"))
+            .join_cluster(node_store(&c), c, format!("node-{i}"))
             .await
             .unwrap();
         let running = s.start();
@@ -435,7 +460,7 @@ async fn a_paused_node_loses_its_shards_and_its_stale_claims_are_refused() {
     }
     // A write under any of the victim's old fences is refused and changes nothing.
     let (_p, unpaused) = tokio::sync::watch::channel(false);
-    let probe = MemoryCluster {
+    let probe = Arc::new(MemoryCluster {
         store: c.store.clone(),
         clock: c.clock.clone(),
         skew_ms: Default::default(),
@@ -443,9 +468,10 @@ async fn a_paused_node_loses_its_shards_and_its_stale_claims_are_refused() {
         paused: unpaused,
         lose_wakeups: Default::default(),
         calls: Default::default(),
-    };
+    });
+    let probe = node_store(&probe);
     for f in stale {
-        let r = probe.claim_due_fenced(f, vec![], c.clock.now()).await;
+        let r = probe.claim_due(vec![], c.clock.now(), Some(f)).await;
         assert!(matches!(r, Err(StoreError::LeaseLost { .. })), "{r:?}");
     }
 }
@@ -639,7 +665,7 @@ async fn a_node_with_a_far_off_clock_refuses_to_join() {
     let r = Sundial::builder()
         .config(config())
         .clock(Arc::new(clock.clone()))
-        .join_cluster(store.clone(), c.clone(), "n")
+        .join_cluster(node_store(&c), c.clone(), "n")
         .await;
     assert!(matches!(r, Err(sundial::Error::ClockSkew { .. })));
     // Within the limit it joins and runs on the database's time.
@@ -655,7 +681,7 @@ async fn a_node_with_a_far_off_clock_refuses_to_join() {
     let s = Sundial::builder()
         .config(config())
         .clock(Arc::new(clock.clone()))
-        .join_cluster(store, near, "n")
+        .join_cluster(node_store(&near), near, "n")
         .await
         .unwrap();
     let lag = Timestamp(T0.0 + 700).0 - s.clock().now().0;

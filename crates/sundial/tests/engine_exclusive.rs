@@ -11,12 +11,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::intercept::{Intercept, Intercepted};
+use common::intercept::Intercept;
 use sundial::{
     ExclusiveMode, ManualClock, Store, StoreError, Sundial, Task, TaskContext, TaskId, TaskSpec,
     TaskState, Timestamp,
 };
-use sundial_store::{ClaimOutcome, DueClaim};
+use sundial_store::{ClaimOutcome, DueClaim, Fence};
 use tokio::sync::watch;
 
 /// A due claim that comes back `Busy` is held until the holder has finished and its release has
@@ -34,8 +34,9 @@ impl Intercept for HandOverRace {
         inner: &dyn Store,
         claims: Vec<DueClaim>,
         now: Timestamp,
+        fence: Option<Fence>,
     ) -> Result<Vec<ClaimOutcome>, StoreError> {
-        let out = inner.claim_due(claims, now).await?;
+        let out = inner.claim_due(claims, now, fence).await?;
         let holder = *self.holder.lock().unwrap();
         if let Some(holder) = holder
             && out.iter().any(|o| matches!(o, ClaimOutcome::Busy { .. }))
@@ -69,7 +70,7 @@ async fn wait_state(sundial: &Sundial, id: TaskId, state: TaskState) -> Option<T
 async fn a_waiter_refused_just_before_the_holder_finishes_still_runs_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let (go, go_rx) = watch::channel(false);
-    let store = Arc::new(Intercepted::sqlite(
+    let store = Arc::new(common::intercept::sqlite(
         dir.path(),
         HandOverRace {
             go,

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::intercept::{Intercept, Intercepted};
+use common::intercept::Intercept;
 use common::*;
 use sundial::{Config, ManualClock, Sundial, TaskSpec};
 use sundial_core::{Task, Timestamp};
@@ -45,7 +45,7 @@ fn setup() -> Setup {
 fn setup_with(config: Config) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let claims = Arc::new(AtomicUsize::new(0));
-    let store = Arc::new(Intercepted::sqlite(
+    let store = Arc::new(common::intercept::sqlite(
         dir.path(),
         CountReadyClaims(claims.clone()),
     ));

@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::intercept::{Intercept, Intercepted};
+use common::intercept::Intercept;
 use common::{T0, next_run};
 use sundial::{Config, ManualClock, Store, StoreError, Sundial, TaskContext, TaskSpec, Timestamp};
-use sundial_store::{ClaimOutcome, DueClaim};
+use sundial_store::{ClaimOutcome, DueClaim, Fence};
 use tokio::sync::mpsc;
 
 /// Panics on the first due claim, forwards every later one.
@@ -28,18 +28,19 @@ impl Intercept for PanicOnce {
         inner: &dyn Store,
         claims: Vec<DueClaim>,
         now: Timestamp,
+        fence: Option<Fence>,
     ) -> Result<Vec<ClaimOutcome>, StoreError> {
         if !self.panicked.swap(true, Ordering::SeqCst) {
             panic!("injected panic inside a claim");
         }
-        inner.claim_due(claims, now).await
+        inner.claim_due(claims, now, fence).await
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shard_loop_that_panics_is_restarted() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(Intercepted::sqlite(
+    let store = Arc::new(common::intercept::sqlite(
         dir.path(),
         PanicOnce {
             panicked: AtomicBool::new(false),
@@ -88,7 +89,7 @@ async fn a_shard_loop_that_panics_is_restarted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_engine_restarts_a_panicked_shard_loop() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(Intercepted::sqlite(
+    let store = Arc::new(common::intercept::sqlite(
         dir.path(),
         PanicOnce {
             panicked: AtomicBool::new(false),

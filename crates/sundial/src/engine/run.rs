@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 use futures::FutureExt;
 use rand::Rng;
 use sundial_core::{ExecutionId, Task, TaskId, TaskState};
+use sundial_store::Retry;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::{Engine, wait_true};
@@ -70,7 +71,7 @@ impl Engine {
                     .await
                     .map(|_| ()),
                 Err(e) => engine
-                    .fail(&task, execution, e.message, e.retryable, interrupted)
+                    .fail(task.id, execution, e.message, e.retryable, interrupted)
                     .await
                     .map(|_| ()),
             };
@@ -97,31 +98,26 @@ impl Engine {
         Ok(t)
     }
 
-    /// Records failure of an attempt: retry with backoff while attempts remain and the error is
-    /// retryable, else `dead`. `immediate` retries at once (shutdown interrupted the attempt).
+    /// Records failure of an attempt: retry with the task's backoff while attempts remain and the
+    /// error is retryable, else `dead`. `immediate` retries at once (shutdown interrupted the
+    /// attempt). The store decides from the attempt's own row, so nothing is read first.
     pub async fn fail(
         &self,
-        task: &Task,
+        id: TaskId,
         execution: ExecutionId,
         error: String,
         retryable: bool,
         immediate: bool,
     ) -> Result<Task, Error> {
         let now = self.clock.now();
-        let retry_at = if retryable && task.attempt < task.max_attempts {
-            if immediate {
-                Some(now)
-            } else {
-                let r: f64 = rand::rng().random();
-                Some(now.saturating_add(task.backoff.delay(task.attempt, r)))
-            }
-        } else {
-            None
+        let retry = match (retryable, immediate) {
+            (false, _) => Retry::Never,
+            (true, true) => Retry::At(now),
+            (true, false) => Retry::Backoff {
+                draw: rand::rng().random(),
+            },
         };
-        let t = self
-            .store
-            .fail(task.id, execution, now, error, retry_at)
-            .await?;
+        let t = self.store.fail(id, execution, now, error, retry).await?;
         match t.state {
             TaskState::Dead => {
                 metrics::counter!("sundial_tasks_dead_total", "kind" => t.kind.clone()).increment(1)
