@@ -77,14 +77,16 @@ def test_duplicate_key_carries_existing_id(client, queue):
     with pytest.raises(DuplicateKey) as e:
         client.create_task("k", queue=queue, key="same")
     assert isinstance(e.value, Conflict) and e.value.status == 409
+    assert e.value.code == "already_exists"
     assert e.value.existing_id == first.id
 
 
 def test_wrong_state_carries_state(client, queue):
     t = client.create_task("k", queue=queue)
     client.cancel_task(t.id)
+    client.cancel_task(t.id)  # cancel is idempotent
     with pytest.raises(WrongState) as e:
-        client.cancel_task(t.id)
+        client.trigger_task(t.id)
     assert e.value.state == "cancelled" and e.value.code == "wrong_state"
 
 
@@ -108,7 +110,8 @@ def test_already_running_workflow(client):
     client.start_workflow("t", workflow_id=wid, id_reuse="reject_duplicate")
     with pytest.raises(Conflict) as e:
         client.start_workflow("t", workflow_id=wid)
-    assert isinstance(e.value, AlreadyRunning) and e.value.code == "already_running"
+    assert isinstance(e.value, AlreadyRunning) and e.value.code == "already_exists"
+    assert e.value.existing_id is not None
 
 
 def _stub(status: int, body):

@@ -61,16 +61,19 @@ export class NotFound extends ApiError { override name = "NotFound"; }
 export class MethodNotAllowed extends ApiError { override name = "MethodNotAllowed"; }
 /** 409: valid, but in conflict with the current state. */
 export class Conflict extends ApiError { override name = "Conflict"; }
-/** 409 `duplicate_key`: a live task of the queue holds the key (`existingId`). */
-export class DuplicateKey extends Conflict { override name = "DuplicateKey"; }
 /** 409 `wrong_state`: the task (or workflow) is in `state` and cannot do this. */
 export class WrongState extends Conflict { override name = "WrongState"; }
-/** 409 `stale_execution`: this execution no longer owns the task; stop working on it. */
+/** 409 `stale_execution`: the execution id does not match the task's current attempt; stop working on it. */
 export class StaleExecution extends Conflict { override name = "StaleExecution"; }
-/** 409 `already_running`: a workflow with this id is running. */
-export class AlreadyRunning extends Conflict { override name = "AlreadyRunning"; }
-/** 409 `already_exists`: the id reuse policy refuses another run of this id. */
+/**
+ * 409 `already_exists`: a duplicate. A live task of the queue holds the key, a schedule with the
+ * id exists, or a workflow with the id is running (or its id reuse policy refuses a new run).
+ * `existingId` names the task holding the key, or the running workflow's run.
+ */
 export class AlreadyExists extends Conflict { override name = "AlreadyExists"; }
+/** Other names for {@link AlreadyExists}, by what was duplicated. */
+export const DuplicateKey = AlreadyExists;
+export const AlreadyRunning = AlreadyExists;
 /** 413: a body, payload, result or batch over its limit. */
 export class TooLarge extends ApiError { override name = "TooLarge"; }
 /** 422: well-formed but invalid; `field` (and `index` in a batch) name the culprit. */
@@ -94,10 +97,8 @@ const BY_CODE: Record<string, ErrorClass> = {
   forbidden: Forbidden,
   not_found: NotFound,
   method_not_allowed: MethodNotAllowed,
-  duplicate_key: DuplicateKey,
   wrong_state: WrongState,
   stale_execution: StaleExecution,
-  already_running: AlreadyRunning,
   already_exists: AlreadyExists,
   too_large: TooLarge,
   invalid: Invalid,

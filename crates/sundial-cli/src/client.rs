@@ -16,6 +16,22 @@ use sundial_server::wire::{
 };
 use uuid::Uuid;
 
+/// Percent-encodes one path segment (everything but RFC 3986's unreserved characters), so that
+/// a name with `/`, spaces or `%` (a queue `team/b`, a workflow id) reaches the server as one
+/// segment.
+pub fn segment(s: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
 /// What a call can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -121,7 +137,7 @@ impl Client {
     pub async fn get(&self, id: &str) -> Result<TaskView, ClientError> {
         let resp = self
             .http
-            .get(self.url(&format!("/v1/tasks/{id}")))
+            .get(self.url(&format!("/v1/tasks/{}", segment(id))))
             .send()
             .await?;
         Self::decode(resp).await
@@ -151,13 +167,17 @@ impl Client {
 
     /// A task's attempts, oldest first.
     pub async fn attempts(&self, id: &str) -> Result<AttemptList, ClientError> {
-        self.get_json(&format!("/v1/tasks/{id}/attempts")).await
+        self.get_json(&format!("/v1/tasks/{}/attempts", segment(id)))
+            .await
     }
 
     /// Retries a dead or cancelled task (now, or at `run_at`).
     pub async fn retry(&self, id: &str, run_at: Option<String>) -> Result<TaskView, ClientError> {
-        self.post(&format!("/v1/tasks/{id}/retry"), &RetryRequest { run_at })
-            .await
+        self.post(
+            &format!("/v1/tasks/{}/retry", segment(id)),
+            &RetryRequest { run_at },
+        )
+        .await
     }
 
     /// Cancels every live task matching `filter`.
@@ -175,7 +195,8 @@ impl Client {
     }
 
     pub async fn queue(&self, queue: &str) -> Result<QueueView, ClientError> {
-        self.get_json(&format!("/v1/queues/{queue}")).await
+        self.get_json(&format!("/v1/queues/{}", segment(queue)))
+            .await
     }
 
     pub async fn set_queue(
@@ -185,7 +206,7 @@ impl Client {
     ) -> Result<QueueView, ClientError> {
         let resp = self
             .http
-            .put(self.url(&format!("/v1/queues/{queue}")))
+            .put(self.url(&format!("/v1/queues/{}", segment(queue))))
             .json(settings)
             .send()
             .await?;
@@ -193,26 +214,35 @@ impl Client {
     }
 
     pub async fn pause_queue(&self, queue: &str) -> Result<QueueView, ClientError> {
-        self.post(&format!("/v1/queues/{queue}/pause"), &serde_json::json!({}))
-            .await
+        self.post(
+            &format!("/v1/queues/{}/pause", segment(queue)),
+            &serde_json::json!({}),
+        )
+        .await
     }
 
     pub async fn resume_queue(&self, queue: &str) -> Result<QueueView, ClientError> {
         self.post(
-            &format!("/v1/queues/{queue}/resume"),
+            &format!("/v1/queues/{}/resume", segment(queue)),
             &serde_json::json!({}),
         )
         .await
     }
 
     pub async fn cancel(&self, id: &str) -> Result<TaskView, ClientError> {
-        self.post(&format!("/v1/tasks/{id}/cancel"), &serde_json::json!({}))
-            .await
+        self.post(
+            &format!("/v1/tasks/{}/cancel", segment(id)),
+            &serde_json::json!({}),
+        )
+        .await
     }
 
     pub async fn trigger(&self, id: &str) -> Result<TaskView, ClientError> {
-        self.post(&format!("/v1/tasks/{id}/trigger"), &serde_json::json!({}))
-            .await
+        self.post(
+            &format!("/v1/tasks/{}/trigger", segment(id)),
+            &serde_json::json!({}),
+        )
+        .await
     }
 
     /// Long-polls `queue`; the request may stay open for `wait`.
@@ -232,7 +262,7 @@ impl Client {
         };
         let resp = self
             .http
-            .post(self.url(&format!("/v1/queues/{queue}/poll")))
+            .post(self.url(&format!("/v1/queues/{}/poll", segment(queue))))
             .timeout(wait + Duration::from_secs(30))
             .json(&body)
             .send()
@@ -280,5 +310,17 @@ impl Client {
             },
         )
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_are_percent_encoded() {
+        assert_eq!(segment("team/b"), "team%2Fb");
+        assert_eq!(segment("a b%"), "a%20b%25");
+        assert_eq!(segment("order.close-1_~"), "order.close-1_~");
     }
 }

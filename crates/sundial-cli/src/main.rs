@@ -9,6 +9,7 @@
 //! sundial workflow start|signal|cancel|terminate|get|ls|history ...          durable workflows
 //! ```
 
+mod output;
 mod queue;
 mod schedule;
 mod server;
@@ -42,7 +43,9 @@ enum Command {
     Task(task::TaskArgs),
     /// List queues, pause and resume them, set their retention.
     Queue(queue::QueueArgs),
-    /// Run a command once per task of a queue (a remote worker).
+    /// Run a command once per task of a queue (a remote worker); --help tells what the command
+    /// gets and what its exit status does.
+    #[command(after_long_help = worker::LONG_HELP)]
     Worker(worker::WorkerArgs),
     /// Create, inspect, pause, trigger and backfill recurring schedules on a running server.
     Schedule(schedule::ScheduleArgs),

@@ -8,8 +8,11 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use sundial_cli::client::segment;
 use sundial_server::ErrorBody;
-use sundial_server::schedules::{FireList, ScheduleList, ScheduleView};
+use sundial_server::schedules::{BackfillResponse, FireList, FireView, ScheduleList, ScheduleView};
+
+use crate::output;
 
 #[derive(Args, Debug)]
 pub struct ScheduleArgs {
@@ -25,76 +28,228 @@ pub struct ScheduleArgs {
 
 #[derive(Subcommand, Debug)]
 enum ScheduleCommand {
-    /// Create a schedule: `sundial schedule add report --cron '0 10 * * *' --tz Asia/Shanghai`.
+    /// Create a schedule, e.g. `sundial schedule add report.build --id nightly-report --cron '0 10 * * *' --tz Asia/Shanghai`
+    /// (the first argument is the kind of task each fire creates).
     Add(AddArgs),
+    /// Change a schedule's fields (PATCH): only the flags given change; the schedule is re-armed.
+    Update(UpdateArgs),
     /// List schedules (id order).
     Ls {
+        /// Page size (1 to 1000).
         #[arg(long, short, default_value_t = 50)]
         limit: usize,
+        /// Continue after a previous page (its `next cursor`).
         #[arg(long)]
         cursor: Option<String>,
     },
     /// Show one schedule with its next fire times and last fires.
-    Get { id: String },
+    Get {
+        /// The schedule's id.
+        id: String,
+    },
     /// Pause: fires are recorded as skipped until unpaused.
     Pause {
+        /// The schedule's id.
         id: String,
+        /// Why (kept on the schedule).
         #[arg(long, short)]
         note: Option<String>,
     },
     /// Unpause: fire again from the next fire time (the ones passed while paused stay skipped).
     Unpause {
+        /// The schedule's id.
         id: String,
+        /// Why (kept on the schedule).
         #[arg(long, short)]
         note: Option<String>,
     },
-    /// Fire now.
-    Trigger { id: String },
-    /// Fire every fire time in a past range (RFC 3339 times).
-    Backfill {
+    /// Fire now (a fire of its own, besides the regular ones).
+    Trigger {
+        /// The schedule's id.
         id: String,
+    },
+    /// Fire every fire time in a past range, oldest first. By default every one of them runs,
+    /// whatever the schedule's overlap policy (see --overlap).
+    Backfill {
+        /// The schedule's id.
+        id: String,
+        /// The first fire time covered (RFC 3339, e.g. 2030-01-01T00:00:00Z).
         #[arg(long)]
         from: String,
+        /// The last fire time covered (RFC 3339, not in the future).
         #[arg(long)]
         to: String,
+        /// The overlap rule between the backfilled fires: allow_all (default), skip,
+        /// buffer_one, buffer_all or cancel_other.
+        #[arg(long)]
+        overlap: Option<String>,
     },
     /// List fires (fired, skipped, missed), newest first.
     Fires {
+        /// The schedule's id.
         id: String,
+        /// Page size (1 to 1000).
         #[arg(long, short, default_value_t = 50)]
         limit: usize,
     },
     /// Delete a schedule (tasks it created stay).
-    Rm { id: String },
+    Rm {
+        /// The schedule's id.
+        id: String,
+    },
 }
 
 #[derive(Args, Debug)]
 struct AddArgs {
     /// The kind of task each fire creates.
     kind: String,
+    /// The schedule's id (default: a new UUID): letters, digits and `. _ : / -`.
     #[arg(long)]
     id: Option<String>,
+    /// Create it paused (fires are recorded as skipped until unpaused).
+    #[arg(long)]
+    paused: bool,
+    /// A note kept with the schedule (shown with its paused state).
+    #[arg(long)]
+    note: Option<String>,
+    #[command(flatten)]
+    fields: Fields,
+}
+
+#[derive(Args, Debug)]
+struct UpdateArgs {
+    /// The schedule's id.
+    id: String,
+    /// A new kind for the task each fire creates.
+    #[arg(long)]
+    kind: Option<String>,
+    #[command(flatten)]
+    fields: Fields,
+}
+
+/// The fields `add` sets and `update` changes.
+#[derive(Args, Debug)]
+struct Fields {
     /// A cron expression (5 fields, or 6 with seconds first; @daily, …).
-    #[arg(long, conflicts_with = "every", required_unless_present = "every")]
+    #[arg(long, conflicts_with = "every")]
     cron: Option<String>,
     /// A fixed interval: 15m, 1h30m.
     #[arg(long)]
     every: Option<String>,
+    /// With --every: the instant the intervals count from (RFC 3339; default the Unix epoch).
+    #[arg(long, requires = "every")]
+    anchor: Option<String>,
     /// IANA time zone (default UTC).
     #[arg(long = "tz")]
     timezone: Option<String>,
-    /// skip, buffer_one, buffer_all, allow_all, cancel_other.
+    /// A local time that does not exist (DST gap): `shift` (default, fire at the transition) or
+    /// `skip`.
+    #[arg(long)]
+    dst_skipped: Option<String>,
+    /// A local time that happens twice (DST overlap): `first` (default), `last` or `both`.
+    #[arg(long)]
+    dst_repeated: Option<String>,
+    /// When the previous fire's task is still live: skip (default), buffer_one, buffer_all,
+    /// allow_all, cancel_other.
     #[arg(long)]
     overlap: Option<String>,
+    /// Fires missed while everything was down run late if they are at most this old (default
+    /// 1m); older ones are recorded as missed.
     #[arg(long)]
-    queue: Option<String>,
-    /// The payload, as JSON.
-    #[arg(long, short)]
-    payload: Option<String>,
+    catchup_window: Option<String>,
+    /// Delay each fire by a stable random amount up to this (e.g. 30s), to spread load.
     #[arg(long)]
     jitter: Option<String>,
+    /// No fires before this time (RFC 3339).
     #[arg(long)]
-    paused: bool,
+    start_at: Option<String>,
+    /// No fires after this time (RFC 3339).
+    #[arg(long)]
+    end_at: Option<String>,
+    /// The queue of the tasks (default `default`).
+    #[arg(long)]
+    queue: Option<String>,
+    /// The payload of the tasks, as JSON.
+    #[arg(long, short)]
+    payload: Option<String>,
+    /// Attempts per task, including the first (default 5).
+    #[arg(long)]
+    max_attempts: Option<u32>,
+    /// Time limit of one attempt of a task (default 5m).
+    #[arg(long)]
+    timeout: Option<String>,
+    /// At most one task of this exclusive key runs at a time (each fire's own key is set by the
+    /// schedule: `schedule:<id>@<fire time>`).
+    #[arg(long, value_name = "KEY")]
+    exclusive: Option<String>,
+}
+
+impl Fields {
+    /// The request fields these flags set (the task template only when a task flag is given, or
+    /// `kind` is).
+    fn into_body(self, kind: Option<String>) -> anyhow::Result<Value> {
+        let mut body = json!({});
+        let payload: Option<Value> = self
+            .payload
+            .as_deref()
+            .map(serde_json::from_str)
+            .transpose()
+            .context("--payload is not JSON")?;
+        let task_flag = kind.is_some()
+            || self.queue.is_some()
+            || payload.is_some()
+            || self.max_attempts.is_some()
+            || self.timeout.is_some()
+            || self.exclusive.is_some();
+        if task_flag {
+            let mut task = json!({});
+            if let Some(k) = kind {
+                task["kind"] = json!(k);
+            }
+            if let Some(q) = self.queue {
+                task["queue"] = json!(q);
+            }
+            if let Some(p) = payload {
+                task["payload"] = p;
+            }
+            if let Some(n) = self.max_attempts {
+                task["max_attempts"] = json!(n);
+            }
+            if let Some(t) = self.timeout {
+                task["timeout"] = json!(t);
+            }
+            if let Some(k) = self.exclusive {
+                task["exclusive"] = json!({ "key": k });
+            }
+            body["task"] = task;
+        }
+        for (k, v) in [
+            ("cron", self.cron),
+            ("every", self.every),
+            ("anchor", self.anchor),
+            ("timezone", self.timezone),
+            ("overlap", self.overlap),
+            ("catchup_window", self.catchup_window),
+            ("jitter", self.jitter),
+            ("start_at", self.start_at),
+            ("end_at", self.end_at),
+        ] {
+            if let Some(v) = v {
+                body[k] = json!(v);
+            }
+        }
+        if self.dst_skipped.is_some() || self.dst_repeated.is_some() {
+            let mut dst = json!({});
+            if let Some(v) = self.dst_skipped {
+                dst["skipped"] = json!(v);
+            }
+            if let Some(v) = self.dst_repeated {
+                dst["repeated"] = json!(v);
+            }
+            body["dst"] = dst;
+        }
+        Ok(body)
+    }
 }
 
 struct Api {
@@ -108,7 +263,7 @@ impl Api {
         method: reqwest::Method,
         path: &str,
         body: Option<Value>,
-    ) -> anyhow::Result<Result<T, ErrorBody>> {
+    ) -> anyhow::Result<Result<T, (u16, ErrorBody)>> {
         let mut req = self.http.request(method, format!("{}{}", self.base, path));
         if let Some(b) = body {
             req = req.json(&b);
@@ -130,21 +285,10 @@ impl Api {
             })?));
         }
         match serde_json::from_slice::<ErrorBody>(&bytes) {
-            Ok(e) => Ok(Err(e)),
+            Ok(e) => Ok(Err((status.as_u16(), e))),
             Err(_) => anyhow::bail!("{status}: {}", String::from_utf8_lossy(&bytes)),
         }
     }
-}
-
-fn report(e: ErrorBody) -> ExitCode {
-    let d = e.error;
-    match d.field {
-        Some(f) if !d.message.starts_with(&format!("{f}:")) => {
-            eprintln!("error ({}): {f}: {}", d.code, d.message)
-        }
-        _ => eprintln!("error ({}): {}", d.code, d.message),
-    }
-    ExitCode::FAILURE
 }
 
 fn print_schedule(s: &ScheduleView) {
@@ -174,6 +318,26 @@ fn print_schedule(s: &ScheduleView) {
     }
 }
 
+/// A table of fire records: time, outcome, reason, the task it created.
+fn fire_table(fires: &[FireView]) -> String {
+    let rows: Vec<Vec<String>> = fires
+        .iter()
+        .map(|f| {
+            let time = match (&f.through, f.count) {
+                (Some(t), n) if n > 1 => format!("{} … {t} (×{n})", f.nominal_time),
+                _ => f.nominal_time.clone(),
+            };
+            vec![
+                time,
+                f.outcome.clone(),
+                f.reason.clone(),
+                f.task_id.map_or_else(|| "-".to_string(), |t| t.to_string()),
+            ]
+        })
+        .collect();
+    output::table(&["FIRE TIME", "OUTCOME", "REASON", "TASK"], &rows)
+}
+
 pub async fn run(args: ScheduleArgs) -> anyhow::Result<ExitCode> {
     use reqwest::Method;
     let api = Api {
@@ -181,136 +345,168 @@ pub async fn run(args: ScheduleArgs) -> anyhow::Result<ExitCode> {
         base: args.server.trim_end_matches('/').to_string(),
     };
     let json_out = args.json;
-    let show = |v: &Value| {
-        if let Ok(s) = serde_json::to_string_pretty(v) {
-            println!("{s}");
-        }
+    let fail = |(status, e): (u16, ErrorBody)| {
+        output::report(status, &e, json_out);
+        Ok(ExitCode::FAILURE)
     };
+    let path = |id: &str, rest: &str| format!("/v1/schedules/{}{rest}", segment(id));
     match args.command {
         ScheduleCommand::Add(a) => {
-            let payload: Option<Value> = a
-                .payload
-                .as_deref()
-                .map(serde_json::from_str)
-                .transpose()
-                .context("--payload is not JSON")?;
-            let mut task = json!({"kind": a.kind});
-            if let Some(q) = a.queue {
-                task["queue"] = json!(q);
-            }
-            if let Some(p) = payload {
-                task["payload"] = p;
-            }
-            let mut body = json!({"task": task});
-            for (k, v) in [
-                ("id", a.id),
-                ("cron", a.cron),
-                ("every", a.every),
-                ("timezone", a.timezone),
-                ("overlap", a.overlap),
-                ("jitter", a.jitter),
-            ] {
-                if let Some(v) = v {
-                    body[k] = json!(v);
-                }
+            let mut body = a.fields.into_body(Some(a.kind))?;
+            if let Some(id) = a.id {
+                body["id"] = json!(id);
             }
             if a.paused {
                 body["paused"] = json!(true);
+            }
+            if let Some(n) = a.note {
+                body["note"] = json!(n);
             }
             match api
                 .send::<Value>(Method::POST, "/v1/schedules", Some(body))
                 .await?
             {
-                Ok(v) if json_out => show(&v),
+                Ok(v) if json_out => output::print_json(&v),
                 Ok(v) => print_schedule(&serde_json::from_value(v)?),
-                Err(e) => return Ok(report(e)),
+                Err(e) => return fail(e),
+            }
+        }
+        ScheduleCommand::Update(u) => {
+            let body = u.fields.into_body(u.kind)?;
+            if body.as_object().is_some_and(|o| o.is_empty()) {
+                anyhow::bail!("nothing to change: give at least one flag (see --help)");
+            }
+            match api
+                .send::<Value>(Method::PATCH, &path(&u.id, ""), Some(body))
+                .await?
+            {
+                Ok(v) if json_out => output::print_json(&v),
+                Ok(v) => print_schedule(&serde_json::from_value(v)?),
+                Err(e) => return fail(e),
             }
         }
         ScheduleCommand::Ls { limit, cursor } => {
-            let mut path = format!("/v1/schedules?limit={limit}");
+            let mut p = format!("/v1/schedules?limit={limit}");
             if let Some(c) = cursor {
-                path.push_str(&format!("&cursor={c}"));
+                p.push_str(&format!("&cursor={}", segment(&c)));
             }
-            match api.send::<Value>(Method::GET, &path, None).await? {
-                Ok(v) if json_out => show(&v),
+            match api.send::<Value>(Method::GET, &p, None).await? {
+                Ok(v) if json_out => output::print_json(&v),
                 Ok(v) => {
                     let list: ScheduleList = serde_json::from_value(v)?;
-                    println!(
-                        "{:<28} {:<24} {:<20} {:<7} NEXT",
-                        "ID", "SPEC", "TIMEZONE", "PAUSED"
+                    let rows: Vec<Vec<String>> = list
+                        .schedules
+                        .iter()
+                        .map(|s| {
+                            vec![
+                                s.id.clone(),
+                                s.cron.clone().or(s.every.clone()).unwrap_or_default(),
+                                s.timezone.clone(),
+                                s.paused.to_string(),
+                                s.next_fires.first().cloned().unwrap_or_else(|| "-".into()),
+                            ]
+                        })
+                        .collect();
+                    print!(
+                        "{}",
+                        output::table(&["ID", "SPEC", "TIMEZONE", "PAUSED", "NEXT"], &rows)
                     );
-                    for s in &list.schedules {
-                        let spec = s.cron.clone().or(s.every.clone()).unwrap_or_default();
-                        let next = s.next_fires.first().cloned().unwrap_or_else(|| "-".into());
-                        println!(
-                            "{:<28} {:<24} {:<20} {:<7} {next}",
-                            s.id, spec, s.timezone, s.paused
-                        );
-                    }
                     if let Some(c) = list.next_cursor {
                         println!("next cursor: {c}");
                     }
                 }
-                Err(e) => return Ok(report(e)),
+                Err(e) => return fail(e),
             }
         }
         ScheduleCommand::Fires { id, limit } => {
-            let path = format!("/v1/schedules/{id}/fires?limit={limit}");
-            match api.send::<Value>(Method::GET, &path, None).await? {
-                Ok(v) if json_out => show(&v),
+            let p = path(&id, &format!("/fires?limit={limit}"));
+            match api.send::<Value>(Method::GET, &p, None).await? {
+                Ok(v) if json_out => output::print_json(&v),
                 Ok(v) => {
                     let list: FireList = serde_json::from_value(v)?;
-                    for f in list.fires {
-                        let count = if f.count > 1 {
-                            format!(" ×{}", f.count)
-                        } else {
-                            String::new()
-                        };
-                        println!("{} {:<8} {}{count}", f.nominal_time, f.outcome, f.reason);
+                    print!("{}", fire_table(&list.fires));
+                }
+                Err(e) => return fail(e),
+            }
+        }
+        ScheduleCommand::Trigger { id } => {
+            match api
+                .send::<Value>(Method::POST, &path(&id, "/trigger"), None)
+                .await?
+            {
+                Ok(v) if json_out => output::print_json(&v),
+                Ok(v) => {
+                    let f: FireView = serde_json::from_value(v)?;
+                    print!("{}", fire_table(std::slice::from_ref(&f)));
+                }
+                Err(e) => return fail(e),
+            }
+        }
+        ScheduleCommand::Backfill {
+            id,
+            from,
+            to,
+            overlap,
+        } => {
+            let mut body = json!({"from": from, "to": to});
+            if let Some(o) = overlap {
+                body["overlap"] = json!(o);
+            }
+            match api
+                .send::<Value>(Method::POST, &path(&id, "/backfill"), Some(body))
+                .await?
+            {
+                Ok(v) if json_out => output::print_json(&v),
+                Ok(v) => {
+                    let b: BackfillResponse = serde_json::from_value(v)?;
+                    print!("{}", fire_table(&b.fires));
+                    if !b.already_recorded.is_empty() {
+                        println!(
+                            "already recorded (left alone): {}",
+                            b.already_recorded.join(", ")
+                        );
                     }
                 }
-                Err(e) => return Ok(report(e)),
+                Err(e) => return fail(e),
             }
         }
         ScheduleCommand::Rm { id } => {
             match api
-                .send::<Value>(Method::DELETE, &format!("/v1/schedules/{id}"), None)
+                .send::<Value>(Method::DELETE, &path(&id, ""), None)
                 .await?
             {
+                Ok(_) if json_out => output::print_json(&json!({"id": id, "deleted": true})),
                 Ok(_) => println!("deleted {id}"),
-                Err(e) => return Ok(report(e)),
+                Err(e) => return fail(e),
             }
         }
-        command => {
-            let (method, path, body) = match command {
-                ScheduleCommand::Get { id } => (Method::GET, format!("/v1/schedules/{id}"), None),
-                ScheduleCommand::Pause { id, note } => (
-                    Method::POST,
-                    format!("/v1/schedules/{id}/pause"),
-                    Some(json!({"note": note})),
-                ),
-                ScheduleCommand::Unpause { id, note } => (
-                    Method::POST,
-                    format!("/v1/schedules/{id}/unpause"),
-                    Some(json!({"note": note})),
-                ),
-                ScheduleCommand::Trigger { id } => {
-                    (Method::POST, format!("/v1/schedules/{id}/trigger"), None)
-                }
-                ScheduleCommand::Backfill { id, from, to } => (
-                    Method::POST,
-                    format!("/v1/schedules/{id}/backfill"),
-                    Some(json!({"from": from, "to": to})),
-                ),
-                _ => unreachable!("handled above"),
-            };
-            match api.send::<Value>(method, &path, body).await? {
-                Ok(v) if json_out => show(&v),
-                Ok(v) => match serde_json::from_value::<ScheduleView>(v.clone()) {
-                    Ok(s) => print_schedule(&s),
-                    Err(_) => show(&v),
-                },
-                Err(e) => return Ok(report(e)),
+        ScheduleCommand::Get { id } => {
+            match api.send::<Value>(Method::GET, &path(&id, ""), None).await? {
+                Ok(v) if json_out => output::print_json(&v),
+                Ok(v) => print_schedule(&serde_json::from_value(v)?),
+                Err(e) => return fail(e),
+            }
+        }
+        ScheduleCommand::Pause { id, note } => {
+            let body = Some(json!({ "note": note }));
+            match api
+                .send::<Value>(Method::POST, &path(&id, "/pause"), body)
+                .await?
+            {
+                Ok(v) if json_out => output::print_json(&v),
+                Ok(v) => print_schedule(&serde_json::from_value(v)?),
+                Err(e) => return fail(e),
+            }
+        }
+        ScheduleCommand::Unpause { id, note } => {
+            let body = Some(json!({ "note": note }));
+            match api
+                .send::<Value>(Method::POST, &path(&id, "/unpause"), body)
+                .await?
+            {
+                Ok(v) if json_out => output::print_json(&v),
+                Ok(v) => print_schedule(&serde_json::from_value(v)?),
+                Err(e) => return fail(e),
             }
         }
     }

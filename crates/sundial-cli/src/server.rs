@@ -69,6 +69,10 @@ pub struct ServerArgs {
     /// count (a store from a build that did not record it gets one derived from its tasks).
     #[arg(long, env = "SUNDIAL_SHARDS", default_value_t = 16)]
     shards: u32,
+    /// Also count Sundial's own queues (`sundial.schedules`, `sundial.workflows`,
+    /// `sundial.activities`, …) in the `sundial_tasks` gauge.
+    #[arg(long, env = "SUNDIAL_METRICS_INTERNAL_QUEUES")]
+    metrics_internal_queues: bool,
     /// With PostgreSQL: how long a node's shard leases last without renewal.
     #[arg(long, env = "SUNDIAL_SHARD_LEASE_TTL", default_value = "10s", value_parser = parse_duration)]
     shard_lease_ttl: Duration,
@@ -179,6 +183,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
             max_poll_wait: args.max_poll_wait,
             max_batch_items: args.max_batch,
             prometheus: Some(prometheus),
+            internal_queue_metrics: args.metrics_internal_queues,
             ..ServerConfig::default()
         },
     );

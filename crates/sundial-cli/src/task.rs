@@ -9,7 +9,11 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use sundial_cli::{Client, ClientError};
 use sundial_server::ops::{AttemptList, BulkRequest, BulkResponse};
-use sundial_server::wire::{CreateTask, ListQuery, StateView, TaskView};
+use sundial_server::wire::{
+    BackoffSpec, CreateTask, ExclusiveModeView, ExclusiveSpec, ListQuery, StateView, TaskView,
+};
+
+use crate::output;
 
 #[derive(Args, Debug)]
 pub struct TaskArgs {
@@ -28,17 +32,30 @@ enum TaskCommand {
     /// Create a task.
     Add(AddArgs),
     /// Show one task.
-    Get { id: String },
-    /// List tasks, newest first.
+    Get {
+        /// The task's id.
+        id: String,
+    },
+    /// List tasks, newest first (Sundial's own `sundial.…` queues only with --all or --queue).
     Ls(LsArgs),
-    /// Cancel a task that has not finished.
-    Cancel { id: String },
+    /// Cancel a task that has not finished (a task already cancelled is not an error).
+    Cancel {
+        /// The task's id.
+        id: String,
+    },
     /// Make a scheduled task due now.
-    Trigger { id: String },
+    Trigger {
+        /// The task's id.
+        id: String,
+    },
     /// Show a task's attempts, oldest first.
-    Attempts { id: String },
+    Attempts {
+        /// The task's id.
+        id: String,
+    },
     /// Make a dead or cancelled task scheduled again (attempts start over).
     Retry {
+        /// The task's id.
         id: String,
         /// Due at this time (RFC 3339) instead of now.
         #[arg(long)]
@@ -111,6 +128,7 @@ impl BulkArgs {
 struct AddArgs {
     /// What the task is (workers and handlers pick tasks by kind).
     kind: String,
+    /// The queue (default `default`); workers poll a queue.
     #[arg(long, short)]
     queue: Option<String>,
     /// Business key: at most one live task per queue and key.
@@ -128,23 +146,54 @@ struct AddArgs {
     /// Attempts including the first.
     #[arg(long)]
     max_attempts: Option<u32>,
-    /// Time limit of one attempt (a worker's lease).
+    /// Time limit of one attempt (a worker's lease), e.g. 30s (default 5m).
     #[arg(long)]
     timeout: Option<String>,
     /// A tag, key:value (repeatable).
     #[arg(long)]
     tag: Vec<String>,
+    /// Delay after the first failed attempt, e.g. 10s (default 5s).
+    #[arg(long, value_name = "DURATION")]
+    backoff_initial: Option<String>,
+    /// Growth of the delay per attempt, 1 to 100 (default 5).
+    #[arg(long, value_name = "FACTOR")]
+    backoff_factor: Option<f64>,
+    /// Longest delay between attempts, e.g. 10m (default 1h).
+    #[arg(long, value_name = "DURATION")]
+    backoff_max: Option<String>,
+    /// Fraction of each delay randomised away, 0 to 1 (default 0.2).
+    #[arg(long, value_name = "FRACTION")]
+    backoff_jitter: Option<f64>,
+    /// Mutual exclusion: at most one running task holds this key at a time.
+    #[arg(long, value_name = "KEY")]
+    exclusive: Option<String>,
+    /// With --exclusive, when the key is held: `wait` (default) until it is free, or `skip`
+    /// (end `cancelled`).
+    #[arg(long, value_enum, requires = "exclusive")]
+    exclusive_mode: Option<ModeArg>,
+    /// Print only the new task's id (for scripts).
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum ModeArg {
+    Wait,
+    Skip,
 }
 
 #[derive(Args, Debug)]
 struct LsArgs {
+    /// Only this queue.
     #[arg(long, short)]
     queue: Option<String>,
+    /// Only this kind.
     #[arg(long)]
     kind: Option<String>,
     /// scheduled, ready, running, succeeded, dead or cancelled.
     #[arg(long, short)]
     state: Option<String>,
+    /// Only tasks with this key.
     #[arg(long, short)]
     key: Option<String>,
     /// Keys starting with this.
@@ -165,6 +214,9 @@ struct LsArgs {
     /// Created before this time (RFC 3339).
     #[arg(long)]
     created_before: Option<String>,
+    /// Also Sundial's own queues (`sundial.schedules`, `sundial.workflows`, …).
+    #[arg(long, short)]
+    all: bool,
     /// Page size (1 to 1000).
     #[arg(long, short, default_value_t = 50)]
     limit: usize,
@@ -189,6 +241,23 @@ pub async fn run(args: TaskArgs) -> anyhow::Result<ExitCode> {
                 };
                 tags.insert(k.to_string(), v.to_string());
             }
+            let backoff = (a.backoff_initial.is_some()
+                || a.backoff_factor.is_some()
+                || a.backoff_max.is_some()
+                || a.backoff_jitter.is_some())
+            .then_some(BackoffSpec {
+                initial: a.backoff_initial,
+                factor: a.backoff_factor,
+                max: a.backoff_max,
+                jitter: a.backoff_jitter,
+            });
+            let exclusive = a.exclusive.map(|key| ExclusiveSpec {
+                key,
+                mode: a.exclusive_mode.map(|m| match m {
+                    ModeArg::Wait => ExclusiveModeView::Wait,
+                    ModeArg::Skip => ExclusiveModeView::Skip,
+                }),
+            });
             let req = CreateTask {
                 tags: (!tags.is_empty()).then_some(tags),
                 queue: a.queue,
@@ -198,9 +267,18 @@ pub async fn run(args: TaskArgs) -> anyhow::Result<ExitCode> {
                 run_at: a.at,
                 max_attempts: a.max_attempts,
                 timeout: a.timeout,
+                backoff,
+                exclusive,
                 ..CreateTask::new(a.kind)
             };
-            client.create(&req).await.map(|t| show_task(&t, json))
+            let quiet = a.quiet;
+            client.create(&req).await.map(|t| {
+                if quiet {
+                    println!("{}", t.id);
+                } else {
+                    show_task(&t, json)
+                }
+            })
         }
         TaskCommand::Get { id } => client.get(&id).await.map(|t| show_task(&t, json)),
         TaskCommand::Cancel { id } => client.cancel(&id).await.map(|t| show_task(&t, json)),
@@ -229,6 +307,7 @@ pub async fn run(args: TaskArgs) -> anyhow::Result<ExitCode> {
                 created_before: l.created_before,
                 limit: Some(l.limit),
                 cursor: l.cursor,
+                internal: l.all.then_some(true),
             };
             client.list(&q).await.map(|page| {
                 if json {
@@ -253,33 +332,13 @@ pub async fn run(args: TaskArgs) -> anyhow::Result<ExitCode> {
 
 pub fn report(e: &ClientError, json: bool) {
     match e {
-        ClientError::Api { body, .. } if json => {
-            eprintln!(
-                "{}",
-                serde_json::to_string(body).unwrap_or_else(|_| e.to_string())
-            );
-        }
-        ClientError::Api { status, body } => {
-            let mut line = format!(
-                "error: {} {}: {}",
-                status.as_u16(),
-                body.error.code,
-                body.error.message
-            );
-            if let Some(id) = body.error.existing_id {
-                line.push_str(&format!(" (existing task: {id})"));
-            }
-            eprintln!("{line}");
-        }
+        ClientError::Api { status, body } => output::report(status.as_u16(), body, json),
         other => eprintln!("error: {other}"),
     }
 }
 
 pub fn print_json<T: serde::Serialize>(v: &T) {
-    match serde_json::to_string_pretty(v) {
-        Ok(s) => println!("{s}"),
-        Err(e) => eprintln!("error: cannot print JSON: {e}"),
-    }
+    output::print_json(v)
 }
 
 fn show_bulk(verb: &str, r: &BulkResponse, json: bool) {
@@ -369,13 +428,12 @@ fn show_task(t: &TaskView, json: bool) {
     }
 }
 
-/// A fixed-width table of tasks.
+/// A table of tasks.
 pub fn task_table(tasks: &[TaskView]) -> String {
-    let header = ["ID", "QUEUE", "KIND", "STATE", "RUN AT", "ATTEMPT", "KEY"];
-    let rows: Vec<[String; 7]> = tasks
+    let rows: Vec<Vec<String>> = tasks
         .iter()
         .map(|t| {
-            [
+            vec![
                 t.id.to_string(),
                 t.queue.clone(),
                 t.kind.clone(),
@@ -386,28 +444,8 @@ pub fn task_table(tasks: &[TaskView]) -> String {
             ]
         })
         .collect();
-    let mut widths = header.map(str::len);
-    for r in &rows {
-        for (w, c) in widths.iter_mut().zip(r) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    let mut out = String::new();
-    let line = |cells: Vec<&str>, out: &mut String| {
-        let mut s = String::new();
-        for (i, (c, w)) in cells.iter().zip(widths).enumerate() {
-            if i + 1 == cells.len() {
-                s.push_str(c);
-            } else {
-                s.push_str(&format!("{c:<w$}  "));
-            }
-        }
-        out.push_str(s.trim_end());
-        out.push('\n');
-    };
-    line(header.to_vec(), &mut out);
-    for r in &rows {
-        line(r.iter().map(String::as_str).collect(), &mut out);
-    }
-    out
+    output::table(
+        &["ID", "QUEUE", "KIND", "STATE", "RUN AT", "ATTEMPT", "KEY"],
+        &rows,
+    )
 }

@@ -66,7 +66,63 @@ const STDERR_TAIL: usize = 4 * 1024;
 /// Bytes of stdout kept for the result.
 const STDOUT_TAIL: usize = 64 * 1024;
 
+/// The long help of `sundial worker`: the contract between the worker and its command.
+pub const LONG_HELP: &str = "\
+The command runs once per task taken from the queue:
+
+stdin        the whole polled task as one JSON object, not only the payload:
+             {\"id\", \"queue\", \"kind\", \"key\", \"payload\", \"attempt\", \"max_attempts\",
+              \"execution_id\", \"lease_expires_at\", \"run_at\", \"timeout\"}
+             (read the payload with e.g. `jq .payload`)
+environment  SUNDIAL_TASK_ID, SUNDIAL_EXECUTION_ID, SUNDIAL_ATTEMPT (from 1),
+             SUNDIAL_TASK_KIND, SUNDIAL_QUEUE, besides the worker's own environment
+exit 0       the task is completed; stdout becomes its result (its JSON if it is JSON, else
+             the text; empty stdout is no result). stderr is logged.
+exit non-0   the attempt fails with the tail of stderr as the error; the server retries it
+             with the task's backoff while attempts remain, then the task is dead
+timeout      a command still running at the task's timeout is killed (SIGKILL) and the
+             attempt fails
+409          the task was cancelled or the lease lost: the command is killed, nothing is
+             reported
+
+While a command runs the worker heartbeats every third of the task's timeout. On SIGTERM or
+Ctrl-C it stops polling and waits up to --shutdown-grace for running commands, then kills them
+(their tasks run again once their leases end).
+
+The worker exits 0 after --max-tasks tasks or a signal, and 1 when the command cannot be
+run at all or the server refuses its polls.";
+
+/// Checks at start that `program` can be run: a path must be an executable file, a bare name
+/// must be found on `PATH`. Without this a typo would fail every task it takes until each is
+/// dead.
+fn check_program(program: &str) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &std::path::Path| {
+        std::fs::metadata(p)
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    };
+    if program.contains('/') {
+        let p = std::path::Path::new(program);
+        if !p.exists() {
+            anyhow::bail!("the command {program:?} does not exist");
+        }
+        if !executable(p) {
+            anyhow::bail!("the command {program:?} is not an executable file (chmod +x?)");
+        }
+        return Ok(());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if std::env::split_paths(&path).any(|dir| executable(&dir.join(program))) {
+        return Ok(());
+    }
+    anyhow::bail!("the command {program:?} is not found on PATH")
+}
+
 pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
+    if let Some(program) = args.command.first() {
+        check_program(program)?;
+    }
     let client = Client::new(&args.server).context("cannot build the HTTP client")?;
     let name = args
         .name
@@ -119,12 +175,14 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
                     let Some(permit) = permits.pop() else {
                         // The server never hands out more than asked; be safe anyway.
                         tracing::warn!(id = %task.id, "more tasks than slots; running it anyway");
+                        tracing::info!(id = %task.id, kind = %task.kind, attempt = task.attempt, "running");
                         running.spawn(run_task(client.clone(), command.clone(), task, None));
                         continue;
                     };
                     if let Some(r) = remaining.as_mut() {
                         *r = r.saturating_sub(1);
                     }
+                    tracing::info!(id = %task.id, kind = %task.kind, attempt = task.attempt, "running");
                     running.spawn(run_task(
                         client.clone(),
                         command.clone(),
@@ -187,7 +245,6 @@ async fn run_task(
     let id = task.id;
     let execution = task.execution_id;
     let timeout = parse_duration(&task.timeout).unwrap_or(Duration::from_secs(300));
-    tracing::info!(%id, kind = %task.kind, attempt = task.attempt, "running");
     let Some((program, args)) = command.split_first() else {
         return;
     };
@@ -256,6 +313,11 @@ async fn run_task(
     match outcome {
         Outcome::Lost => {}
         Outcome::Exited(Ok(status)) if status.success() => {
+            let said = String::from_utf8_lossy(&err);
+            let said = said.trim();
+            if !said.is_empty() {
+                tracing::info!(%id, stderr = %said, "the command wrote to stderr");
+            }
             let text = String::from_utf8_lossy(&out);
             let trimmed = text.trim();
             let result = if trimmed.is_empty() {
@@ -302,7 +364,7 @@ async fn run_task(
 }
 
 async fn report_failure(client: &Client, task: &PolledTask, message: String) {
-    tracing::info!(id = %task.id, error = %message, "attempt failed");
+    tracing::warn!(id = %task.id, error = %message, "attempt failed");
     let (id, execution) = (task.id, task.execution_id);
     report(id, "fail", || {
         client.fail(id, execution, message.clone(), true)

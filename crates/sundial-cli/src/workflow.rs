@@ -5,15 +5,17 @@
 //!
 //! Workflow ids may contain `/` (child workflows): they are percent-encoded in paths.
 
-use std::fmt::Write as _;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
+use sundial_cli::client::segment;
 use sundial_server::ErrorBody;
 use sundial_server::workflows::{StartResponse, WorkflowList, WorkflowView};
+
+use crate::output;
 
 #[derive(Args, Debug)]
 pub struct WorkflowArgs {
@@ -85,19 +87,6 @@ enum WorkflowCommand {
     History { id: String },
 }
 
-/// Percent-encodes one path segment (everything but RFC 3986's unreserved characters).
-fn segment(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
-}
-
 fn parse_json_arg(flag: &str, s: Option<&str>) -> anyhow::Result<Option<Value>> {
     s.map(serde_json::from_str)
         .transpose()
@@ -147,20 +136,15 @@ impl Api {
 }
 
 /// Prints the server's error (naming the workflow id on a `404`); the exit status is 1.
-fn report(status: StatusCode, e: ErrorBody, id: Option<&str>) -> ExitCode {
-    let mut d = e.error;
-    let code = status.as_u16();
+fn report(status: StatusCode, e: ErrorBody, id: Option<&str>, json: bool) -> ExitCode {
+    let mut e = e;
     if let Some(id) = id
         && status == StatusCode::NOT_FOUND
+        && !json
     {
-        d.message = format!("{}: {id:?}", d.message);
+        e.error.message = format!("{}: {id:?}", e.error.message);
     }
-    match d.field {
-        Some(f) if !d.message.starts_with(&format!("{f}:")) => {
-            eprintln!("error: {code} {}: {f}: {}", d.code, d.message)
-        }
-        _ => eprintln!("error: {code} {}: {}", d.code, d.message),
-    }
+    output::report(status.as_u16(), &e, json);
     ExitCode::FAILURE
 }
 
@@ -286,7 +270,7 @@ pub async fn run(args: WorkflowArgs) -> anyhow::Result<ExitCode> {
                         serde_json::from_value(v).context("unexpected response")?;
                     println!("started {} (run {}, {})", s.id, s.run_id, s.status);
                 }
-                Err((status, e)) => return Ok(report(status, e, None)),
+                Err((status, e)) => return Ok(report(status, e, None, json_out)),
             }
         }
         WorkflowCommand::Signal { id, name, input } => {
@@ -298,7 +282,7 @@ pub async fn run(args: WorkflowArgs) -> anyhow::Result<ExitCode> {
             match api.send(Method::POST, &path, &[], Some(body)).await? {
                 Ok(_) if json_out => show(&json!({"id": id, "signal": name, "accepted": true})),
                 Ok(_) => println!("signal {name} sent to {id}"),
-                Err((status, e)) => return Ok(report(status, e, Some(&id))),
+                Err((status, e)) => return Ok(report(status, e, Some(&id), json_out)),
             }
         }
         WorkflowCommand::Cancel { id, reason } => {
@@ -309,7 +293,7 @@ pub async fn run(args: WorkflowArgs) -> anyhow::Result<ExitCode> {
             {
                 Ok(_) if json_out => show(&json!({"id": id, "cancel_requested": true})),
                 Ok(_) => println!("cancel requested for {id}"),
-                Err((status, e)) => return Ok(report(status, e, Some(&id))),
+                Err((status, e)) => return Ok(report(status, e, Some(&id), json_out)),
             }
         }
         WorkflowCommand::Terminate { id, reason } => {
@@ -320,7 +304,7 @@ pub async fn run(args: WorkflowArgs) -> anyhow::Result<ExitCode> {
             {
                 Ok(v) if json_out => show(&v),
                 Ok(v) => print_workflow(&serde_json::from_value(v).context("unexpected response")?),
-                Err((status, e)) => return Ok(report(status, e, Some(&id))),
+                Err((status, e)) => return Ok(report(status, e, Some(&id), json_out)),
             }
         }
         WorkflowCommand::Get { id } => {
@@ -328,7 +312,7 @@ pub async fn run(args: WorkflowArgs) -> anyhow::Result<ExitCode> {
             match api.send(Method::GET, &path, &[], None).await? {
                 Ok(v) if json_out => show(&v),
                 Ok(v) => print_workflow(&serde_json::from_value(v).context("unexpected response")?),
-                Err((status, e)) => return Ok(report(status, e, Some(&id))),
+                Err((status, e)) => return Ok(report(status, e, Some(&id), json_out)),
             }
         }
         WorkflowCommand::Ls {
@@ -350,7 +334,7 @@ pub async fn run(args: WorkflowArgs) -> anyhow::Result<ExitCode> {
             match api.send(Method::GET, "/v1/workflows", &query, None).await? {
                 Ok(v) if json_out => show(&v),
                 Ok(v) => print_list(&serde_json::from_value(v).context("unexpected response")?),
-                Err((status, e)) => return Ok(report(status, e, None)),
+                Err((status, e)) => return Ok(report(status, e, None, json_out)),
             }
         }
         WorkflowCommand::History { id } => {
@@ -358,7 +342,7 @@ pub async fn run(args: WorkflowArgs) -> anyhow::Result<ExitCode> {
             match api.send(Method::GET, &path, &[], None).await? {
                 Ok(v) if json_out => show(&v),
                 Ok(v) => print_history(&v),
-                Err((status, e)) => return Ok(report(status, e, Some(&id))),
+                Err((status, e)) => return Ok(report(status, e, Some(&id), json_out)),
             }
         }
     }

@@ -119,7 +119,7 @@ async fn task_commands_add_get_ls_cancel_trigger() {
     assert_eq!(dup.status.code(), Some(1));
     let err = stderr(&dup);
     assert!(
-        err.contains("409") && err.contains("duplicate_key") && err.contains(&id),
+        err.contains("409") && err.contains("already_exists") && err.contains(&id),
         "{err}"
     );
 
@@ -128,9 +128,16 @@ async fn task_commands_add_get_ls_cancel_trigger() {
     let other_id = other["id"].as_str().unwrap();
     let cancelled = json_out(&sundial(&server, &["task", "cancel", other_id, "--json"]).await);
     assert_eq!(cancelled["state"], "cancelled");
+    // Cancel is idempotent; triggering a cancelled task is refused with `wrong_state`.
     let again = sundial(&server, &["task", "cancel", other_id]).await;
-    assert_eq!(again.status.code(), Some(1));
-    assert!(stderr(&again).contains("wrong_state"), "{}", stderr(&again));
+    assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
+    let trig_cancelled = sundial(&server, &["task", "trigger", other_id]).await;
+    assert_eq!(trig_cancelled.status.code(), Some(1));
+    assert!(
+        stderr(&trig_cancelled).contains("wrong_state"),
+        "{}",
+        stderr(&trig_cancelled)
+    );
 
     // Bad input is refused by the server (422), not silently defaulted.
     let bad = sundial(&server, &["task", "add", "k", "--delay", "-5s"]).await;

@@ -103,7 +103,7 @@ async fn start_signal_cancel_terminate(backend: Backend) {
 
     // A running id refuses another start.
     let again = sundial(&server, &["workflow", "start", "order", "--id", "order/9"]).await;
-    refused(&again, &["409", "already_running", &run_id]);
+    refused(&again, &["409", "already_exists", &run_id]);
 
     // Get: the API's view, or a key/value listing.
     let got = json_out(&sundial(&server, &["workflow", "get", "order/9", "--json"]).await);
@@ -310,16 +310,19 @@ async fn unknown_ids_and_bad_input_are_errors(backend: Backend) {
     let server = Server::start_on(&storage);
     for args in [
         &["workflow", "get", "nope"][..],
-        &["workflow", "get", "nope", "--json"][..],
         &["workflow", "history", "nope"][..],
         &["workflow", "signal", "nope", "paid"][..],
         &["workflow", "cancel", "nope"][..],
         &["workflow", "terminate", "nope"][..],
     ] {
         let o = sundial(&server, args).await;
-        refused(&o, &["404", "not_found", "\"nope\""]);
+        refused(&o, &["error: 404 not_found: ", "\"nope\""]);
         assert!(stdout(&o).is_empty(), "{args:?}: {}", stdout(&o));
     }
+    // With --json the error is the server's body, as for every command.
+    let o = sundial(&server, &["workflow", "get", "nope", "--json"]).await;
+    refused(&o, &[r#""code":"not_found""#]);
+    assert!(stdout(&o).is_empty());
     let o = sundial(
         &server,
         &["workflow", "start", "order", "--input", "{not json"],

@@ -27,6 +27,7 @@ pub use schedule::{
 pub use shard::{rendezvous_owner, shard_for};
 pub use target::{PushMethod, Target};
 pub use task::{
-    Due, Exclusive, ExclusiveMode, Limits, NewTask, Tags, Task, TaskSpec, TaskState, check_tags,
+    Due, Exclusive, ExclusiveMode, INTERNAL_QUEUE_PREFIX, Limits, NewTask, Tags, Task, TaskSpec,
+    TaskState, check_tags, is_internal_queue,
 };
 pub use time::{Clock, ManualClock, Timestamp};

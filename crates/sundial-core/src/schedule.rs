@@ -358,6 +358,16 @@ impl Iterator for FireTimes<'_> {
 }
 
 /// Names of the fields of a 6-field expression, for error messages.
+/// What each cron field accepts, in the order of [`FIELD_NAMES`] (for error messages).
+const FIELD_RANGES: [&str; 6] = [
+    "0-59",
+    "0-59",
+    "0-23",
+    "1-31 (or L, W)",
+    "1-12 or JAN-DEC",
+    "0-7 or SUN-SAT (0 and 7 are Sunday; L, #)",
+];
+
 const FIELD_NAMES: [&str; 6] = [
     "second",
     "minute",
@@ -597,7 +607,10 @@ fn parse_cron(expr: &str) -> Result<Cron, SpecError> {
                 let (kind, why) = describe(&e);
                 return Err(cron_err(
                     kind,
-                    format!("the {name} field {field:?} is invalid: {why}"),
+                    format!(
+                        "the {name} field {field:?} is invalid: {why}; it takes {}",
+                        FIELD_RANGES[i + skip]
+                    ),
                 ));
             }
         }

@@ -25,6 +25,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Backoff, ExecutionId, Target, TaskId, Timestamp, ValidationError};
 
+/// Queues whose name starts with this are Sundial's own (schedule ticks `sundial.schedules`,
+/// workflow tasks `sundial.workflows`, activities `sundial.activities`, timers, child starts):
+/// listings and metrics leave them out unless asked.
+pub const INTERNAL_QUEUE_PREFIX: &str = "sundial.";
+
+/// Whether `queue` is one of Sundial's own (see [`INTERNAL_QUEUE_PREFIX`]).
+pub fn is_internal_queue(queue: &str) -> bool {
+    queue.starts_with(INTERNAL_QUEUE_PREFIX)
+}
+
 /// Where a task is in its life. Ordered as listed (life order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -565,6 +565,8 @@ fn rejects_bad_specs_with_field_and_reason() {
 
     let e = err(ScheduleSpec::cron("* 25 * * *"));
     assert!(e.reason().contains("hour field"), "{e}");
+    // The allowed range is named, not only "out of bounds".
+    assert!(e.reason().contains("it takes 0-23"), "{e}");
     let e = err(ScheduleSpec::cron("* * * 13 *"));
     assert!(e.reason().contains("month field"), "{e}");
     let e = err(ScheduleSpec::cron("* * * * * * *"));

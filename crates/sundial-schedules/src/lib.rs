@@ -368,15 +368,23 @@ impl Schedules {
     }
 
     /// Fires every fire time of the schedule in `[from, to]` (which must not lie in the future),
-    /// oldest first, one after another, following the overlap policy; fire times recorded before
-    /// are left alone. At most [`MAX_BACKFILL`] fire times. Start and end times and the pause
-    /// state do not apply: a backfill is an explicit request.
+    /// oldest first, one after another; fire times recorded before are left alone. At most
+    /// [`MAX_BACKFILL`] fire times. Start and end times and the pause state do not apply: a
+    /// backfill is an explicit request.
+    ///
+    /// A backfill has its own overlap rule, `overlap`: `None` runs every backfilled fire
+    /// ([`OverlapPolicy::AllowAll`]), since the fires of a backfill come one right after the
+    /// other and under the schedule's own `skip` all but the first would be skipped as
+    /// overlapping. `Some(policy)` applies that policy between the backfilled fires (and the
+    /// schedule's task still in progress, if any).
     pub async fn backfill(
         &self,
         id: &ScheduleId,
         from: Timestamp,
         to: Timestamp,
+        overlap: Option<OverlapPolicy>,
     ) -> Result<Backfill, Error> {
+        let overlap = overlap.unwrap_or(OverlapPolicy::AllowAll);
         let inner = &self.inner;
         let schedule = inner.store.get_schedule(id).await?.ok_or(Error::NotFound)?;
         let spec = inner.validate(&schedule.def)?;
@@ -412,7 +420,8 @@ impl Schedules {
         let mut out = Backfill::default();
         for nominal in times {
             // Re-read: the previous fire of this backfill changed `last_task`.
-            let schedule = inner.store.get_schedule(id).await?.ok_or(Error::NotFound)?;
+            let mut schedule = inner.store.get_schedule(id).await?.ok_or(Error::NotFound)?;
+            schedule.def.overlap = overlap;
             let now = inner.sundial.clock().now();
             let fire = inner
                 .decide(

@@ -1,5 +1,5 @@
-//! Backfill over a past range: each fire time once, oldest first, following the overlap policy;
-//! a second backfill of the same range changes nothing.
+//! Backfill over a past range: each fire time once, oldest first, every one run by default or
+//! following the overlap policy it is given; a second backfill of the same range changes nothing.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -22,7 +22,11 @@ async fn backfill_fires_each_past_time_once() {
     let mut jobs = jobs(&h, true);
     create(&h, "b", def("0 * * * *").overlap(OverlapPolicy::AllowAll)).await;
     let from = Timestamp(T0.0 - 3 * HOUR);
-    let out = h.schedules.backfill(&sid("b"), from, T0).await.unwrap();
+    let out = h
+        .schedules
+        .backfill(&sid("b"), from, T0, None)
+        .await
+        .unwrap();
     let want: Vec<Timestamp> = (0..3)
         .map(|i| Timestamp(hour_floor(from).0 + (i + 1) * HOUR))
         .collect();
@@ -40,19 +44,56 @@ async fn backfill_fires_each_past_time_once() {
     ];
     ran.sort();
     assert_eq!(ran, want);
-    let again = h.schedules.backfill(&sid("b"), from, T0).await.unwrap();
+    let again = h
+        .schedules
+        .backfill(&sid("b"), from, T0, None)
+        .await
+        .unwrap();
     assert!(again.recorded.is_empty());
     assert_eq!(again.already_recorded, want);
     jobs.none().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn backfill_follows_the_overlap_policy() {
+async fn backfill_runs_every_fire_by_default_whatever_the_schedules_overlap() {
     let h = harness().await;
     let mut jobs = jobs(&h, false);
-    create(&h, "b", def("0 * * * *")).await; // skip
+    create(&h, "b", def("0 * * * *")).await; // overlap skip
     let from = Timestamp(T0.0 - 3 * HOUR);
-    let out = h.schedules.backfill(&sid("b"), from, T0).await.unwrap();
+    let out = h
+        .schedules
+        .backfill(&sid("b"), from, T0, None)
+        .await
+        .unwrap();
+    assert_eq!(out.recorded.len(), 3);
+    assert!(
+        out.recorded
+            .iter()
+            .all(|r| (r.outcome, r.reason) == (FireOutcome::Fired, FireReason::Backfill)),
+        "{:?}",
+        out.recorded
+    );
+    // The schedule's own policy is unchanged.
+    let s = h.schedules.get(&sid("b")).await.unwrap().unwrap();
+    assert_eq!(s.def.overlap, OverlapPolicy::Skip);
+    jobs.set_open(true);
+    for _ in 0..3 {
+        jobs.next().await;
+    }
+    jobs.none().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backfill_follows_the_overlap_policy_it_is_given() {
+    let h = harness().await;
+    let mut jobs = jobs(&h, false);
+    create(&h, "b", def("0 * * * *").overlap(OverlapPolicy::AllowAll)).await;
+    let from = Timestamp(T0.0 - 3 * HOUR);
+    let out = h
+        .schedules
+        .backfill(&sid("b"), from, T0, Some(OverlapPolicy::Skip))
+        .await
+        .unwrap();
     let kinds: Vec<_> = out.recorded.iter().map(|r| (r.outcome, r.reason)).collect();
     assert_eq!(
         kinds,
@@ -74,7 +115,7 @@ async fn backfill_refuses_the_future_and_huge_ranges() {
     create(&h, "b", def("* * * * * *")).await;
     let future = h
         .schedules
-        .backfill(&sid("b"), T0, at(T0, Duration::from_secs(60)))
+        .backfill(&sid("b"), T0, at(T0, Duration::from_secs(60)), None)
         .await
         .unwrap_err();
     assert!(
@@ -83,7 +124,7 @@ async fn backfill_refuses_the_future_and_huge_ranges() {
     );
     let huge = h
         .schedules
-        .backfill(&sid("b"), Timestamp(T0.0 - 2 * HOUR), T0)
+        .backfill(&sid("b"), Timestamp(T0.0 - 2 * HOUR), T0, None)
         .await
         .unwrap_err();
     assert!(

@@ -74,8 +74,16 @@ pub async fn create_task(
 )]
 pub async fn create_batch(
     State(st): State<AppState>,
-    ApiJson(body): ApiJson<CreateBatch>,
+    body: Result<ApiJson<CreateBatch>, ApiError>,
 ) -> Result<Response, ApiError> {
+    let ApiJson(body) = body.map_err(|mut e| {
+        if e.detail.message.contains("not an array") {
+            e.detail
+                .message
+                .push_str("; send a batch as {\"tasks\": [...]}");
+        }
+        e
+    })?;
     if body.tasks.len() > st.config.max_batch_items {
         return Err(ApiError::too_large(format!(
             "a batch holds at most {} tasks; this one has {}",
@@ -179,6 +187,9 @@ pub async fn list_tasks(
         created_before: q.created_before.as_deref(),
     })?;
     filter.before = before;
+    // Sundial's own queues (schedule ticks, workflow steps) would flood a listing of "my tasks":
+    // they are left out unless asked for, by name or with `internal=true`.
+    filter.exclude_internal = q.queue.is_none() && !q.internal.unwrap_or(false);
     let page = st.sundial.list(filter, limit).await?;
     Ok(Json(TaskList {
         tasks: page.tasks.into_iter().map(TaskView::from).collect(),
@@ -205,13 +216,16 @@ fn parse_list_query(raw: &str) -> Result<ListQuery, ApiError> {
 }
 
 /// Cancel a task that has not finished. Once this returns it never starts a new attempt.
+///
+/// Idempotent: cancelling a task that is already `cancelled` answers `200` with the task, so a
+/// retried request succeeds. A task that finished otherwise (`succeeded`, `dead`) is a `409`.
 #[utoipa::path(
     post, path = "/v1/tasks/{id}/cancel", tag = "tasks",
     params(("id" = uuid::Uuid, Path, description = "Task id")),
     responses(
-        (status = 200, description = "Cancelled", body = TaskView),
+        (status = 200, description = "Cancelled (now, or before)", body = TaskView),
         (status = 404, description = "No such task", body = ErrorBody),
-        (status = 409, description = "Already finished (`state`)", body = ErrorBody),
+        (status = 409, description = "Already finished otherwise: `succeeded` or `dead` (`state`)", body = ErrorBody),
     )
 )]
 pub async fn cancel_task(
@@ -219,8 +233,20 @@ pub async fn cancel_task(
     Path(id): Path<String>,
 ) -> Result<Json<TaskView>, ApiError> {
     let id = parse_id(&id)?;
-    let task = st.sundial.cancel(id).await?;
-    Ok(Json(TaskView::from(task)))
+    match st.sundial.cancel(id).await {
+        Ok(task) => Ok(Json(TaskView::from(task))),
+        Err(sundial::Error::WrongState {
+            state: TaskState::Cancelled,
+        }) => {
+            let task = st
+                .sundial
+                .get(id)
+                .await?
+                .ok_or_else(|| ApiError::not_found("no such task"))?;
+            Ok(Json(TaskView::from(task)))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Make a scheduled task due now.
@@ -459,7 +485,7 @@ pub async fn metrics(State(st): State<AppState>) -> Result<Response, ApiError> {
         ));
     };
     match st.sundial.counts().await {
-        Ok(counts) => st.gauges.record(&counts),
+        Ok(counts) => st.gauges.record(&counts, st.config.internal_queue_metrics),
         Err(e) => tracing::warn!(error = %e, "counting tasks for /metrics failed"),
     }
     let body = handle.render();

@@ -32,6 +32,9 @@ pub fn parse(input: &str) -> Result<Duration, DurationError> {
     if input.starts_with('-') {
         return Err(err("negative durations are not allowed"));
     }
+    if input.chars().any(char::is_whitespace) {
+        return Err(err("spaces are not allowed"));
+    }
     let bytes = input.as_bytes();
     let mut i = 0;
     let mut total: u64 = 0;
@@ -57,7 +60,10 @@ pub fn parse(input: &str) -> Result<Duration, DurationError> {
             return Err(err("missing unit"));
         }
         let Some(pos) = UNITS.iter().position(|(u, _)| *u == unit) else {
-            return Err(err(&format!("unknown unit {unit:?}")));
+            return Err(err(&match unit_for_word(unit) {
+                Some(u) => format!("unknown unit {unit:?} (write {u:?})"),
+                None => format!("unknown unit {unit:?}"),
+            }));
         };
         if last_unit.is_some_and(|l| pos <= l) {
             return Err(err(
@@ -72,6 +78,60 @@ pub fn parse(input: &str) -> Result<Duration, DurationError> {
         total = ms;
     }
     Ok(Duration::from_millis(total))
+}
+
+/// The unit a spelt-out word means (`"minutes"` → `"m"`), for error messages.
+fn unit_for_word(word: &str) -> Option<&'static str> {
+    let lower = word.to_ascii_lowercase();
+    if let Some((u, _)) = UNITS.iter().find(|(u, _)| *u == lower) {
+        return Some(u);
+    }
+    match lower.strip_suffix('s').unwrap_or(&lower) {
+        "millisecond" | "milli" | "msec" => Some("ms"),
+        "second" | "sec" => Some("s"),
+        "minute" | "min" => Some("m"),
+        "hour" | "hr" => Some("h"),
+        "day" => Some("d"),
+        _ => None,
+    }
+}
+
+/// What a duration field says when it is given something other than a string (`300`, `true`):
+/// serde's "invalid type: integer `300`, expected …" ends with this.
+pub const EXPECTING: &str =
+    "a duration string with a unit, such as \"300s\", \"5m\" or \"1h30m\" (units ms, s, m, h, d)";
+
+/// Serde support for optional wire durations kept as strings: `null` or absent is `None`, a
+/// string is kept as it is (checked later by [`parse`], which names the field), and anything
+/// else is refused with [`EXPECTING`] rather than serde's bare "expected a string".
+/// Use with `#[serde(default, deserialize_with = "duration::opt")]`.
+pub fn opt<'de, D>(de: D) -> Result<Option<String>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    struct V;
+    impl<'de> serde::de::Visitor<'de> for V {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(EXPECTING)
+        }
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D2: serde::Deserializer<'de>>(self, d: D2) -> Result<Self::Value, D2::Error> {
+            d.deserialize_any(V)
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(Some(v.to_string()))
+        }
+        fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
+            Ok(Some(v))
+        }
+    }
+    de.deserialize_option(V)
 }
 
 /// Formats a duration the way [`parse`] reads it: the largest units that represent it exactly
@@ -145,6 +205,40 @@ mod tests {
         assert!(parse("18446744073709551616ms").is_err());
         assert!(parse("213503982334602d").is_err());
         assert_eq!(parse("18446744073709551615ms"), Ok(ms(u64::MAX)));
+    }
+
+    #[test]
+    fn spelt_out_units_and_spaces_get_a_useful_reason() {
+        let e = parse("5 minutes").unwrap_err().to_string();
+        assert!(e.contains("spaces are not allowed"), "{e}");
+        let e = parse("5minutes").unwrap_err().to_string();
+        assert!(e.contains("write \"m\""), "{e}");
+        let e = parse("2hours").unwrap_err().to_string();
+        assert!(e.contains("write \"h\""), "{e}");
+        assert!(parse("5").unwrap_err().to_string().contains("missing unit"));
+    }
+
+    #[test]
+    fn a_number_for_a_duration_is_refused_with_the_format() {
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct T {
+            #[serde(default, deserialize_with = "opt")]
+            d: Option<String>,
+        }
+        let e = serde_json::from_str::<T>(r#"{"d": 300}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("\"300s\""), "{e}");
+        assert_eq!(
+            serde_json::from_str::<T>(r#"{"d": "5m"}"#)
+                .unwrap()
+                .d
+                .as_deref(),
+            Some("5m")
+        );
+        assert_eq!(serde_json::from_str::<T>(r#"{"d": null}"#).unwrap().d, None);
+        assert_eq!(serde_json::from_str::<T>(r#"{}"#).unwrap().d, None);
     }
 
     #[test]

@@ -4,11 +4,18 @@
 //! |---|---|---|
 //! | 400 | `malformed` | the body is not JSON (syntax error, truncated) |
 //! | 404 | `not_found` | no such task (or no such route) |
-//! | 409 | `duplicate_key` (+ `existing_id`), `wrong_state` (+ `state`), `stale_execution` (+ `state`) | the request is valid but conflicts with the task's current state |
+//! | 405 | `method_not_allowed` | the route exists, the method does not |
+//! | 409 | `already_exists` (+ `existing_id`), `wrong_state` (+ `state`), `stale_execution` (+ `state`) | the request is valid but conflicts with what is stored |
 //! | 413 | `too_large` | a body, payload, result or batch over its limit |
 //! | 422 | `invalid` (+ `field`, `index` in a batch) | well-formed but invalid: unknown fields, bad values |
+//! | 501 | `unsupported` | the store has no tables for this (schedules or workflows) |
 //! | 503 | `shutting_down`, `unavailable` | the server is stopping, its store is closed, or its database cannot be reached for now (down, restarting); always with `Retry-After` |
 //! | 500 | `internal` | anything else (the store failed) |
+//!
+//! One code per idea: `already_exists` is a duplicate of any kind (a live task holding the key,
+//! a schedule id in use, a workflow id that is running or whose id reuse policy refuses a new
+//! run); `wrong_state` is any "not in a state for this" (a task that finished, a workflow that is
+//! closed).
 //!
 //! **Architecture Invariant:** a request that gets an error stored nothing (the library refuses a
 //! whole batch for one invalid item; the server validates before it calls the library).
@@ -31,9 +38,10 @@ pub struct ErrorBody {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ErrorDetail {
-    /// Stable machine-readable code: `malformed`, `invalid`, `too_large`, `not_found`,
-    /// `duplicate_key`, `wrong_state`, `stale_execution`, `shutting_down`, `unavailable`,
-    /// `method_not_allowed`, `internal`.
+    /// Stable machine-readable code: `malformed` (400), `not_found` (404),
+    /// `method_not_allowed` (405), `already_exists`, `wrong_state`, `stale_execution` (409),
+    /// `too_large` (413), `invalid` (422), `internal` (500), `unsupported` (501),
+    /// `shutting_down`, `unavailable` (503).
     pub code: String,
     /// Human-readable explanation.
     pub message: String,
@@ -43,7 +51,7 @@ pub struct ErrorDetail {
     /// For a batch: the index of the item at fault.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index: Option<usize>,
-    /// For `duplicate_key`: the live task that holds the key.
+    /// For `already_exists`: the live task that holds the key, or the running workflow's run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub existing_id: Option<Uuid>,
     /// For `wrong_state` and `stale_execution`: the task's current state.
@@ -140,6 +148,19 @@ impl From<ValidationError> for ApiError {
     }
 }
 
+/// "is scheduled", "has succeeded", "has been cancelled": a task's state as the end of a sentence.
+pub fn state_phrase(state: sundial::TaskState) -> &'static str {
+    use sundial::TaskState as S;
+    match state {
+        S::Scheduled => "is scheduled",
+        S::Ready => "is ready",
+        S::Running => "is running",
+        S::Succeeded => "has already succeeded",
+        S::Dead => "is dead",
+        S::Cancelled => "has been cancelled",
+    }
+}
+
 impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
         match e {
@@ -148,7 +169,7 @@ impl From<Error> for ApiError {
             Error::Duplicate { existing } => {
                 let mut err = ApiError::new(
                     StatusCode::CONFLICT,
-                    "duplicate_key",
+                    "already_exists",
                     format!("a live task of this queue already holds this key: {existing}"),
                 );
                 err.detail.existing_id = Some(existing.0);
@@ -159,7 +180,7 @@ impl From<Error> for ApiError {
                 let mut err = ApiError::new(
                     StatusCode::CONFLICT,
                     "wrong_state",
-                    format!("the task is {state}"),
+                    format!("the task {}", state_phrase(state)),
                 );
                 err.detail.state = Some(state.to_string());
                 err
@@ -169,7 +190,8 @@ impl From<Error> for ApiError {
                     StatusCode::CONFLICT,
                     "stale_execution",
                     format!(
-                        "this execution no longer owns the task (it is {state}): stop working on it"
+                        "this execution id does not match the task's current attempt (the task {}): stop working on it",
+                        state_phrase(state)
                     ),
                 );
                 err.detail.state = Some(state.to_string());
@@ -232,7 +254,7 @@ mod tests {
             (
                 Error::Duplicate { existing: id },
                 StatusCode::CONFLICT,
-                "duplicate_key",
+                "already_exists",
             ),
             (Error::NotFound, StatusCode::NOT_FOUND, "not_found"),
             (
@@ -293,6 +315,23 @@ mod tests {
             resp.headers()
                 .get(axum::http::header::RETRY_AFTER)
                 .is_none()
+        );
+    }
+
+    #[test]
+    fn conflict_messages_read_as_sentences() {
+        let api = ApiError::from(Error::WrongState {
+            state: TaskState::Succeeded,
+        });
+        assert_eq!(api.detail.message, "the task has already succeeded");
+        let api = ApiError::from(Error::StaleExecution {
+            state: TaskState::Running,
+        });
+        assert!(
+            api.detail
+                .message
+                .starts_with("this execution id does not match the task's current attempt"),
+            "{api:?}"
         );
     }
 

@@ -49,6 +49,17 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
 }
 
 fn parse_json_with_path<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    // Every request body of the API is an object: say so plainly for an array (a batch sent as
+    // a bare list), instead of serde's view of a struct read from a sequence.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[')
+        && serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok()
+    {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid",
+            "the body must be a JSON object ({...}), not an array",
+        ));
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
@@ -67,6 +78,26 @@ fn classify(inner: serde_json::Error, field: String, index: Option<usize>) -> Ap
     match inner.classify() {
         serde_json::error::Category::Data => {
             let at_root = field == "." || field.is_empty();
+            // serde reports a missing field at its parent's path: name the field itself.
+            let message = inner.to_string();
+            if let Some(name) = message
+                .strip_prefix("missing field `")
+                .and_then(|rest| rest.split('`').next())
+            {
+                let full = if at_root {
+                    name.to_string()
+                } else {
+                    format!("{field}.{name}")
+                };
+                let mut err = ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "invalid",
+                    format!("{full}: this field is required"),
+                );
+                err.detail.field = Some(full);
+                err.detail.index = index;
+                return err;
+            }
             let mut err = ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "invalid",
@@ -144,6 +175,26 @@ mod tests {
         let e = parse_json::<Item>(br#"{}"#).unwrap_err();
         assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
         assert!(e.detail.message.contains("kind"), "{e:?}");
+    }
+
+    #[test]
+    fn a_missing_field_is_named() {
+        let e = parse_json::<Item>(br#"{}"#).unwrap_err();
+        assert_eq!(e.detail.field.as_deref(), Some("kind"));
+        assert!(e.detail.message.contains("required"), "{e:?}");
+        let e = parse_json::<Batch>(br#"{"tasks":[{"kind":"a"},{"n":1}]}"#).unwrap_err();
+        assert_eq!(e.detail.field.as_deref(), Some("tasks[1].kind"));
+        assert_eq!(e.detail.index, Some(1));
+    }
+
+    #[test]
+    fn an_array_body_is_named_as_such() {
+        let e = parse_json::<Batch>(br#" [{"kind":"a"}]"#).unwrap_err();
+        assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(e.detail.message.contains("not an array"), "{e:?}");
+        // A broken array is still a syntax error.
+        let e = parse_json::<Batch>(b"[").unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
     }
 
     #[test]

@@ -82,6 +82,9 @@ pub struct ServerConfig {
     pub max_batch_items: usize,
     /// Renders `/metrics`; `None` answers `/metrics` with 404.
     pub prometheus: Option<PrometheusHandle>,
+    /// Whether `sundial_tasks{queue,state}` also counts Sundial's own queues (`sundial.…`:
+    /// schedule ticks, workflow steps, activities). Default `false`.
+    pub internal_queue_metrics: bool,
 }
 
 impl Default for ServerConfig {
@@ -93,6 +96,7 @@ impl Default for ServerConfig {
             max_batch_body_bytes: 32 * 1024 * 1024,
             max_batch_items: 1_000,
             prometheus: None,
+            internal_queue_metrics: false,
         }
     }
 }
@@ -114,10 +118,14 @@ struct TaskGauges {
 }
 
 impl TaskGauges {
-    fn record(&self, counts: &[StateCount]) {
+    fn record(&self, counts: &[StateCount], internal: bool) {
         let Ok(mut seen) = self.seen.lock() else {
             return;
         };
+        let counts: Vec<&StateCount> = counts
+            .iter()
+            .filter(|c| internal || !sundial::is_internal_queue(&c.queue))
+            .collect();
         let now: HashSet<(String, &'static str)> = counts
             .iter()
             .map(|c| (c.queue.clone(), c.state.as_str()))
@@ -125,7 +133,7 @@ impl TaskGauges {
         for (queue, state) in seen.difference(&now) {
             metrics::gauge!("sundial_tasks", "queue" => queue.clone(), "state" => *state).set(0.0);
         }
-        for c in counts {
+        for c in &counts {
             metrics::gauge!("sundial_tasks", "queue" => c.queue.clone(), "state" => c.state.as_str())
                 .set(c.count as f64);
         }

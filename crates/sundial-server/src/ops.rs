@@ -259,6 +259,9 @@ pub fn task_filter(f: FilterFields<'_>) -> Result<TaskFilter, ApiError> {
         ));
     }
     Ok(TaskFilter {
+        // Without a queue, Sundial's own queues (schedule ticks, workflow steps) are left out:
+        // a bulk cancel of "everything scheduled" must not silently stop every schedule.
+        exclude_internal: f.queue.is_none(),
         queue: f.queue,
         kind: f.kind,
         state: f.state,

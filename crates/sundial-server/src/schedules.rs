@@ -9,7 +9,7 @@
 //! POST   /v1/schedules/{id}/pause      {note?}                                  200 | 404
 //! POST   /v1/schedules/{id}/unpause    {note?}                                  200 | 404
 //! POST   /v1/schedules/{id}/trigger    fire now                                 200 | 404
-//! POST   /v1/schedules/{id}/backfill   {from, to}                               200 | 404 422
+//! POST   /v1/schedules/{id}/backfill   {from, to, overlap?}                     200 | 404 422
 //! GET    /v1/schedules/{id}/fires?limit=&before=   fired, skipped, missed       200 | 404
 //! POST   /v1/schedules:preview         {cron|every, anchor?, timezone?, dst?, from, count}  200 | 422
 //! ```
@@ -93,7 +93,11 @@ pub struct ScheduleRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cron: Option<String>,
     /// A fixed interval: `"15m"`, `"1h30m"`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::duration::opt"
+    )]
     pub every: Option<String>,
     /// Aligns `every` (RFC 3339; default the Unix epoch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -106,9 +110,17 @@ pub struct ScheduleRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overlap: Option<String>,
     /// Default `"1m"`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::duration::opt"
+    )]
     pub catchup_window: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::duration::opt"
+    )]
     pub jitter: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_at: Option<String>,
@@ -130,7 +142,11 @@ pub struct ScheduleRequest {
 pub struct PreviewRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cron: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::duration::opt"
+    )]
     pub every: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub anchor: Option<String>,
@@ -160,8 +176,15 @@ pub struct NoteRequest {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BackfillRequest {
+    /// RFC 3339: the first fire time covered (inclusive).
     pub from: String,
+    /// RFC 3339, not in the future: the last fire time covered (inclusive).
     pub to: String,
+    /// The overlap rule between the backfilled fires: default `allow_all` (every fire time in
+    /// the range runs, whatever the schedule's own `overlap`); `skip`, `buffer_one`,
+    /// `buffer_all`, `cancel_other` as for a schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
@@ -210,7 +233,11 @@ pub struct ScheduleView {
     pub id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cron: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::duration::opt"
+    )]
     pub every: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub anchor: Option<String>,
@@ -723,7 +750,7 @@ pub async fn trigger(
     params(("id" = String, Path, description = "Schedule id")),
     request_body = BackfillRequest,
     responses(
-        (status = 200, description = "The fire times in the range, fired now (respecting overlap)", body = BackfillResponse),
+        (status = 200, description = "The fire times in the range, fired now (all of them unless `overlap` says otherwise)", body = BackfillResponse),
         (status = 404, description = "No such schedule", body = ErrorBody),
         (status = 422, description = "Bad range", body = ErrorBody),
     )
@@ -735,12 +762,19 @@ pub async fn backfill(
 ) -> Result<Json<BackfillResponse>, ApiError> {
     let from = parse_time("from", &r.from)?;
     let to = parse_time("to", &r.to)?;
+    let overlap = r
+        .overlap
+        .map(|o| {
+            o.parse::<OverlapPolicy>()
+                .map_err(|e| ApiError::invalid("overlap", e.reason().to_string()))
+        })
+        .transpose()?;
     let s = load(&schedules, &id).await?;
     let Backfill {
         recorded,
         already_recorded,
     } = schedules
-        .backfill(&s.id, from, to)
+        .backfill(&s.id, from, to, overlap)
         .await
         .map_err(api_error)?;
     Ok(Json(BackfillResponse {

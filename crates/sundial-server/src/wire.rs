@@ -38,7 +38,11 @@ pub struct CreateTask {
     #[schema(format = DateTime, example = "2030-01-02T03:04:05Z")]
     pub run_at: Option<String>,
     /// Due after this delay from now: `"1500ms"`, `"30s"`, `"5m"`, `"3d"`, `"1h30m"`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::duration::opt"
+    )]
     #[schema(example = "30s")]
     pub delay: Option<String>,
     /// Attempts including the first (default 5).
@@ -48,7 +52,11 @@ pub struct CreateTask {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backoff: Option<BackoffSpec>,
     /// Time limit of one attempt, and a worker's lease (default `"5m"`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::duration::opt"
+    )]
     #[schema(example = "5m")]
     pub timeout: Option<String>,
     /// Mutual exclusion: at most one running task per exclusive key.
@@ -65,13 +73,21 @@ pub struct CreateTask {
 #[serde(deny_unknown_fields)]
 pub struct BackoffSpec {
     /// Delay after the first failed attempt (default `"5s"`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::duration::opt"
+    )]
     pub initial: Option<String>,
     /// Growth per attempt, 1 to 100 (default 5).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub factor: Option<f64>,
     /// Longest delay (default `"1h"`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::duration::opt"
+    )]
     pub max: Option<String>,
     /// Fraction of each delay randomised away, 0 to 1 (default 0.2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -348,6 +364,7 @@ impl From<Task> for TaskView {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
+    /// Only this queue (Sundial's own `sundial.…` queues included when named).
     pub queue: Option<String>,
     pub kind: Option<String>,
     /// `scheduled`, `ready`, `running`, `succeeded`, `dead` or `cancelled`.
@@ -370,6 +387,10 @@ pub struct ListQuery {
     pub limit: Option<usize>,
     /// `next_cursor` of the previous page.
     pub cursor: Option<String>,
+    /// Without `queue`: also list the tasks of Sundial's own queues (`sundial.schedules`,
+    /// `sundial.workflows`, `sundial.activities`, …). Default `false`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub internal: Option<bool>,
 }
 
 /// A page of tasks, newest first.
@@ -391,7 +412,11 @@ pub struct PollRequest {
     pub max: Option<u32>,
     /// How long to hold the request open when nothing is ready (default `"30s"`; capped by the
     /// server's `--max-poll-wait`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::duration::opt"
+    )]
     pub wait: Option<String>,
     /// Only tasks of these kinds.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -13,7 +13,8 @@
 //! `status` is one of `running`, `completed`, `failed`, `cancelled`, `terminated`,
 //! `continued_as_new`; `id_reuse` one of `allow_duplicate` (default),
 //! `allow_duplicate_failed_only`, `reject_duplicate`. Errors are as in the task API; conflicts
-//! are `409` with code `already_running`, `already_exists` or `wrong_state` (+ `state`).
+//! are `409` with code `already_exists` (the id is running, `existing_id` its run; or the id
+//! reuse policy refuses a new run) or `wrong_state` (+ `state`).
 //! Workflow ids that contain `/` (child workflows) are percent-encoded in paths. Workflow tasks
 //! and activities run where their type and name are registered: [`crate::router`] attaches its
 //! own [`Workflows`] (timers and child starts run in the server); an embedding program that runs
@@ -182,11 +183,15 @@ fn api_error(e: Error) -> ApiError {
     match e {
         Error::Invalid { field, reason } => ApiError::invalid(field, reason),
         Error::NotFound => ApiError::not_found("no such workflow"),
-        Error::AlreadyRunning { run_id } => ApiError::new(
-            StatusCode::CONFLICT,
-            "already_running",
-            format!("the workflow is already running (run {run_id})"),
-        ),
+        Error::AlreadyRunning { run_id } => {
+            let mut e = ApiError::new(
+                StatusCode::CONFLICT,
+                "already_exists",
+                format!("the workflow is already running (run {run_id})"),
+            );
+            e.detail.existing_id = Some(run_id.0);
+            e
+        }
         e @ Error::AlreadyExists { .. } => {
             ApiError::new(StatusCode::CONFLICT, "already_exists", e.to_string())
         }
@@ -250,7 +255,7 @@ fn optional_body<T: DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiErr
     responses(
         (status = 201, description = "Started: run row, first event and first workflow task stored", body = StartResponse),
         (status = 400, description = "Not JSON", body = ErrorBody),
-        (status = 409, description = "`already_running` or `already_exists` (id reuse policy)", body = ErrorBody),
+        (status = 409, description = "`already_exists`: the id is running (`existing_id` is its run) or the id reuse policy refuses a new run", body = ErrorBody),
         (status = 422, description = "Invalid; nothing stored", body = ErrorBody),
     )
 )]

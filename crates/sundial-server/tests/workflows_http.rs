@@ -83,7 +83,7 @@ async fn workflow_management_over_http() {
     )
     .await;
     assert_eq!(st, StatusCode::CONFLICT);
-    assert_eq!(b["error"]["code"], "already_running");
+    assert_eq!(b["error"]["code"], "already_exists");
 
     for (body, field) in [
         (

@@ -220,6 +220,14 @@ pub(crate) fn filtered(
     if let Some(t) = filter.created_before {
         push(&mut sql, " AND t.created_at < $", Box::new(t.0));
     }
+    if filter.exclude_internal {
+        // `starts_with` is exact (no LIKE wildcards, whatever the collation).
+        push(
+            &mut sql,
+            " AND NOT starts_with(t.queue, $)",
+            Box::new(sundial_core::INTERNAL_QUEUE_PREFIX),
+        );
+    }
     push(
         &mut sql,
         &format!(" ORDER BY {order} DESC LIMIT $"),

@@ -368,6 +368,17 @@ fn filtered(
     if let Some(t) = filter.created_before {
         push(&mut sql, " AND t.created_at < ?", Box::new(t.0));
     }
+    if filter.exclude_internal {
+        // Exact (no LIKE wildcards, case-sensitive); the prefix is ASCII, so characters are bytes.
+        push(
+            &mut sql,
+            &format!(
+                " AND substr(t.queue, 1, {}) <> ?",
+                sundial_core::INTERNAL_QUEUE_PREFIX.len()
+            ),
+            Box::new(sundial_core::INTERNAL_QUEUE_PREFIX),
+        );
+    }
     push(
         &mut sql,
         &format!(" ORDER BY {order} DESC LIMIT ?"),

@@ -149,6 +149,7 @@ macro_rules! store_conformance {
             next_lease_expiry_is_earliest_running_lease
             count_by_state_follows_transitions
             list_filters_newest_first
+            list_can_leave_out_internal_queues
             list_paginates_without_gaps_or_duplicates
             terminal_states_never_change
         );
@@ -2463,6 +2464,62 @@ pub async fn count_by_state_follows_transitions(store: Arc<dyn Store>) {
 
 fn matches_filter(f: &TaskFilter, t: &Task) -> bool {
     f.matches(t)
+}
+
+/// `exclude_internal` leaves out exactly the queues named `sundial.…` (case matters; `_` and
+/// `%` are not wildcards), with the other filters and paging as usual.
+pub async fn list_can_leave_out_internal_queues(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let mut kept = Vec::new();
+    for queue in [
+        "sundial.schedules",
+        "sundial.workflow.timer",
+        "sundial.activities",
+    ] {
+        insert(s, make(TaskSpec::new("k").queue(queue), at(0))).await;
+    }
+    for queue in [
+        "default",
+        "Sundial.x",
+        "sundialx",
+        "sundial_x",
+        "team/sundial.x",
+    ] {
+        kept.push(
+            insert(s, make(TaskSpec::new("k").queue(queue), at(0)))
+                .await
+                .id,
+        );
+    }
+    kept.reverse();
+    let filter = TaskFilter {
+        exclude_internal: true,
+        ..TaskFilter::default()
+    };
+    let page = s.list(&filter, 100).await.expect("list");
+    assert_eq!(ids(&page.tasks), kept);
+    let first = s.list(&filter, 2).await.expect("list");
+    assert_eq!(ids(&first.tasks), kept[..2].to_vec());
+    let rest = s
+        .list(
+            &TaskFilter {
+                before: first.next_cursor,
+                ..filter.clone()
+            },
+            100,
+        )
+        .await
+        .expect("list");
+    assert_eq!(ids(&rest.tasks), kept[2..].to_vec());
+    let all = s.list(&TaskFilter::default(), 100).await.expect("list");
+    assert_eq!(all.tasks.len(), 8);
+    // With another filter too.
+    let mut with_kind = filter.clone();
+    with_kind.kind = Some("k".into());
+    assert_eq!(
+        ids(&s.list(&with_kind, 100).await.expect("list").tasks),
+        kept
+    );
 }
 
 /// `list` returns exactly the tasks matching every given filter field (queue, kind, state, key and

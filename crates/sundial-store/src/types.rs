@@ -135,6 +135,9 @@ pub struct TaskFilter {
     pub created_before: Option<Timestamp>,
     /// Only tasks with an id strictly smaller (older) than this: the pagination cursor.
     pub before: Option<TaskId>,
+    /// Leave out tasks of Sundial's own queues (names starting with
+    /// `sundial_core::INTERNAL_QUEUE_PREFIX`, `sundial.`).
+    pub exclude_internal: bool,
 }
 
 impl TaskFilter {
@@ -157,6 +160,7 @@ impl TaskFilter {
             && self.created_after.is_none_or(|t| task.created_at >= t)
             && self.created_before.is_none_or(|t| task.created_at < t)
             && self.before.is_none_or(|b| task.id < b)
+            && !(self.exclude_internal && sundial_core::is_internal_queue(&task.queue))
     }
 }
 

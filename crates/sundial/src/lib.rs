@@ -57,8 +57,8 @@ pub use handler::{Handler, HandlerError, HandlerFuture, TaskContext};
 pub use ops::{BULK_BATCH, BulkOutcome, QueueInfo};
 pub use sundial_core::Tags;
 pub use sundial_core::{
-    Backoff, Clock, Due, Exclusive, ExclusiveMode, ExecutionId, Limits, ManualClock, Task, TaskId,
-    TaskSpec, TaskState, Timestamp, ValidationError,
+    Backoff, Clock, Due, Exclusive, ExclusiveMode, ExecutionId, INTERNAL_QUEUE_PREFIX, Limits,
+    ManualClock, Task, TaskId, TaskSpec, TaskState, Timestamp, ValidationError, is_internal_queue,
 };
 pub use sundial_store::{
     Attempt, AttemptHistory, AttemptOutcome, Cluster, QueueConfig, QueueSettings,

@@ -11,11 +11,9 @@ reach the server at all are :class:`ConnectionFailed`.
 | :class:`NotFound` | 404 | ``not_found`` |
 | :class:`MethodNotAllowed` | 405 | ``method_not_allowed`` |
 | :class:`Conflict` | 409 | (base of the three below) |
-| :class:`DuplicateKey` | 409 | ``duplicate_key`` (``existing_id``) |
+| :class:`AlreadyExists` | 409 | ``already_exists`` (``existing_id``): a duplicate task key, schedule id or running workflow id (``DuplicateKey`` and ``AlreadyRunning`` are other names for it) |
 | :class:`WrongState` | 409 | ``wrong_state`` (``state``) |
 | :class:`StaleExecution` | 409 | ``stale_execution`` (``state``): stop working on the task |
-| :class:`AlreadyRunning` | 409 | ``already_running``: a workflow of this id runs |
-| :class:`AlreadyExists` | 409 | ``already_exists``: the id reuse policy refuses a new run |
 | :class:`TooLarge` | 413 | ``too_large`` |
 | :class:`Invalid` | 422 | ``invalid`` (``field``, ``index``) |
 | :class:`RateLimited` | 429 | |
@@ -119,24 +117,24 @@ class Conflict(ApiError):
     """409: valid, but in conflict with the current state."""
 
 
-class DuplicateKey(Conflict):
-    """409 ``duplicate_key``: a live task of the queue holds the key (``existing_id``)."""
-
-
 class WrongState(Conflict):
     """409 ``wrong_state``: the task is in ``state`` and cannot do this."""
 
 
 class StaleExecution(Conflict):
-    """409 ``stale_execution``: this execution no longer owns the task; stop working on it."""
-
-
-class AlreadyRunning(Conflict):
-    """409 ``already_running``: a workflow with this id is running."""
+    """409 ``stale_execution``: the execution id does not match the task's current attempt; stop
+    working on it."""
 
 
 class AlreadyExists(Conflict):
-    """409 ``already_exists``: the id reuse policy refuses another run of this id."""
+    """409 ``already_exists``: a duplicate. A live task of the queue holds the key, a schedule
+    with the id exists, or a workflow with the id is running (or its id reuse policy refuses a
+    new run). ``existing_id`` names the task holding the key, or the running workflow's run."""
+
+
+#: Other names for :class:`AlreadyExists`, by what was duplicated.
+DuplicateKey = AlreadyExists
+AlreadyRunning = AlreadyExists
 
 
 class TooLarge(ApiError):
@@ -177,10 +175,8 @@ _BY_CODE: Dict[str, Type[ApiError]] = {
     "forbidden": Forbidden,
     "not_found": NotFound,
     "method_not_allowed": MethodNotAllowed,
-    "duplicate_key": DuplicateKey,
     "wrong_state": WrongState,
     "stale_execution": StaleExecution,
-    "already_running": AlreadyRunning,
     "already_exists": AlreadyExists,
     "unsupported": Unsupported,
     "too_large": TooLarge,

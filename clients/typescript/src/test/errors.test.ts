@@ -83,13 +83,15 @@ test("duplicate key carries the existing id", async () => {
   const first = await c.createTask("k", { queue, key: "same" });
   const e = await rejectsWith(c.createTask("k", { queue, key: "same" }), DuplicateKey);
   assert.ok(e instanceof Conflict);
+  assert.equal(e.code, "already_exists");
   assert.equal(e.existingId, first.id);
 });
 
 test("wrong state carries the state", async () => {
   const t = await c.createTask("k", { queue: uniqueQueue() });
   await c.cancelTask(t.id);
-  const e = await rejectsWith(c.cancelTask(t.id), WrongState);
+  await c.cancelTask(t.id); // cancel is idempotent
+  const e = await rejectsWith(c.triggerTask(t.id), WrongState);
   assert.equal(e.state, "cancelled");
 });
 
@@ -111,7 +113,8 @@ test("already running workflow", async () => {
   const id = `wf-${Math.random().toString(16).slice(2, 10)}`;
   await c.startWorkflow("t", undefined, { id, id_reuse: "reject_duplicate" });
   const e = await rejectsWith(c.startWorkflow("t", undefined, { id }), AlreadyRunning);
-  assert.equal(e.code, "already_running");
+  assert.equal(e.code, "already_exists");
+  assert.ok(e.existingId);
 });
 
 const stub = (status: number, body: unknown): typeof fetch =>
