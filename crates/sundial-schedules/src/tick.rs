@@ -87,7 +87,12 @@ impl Inner {
         now: Timestamp,
     ) -> Result<Arm, Error> {
         let cfg = self.sundial.config();
-        let due = nominal.saturating_add(def.jitter_for(id, nominal));
+        // A fire time already past (catching up after downtime) is armed due now, not in the
+        // past: catch-up ticks then take their turn among the ticks due now instead of all going
+        // ahead of them, so on-time fires of other schedules wait for one round of catch-up at
+        // most, not for all of it (`tests/fault_catchup_storm.rs`). Never earlier than the fire
+        // time plus its jitter.
+        let due = nominal.saturating_add(def.jitter_for(id, nominal)).max(now);
         let tick = TaskSpec::new(TICK_KIND)
             .queue(TICK_QUEUE)
             .payload(json!({"schedule": id.as_str(), "nominal": nominal.0}))
