@@ -23,8 +23,9 @@ from sundial_client import Client  # noqa: E402
 
 def binary() -> Path:
     path = Path(os.environ.get("SUNDIAL_BIN") or REPO / "target" / "release" / "sundial")
+    # A relative SUNDIAL_BIN is taken from the current directory, else from the repository root.
     if not path.is_absolute():
-        path = REPO / path
+        path = path.resolve() if path.exists() else REPO / path
     if not path.exists():
         pytest.fail(
             f"no sundial binary at {path}: build it (cargo build --release -p sundial-cli) "

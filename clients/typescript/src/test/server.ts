@@ -14,7 +14,12 @@ export const REPO = resolve(dirname(fileURLToPath(import.meta.url)), "../../../.
 
 export function binary(): string {
   const given = process.env.SUNDIAL_BIN;
-  const path = given ? (isAbsolute(given) ? given : join(REPO, given)) : join(REPO, "target/release/sundial");
+  // A relative SUNDIAL_BIN is taken from the current directory, else from the repository root.
+  const path = !given
+    ? join(REPO, "target/release/sundial")
+    : isAbsolute(given) || existsSync(resolve(given))
+      ? resolve(given)
+      : join(REPO, given);
   if (!existsSync(path)) {
     throw new Error(
       `no sundial binary at ${path}: build it (cargo build --release -p sundial-cli) or point SUNDIAL_BIN at one (for example target/debug/sundial)`,
