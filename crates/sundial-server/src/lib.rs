@@ -316,4 +316,8 @@ pub fn describe_metrics() {
         "sundial_store_scans_total",
         "Due-index range scans, by shard"
     );
+    describe_gauge!(
+        "sundial_shard_owned",
+        "1 while this node runs the shard's loop (owns it), else 0; every node reports every shard, so max by (shard) over the nodes is 0 for a shard without owner"
+    );
 }

@@ -272,6 +272,11 @@ impl Engine {
             return Vec::new();
         }
         let mut tasks = Vec::new();
+        // Every node reports every shard (0 here; a running shard loop adds 1), so that
+        // `max by (shard)` over the nodes reads 0 for a shard no node runs.
+        for shard in 0..self.shards.len() {
+            metrics::gauge!("sundial_shard_owned", "shard" => shard.to_string()).set(0.0);
+        }
         match &self.placement {
             Placement::Cluster(node) => {
                 let host: Arc<dyn ShardHost> = self.clone();

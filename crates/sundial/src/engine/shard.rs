@@ -427,6 +427,17 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+/// Decrements the gauge when dropped (the loop ended, however it ended).
+fn decrement_on_drop(gauge: metrics::Gauge) -> impl Drop {
+    struct Decrement(metrics::Gauge);
+    impl Drop for Decrement {
+        fn drop(&mut self) {
+            self.0.decrement(1.0);
+        }
+    }
+    Decrement(gauge)
+}
+
 /// The production driver of one shard loop: turns, then sleeps on the engine's clock until the
 /// turn's answer, a notification, a released permit (when starved), shutdown, or `stop`. Ends at
 /// shutdown, when `stop` turns true, or when the shard's lease is lost.
@@ -440,6 +451,11 @@ pub(crate) async fn drive(
     let mut permits = engine.permits_released.subscribe();
     let mut looped = Supervised::new(ShardLoop::new(engine.clone(), shard, owner));
     let signal = &engine.shards[shard as usize];
+    // Loops of this shard running here: 1 while this node owns it (an increment, not a set, so a
+    // loop ending after its successor started cannot hide the successor).
+    let owned = metrics::gauge!("sundial_shard_owned", "shard" => shard.to_string());
+    owned.increment(1.0);
+    let _owned = decrement_on_drop(owned);
     loop {
         if *stopping.borrow() || *stop.borrow() {
             break;

@@ -1,0 +1,320 @@
+//! The Grafana dashboard (`deploy/grafana/sundial.json`) and the sample Prometheus alerts
+//! (`deploy/prometheus/sundial-alerts.yml`) query only series that `/metrics` has: the real binary
+//! is driven through every path that records a series (create, fire, poll, complete, fail until
+//! dead, a lease that expires, a schedule firing on its own and triggered, a workflow start), then
+//! every `sundial_*` name in the queries must appear in its scrape, with the labels the queries
+//! select on or group by. Renaming a metric without updating the dashboard and the alerts fails
+//! here.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic on failure
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::Server;
+use serde_json::{Value, json};
+use sundial_server::wire::CreateTask;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Every `expr` of the dashboard's panels (and its templating queries).
+fn dashboard_queries() -> Vec<String> {
+    let text = std::fs::read_to_string(repo().join("deploy/grafana/sundial.json")).unwrap();
+    let dash: Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    let mut out = Vec::new();
+    fn walk(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                for (k, v) in m {
+                    match (k.as_str(), v) {
+                        ("expr" | "definition", Value::String(s)) => out.push(s.clone()),
+                        _ => walk(v, out),
+                    }
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    walk(&dash, &mut out);
+    out
+}
+
+/// Every `expr:` of the alert rules (one line each, as the file's header asks).
+fn alert_queries() -> Vec<String> {
+    let text =
+        std::fs::read_to_string(repo().join("deploy/prometheus/sundial-alerts.yml")).unwrap();
+    text.lines()
+        .filter_map(|l| l.trim_start().strip_prefix("expr:"))
+        .map(|e| e.trim().to_string())
+        .collect()
+}
+
+/// Series names in the scrape, each with the label names seen on it.
+fn scraped_series(text: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let end = line.find(['{', ' ']).unwrap_or(line.len());
+        let labels = out.entry(line[..end].to_string()).or_default();
+        if let Some(rest) = line[end..].strip_prefix('{') {
+            let inner = &rest[..rest.find('}').unwrap_or(rest.len())];
+            for pair in inner.split(',').filter(|p| !p.is_empty()) {
+                if let Some((k, _)) = pair.split_once('=') {
+                    labels.insert(k.trim().to_string());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A `sundial_*` metric used in a query, with the label names in its `{...}` selector.
+#[derive(Debug)]
+struct Use {
+    metric: String,
+    selected: Vec<String>,
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+fn metric_uses(query: &str) -> Vec<Use> {
+    let mut out = Vec::new();
+    let mut rest = query;
+    while let Some(i) = rest.find("sundial_") {
+        let before = rest[..i].chars().last();
+        let tail = &rest[i..];
+        let end = tail.find(|c: char| !is_ident(c)).unwrap_or(tail.len());
+        let name = &tail[..end];
+        let mut selected = Vec::new();
+        if before.is_none_or(|c| !is_ident(c)) {
+            if let Some(sel) = tail[end..].strip_prefix('{') {
+                let inner = &sel[..sel.find('}').unwrap_or(sel.len())];
+                for m in inner.split(',') {
+                    let key: String = m.trim().chars().take_while(|c| is_ident(*c)).collect();
+                    if !key.is_empty() {
+                        selected.push(key);
+                    }
+                }
+            }
+            out.push(Use {
+                metric: name.to_string(),
+                selected,
+            });
+        }
+        rest = &tail[end..];
+    }
+    out
+}
+
+/// Label names in `by (...)` clauses.
+fn grouped_labels(query: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = query;
+    while let Some(i) = rest.find("by (") {
+        let inner = &rest[i + 4..];
+        let close = inner.find(')').unwrap_or(inner.len());
+        out.extend(inner[..close].split(',').map(|s| s.trim().to_string()));
+        rest = &inner[close..];
+    }
+    out
+}
+
+async fn wait_until<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !f().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Drives the server through every path that records a series.
+async fn exercise(server: &Server) {
+    let client = server.client();
+    let http = reqwest::Client::new();
+    let post = |path: &str, body: Value| {
+        let req = http.post(format!("{}{path}", server.url)).json(&body);
+        async move {
+            let resp = req.send().await.unwrap();
+            assert!(resp.status().is_success(), "{}", resp.text().await.unwrap());
+        }
+    };
+
+    // Created, readied, polled, completed.
+    let mut ok = CreateTask::new("ok");
+    ok.queue = Some("metrics".into());
+    client.create(&ok).await.unwrap();
+    // Failed, retried, failed again: dead.
+    let mut bad = CreateTask::new("bad");
+    bad.queue = Some("metrics".into());
+    bad.max_attempts = Some(2);
+    bad.backoff = Some(sundial_server::wire::BackoffSpec {
+        initial: Some("10ms".into()),
+        jitter: Some(0.0),
+        ..Default::default()
+    });
+    client.create(&bad).await.unwrap();
+    // Polled and abandoned: its lease expires.
+    let mut lost = CreateTask::new("lost");
+    lost.queue = Some("leases".into());
+    lost.timeout = Some("1s".into());
+    client.create(&lost).await.unwrap();
+
+    let mut dead = false;
+    let mut completed = false;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !(dead && completed) {
+        assert!(Instant::now() < deadline, "tasks did not finish");
+        let polled = client
+            .poll("metrics", "w", 10, Duration::from_secs(1), None)
+            .await
+            .unwrap();
+        for t in polled.tasks {
+            if t.kind == "ok" {
+                client.complete(t.id, t.execution_id, None).await.unwrap();
+                completed = true;
+            } else {
+                let v = client
+                    .fail(t.id, t.execution_id, "boom".into(), true)
+                    .await
+                    .unwrap();
+                dead |= v.state.as_str() == "dead";
+            }
+        }
+    }
+    let polled = client
+        .poll("leases", "w", 1, Duration::from_secs(5), None)
+        .await
+        .unwrap();
+    let abandoned = polled.tasks.first().expect("the lease task").id.to_string();
+    wait_until("the lease to expire", || {
+        let c = &client;
+        let id = abandoned.clone();
+        async move { c.get(&id).await.unwrap().state.as_str() != "running" }
+    })
+    .await;
+
+    // A schedule firing on its own (lateness is recorded for those) and triggered.
+    post(
+        "/v1/schedules",
+        json!({"id": "every-second", "every": "1s", "overlap": "allow_all", "task": {"kind": "tick", "queue": "ticks"}}),
+    )
+    .await;
+    post("/v1/schedules/every-second/trigger", json!(null)).await;
+    // A workflow start.
+    post("/v1/workflows", json!({"type": "metrics-flow"})).await;
+    let url = format!("{}/metrics", server.url);
+    wait_until("a scheduled fire", || {
+        let http = &http;
+        let url = url.clone();
+        async move {
+            let text = http.get(&url).send().await.unwrap().text().await.unwrap();
+            text.contains("sundial_schedule_fire_lateness_seconds_count")
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_and_alerts_query_only_series_that_exist() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    exercise(&server).await;
+    let text = reqwest::get(format!("{}/metrics", server.url))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let series = scraped_series(&text);
+
+    let dashboard = dashboard_queries();
+    let alerts = alert_queries();
+    assert!(
+        dashboard.len() >= 20,
+        "found {} dashboard queries",
+        dashboard.len()
+    );
+    assert!(
+        alerts.len() >= 5,
+        "found {} alert expressions",
+        alerts.len()
+    );
+
+    // Labels Prometheus adds at scrape time, and the histogram bucket label.
+    let added: BTreeSet<&str> = ["instance", "job", "le"].into();
+    let mut problems = Vec::new();
+    let mut used = BTreeSet::new();
+    for (source, query) in dashboard
+        .iter()
+        .map(|q| ("dashboard", q))
+        .chain(alerts.iter().map(|q| ("alerts", q)))
+    {
+        let uses = metric_uses(query);
+        if uses.is_empty() {
+            problems.push(format!("{source}: no sundial_ series in {query}"));
+        }
+        let mut labels_here = BTreeSet::new();
+        for u in &uses {
+            used.insert(u.metric.clone());
+            let Some(labels) = series.get(&u.metric) else {
+                problems.push(format!(
+                    "{source}: {} is not in /metrics ({query})",
+                    u.metric
+                ));
+                continue;
+            };
+            labels_here.extend(labels.iter().cloned());
+            for l in &u.selected {
+                if !labels.contains(l) {
+                    problems.push(format!("{source}: {} has no label {l} ({query})", u.metric));
+                }
+            }
+        }
+        for l in grouped_labels(query) {
+            if !added.contains(l.as_str()) && !labels_here.contains(&l) {
+                problems.push(format!("{source}: no series of {query} has the label {l}"));
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "the dashboard or the alerts query what /metrics does not have:\n{}\n\n/metrics had: {:?}",
+        problems.join("\n"),
+        series.keys().collect::<Vec<_>>()
+    );
+    println!(
+        "dashboard and alerts: {} queries over {} series, all in /metrics",
+        dashboard.len() + alerts.len(),
+        used.len()
+    );
+}
+
+#[test]
+fn the_query_reader_finds_names_selectors_and_groupings() {
+    let q = r#"histogram_quantile(0.99, sum by (le, queue) (rate(sundial_fire_lateness_seconds_bucket{queue=~"$queue", target="ready"}[5m]))) > 30"#;
+    let uses = metric_uses(q);
+    assert_eq!(uses.len(), 1);
+    assert_eq!(uses[0].metric, "sundial_fire_lateness_seconds_bucket");
+    assert_eq!(uses[0].selected, ["queue", "target"]);
+    assert_eq!(grouped_labels(q), ["le", "queue"]);
+    let s =
+        scraped_series("# HELP x\nsundial_tasks{queue=\"a\",state=\"ready\"} 1\nsundial_up 1\n");
+    assert_eq!(
+        s["sundial_tasks"],
+        BTreeSet::from(["queue".to_string(), "state".to_string()])
+    );
+    assert!(s["sundial_up"].is_empty());
+}
