@@ -488,6 +488,10 @@ pub async fn metrics(State(st): State<AppState>) -> Result<Response, ApiError> {
         Ok(counts) => st.gauges.record(&counts, st.config.internal_queue_metrics),
         Err(e) => tracing::warn!(error = %e, "counting tasks for /metrics failed"),
     }
+    match st.sundial.queues().await {
+        Ok(queues) => st.gauges.record_queues(&queues),
+        Err(e) => tracing::warn!(error = %e, "reading queues for /metrics failed"),
+    }
     let body = handle.render();
     Ok((
         [(

@@ -115,6 +115,7 @@ pub struct AppState {
 #[derive(Default)]
 struct TaskGauges {
     seen: Mutex<HashSet<(String, &'static str)>>,
+    queues: Mutex<HashSet<String>>,
 }
 
 impl TaskGauges {
@@ -136,6 +137,30 @@ impl TaskGauges {
         for c in &counts {
             metrics::gauge!("sundial_tasks", "queue" => c.queue.clone(), "state" => c.state.as_str())
                 .set(c.count as f64);
+        }
+        seen.extend(now);
+    }
+
+    /// `sundial_queue_lateness_seconds{queue}` (how late the queue's oldest due task that has not
+    /// started is now; 0 when none is overdue) and `sundial_queue_paused{queue}` (1 while paused).
+    fn record_queues(&self, queues: &[sundial::QueueInfo]) {
+        let Ok(mut seen) = self.queues.lock() else {
+            return;
+        };
+        let now: HashSet<String> = queues.iter().map(|q| q.queue.clone()).collect();
+        for queue in seen.difference(&now) {
+            metrics::gauge!("sundial_queue_lateness_seconds", "queue" => queue.clone()).set(0.0);
+            metrics::gauge!("sundial_queue_paused", "queue" => queue.clone()).set(0.0);
+        }
+        for q in queues {
+            let lateness = q.lateness.map_or(0.0, |d| d.as_secs_f64());
+            metrics::gauge!("sundial_queue_lateness_seconds", "queue" => q.queue.clone())
+                .set(lateness);
+            metrics::gauge!("sundial_queue_paused", "queue" => q.queue.clone()).set(if q.paused {
+                1.0
+            } else {
+                0.0
+            });
         }
         seen.extend(now);
     }
@@ -315,6 +340,15 @@ pub fn describe_metrics() {
     describe_counter!(
         "sundial_store_scans_total",
         "Due-index range scans, by shard"
+    );
+    describe_gauge!(
+        "sundial_queue_lateness_seconds",
+        metrics::Unit::Seconds,
+        "How late the queue's oldest due task that has not started is now (0 when none is overdue; refreshed on scrape)"
+    );
+    describe_gauge!(
+        "sundial_queue_paused",
+        "1 while the queue is paused (refreshed on scrape)"
     );
     describe_gauge!(
         "sundial_shard_owned",
