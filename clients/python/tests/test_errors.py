@@ -170,3 +170,14 @@ def test_unreachable_server_is_connection_failed():
                 await ac.health()
 
     asyncio.run(main())
+
+
+def test_retry_after_is_kept():
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = {"error": {"code": "unavailable", "message": "store restarting"}}
+        return httpx.Response(503, json=body, headers={"Retry-After": "2"})
+
+    with Client("http://stub", transport=httpx.MockTransport(handler)) as c:
+        with pytest.raises(Unavailable) as e:
+            c.health()
+    assert e.value.retry_after == 2.0

@@ -40,6 +40,9 @@ MODELS = [
     m.Fire,
     m.Workflow,
     m.WorkflowStarted,
+    m.Attempt,
+    m.Queue,
+    m.BulkResult,
 ]
 
 
@@ -108,7 +111,8 @@ def test_models_match_the_schemas(model):
         client_types, client_nullable = python_types(hints[f.name])
         server_types, server_nullable = schema_types(props[wire])
         optional_on_server = server_nullable or wire not in required
-        if optional_on_server and not client_nullable and f.default is dataclasses.MISSING:
+        has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+        if optional_on_server and not client_nullable and not has_default:
             pytest.fail(f"{model.__name__}.{f.name} is required by the client but may be absent or null")
         if "any" not in client_types and "any" not in server_types:
             compatible = client_types & server_types or (client_types == {"number"} and "integer" in server_types)
@@ -145,6 +149,8 @@ REQUESTS = [
     ("SignalRequest", ops.SIGNAL_FIELDS),
     ("ReasonRequest", ops.REASON_FIELDS),
     ("NoteRequest", ("note",)),
+    ("BulkRequest", ops.BULK_FIELDS),
+    ("RetryRequest", ops.RETRY_FIELDS),
 ]
 
 
@@ -185,6 +191,14 @@ def test_every_route_the_client_calls_exists():
         ops.list_tasks(),
         ops.cancel_task("x"),
         ops.trigger_task("x"),
+        ops.retry_task("x"),
+        ops.list_attempts("x"),
+        ops.bulk("cancel", {"queue": "q"}),
+        ops.bulk("retry", {"queue": "q"}),
+        ops.list_queues(),
+        ops.get_queue("q"),
+        ops.pause_queue("q"),
+        ops.resume_queue("q"),
         ops.poll("q", "w"),
         ops.heartbeat("x", "e"),
         ops.complete("x", "e"),

@@ -10,7 +10,11 @@
 import { ConnectionFailed, errorFromResponse } from "./errors.js";
 import type { components } from "./openapi.js";
 import type {
+  Attempt,
   BackfillResult,
+  BulkFilter,
+  BulkResult,
+  Queue,
   BatchResult,
   CreateTaskBody,
   Duration,
@@ -124,10 +128,22 @@ function scheduleBody(fields: ScheduleFields): S["ScheduleRequest"] {
   return body;
 }
 
+/** Filters for the wire: times formatted, `tag` as `k:v` strings. */
+function filters(f: Record<string, unknown>): Record<string, string | number | boolean | string[] | undefined> {
+  const out: Record<string, string | number | boolean | string[] | undefined> = {};
+  for (const [k, v] of Object.entries(f)) {
+    if (v === undefined || v === null) continue;
+    if (v instanceof Date) out[k] = formatTime(v);
+    else if (k === "tag") out[k] = Array.isArray(v) ? v.map(String) : Object.entries(v as object).map(([a, b]) => `${a}:${b}`);
+    else out[k] = v as string | number | boolean;
+  }
+  return out;
+}
+
 type Request = {
   method: string;
   path: string;
-  query?: Record<string, string | number | undefined>;
+  query?: Record<string, string | number | boolean | string[] | undefined>;
   body?: unknown;
   /** Raw body instead of JSON (for testing the server's refusals). */
   rawBody?: string;
@@ -165,7 +181,8 @@ export class SundialClient {
   private async send(r: Request): Promise<unknown> {
     const url = new URL(this.url + r.path);
     for (const [k, v] of Object.entries(r.query ?? {})) {
-      if (v !== undefined) url.searchParams.set(k, String(v));
+      if (Array.isArray(v)) for (const item of v) url.searchParams.append(k, item);
+      else if (v !== undefined) url.searchParams.set(k, String(v));
     }
     const headers: Record<string, string> = { ...this.headers };
     let body: string | undefined;
@@ -198,7 +215,10 @@ export class SundialClient {
       } catch {
         /* not JSON: keep the text */
       }
-      throw errorFromResponse(resp.status, parsed);
+      const err = errorFromResponse(resp.status, parsed);
+      const retryAfter = resp.headers.get("retry-after");
+      if (retryAfter && /^\d+$/.test(retryAfter.trim())) err.retryAfterSeconds = Number(retryAfter.trim());
+      throw err;
     }
     if (r.text) return text;
     return text ? JSON.parse(text) : undefined;
@@ -228,7 +248,7 @@ export class SundialClient {
     const r = (await this.send({
       method: "GET",
       path: "/v1/tasks",
-      query: { ...filter, cursor: cursor ?? undefined },
+      query: { ...filters(filter), cursor: cursor ?? undefined },
     })) as S["TaskList"];
     return { items: r.tasks as Task[], nextCursor: r.next_cursor ?? null };
   }
@@ -249,6 +269,48 @@ export class SundialClient {
 
   async triggerTask(id: string): Promise<Task> {
     return (await this.send({ method: "POST", path: `/v1/tasks/${seg(id)}/trigger` })) as Task;
+  }
+
+  /** Run a dead or cancelled task again (now, or at `runAt`). */
+  async retryTask(id: string, runAt?: Time): Promise<Task> {
+    const body: S["RetryRequest"] = runAt === undefined ? {} : { run_at: formatTime(runAt) };
+    return (await this.send({ method: "POST", path: `/v1/tasks/${seg(id)}/retry`, body })) as Task;
+  }
+
+  /** The task's kept attempts, oldest first, and how many it had in all. */
+  async listAttempts(id: string): Promise<{ attempts: Attempt[]; total: number }> {
+    return (await this.send({ method: "GET", path: `/v1/tasks/${seg(id)}/attempts` })) as S["AttemptList"];
+  }
+
+  /** Cancel every live task matching the filter (`dry_run: true` only counts). */
+  async cancelTasks(filter: BulkFilter): Promise<BulkResult> {
+    const body = filters(filter) as S["BulkRequest"];
+    return (await this.send({ method: "POST", path: "/v1/tasks:cancel", body })) as BulkResult;
+  }
+
+  /** Run again every dead or cancelled task matching the filter. */
+  async retryTasks(filter: BulkFilter): Promise<BulkResult> {
+    const body = filters(filter) as S["BulkRequest"];
+    return (await this.send({ method: "POST", path: "/v1/tasks:retry", body })) as BulkResult;
+  }
+
+  // queues
+
+  async listQueues(): Promise<Queue[]> {
+    return ((await this.send({ method: "GET", path: "/v1/queues" })) as S["QueueList"]).queues;
+  }
+
+  async getQueue(queue: string): Promise<Queue> {
+    return (await this.send({ method: "GET", path: `/v1/queues/${seg(queue)}` })) as Queue;
+  }
+
+  /** While paused nothing of the queue starts; creates are still accepted. */
+  async pauseQueue(queue: string): Promise<Queue> {
+    return (await this.send({ method: "POST", path: `/v1/queues/${seg(queue)}/pause` })) as Queue;
+  }
+
+  async resumeQueue(queue: string): Promise<Queue> {
+    return (await this.send({ method: "POST", path: `/v1/queues/${seg(queue)}/resume` })) as Queue;
   }
 
   // the worker protocol (the Worker uses these)

@@ -47,6 +47,8 @@ export class ApiError extends SundialError {
 
   /** The server's message, without the status and code. */
   readonly serverMessage: string;
+  /** Seconds the server asked to wait before retrying (its `Retry-After`), if it said. */
+  retryAfterSeconds?: number;
 }
 
 /** 400: the body was not JSON. */

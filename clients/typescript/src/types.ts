@@ -47,9 +47,23 @@ export type TaskFilter = {
   kind?: string;
   state?: TaskState;
   key?: string;
+  key_prefix?: string;
+  /** `{k: v}` or `"k:v"` strings; every one must match. */
+  tag?: Record<string, string> | string[];
+  due_after?: Time;
+  due_before?: Time;
+  created_after?: Time;
+  created_before?: Time;
   /** Page size, 1 to 1000 (default 50). */
   limit?: number;
 };
+
+/** Which tasks a bulk cancel or retry applies to (at least one filter), `dry_run` to count only. */
+export type BulkFilter = Omit<TaskFilter, "key" | "limit"> & { dry_run?: boolean; run_at?: Time };
+
+export type Attempt = S["AttemptView"];
+export type Queue = S["QueueView"];
+export type BulkResult = S["BulkResponse"];
 
 export type PollOptions = { max?: number; wait?: Duration; kinds?: string[] };
 

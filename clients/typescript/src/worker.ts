@@ -18,7 +18,7 @@
 
 import { SundialClient, parseDuration } from "./client.js";
 import type { ClientOptions } from "./client.js";
-import { Conflict, NotFound, isRetryable } from "./errors.js";
+import { ApiError, Conflict, NotFound, isRetryable } from "./errors.js";
 import type { PolledTask } from "./types.js";
 
 /** Throw from a handler to fail the task for good (`dead`), without further attempts. */
@@ -147,7 +147,11 @@ export class Worker {
       } catch (e) {
         if (!isRetryable(e)) throw e;
         backoff = this.nextBackoff(backoff);
-        const delay = jittered(backoff);
+        let delay = jittered(backoff);
+        // The server's Retry-After, when it gave one, within the backoff's cap.
+        if (e instanceof ApiError && e.retryAfterSeconds !== undefined) {
+          delay = Math.max(delay, Math.min(e.retryAfterSeconds * 1000, this.options.maxBackoffMs ?? 10_000));
+        }
         this.log(`poll failed (${(e as Error).message}); retrying in ${Math.round(delay)} ms`);
         await sleep(delay, stop);
         continue;

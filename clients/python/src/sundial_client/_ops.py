@@ -61,11 +61,40 @@ CREATE_TASK_FIELDS: Tuple[str, ...] = (
     "backoff",
     "timeout",
     "exclusive",
+    "tags",
 )
 BACKOFF_FIELDS: Tuple[str, ...] = ("initial", "factor", "max", "jitter")
 EXCLUSIVE_FIELDS: Tuple[str, ...] = ("key", "mode")
 #: Query parameters of ``GET /v1/tasks``.
-LIST_TASKS_PARAMS: Tuple[str, ...] = ("queue", "kind", "state", "key", "limit", "cursor")
+LIST_TASKS_PARAMS: Tuple[str, ...] = (
+    "queue",
+    "kind",
+    "state",
+    "key",
+    "key_prefix",
+    "tag",
+    "due_after",
+    "due_before",
+    "created_after",
+    "created_before",
+    "limit",
+    "cursor",
+)
+#: Fields of ``BulkRequest`` (``POST /v1/tasks:cancel``, ``POST /v1/tasks:retry``).
+BULK_FIELDS: Tuple[str, ...] = (
+    "queue",
+    "kind",
+    "state",
+    "key_prefix",
+    "tag",
+    "due_after",
+    "due_before",
+    "created_after",
+    "created_before",
+    "dry_run",
+    "run_at",
+)
+RETRY_FIELDS: Tuple[str, ...] = ("run_at",)
 
 
 def task_body(
@@ -80,6 +109,7 @@ def task_body(
     backoff: Optional[Mapping[str, Any]] = None,
     timeout: Optional[Duration] = None,
     exclusive: Union[None, str, Mapping[str, Any]] = None,
+    tags: Optional[Mapping[str, str]] = None,
     **extra: Any,
 ) -> Dict[str, Any]:
     """The ``CreateTask`` body. ``extra`` passes fields this client does not know yet."""
@@ -104,6 +134,7 @@ def task_body(
                 "backoff": backoff,
                 "timeout": None if timeout is None else m.format_duration(timeout),
                 "exclusive": None if exclusive is None else dict(exclusive),
+                "tags": None if tags is None else dict(tags),
             }
         )
     )
@@ -134,6 +165,26 @@ def get_task(task_id: str) -> Op:
     return Op("GET", f"/v1/tasks/{_seg(task_id)}", parse=m.Task.from_dict)
 
 
+def _filters(filters: Mapping[str, Any]) -> Dict[str, Any]:
+    """Task filters for the wire: times formatted, ``tag`` as ``k:v`` strings (a mapping, one
+    string, or a list of strings)."""
+    out: Dict[str, Any] = {}
+    for k, v in filters.items():
+        if v is None:
+            continue
+        if k in ("due_after", "due_before", "created_after", "created_before", "run_at"):
+            v = m.format_time(v)
+        elif k == "tag":
+            if isinstance(v, Mapping):
+                v = [f"{a}:{b}" for a, b in v.items()]
+            elif isinstance(v, str):
+                v = [v]
+            else:
+                v = list(v)
+        out[k] = v
+    return out
+
+
 def list_tasks(
     *,
     queue: Optional[str] = None,
@@ -142,9 +193,10 @@ def list_tasks(
     key: Optional[str] = None,
     limit: Optional[int] = None,
     cursor: Optional[str] = None,
+    **filters: Any,
 ) -> Op:
-    params = _drop_none(
-        {"queue": queue, "kind": kind, "state": state, "key": key, "limit": limit, "cursor": cursor}
+    params = _filters(
+        {"queue": queue, "kind": kind, "state": state, "key": key, "limit": limit, "cursor": cursor, **filters}
     )
     return Op(
         "GET",
@@ -160,6 +212,47 @@ def cancel_task(task_id: str) -> Op:
 
 def trigger_task(task_id: str) -> Op:
     return Op("POST", f"/v1/tasks/{_seg(task_id)}/trigger", parse=m.Task.from_dict)
+
+
+def retry_task(task_id: str, run_at: Optional[Time] = None) -> Op:
+    return Op(
+        "POST",
+        f"/v1/tasks/{_seg(task_id)}/retry",
+        body=_filters({"run_at": run_at}),
+        has_body=True,
+        parse=m.Task.from_dict,
+    )
+
+
+def list_attempts(task_id: str) -> Op:
+    return Op(
+        "GET",
+        f"/v1/tasks/{_seg(task_id)}/attempts",
+        parse=lambda d: ([m.Attempt.from_dict(a) for a in d["attempts"]], d["total"]),
+    )
+
+
+def bulk(action: str, filters: Mapping[str, Any]) -> Op:
+    return Op("POST", f"/v1/tasks:{action}", body=_filters(filters), has_body=True, parse=m.BulkResult.from_dict)
+
+
+# --- queues ------------------------------------------------------------------------------------
+
+
+def list_queues() -> Op:
+    return Op("GET", "/v1/queues", parse=lambda d: [m.Queue.from_dict(q) for q in d["queues"]])
+
+
+def get_queue(queue: str) -> Op:
+    return Op("GET", f"/v1/queues/{_seg(queue)}", parse=m.Queue.from_dict)
+
+
+def pause_queue(queue: str) -> Op:
+    return Op("POST", f"/v1/queues/{_seg(queue)}/pause", parse=m.Queue.from_dict)
+
+
+def resume_queue(queue: str) -> Op:
+    return Op("POST", f"/v1/queues/{_seg(queue)}/resume", parse=m.Queue.from_dict)
 
 
 # --- the worker protocol -----------------------------------------------------------------------

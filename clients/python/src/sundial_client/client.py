@@ -58,7 +58,11 @@ def _answer(op: Op, resp: httpx.Response) -> Any:
             body: Any = resp.json()
         except ValueError:
             body = resp.text
-        raise error_from_response(resp.status_code, body)
+        err = error_from_response(resp.status_code, body)
+        retry_after = resp.headers.get("retry-after", "")
+        if retry_after.strip().isdigit():
+            err.retry_after = float(retry_after.strip())
+        raise err
     if op.text:
         return resp.text
     if resp.status_code == 204 or not resp.content:
@@ -94,6 +98,7 @@ class _Methods:
         backoff: Optional[Mapping[str, Any]] = None,
         timeout: Optional[Duration] = None,
         exclusive: Any = None,
+        tags: Optional[Mapping[str, str]] = None,
         **extra: Any,
     ) -> Any:
         """Create a task (``POST /v1/tasks``) and return the stored :class:`~sundial_client.Task`.
@@ -112,6 +117,7 @@ class _Methods:
             backoff=backoff,
             timeout=timeout,
             exclusive=exclusive,
+            tags=tags,
             **extra,
         )
         return self._run(ops.create_task(body))
@@ -134,15 +140,52 @@ class _Methods:
         key: Optional[str] = None,
         limit: Optional[int] = None,
         cursor: Optional[str] = None,
+        **filters: Any,
     ) -> Any:
-        """One page of tasks, newest first (a :class:`Page`)."""
-        return self._run(ops.list_tasks(queue=queue, kind=kind, state=state, key=key, limit=limit, cursor=cursor))
+        """One page of tasks, newest first (a :class:`Page`). More filters: ``key_prefix``,
+        ``tag`` (``{"k": "v"}`` or ``"k:v"`` strings), ``due_after``, ``due_before``,
+        ``created_after``, ``created_before``."""
+        return self._run(
+            ops.list_tasks(queue=queue, kind=kind, state=state, key=key, limit=limit, cursor=cursor, **filters)
+        )
 
     def cancel_task(self, task_id: str) -> Any:
         return self._run(ops.cancel_task(task_id))
 
     def trigger_task(self, task_id: str) -> Any:
         return self._run(ops.trigger_task(task_id))
+
+    def retry_task(self, task_id: str, run_at: Optional[Time] = None) -> Any:
+        """Run a dead or cancelled task again (now, or at ``run_at``)."""
+        return self._run(ops.retry_task(task_id, run_at))
+
+    def list_attempts(self, task_id: str) -> Any:
+        """The task's kept attempts, oldest first, and how many it had in all: ``(attempts, total)``."""
+        return self._run(ops.list_attempts(task_id))
+
+    def cancel_tasks(self, **filters: Any) -> Any:
+        """Cancel every live task matching the filters (``queue``, ``kind``, ``state``,
+        ``key_prefix``, ``tag``, ``due_*``, ``created_*``; ``dry_run=True`` only counts)."""
+        return self._run(ops.bulk("cancel", filters))
+
+    def retry_tasks(self, **filters: Any) -> Any:
+        """Run again every dead or cancelled task matching the filters (``run_at`` for when)."""
+        return self._run(ops.bulk("retry", filters))
+
+    # queues
+
+    def list_queues(self) -> Any:
+        return self._run(ops.list_queues())
+
+    def get_queue(self, queue: str) -> Any:
+        return self._run(ops.get_queue(queue))
+
+    def pause_queue(self, queue: str) -> Any:
+        """While paused nothing of the queue starts; creates are still accepted."""
+        return self._run(ops.pause_queue(queue))
+
+    def resume_queue(self, queue: str) -> Any:
+        return self._run(ops.resume_queue(queue))
 
     # the worker protocol (the Worker uses these; they are here for custom loops)
 

@@ -88,6 +88,8 @@ class ApiError(SundialError):
         self.state = state
         #: The whole error body (``{"error": {...}}``) or the raw text when it was not JSON.
         self.body = body
+        #: Seconds the server asked to wait before retrying (its ``Retry-After``), if it said.
+        self.retry_after: Optional[float] = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(status={self.status}, code={self.code!r}, message={self.message!r})"

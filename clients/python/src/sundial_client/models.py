@@ -29,6 +29,9 @@ __all__ = [
     "TaskTemplate",
     "Workflow",
     "WorkflowStarted",
+    "Attempt",
+    "Queue",
+    "BulkResult",
     "parse_time",
     "parse_duration",
     "format_duration",
@@ -195,6 +198,8 @@ class Task(_Model):
     updated_at: _dt.datetime
     started_at: Optional[_dt.datetime]
     finished_at: Optional[_dt.datetime]
+    #: String tags given at create (``GET /v1/tasks?tag=k:v`` finds them).
+    tags: Dict[str, str] = field(default_factory=dict)
     extra: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -343,4 +348,48 @@ class WorkflowStarted(_Model):
     id: str
     run_id: str
     status: str
+    extra: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Attempt(_Model):
+    """One attempt of a task: ``outcome`` is ``succeeded``, ``failed``, ``lease_expired``,
+    ``cancelled``, or ``None`` while it runs."""
+
+    __schema__ = "AttemptView"
+    seq: int
+    started_at: _dt.datetime
+    ended_at: Optional[_dt.datetime]
+    outcome: Optional[str]
+    error: Optional[str]
+    execution_id: Optional[str]
+    worker: Optional[str]
+    duration_ms: Optional[int]
+    extra: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Queue(_Model):
+    """A queue as an operator sees it: counts per state, paused, and its oldest overdue task."""
+
+    __schema__ = "QueueView"
+    queue: str
+    paused: bool
+    counts: Dict[str, int]
+    settings: Dict[str, Any]
+    oldest_overdue_at: Optional[_dt.datetime] = None
+    lateness: Optional[str] = None
+    lateness_ms: Optional[int] = None
+    paused_changed_at: Optional[_dt.datetime] = None
+    extra: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class BulkResult(_Model):
+    """What a bulk cancel or retry matched and changed (``changed`` is 0 for a dry run)."""
+
+    __schema__ = "BulkResponse"
+    matched: int
+    changed: int
+    dry_run: bool
     extra: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)

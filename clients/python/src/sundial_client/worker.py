@@ -210,6 +210,9 @@ class Worker:
                     raise
                 backoff = self._next_backoff(backoff)
                 delay = backoff * (0.5 + random.random() / 2)
+                # The server's Retry-After, when it gave one, within the backoff's cap.
+                if isinstance(e, ApiError) and e.retry_after is not None:
+                    delay = max(delay, min(e.retry_after, self.max_backoff))
                 log.warning("poll failed (%s); retrying in %.1fs", e, delay)
                 await self._sleep_unless_stopped(delay)
                 continue

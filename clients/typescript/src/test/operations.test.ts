@@ -1,0 +1,79 @@
+// Tags and search, attempts, retrying, bulk actions and queues (pause and resume).
+
+import assert from "node:assert/strict";
+import { after, before, test } from "node:test";
+
+import { SundialClient, Unavailable } from "../index.js";
+import { Server, uniqueQueue } from "./server.js";
+
+let server: Server;
+let c: SundialClient;
+before(async () => {
+  server = await new Server().start();
+  c = server.client();
+});
+after(() => server.dispose());
+
+test("tags are stored and searched", async () => {
+  const queue = uniqueQueue();
+  const tagged = await c.createTask("k", { queue, tags: { customer: "c7", tier: "gold" }, delay: "1h" });
+  await c.createTask("k", { queue, tags: { customer: "c8" }, delay: "1h" });
+  assert.deepEqual(tagged.tags, { customer: "c7", tier: "gold" });
+  assert.deepEqual(
+    (await c.listTasks({ queue, tag: { customer: "c7" } })).map((t) => t.id),
+    [tagged.id],
+  );
+  assert.deepEqual(
+    (await c.listTasks({ queue, tag: ["customer:c7", "tier:gold"] })).map((t) => t.id),
+    [tagged.id],
+  );
+  assert.equal((await c.listTasks({ queue, due_before: new Date(Date.now() + 7_200_000) })).length, 2);
+});
+
+test("attempts and retry", async () => {
+  const queue = uniqueQueue();
+  const t = await c.createTask("k", { queue, max_attempts: 1 });
+  const [p] = await c.poll(queue, "w", { wait: "5s" });
+  assert.equal((await c.fail(p!.id, p!.execution_id, "boom")).state, "dead");
+  const { attempts, total } = await c.listAttempts(t.id);
+  assert.equal(total, 1);
+  assert.equal(attempts[0]!.outcome, "failed");
+  assert.equal(attempts[0]!.error, "boom");
+  assert.ok(["scheduled", "ready"].includes((await c.retryTask(t.id)).state));
+});
+
+test("bulk cancel and retry", async () => {
+  const queue = uniqueQueue();
+  for (let i = 0; i < 3; i++) await c.createTask("bulk", { queue, delay: "1h" });
+  const counted = await c.cancelTasks({ queue, dry_run: true });
+  assert.equal(counted.matched, 3);
+  assert.equal(counted.changed, 0);
+  assert.equal((await c.cancelTasks({ queue })).changed, 3);
+  assert.equal((await c.retryTasks({ queue, state: "cancelled" })).changed, 3);
+});
+
+test("queues pause and resume", async () => {
+  const queue = uniqueQueue();
+  await c.createTask("k", { queue, delay: "1h" });
+  assert.equal((await c.pauseQueue(queue)).paused, true);
+  assert.equal((await c.getQueue(queue)).paused, true);
+  assert.ok((await c.listQueues()).some((q) => q.queue === queue));
+  const resumed = await c.resumeQueue(queue);
+  assert.equal(resumed.paused, false);
+  assert.equal(resumed.counts.scheduled, 1);
+});
+
+test("Retry-After is kept on the error", async () => {
+  const f = (async () =>
+    new Response(JSON.stringify({ error: { code: "unavailable", message: "restarting" } }), {
+      status: 503,
+      headers: { "retry-after": "2" },
+    })) as unknown as typeof fetch;
+  try {
+    await new SundialClient({ url: "http://stub", fetch: f }).health();
+    assert.fail("expected Unavailable");
+  } catch (e) {
+    assert.ok(e instanceof Unavailable);
+    assert.equal(e.retryAfterSeconds, 2);
+  }
+});
