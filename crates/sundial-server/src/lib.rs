@@ -218,7 +218,82 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     let mut doc = api_router(ServerConfig::default().max_batch_body_bytes).into_openapi();
     doc.merge(schedules::openapi());
     doc.merge(workflows::openapi());
+    document_common_errors(&mut doc);
     doc
+}
+
+/// Lists on every operation the error answers that the server's shared layers give, whatever the
+/// handler: `400`, `413` and `422` wherever a body is read, `422` wherever query parameters
+/// are, `404` wherever a path names something, `405` (another method on the route) and `503`
+/// (shutting down, store unavailable) everywhere. An answer an operation already describes is
+/// kept as it is.
+fn document_common_errors(doc: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::path::{Operation, ParameterIn};
+    use utoipa::openapi::{Content, Ref, RefOr, ResponseBuilder};
+    let error = |description: &str| {
+        RefOr::T(
+            ResponseBuilder::new()
+                .description(description)
+                .content(
+                    "application/json",
+                    Content::new(Some(Ref::from_schema_name("ErrorBody"))),
+                )
+                .build(),
+        )
+    };
+    let add = |op: &mut Operation, status: &str, description: &str| {
+        op.responses
+            .responses
+            .entry(status.to_string())
+            .or_insert_with(|| error(description));
+    };
+    for item in doc.paths.paths.values_mut() {
+        let ops = [
+            item.get.as_mut(),
+            item.put.as_mut(),
+            item.post.as_mut(),
+            item.delete.as_mut(),
+            item.patch.as_mut(),
+        ];
+        for op in ops.into_iter().flatten() {
+            let params = op.parameters.as_deref().unwrap_or(&[]);
+            let located = |at: ParameterIn| {
+                params
+                    .iter()
+                    .any(|p| matches!(p, RefOr::T(p) if p.parameter_in == at))
+            };
+            let (in_path, in_query) = (located(ParameterIn::Path), located(ParameterIn::Query));
+            if op.request_body.is_some() {
+                add(op, "400", "The body is not JSON (`malformed`)");
+                add(op, "413", "The body is over its limit (`too_large`)");
+                add(
+                    op,
+                    "422",
+                    "Well-formed but invalid (`invalid`, with `field`); nothing stored",
+                );
+            }
+            if in_query {
+                add(
+                    op,
+                    "422",
+                    "Unknown parameter or bad value (`invalid`, with `field`)",
+                );
+            }
+            if in_path {
+                add(op, "404", "No such resource (`not_found`)");
+            }
+            add(
+                op,
+                "405",
+                "The route exists, the method does not (`method_not_allowed`)",
+            );
+            add(
+                op,
+                "503",
+                "Shutting down, or the store cannot be reached for now (`shutting_down`, `unavailable`; with `Retry-After`)",
+            );
+        }
+    }
 }
 
 /// The whole HTTP service over `sundial`. The caller runs the engine (`sundial.start()`) and

@@ -222,7 +222,6 @@ pub struct CountsView {
 pub struct TaskTemplateView {
     pub queue: String,
     pub kind: String,
-    #[schema(value_type = Object)]
     pub payload: serde_json::Value,
     pub max_attempts: u32,
     pub timeout: String,
@@ -283,6 +282,7 @@ pub struct FireList {
 #[into_params(parameter_in = Query)]
 pub struct PageQuery {
     /// Page size, 1 to 1000 (default 50).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
     /// `next_cursor` of the previous page.
     pub cursor: Option<String>,
@@ -293,6 +293,7 @@ pub struct PageQuery {
 #[into_params(parameter_in = Query)]
 pub struct FiresQuery {
     /// Page size, 1 to 1000 (default 50).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
     /// RFC 3339: only fire times before it (`next_cursor` of the previous page).
     pub before: Option<String>,
@@ -521,9 +522,9 @@ async fn full_view(schedules: &Schedules, s: &Schedule) -> Result<ScheduleView, 
 
 // ---- Handlers -----------------------------------------------------------------------------------
 
-/// The optional `{note}` body of pause and unpause (an empty body is no note).
+/// The optional `{note}` body of pause and unpause (an empty body, or `null`, is no note).
 fn note(body: &[u8]) -> Result<Option<String>, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
+    if body.iter().all(u8::is_ascii_whitespace) || body.trim_ascii() == b"null" {
         return Ok(None);
     }
     Ok(parse_json::<NoteRequest>(body)?.note)

@@ -31,7 +31,6 @@ pub struct CreateTask {
     pub key: Option<String>,
     /// Any JSON value (default `null`), at most 256 KiB serialised.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
     pub payload: Option<serde_json::Value>,
     /// When the task is due, RFC 3339 with an offset. A time in the past means now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -284,7 +283,6 @@ pub struct TaskView {
     pub queue: String,
     pub kind: String,
     pub key: Option<String>,
-    #[schema(value_type = Object)]
     pub payload: serde_json::Value,
     pub state: StateView,
     /// When the task is (or was last) due.
@@ -305,7 +303,6 @@ pub struct TaskView {
     /// The worker that took the current (or last) attempt.
     pub worker: Option<String>,
     pub last_error: Option<String>,
-    #[schema(value_type = Option<Object>)]
     pub result: Option<serde_json::Value>,
     #[schema(format = DateTime)]
     pub created_at: String,
@@ -384,6 +381,7 @@ pub struct ListQuery {
     /// Created before this time (RFC 3339).
     pub created_before: Option<String>,
     /// Page size, 1 to 1000 (default 50).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
     /// `next_cursor` of the previous page.
     pub cursor: Option<String>,
@@ -436,7 +434,6 @@ pub struct PolledTask {
     pub queue: String,
     pub kind: String,
     pub key: Option<String>,
-    #[schema(value_type = Object)]
     pub payload: serde_json::Value,
     /// This attempt's number, from 1.
     pub attempt: u32,
@@ -483,7 +480,6 @@ pub struct CompleteRequest {
     pub execution_id: Uuid,
     /// Any JSON value, kept on the task (at most 256 KiB serialised).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
     pub result: Option<serde_json::Value>,
 }
 

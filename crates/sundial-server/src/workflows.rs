@@ -99,7 +99,6 @@ pub struct StartRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
     pub input: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id_reuse: Option<String>,
@@ -117,7 +116,6 @@ pub struct StartResponse {
 #[serde(deny_unknown_fields)]
 pub struct SignalRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
     pub input: Option<Value>,
 }
 
@@ -138,7 +136,6 @@ pub struct WorkflowView {
     pub workflow_type: String,
     pub status: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
     pub result: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -172,6 +169,7 @@ pub struct ListQuery {
     /// `running`, `completed`, `failed`, `cancelled`, `terminated` or `continued_as_new`.
     pub status: Option<String>,
     /// Page size, 1 to 1000 (default 50).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
     /// `next_cursor` of the previous page.
     pub cursor: Option<String>,
@@ -238,9 +236,9 @@ fn view(r: &WorkflowRun) -> WorkflowView {
     }
 }
 
-/// An optional JSON body: empty (or blank) is the default.
+/// An optional JSON body: empty (or blank), or `null`, is the default.
 fn optional_body<T: DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
+    if body.iter().all(u8::is_ascii_whitespace) || body.trim_ascii() == b"null" {
         return Ok(T::default());
     }
     parse_json(body)

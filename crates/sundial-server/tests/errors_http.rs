@@ -139,3 +139,40 @@ async fn errors_name_the_field_and_the_form() {
     assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(b["error"]["field"], "from", "{b}");
 }
+
+#[tokio::test]
+async fn optional_bodies_take_null_as_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let sundial = Sundial::open(dir.path()).await.unwrap();
+    let app = router(sundial.clone(), ServerConfig::default());
+    let (st, _) = call(
+        &app,
+        "POST",
+        "/v1/schedules",
+        r#"{"id":"s","every":"1h","task":{"kind":"k"}}"#,
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED);
+    let (st, b) = call(&app, "POST", "/v1/schedules/s/pause", "null").await;
+    assert_eq!(st, StatusCode::OK, "{b}");
+    assert_eq!(b["paused"], true);
+}
+
+#[test]
+fn the_document_lists_the_shared_error_answers() {
+    let doc = serde_json::to_value(sundial_server::openapi()).unwrap();
+    let create = &doc["paths"]["/v1/tasks"]["post"]["responses"];
+    for status in ["400", "405", "413", "422", "503"] {
+        assert!(create[status].is_object(), "POST /v1/tasks lacks {status}");
+    }
+    let get = &doc["paths"]["/v1/tasks/{id}"]["get"]["responses"];
+    for status in ["404", "405", "503"] {
+        assert!(
+            get[status].is_object(),
+            "GET /v1/tasks/{{id}} lacks {status}"
+        );
+    }
+    // A payload is any JSON value, `null` included.
+    let payload = &doc["components"]["schemas"]["TaskView"]["properties"]["payload"];
+    assert!(payload.get("type").is_none(), "{payload}");
+}
