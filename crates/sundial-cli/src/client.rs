@@ -67,6 +67,16 @@ impl ClientError {
     }
 }
 
+/// A `reqwest` client builder with the process's TLS provider installed (rustls with ring).
+///
+/// Push delivery turns on reqwest's `rustls-no-provider` feature, and Cargo unifies features across
+/// the workspace, so every reqwest client in a process that links it needs a provider installed
+/// before it is built; installing one twice is harmless.
+pub fn http_client_builder() -> reqwest::ClientBuilder {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+}
+
 /// A client for one server. Cheap to clone (connections are pooled and shared).
 #[derive(Clone)]
 pub struct Client {
@@ -77,7 +87,7 @@ pub struct Client {
 impl Client {
     /// A client for the server at `base` (e.g. `http://127.0.0.1:7373`).
     pub fn new(base: &str) -> Result<Self, ClientError> {
-        let http = reqwest::Client::builder()
+        let http = http_client_builder()
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(30))
             .tcp_nodelay(true)

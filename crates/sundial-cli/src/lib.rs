@@ -3,4 +3,4 @@
 
 pub mod client;
 
-pub use client::{Client, ClientError};
+pub use client::{Client, ClientError, http_client_builder};

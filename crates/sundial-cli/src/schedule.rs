@@ -341,7 +341,7 @@ fn fire_table(fires: &[FireView]) -> String {
 pub async fn run(args: ScheduleArgs) -> anyhow::Result<ExitCode> {
     use reqwest::Method;
     let api = Api {
-        http: reqwest::Client::new(),
+        http: sundial_cli::http_client_builder().build()?,
         base: args.server.trim_end_matches('/').to_string(),
     };
     let json_out = args.json;

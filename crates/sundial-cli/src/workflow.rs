@@ -235,7 +235,7 @@ fn print_history(v: &Value) {
 
 pub async fn run(args: WorkflowArgs) -> anyhow::Result<ExitCode> {
     let api = Api {
-        http: reqwest::Client::builder()
+        http: sundial_cli::http_client_builder()
             .connect_timeout(std::time::Duration::from_secs(5))
             .timeout(std::time::Duration::from_secs(60))
             .build()

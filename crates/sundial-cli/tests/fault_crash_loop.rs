@@ -271,7 +271,9 @@ async fn crash_loop() {
 
     // The in-process part: a schedule firing every second, its ticks run by the server's
     // schedule runner; its fires go to a worker like any task.
-    let resp = reqwest::Client::new()
+    let resp = sundial_cli::http_client_builder()
+        .build()
+        .unwrap()
         .post(format!("{}/v1/schedules", server.url))
         .json(&json!({
             "id": "crash-every-second",

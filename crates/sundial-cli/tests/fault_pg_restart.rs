@@ -263,7 +263,7 @@ fn creator(
     stop: Arc<AtomicBool>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let http = reqwest::Client::builder()
+        let http = sundial_cli::http_client_builder()
             .timeout(Duration::from_secs(5))
             .build()
             .unwrap();

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use sundial_server::wire::{BatchItem, CreateBatch, CreateTask, ListQuery, StateView};
 
 async fn raw(method: &str, url: &str, body: Option<Vec<u8>>) -> (u16, Value) {
-    let http = reqwest::Client::new();
+    let http = sundial_cli::http_client_builder().build().unwrap();
     let mut req = match method {
         "GET" => http.get(url),
         "POST" => http.post(url),
@@ -810,7 +810,11 @@ async fn health_metrics_and_openapi(backend: Backend) {
     })
     .await
     .unwrap();
-    let text = reqwest::get(format!("{}/metrics", server.url))
+    let text = sundial_cli::http_client_builder()
+        .build()
+        .unwrap()
+        .get(format!("{}/metrics", server.url))
+        .send()
         .await
         .unwrap()
         .text()
@@ -884,7 +888,7 @@ async fn healthz_answers_while_task_endpoints_are_busy(backend: Backend) {
             }
         }));
     }
-    let http = reqwest::Client::builder()
+    let http = sundial_cli::http_client_builder()
         .timeout(Duration::from_secs(10))
         .build()
         .unwrap();

@@ -145,7 +145,7 @@ where
 /// Drives the server through every path that records a series.
 async fn exercise(server: &Server) {
     let client = server.client();
-    let http = reqwest::Client::new();
+    let http = sundial_cli::http_client_builder().build().unwrap();
     let post = |path: &str, body: Value| {
         let req = http.post(format!("{}{path}", server.url)).json(&body);
         async move {
@@ -237,7 +237,11 @@ async fn dashboard_and_alerts_query_only_series_that_exist() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path());
     exercise(&server).await;
-    let text = reqwest::get(format!("{}/metrics", server.url))
+    let text = sundial_cli::http_client_builder()
+        .build()
+        .unwrap()
+        .get(format!("{}/metrics", server.url))
+        .send()
         .await
         .unwrap()
         .text()

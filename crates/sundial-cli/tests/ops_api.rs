@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use sundial_server::wire::{CreateTask, ListQuery, StateView};
 
 async fn send(method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
-    let http = reqwest::Client::new();
+    let http = sundial_cli::http_client_builder().build().unwrap();
     let mut req = match method {
         "GET" => http.get(url),
         "POST" => http.post(url),

@@ -41,7 +41,9 @@ fn worker(url: &str, hello_attempts: Arc<AtomicU32>) -> RemoteWorker {
 }
 
 async fn post(url: &str, body: Value) -> (u16, Value) {
-    let resp = reqwest::Client::new()
+    let resp = sundial_cli::http_client_builder()
+        .build()
+        .unwrap()
         .post(url)
         .json(&body)
         .send()
@@ -52,7 +54,11 @@ async fn post(url: &str, body: Value) -> (u16, Value) {
 }
 
 async fn get(url: &str) -> Value {
-    reqwest::get(url)
+    sundial_cli::http_client_builder()
+        .build()
+        .unwrap()
+        .get(url)
+        .send()
         .await
         .expect("get")
         .json()

@@ -168,7 +168,12 @@ impl RemoteWorker {
     pub fn new(server_url: &str) -> Self {
         RemoteWorker {
             client: Client {
-                http: reqwest::Client::new(),
+                http: {
+                    // See `sundial_cli::http_client_builder`: with reqwest's rustls features
+                    // unified in from push delivery, a client needs a provider installed.
+                    let _ = rustls::crypto::ring::default_provider().install_default();
+                    reqwest::Client::new()
+                },
                 base: server_url.trim_end_matches('/').into(),
             },
             name: format!("remote-worker-{}", uuid::Uuid::new_v4().simple()),
