@@ -399,8 +399,8 @@ export class SundialClient {
   }
 
   /** Fire every time in `[from, to]` not fired before. */
-  async backfillSchedule(id: string, from: Time, to: Time): Promise<BackfillResult> {
-    const body: S["BackfillRequest"] = { from: formatTime(from), to: formatTime(to) };
+  async backfillSchedule(id: string, from: Time, to: Time, options: { overlap?: string } = {}): Promise<BackfillResult> {
+    const body: S["BackfillRequest"] = dropUndefined({ from: formatTime(from), to: formatTime(to), overlap: options.overlap });
     return (await this.send({ method: "POST", path: `/v1/schedules/${seg(id)}/backfill`, body })) as S["BackfillResponse"];
   }
 

@@ -338,7 +338,7 @@ SCHEDULE_FIELDS: Tuple[str, ...] = (
     "task",
 )
 PREVIEW_FIELDS: Tuple[str, ...] = ("cron", "every", "anchor", "timezone", "dst", "from", "count")
-BACKFILL_FIELDS: Tuple[str, ...] = ("from", "to")
+BACKFILL_FIELDS: Tuple[str, ...] = ("from", "to", "overlap")
 LIST_SCHEDULES_PARAMS: Tuple[str, ...] = ("limit", "cursor")
 LIST_FIRES_PARAMS: Tuple[str, ...] = ("limit", "before")
 
@@ -417,11 +417,11 @@ def trigger_schedule(schedule_id: str) -> Op:
     return Op("POST", f"/v1/schedules/{_seg(schedule_id)}/trigger", parse=m.Fire.from_dict)
 
 
-def backfill_schedule(schedule_id: str, start: Time, end: Time) -> Op:
+def backfill_schedule(schedule_id: str, start: Time, end: Time, overlap: Optional[str] = None) -> Op:
     return Op(
         "POST",
         f"/v1/schedules/{_seg(schedule_id)}/backfill",
-        body={"from": m.format_time(start), "to": m.format_time(end)},
+        body=_drop_none({"from": m.format_time(start), "to": m.format_time(end), "overlap": overlap}),
         has_body=True,
         parse=lambda d: ([m.Fire.from_dict(f) for f in d["fires"]], [m.parse_time(t) for t in d["already_recorded"]]),
     )

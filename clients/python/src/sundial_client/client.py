@@ -241,9 +241,10 @@ class _Methods:
         """Fire the schedule now (a :class:`~sundial_client.Fire`)."""
         return self._run(ops.trigger_schedule(schedule_id))
 
-    def backfill_schedule(self, schedule_id: str, start: Time, end: Time) -> Any:
-        """Fire every time in ``[start, end]`` not fired before: ``(fires, already_recorded)``."""
-        return self._run(ops.backfill_schedule(schedule_id, start, end))
+    def backfill_schedule(self, schedule_id: str, start: Time, end: Time, *, overlap: Optional[str] = None) -> Any:
+        """Fire every time in ``[start, end]`` not fired before: ``(fires, already_recorded)``;
+        ``overlap`` overrides the schedule's overlap policy for these fires."""
+        return self._run(ops.backfill_schedule(schedule_id, start, end, overlap))
 
     def list_fires_page(self, schedule_id: str, *, limit: Optional[int] = None, before: Optional[str] = None) -> Any:
         return self._run(ops.list_fires(schedule_id, limit=limit, before=before))

@@ -142,7 +142,7 @@ test("every request the client makes is in openapi.json", async () => {
     c.pauseSchedule("s", "n"),
     c.unpauseSchedule("s"),
     c.triggerSchedule("s"),
-    c.backfillSchedule("s", new Date(0), "2030-01-01T00:00:00Z"),
+    c.backfillSchedule("s", new Date(0), "2030-01-01T00:00:00Z", { overlap: "allow_all" }),
     c.listFiresPage("s", { limit: 2 }, "before"),
     c.previewSchedule(new Date(0), { cron: "* * * * *", timezone: "UTC", count: 2 }),
     c.startWorkflow("t", { a: 1 }, { id: "w", id_reuse: "allow_duplicate" }),
