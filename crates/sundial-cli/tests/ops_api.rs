@@ -459,6 +459,92 @@ async fn bulk_cancel_and_retry_count_and_change(backend: Backend) {
     assert_eq!(cancelled["changed"], n);
 }
 
+/// Two `sundial server` nodes on one PostgreSQL schema: a pause made through one holds on the
+/// other within a second (nothing of the queue is readied or handed to a worker on either node),
+/// and a resume through the other lets the tasks go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_holds_on_every_node() {
+    let Some(storage) = Storage::new(Backend::Postgres) else {
+        return;
+    };
+    let pg = storage.pg.as_ref().unwrap();
+    let node = |id: &str| {
+        let args: Vec<std::ffi::OsString> = [
+            "--data-dir",
+            &storage.dir.path().display().to_string(),
+            "--database-url",
+            &pg.url,
+            "--database-schema",
+            &pg.schema,
+            "--node-id",
+            id,
+            "--shards",
+            "8",
+            "--shard-lease-ttl",
+            "3s",
+        ]
+        .map(std::ffi::OsString::from)
+        .to_vec();
+        Server::spawn(args, &common::Launch::default(), storage.dir.path())
+    };
+    let a = node("a");
+    let b = node("b");
+    let (ca, cb) = (a.client(), b.client());
+    let (status, body) = send("POST", &format!("{}/v1/queues/held/pause", a.url), None).await;
+    assert_eq!(status, 200, "{body}");
+    // Within a second every node holds the pause.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let mut ids = Vec::new();
+    for i in 0..16 {
+        let mut t = CreateTask::new("remote");
+        t.queue = Some("held".into());
+        t.key = Some(format!("h-{i}"));
+        let c = if i % 2 == 0 { &ca } else { &cb };
+        ids.push(c.create(&t).await.unwrap().id);
+    }
+    // Nothing is handed out by either node for two seconds, and every task stays scheduled.
+    let (pa, pb) = tokio::join!(
+        ca.poll("held", "wa", 16, Duration::from_secs(2), None),
+        cb.poll("held", "wb", 16, Duration::from_secs(2), None),
+    );
+    assert!(
+        pa.unwrap().tasks.is_empty(),
+        "node a handed out a paused task"
+    );
+    assert!(
+        pb.unwrap().tasks.is_empty(),
+        "node b handed out a paused task"
+    );
+    for id in &ids {
+        let t = cb.get(&id.to_string()).await.unwrap();
+        assert_eq!(t.state, StateView::Scheduled, "{t:?}");
+    }
+    let (_, q) = send("GET", &format!("{}/v1/queues/held", b.url), None).await;
+    assert_eq!(q["paused"], true, "{q}");
+    assert_eq!(q["counts"]["scheduled"], 16, "{q}");
+    assert!(q["lateness_ms"].as_u64().unwrap() >= 1_000, "{q}");
+
+    // Resumed through the other node: the tasks go to the workers of both.
+    let (status, _) = send("POST", &format!("{}/v1/queues/held/resume", b.url), None).await;
+    assert_eq!(status, 200);
+    let mut got = std::collections::HashSet::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while got.len() < ids.len() && std::time::Instant::now() < deadline {
+        for c in [&ca, &cb] {
+            let r = c
+                .poll("held", "w", 16, Duration::from_millis(300), None)
+                .await
+                .unwrap();
+            got.extend(r.tasks.iter().map(|t| t.id));
+        }
+    }
+    assert_eq!(
+        got.len(),
+        ids.len(),
+        "every task was handed out after the resume"
+    );
+}
+
 macro_rules! both_backends {
     ($($name:ident),* $(,)?) => {$(
         mod $name {

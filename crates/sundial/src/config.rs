@@ -45,6 +45,10 @@ pub struct Config {
     /// Within `max_clock_skew` the correction follows the new measurement; beyond it the node
     /// hands its shards back and leaves the membership until its clock is within the limit again.
     pub clock_check_interval: Duration,
+    /// How often the engine reads the paused queues from the store, so that a pause or resume
+    /// made on another node holds here within this time (one made through this engine holds at
+    /// once).
+    pub pause_refresh: Duration,
 }
 
 impl Default for Config {
@@ -64,6 +68,7 @@ impl Default for Config {
             shard_lease_ttl: Duration::from_secs(10),
             max_clock_skew: Duration::from_secs(2),
             clock_check_interval: Duration::from_secs(60),
+            pause_refresh: Duration::from_millis(500),
         }
     }
 }

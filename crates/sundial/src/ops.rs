@@ -139,22 +139,29 @@ impl Sundial {
             .await?)
     }
 
-    /// Pauses a queue (durably). Creates are still accepted; due tasks wait, visible as due.
+    /// Pauses a queue, durably: from now on no task of it starts here (in-process handlers and
+    /// workers alike), and on other nodes within `Config::pause_refresh`. Creates are still
+    /// accepted; due tasks wait, visible as due. Running attempts finish.
     pub async fn pause_queue(&self, queue: &str) -> Result<QueueSettings, Error> {
         self.check_queue_name(queue)?;
         let now = self.engine.clock.now();
-        Ok(self.engine.store.set_queue_paused(queue, true, now).await?)
+        let s = self.engine.store.set_queue_paused(queue, true, now).await?;
+        self.engine.set_paused(queue, true);
+        Ok(s)
     }
 
-    /// Resumes a paused queue: its waiting tasks start in due order.
+    /// Resumes a paused queue: its waiting tasks start in due order (on other nodes within
+    /// `Config::pause_refresh`).
     pub async fn resume_queue(&self, queue: &str) -> Result<QueueSettings, Error> {
         self.check_queue_name(queue)?;
         let now = self.engine.clock.now();
-        Ok(self
+        let s = self
             .engine
             .store
             .set_queue_paused(queue, false, now)
-            .await?)
+            .await?;
+        self.engine.set_paused(queue, false);
+        Ok(s)
     }
 
     fn check_queue_name(&self, queue: &str) -> Result<(), Error> {

@@ -11,6 +11,7 @@
 //! - [`run`]: in-process handler runs, `complete`, `fail`, exclusive-key hand-over.
 //! - [`reaper`]: running attempts whose lease ended.
 //! - [`poll`]: the worker protocol (long-poll claims, heartbeats).
+//! - [`pause`]: paused queues (held back by the shard loops and pollers), read from the store.
 //! - [`step`]: [`crate::Stepper`], which turns every loop on the caller's clock instead of tasks.
 //!
 //! Writes that make a task scheduled (create, retry, trigger, lease expiry, a released exclusive
@@ -36,6 +37,7 @@ use crate::config::Config;
 use crate::handler::Handler;
 pub(crate) use crate::placement::{ClaimError, LeaseLost, Owner, Placement};
 
+pub(crate) mod pause;
 mod poll;
 pub(crate) mod reaper;
 mod run;
@@ -68,6 +70,8 @@ pub(crate) struct Engine {
     started: AtomicBool,
     /// Where shards run: here, all of them, or those this node leases from a cluster.
     pub(crate) placement: Placement,
+    /// Queues whose tasks are held back (see [`pause`]).
+    pub(crate) paused: pause::PausedQueues,
 }
 
 pub(crate) struct QueueState {
@@ -94,6 +98,9 @@ pub(crate) struct ShardSignal {
     /// With several nodes: until when (engine clock) this node's lease on the shard is known to
     /// hold, from its last acquisition or renewal. Past that, `local` may be stale.
     lease_until: AtomicI64,
+    /// Set when a queue is resumed: the loop's next turn scans from the front (the queue's due
+    /// entries were dropped from the window while it was paused).
+    rescan: AtomicBool,
 }
 
 struct ReaperSignal {
@@ -117,6 +124,7 @@ impl Engine {
                 gate: AtomicI64::new(i64::MIN),
                 local: AtomicBool::new(single),
                 lease_until: AtomicI64::new(if single { i64::MAX } else { i64::MIN }),
+                rescan: AtomicBool::new(false),
             })
             .collect();
         Arc::new(Engine {
@@ -139,6 +147,7 @@ impl Engine {
             aborting: watch::channel(false).0,
             started: AtomicBool::new(false),
             placement,
+            paused: pause::PausedQueues::default(),
         })
     }
 
@@ -297,6 +306,7 @@ impl Engine {
             }
         }
         tasks.push(tokio::spawn(reaper::drive(self.clone())));
+        tasks.push(tokio::spawn(pause::drive(self.clone())));
         tasks
     }
 

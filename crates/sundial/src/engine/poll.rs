@@ -35,12 +35,27 @@ impl Engine {
         } else {
             &q.ready
         };
+        if !self.paused.loaded() {
+            self.refresh_paused().await?;
+        }
         loop {
             // Register interest before looking, so a task readied in between is not missed.
             let notified = ready.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             let now = self.clock.now();
+            if self.is_paused(queue) {
+                // Nothing of a paused queue starts; a resume wakes this poller.
+                if now >= deadline || self.is_stopping() {
+                    return Ok(Vec::new());
+                }
+                tokio::select! {
+                    _ = notified => {}
+                    _ = self.clock.sleep_until(deadline) => {}
+                    _ = stopping.changed() => {}
+                }
+                continue;
+            }
             let claim = ReadyClaim {
                 queue: queue.to_string(),
                 kinds: kinds.clone(),

@@ -112,11 +112,23 @@ impl ShardLoop {
         // While the loop is busy, any notification must wake it again: the gate it is about to
         // arm may be computed from reads that missed the notified write.
         signal.gate.store(i64::MAX, Ordering::Release);
+        // 0. The paused queues, read from the store before anything is claimed (a restarted
+        //    process holds a pause from its first turn).
+        if !engine.paused.loaded()
+            && let Err(e) = engine.refresh_paused().await
+        {
+            tracing::warn!(shard = self.shard, error = %e, "reading the paused queues failed; retrying");
+            let retry = now.saturating_add(self.scan_backoff);
+            self.scan_backoff = (self.scan_backoff * 2).min(SCAN_BACKOFF_CAP);
+            signal.gate.store(retry.0, Ordering::Release);
+            return Ok(retry);
+        }
         // 1. Notifications.
         self.take_inbox();
 
-        // 2. Refill the look-ahead (from the front of the shard when the backstop is due).
-        if now >= self.rescan_at {
+        // 2. Refill the look-ahead (from the front of the shard when the backstop is due, or
+        //    when a queue was resumed).
+        if signal.rescan.swap(false, Ordering::AcqRel) || now >= self.rescan_at {
             self.window.reset_cursor();
             signal.covered_until.store(i64::MIN, Ordering::Release);
             self.rescan_at = engine.idle_deadline(now);
@@ -202,10 +214,17 @@ impl ShardLoop {
         let mut handlers: HashMap<Arc<str>, Option<Arc<dyn Handler>>> = HashMap::new();
         let mut batch: Vec<Pending> = Vec::new();
         let claim_batch = engine.config.claim_batch;
+        let paused = engine.paused.snapshot();
+        let mut held_back: Vec<DueKey> = Vec::new();
         // Bounded walk: entries of starved queues are skipped, but not without limit.
         for (key, meta) in self.window.due(now).take(claim_batch.saturating_mul(4)) {
             if batch.len() >= claim_batch {
                 break;
+            }
+            if !paused.is_empty() && paused.contains(&*meta.queue) {
+                // Stays scheduled in the store; a resume rescans the shard from the front.
+                held_back.push(*key);
+                continue;
             }
             if starved_queues.contains(&meta.queue) {
                 continue;
@@ -253,6 +272,9 @@ impl ShardLoop {
                     starved_queues.insert(meta.queue.clone());
                 }
             }
+        }
+        for key in &held_back {
+            self.window.remove(key);
         }
         if batch.is_empty() {
             return Ok(starved);
