@@ -19,7 +19,7 @@ use anyhow::Context;
 use clap::Args;
 use std::future::IntoFuture;
 use std::sync::Arc;
-use sundial::{Config, Durability, SqliteOptions, Sundial};
+use sundial::{Config, Durability, Retention, SqliteOptions, Sundial};
 use sundial_server::ServerConfig;
 use sundial_store_postgres::{PostgresOptions, PostgresStore};
 use tokio::sync::watch;
@@ -76,6 +76,21 @@ pub struct ServerArgs {
     /// With PostgreSQL: how long a node's shard leases last without renewal.
     #[arg(long, env = "SUNDIAL_SHARD_LEASE_TTL", default_value = "10s", value_parser = parse_duration)]
     shard_lease_ttl: Duration,
+    /// How long succeeded tasks are kept after they finished (a queue may override it).
+    #[arg(long, env = "SUNDIAL_RETENTION_SUCCEEDED", default_value = "7d", value_parser = parse_duration)]
+    retention_succeeded: Duration,
+    /// How long cancelled tasks are kept after they finished (a queue may override it).
+    #[arg(long, env = "SUNDIAL_RETENTION_CANCELLED", default_value = "7d", value_parser = parse_duration)]
+    retention_cancelled: Duration,
+    /// How long dead tasks are kept after they finished (a queue may override it).
+    #[arg(long, env = "SUNDIAL_RETENTION_DEAD", default_value = "30d", value_parser = parse_duration)]
+    retention_dead: Duration,
+    /// How long schedule fire records are kept.
+    #[arg(long, env = "SUNDIAL_RETENTION_SCHEDULE_FIRES", default_value = "7d", value_parser = parse_duration)]
+    retention_schedule_fires: Duration,
+    /// Keep everything: never delete finished tasks or fire records.
+    #[arg(long, env = "SUNDIAL_NO_RETENTION")]
+    no_retention: bool,
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -129,6 +144,14 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         max_poll_wait: args.max_poll_wait,
         shard_count: args.shards.max(1),
         shard_lease_ttl: args.shard_lease_ttl,
+        retention: Retention {
+            enabled: !args.no_retention,
+            succeeded: args.retention_succeeded,
+            cancelled: args.retention_cancelled,
+            dead: args.retention_dead,
+            schedule_fires: args.retention_schedule_fires,
+            ..Retention::default()
+        },
         ..Config::default()
     };
     let sqlite = SqliteOptions {

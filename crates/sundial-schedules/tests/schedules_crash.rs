@@ -112,6 +112,9 @@ impl ScheduleStore for Faulty {
     ) -> Result<FirePage, StoreError> {
         self.inner.list_fires(id, before, limit).await
     }
+    async fn purge_fires(&self, before: Timestamp, limit: usize) -> Result<u64, StoreError> {
+        self.inner.purge_fires(before, limit).await
+    }
 }
 
 struct Instance {

@@ -375,6 +375,10 @@ pub fn describe_metrics() {
         "Tasks by queue and state (refreshed on scrape)"
     );
     describe_counter!("sundial_tasks_scheduled_total", "Tasks created, by queue");
+    describe_counter!(
+        "sundial_retention_deleted_total",
+        "Rows deleted by retention, by what (tasks, schedule_fires)"
+    );
     describe_histogram!(
         "sundial_fire_lateness_seconds",
         metrics::Unit::Seconds,

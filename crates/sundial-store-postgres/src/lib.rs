@@ -1339,12 +1339,21 @@ impl Store for PostgresStore {
 
     async fn purge_tasks(
         &self,
-        shard: Option<u32>,
         rules: &RetentionRules,
         now: Timestamp,
         limit: usize,
+        fence: Option<Fence>,
     ) -> Result<u64, StoreError> {
-        let client = self.client().await?;
-        self.purge_tasks_in(&client, shard, rules, now, limit).await
+        let mut client = self.client().await?;
+        let Some(f) = fence else {
+            return self.purge_tasks_in(&client, None, rules, now, limit).await;
+        };
+        let tx = client.transaction().await.map_err(pg)?;
+        self.check_fence(&tx, f).await?;
+        let n = self
+            .purge_tasks_in(&tx, Some(f.shard), rules, now, limit)
+            .await?;
+        tx.commit().await.map_err(pg)?;
+        Ok(n)
     }
 }

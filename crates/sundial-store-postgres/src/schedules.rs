@@ -620,4 +620,19 @@ impl ScheduleStore for PostgresStore {
         };
         Ok(FirePage { fires, next_cursor })
     }
+
+    async fn purge_fires(&self, before: Timestamp, limit: usize) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        let sql = format!(
+            "DELETE FROM {s}.schedule_fires f USING (SELECT schedule_id, nominal_at \
+             FROM {s}.schedule_fires WHERE recorded_at < $1 LIMIT $2 FOR UPDATE SKIP LOCKED) d \
+             WHERE f.schedule_id = d.schedule_id AND f.nominal_at = d.nominal_at",
+            s = self.schema.ident
+        );
+        let stmt = client.prepare_cached(&sql).await.map_err(pg)?;
+        client
+            .execute(&stmt, &[&before.0, &limit_param(limit)])
+            .await
+            .map_err(pg)
+    }
 }

@@ -356,6 +356,13 @@ CREATE TABLE {schema}.push_secrets (
 );
 "#,
     },
+    Migration {
+        version: 8,
+        name: "retention of schedule fire records",
+        sql: r#"
+CREATE INDEX schedule_fires_recorded ON {schema}.schedule_fires (recorded_at);
+"#,
+    },
 ];
 
 /// The schema version this build writes (the highest migration it knows).

@@ -753,3 +753,47 @@ async fn acquire_many_shards_at_once() {
             .is_empty()
     );
 }
+
+/// Retention under a fence: a stale owner deletes nothing (`LeaseLost`); the current owner
+/// deletes the expired finished tasks of its own shard only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_fenced_purge_is_refused_and_deletes_nothing() {
+    let Some((a, guard)) = fresh_postgres().await else {
+        return;
+    };
+    let b = another_node(&guard).await;
+    let t = Timestamp;
+    let shard = 1;
+    let mine = task_in_shard(&a, shard, 0).await;
+    let theirs = task_in_shard(&a, 2, 0).await;
+    a.cancel(mine, t(100)).await.unwrap();
+    a.cancel(theirs, t(100)).await.unwrap();
+    let rules = sundial_store::RetentionRules {
+        succeeded_ms: 10,
+        cancelled_ms: 10,
+        dead_ms: 10,
+        queues: Default::default(),
+    };
+    let fa = a
+        .acquire_shard(shard, "a", t(1_000), t(2_000))
+        .await
+        .unwrap()
+        .unwrap();
+    let fb = b
+        .acquire_shard(shard, "b", t(2_001), t(4_000))
+        .await
+        .unwrap()
+        .unwrap();
+    let r = a.purge_tasks(&rules, t(3_000), 10, Some(fa)).await;
+    assert!(matches!(r, Err(StoreError::LeaseLost { .. })), "{r:?}");
+    assert!(a.get(mine).await.unwrap().is_some(), "nothing deleted");
+    assert_eq!(
+        b.purge_tasks(&rules, t(3_000), 10, Some(fb)).await.unwrap(),
+        1
+    );
+    assert!(a.get(mine).await.unwrap().is_none());
+    assert!(
+        a.get(theirs).await.unwrap().is_some(),
+        "another shard's task is not this owner's to delete"
+    );
+}

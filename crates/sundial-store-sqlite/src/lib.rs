@@ -1208,11 +1208,16 @@ impl Store for SqliteStore {
 
     async fn purge_tasks(
         &self,
-        shard: Option<u32>,
         rules: &RetentionRules,
         now: Timestamp,
         limit: usize,
+        fence: Option<Fence>,
     ) -> Result<u64, StoreError> {
+        // No shard leases here (see `claim_due`): no fence is current.
+        if let Some(f) = fence {
+            return Err(StoreError::LeaseLost { shard: f.shard });
+        }
+        let shard = None;
         let rules = rules.clone();
         self.writer
             .write(move |conn| ops::purge_tasks(conn, shard, &rules, now, limit))

@@ -597,4 +597,21 @@ impl ScheduleStore for SqliteStore {
         })
         .await
     }
+
+    async fn purge_fires(&self, before: Timestamp, limit: usize) -> Result<u64, StoreError> {
+        self.writer
+            .write(move |conn| {
+                let n = conn
+                    .prepare_cached(
+                        "DELETE FROM schedule_fires WHERE (schedule_id, nominal_at) IN \
+                         (SELECT schedule_id, nominal_at FROM schedule_fires \
+                          INDEXED BY schedule_fires_recorded WHERE recorded_at < ?1 LIMIT ?2)",
+                    )
+                    .map_err(backend)?
+                    .execute(params![before.0, limit as i64])
+                    .map_err(backend)?;
+                Ok(n as u64)
+            })
+            .await
+    }
 }

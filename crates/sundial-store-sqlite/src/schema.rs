@@ -34,6 +34,7 @@
 //!   (retention); `queue_settings` (pause and configuration per queue); `task_attempts (task_id,
 //!   seq)`, one row per attempt, written by triggers as a task enters and leaves `running` and
 //!   bounded to the latest `store_settings.attempts_kept` per task.
+//! - Migration 7: `schedule_fires_recorded (recorded_at)`, the retention of fire records.
 //! - `tasks.target` and `push_secrets` (migration 6): a push task's HTTP target as JSON, and the
 //!   signing secrets of push delivery with their expiry (a rotation sets the previous ones').
 
@@ -265,6 +266,10 @@ CREATE TABLE push_secrets (
     created_at INTEGER NOT NULL,
     expires_at INTEGER
 );
+"#,
+    // 7: retention of schedule fire records (by the time they were recorded).
+    r#"
+CREATE INDEX schedule_fires_recorded ON schedule_fires (recorded_at);
 "#,
 ];
 

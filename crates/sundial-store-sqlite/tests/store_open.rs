@@ -60,6 +60,7 @@ fn forget_shard_count(dir: &Path) {
          DROP INDEX tasks_waiting; DROP INDEX tasks_finished;
          ALTER TABLE tasks DROP COLUMN tags;
          DROP TABLE push_secrets; ALTER TABLE tasks DROP COLUMN target;
+         DROP INDEX schedule_fires_recorded;
          PRAGMA user_version = 3;",
     )
     .unwrap();

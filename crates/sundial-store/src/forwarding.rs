@@ -84,6 +84,16 @@ pub trait Hooks: Send + Sync + 'static {
     ) -> Result<Vec<Task>, StoreError> {
         inner.expire_leases(now, limit, fence).await
     }
+    async fn purge_tasks(
+        &self,
+        inner: &dyn Store,
+        rules: &RetentionRules,
+        now: Timestamp,
+        limit: usize,
+        fence: Option<Fence>,
+    ) -> Result<u64, StoreError> {
+        inner.purge_tasks(rules, now, limit, fence).await
+    }
     async fn next_lease_expiry(
         &self,
         inner: &dyn Store,
@@ -279,12 +289,14 @@ impl<H: Hooks> Store for Forwarding<H> {
     }
     async fn purge_tasks(
         &self,
-        shard: Option<u32>,
         rules: &RetentionRules,
         now: Timestamp,
         limit: usize,
+        fence: Option<Fence>,
     ) -> Result<u64, StoreError> {
-        let _g = self.enter("purge_tasks", shard);
-        self.inner.purge_tasks(shard, rules, now, limit).await
+        let _g = self.enter("purge_tasks", fence.map(|f| f.shard));
+        self.hooks
+            .purge_tasks(self.inner.as_ref(), rules, now, limit, fence)
+            .await
     }
 }

@@ -34,8 +34,8 @@ use sundial_core::{ExecutionId, NewTask, Task, TaskId, Timestamp};
 pub use cluster::{Cluster, Fence, Member, Wakeup};
 pub use error::{StoreError, TransitionError};
 pub use ops::{
-    Attempt, AttemptHistory, AttemptOutcome, LEASE_EXPIRED_ERROR, Purged, QueueConfig,
-    QueueSettings, RetentionOverride, RetentionRules, Selected, prefix_upper_bound,
+    Attempt, AttemptHistory, AttemptOutcome, LEASE_EXPIRED_ERROR, QueueConfig, QueueSettings,
+    RetentionOverride, RetentionRules, Selected, prefix_upper_bound,
 };
 pub use schedules::{
     Arm, ArmChange, FireApplied, FireCounts, FireOp, FireOutcome, FirePage, FireReason, FireRecord,
@@ -222,13 +222,15 @@ pub trait Store: Send + Sync + 'static {
         now: Timestamp,
     ) -> Result<Vec<Task>, StoreError>;
 
-    /// Deletes up to `limit` finished tasks (of `shard`, when given) whose retention under
-    /// `rules` has passed at `now`, with their tags and attempts. Never a live task.
+    /// Deletes up to `limit` finished tasks whose retention under `rules` has passed at `now`,
+    /// with their tags and attempts. Never a live task. With a `fence`, only the fenced shard's
+    /// tasks, refused with [`StoreError::LeaseLost`] (nothing deleted) unless the fence is
+    /// current, as for [`Store::claim_due`].
     async fn purge_tasks(
         &self,
-        shard: Option<u32>,
         rules: &RetentionRules,
         now: Timestamp,
         limit: usize,
+        fence: Option<Fence>,
     ) -> Result<u64, StoreError>;
 }

@@ -124,7 +124,7 @@ pub struct Selected {
 }
 
 /// How long finished tasks are kept, in milliseconds after they finished, per state, with
-/// per-queue overrides. Applied by [`crate::Store::purge`].
+/// per-queue overrides. Applied by [`crate::Store::purge_tasks`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetentionRules {
     pub succeeded_ms: u64,
@@ -185,12 +185,6 @@ impl RetentionRules {
             .saturating_add(i64::try_from(keep).unwrap_or(i64::MAX))
             <= now.0
     }
-}
-
-/// What one purge round deleted.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Purged {
-    pub tasks: u64,
 }
 
 /// The smallest string greater than every string that starts with `prefix`, in byte (= code

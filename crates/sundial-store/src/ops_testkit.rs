@@ -551,7 +551,7 @@ pub async fn bulk_select_pages_and_changes_only_eligible_tasks(store: Arc<dyn St
 }
 
 /// `purge_tasks` deletes finished tasks past their state's retention (or their queue's override),
-/// at most `limit` per call, of one shard when given, with their tags and attempts; the counters
+/// at most `limit` per call, with their tags and attempts; the counters
 /// follow. Live tasks are never deleted, however old.
 pub async fn purge_deletes_only_expired_finished_tasks(store: Arc<dyn Store>) {
     let s = store.as_ref();
@@ -597,13 +597,13 @@ pub async fn purge_deletes_only_expired_finished_tasks(store: Arc<dyn Store>) {
 
     // At 109 nothing is due for deletion; at 110 the short queue's task is.
     assert_eq!(
-        s.purge_tasks(None, &rules, at(109), 100)
+        s.purge_tasks(&rules, at(109), 100, None)
             .await
             .expect("purge"),
         0
     );
     assert_eq!(
-        s.purge_tasks(None, &rules, at(110), 100)
+        s.purge_tasks(&rules, at(110), 100, None)
             .await
             .expect("purge"),
         1
@@ -611,18 +611,12 @@ pub async fn purge_deletes_only_expired_finished_tasks(store: Arc<dyn Store>) {
     assert!(s.get(short.id).await.expect("get").is_none());
     assert_eq!(s.attempts(short.id).await.expect("attempts"), None);
     // Succeeded and cancelled at 1,100; dead at 5,100; limit and shard respected.
-    let other_shard = (succeeded.shard + 1) % crate::testkit::SHARDS;
-    let before = s
-        .purge_tasks(Some(other_shard), &rules, at(1_100), 100)
-        .await
-        .expect("purge");
-    let mut gone = before;
-    gone += s
-        .purge_tasks(None, &rules, at(1_100), 1)
+    let mut gone = s
+        .purge_tasks(&rules, at(1_100), 1, None)
         .await
         .expect("purge");
     gone += s
-        .purge_tasks(None, &rules, at(1_100), 100)
+        .purge_tasks(&rules, at(1_100), 100, None)
         .await
         .expect("purge");
     assert_eq!(gone, 2, "succeeded and cancelled");
@@ -630,7 +624,7 @@ pub async fn purge_deletes_only_expired_finished_tasks(store: Arc<dyn Store>) {
     assert!(s.get(cancelled.id).await.expect("get").is_none());
     assert_eq!(get(s, dead.id).await.state, TaskState::Dead);
     assert_eq!(
-        s.purge_tasks(None, &rules, at(5_100), 100)
+        s.purge_tasks(&rules, at(5_100), 100, None)
             .await
             .expect("purge"),
         1
@@ -638,7 +632,7 @@ pub async fn purge_deletes_only_expired_finished_tasks(store: Arc<dyn Store>) {
     assert!(s.get(dead.id).await.expect("get").is_none());
     // Far in the future: the live tasks are all still there.
     assert_eq!(
-        s.purge_tasks(None, &rules, Timestamp::MAX, 100)
+        s.purge_tasks(&rules, Timestamp::MAX, 100, None)
             .await
             .expect("purge"),
         0

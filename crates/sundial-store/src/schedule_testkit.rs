@@ -108,6 +108,7 @@ macro_rules! schedule_store_conformance {
             schedule_fire_many_applies_each_op_alone
             schedule_for_fire_reads_schedules_with_their_last_task
             schedule_stranded_lists_armed_schedules_whose_tick_is_not_live
+            schedule_purge_fires_deletes_old_records_and_keeps_counters
         );
     };
 }
@@ -948,4 +949,64 @@ pub async fn schedule_stranded_lists_armed_schedules_whose_tick_is_not_live(
     let page = s.stranded_schedules(None, 10).await.expect("stranded");
     assert_eq!(page.schedules[0].armed_tick, Some(cancelled[0]));
     assert!(page.next_cursor.is_none());
+}
+
+/// `purge_fires` deletes at most `limit` fire records recorded before the cutoff (of any
+/// schedule), leaves newer ones, and leaves the schedules' counters as they were.
+pub async fn schedule_purge_fires_deletes_old_records_and_keeps_counters(
+    tasks: Arc<dyn Store>,
+    schedules: Arc<dyn ScheduleStore>,
+) {
+    let _ = tasks;
+    let s = schedules.as_ref();
+    let id = sid("retained");
+    create(s, &id, None).await;
+    let other = sid("retained-2");
+    create(s, &other, None).await;
+    for (sched, recorded, nominals) in [
+        (&id, at(10 * MIN), 0..3),
+        (&other, at(10 * MIN), 3..5),
+        (&id, at(20 * MIN), 5..7),
+    ] {
+        s.fire(FireOp {
+            schedule_id: sched.clone(),
+            expect_armed: None,
+            fires: nominals
+                .map(|i| NewFire::skipped(at(i * MIN), FireReason::Paused))
+                .collect(),
+            arm: ArmChange::Keep,
+            now: recorded,
+        })
+        .await
+        .expect("fire");
+    }
+    let before = s
+        .get_schedule(&id)
+        .await
+        .expect("get")
+        .expect("exists")
+        .counts;
+    assert_eq!(s.purge_fires(at(10 * MIN), 100).await.expect("purge"), 0);
+    assert_eq!(s.purge_fires(at(15 * MIN), 3).await.expect("purge"), 3);
+    assert_eq!(s.purge_fires(at(15 * MIN), 100).await.expect("purge"), 2);
+    assert_eq!(s.purge_fires(at(15 * MIN), 100).await.expect("purge"), 0);
+    let left = s.list_fires(&id, None, 100).await.expect("list").fires;
+    assert_eq!(
+        left.iter().map(|f| f.nominal).collect::<Vec<_>>(),
+        vec![at(6 * MIN), at(5 * MIN)]
+    );
+    assert!(
+        s.list_fires(&other, None, 100)
+            .await
+            .expect("list")
+            .fires
+            .is_empty()
+    );
+    let after = s
+        .get_schedule(&id)
+        .await
+        .expect("get")
+        .expect("exists")
+        .counts;
+    assert_eq!(after, before, "counters are kept on the schedule");
 }

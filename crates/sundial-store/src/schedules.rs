@@ -398,4 +398,8 @@ pub trait ScheduleStore: Send + Sync + 'static {
         before: Option<Timestamp>,
         limit: usize,
     ) -> Result<FirePage, StoreError>;
+
+    /// Deletes up to `limit` fire records recorded before `before` (retention); the schedules'
+    /// counters, which are kept on the schedule rows, do not change. Returns how many went.
+    async fn purge_fires(&self, before: Timestamp, limit: usize) -> Result<u64, StoreError>;
 }

@@ -250,6 +250,32 @@ impl ClusterNode {
         Ok(out)
     }
 
+    /// Retention: deletes expired finished tasks of the shards this node owns (fenced, shard by
+    /// shard, up to `limit` in all). A shard whose lease was lost meanwhile deletes nothing.
+    pub async fn purge_owned(
+        &self,
+        store: &dyn Store,
+        rules: &sundial_store::RetentionRules,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        let mut deleted = 0u64;
+        for f in self.fences() {
+            let left = limit.saturating_sub(usize::try_from(deleted).unwrap_or(usize::MAX));
+            if left == 0 {
+                break;
+            }
+            match store.purge_tasks(rules, now, left, Some(f)).await {
+                Ok(n) => deleted += n,
+                Err(StoreError::LeaseLost { shard }) => {
+                    tracing::warn!(shard, "lease lost while deleting finished tasks")
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(deleted)
+    }
+
     /// The earliest task lease expiry in the shards this node owns.
     pub async fn next_owned_lease_expiry(
         &self,

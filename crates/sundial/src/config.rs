@@ -49,6 +49,40 @@ pub struct Config {
     /// made on another node holds here within this time (one made through this engine holds at
     /// once).
     pub pause_refresh: Duration,
+    /// How long finished work is kept (see [`Retention`]).
+    pub retention: Retention,
+}
+
+/// How long finished work is kept before it is deleted, and how the deleting runs. Task
+/// retentions count from `finished_at` and can be overridden per queue (`PUT /v1/queues/{q}`).
+#[derive(Debug, Clone)]
+pub struct Retention {
+    /// `false`: nothing is ever deleted.
+    pub enabled: bool,
+    pub succeeded: Duration,
+    pub cancelled: Duration,
+    pub dead: Duration,
+    /// Schedule fire records, from when they were recorded.
+    pub schedule_fires: Duration,
+    /// How often a round of deletion runs.
+    pub interval: Duration,
+    /// Rows deleted per statement (a round runs at most 20 batches of each kind).
+    pub batch: usize,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        const DAY: u64 = 24 * 3600;
+        Retention {
+            enabled: true,
+            succeeded: Duration::from_secs(7 * DAY),
+            cancelled: Duration::from_secs(7 * DAY),
+            dead: Duration::from_secs(30 * DAY),
+            schedule_fires: Duration::from_secs(7 * DAY),
+            interval: Duration::from_secs(5),
+            batch: 500,
+        }
+    }
 }
 
 impl Default for Config {
@@ -69,6 +103,7 @@ impl Default for Config {
             max_clock_skew: Duration::from_secs(2),
             clock_check_interval: Duration::from_secs(60),
             pause_refresh: Duration::from_millis(500),
+            retention: Retention::default(),
         }
     }
 }

@@ -50,7 +50,8 @@ use std::time::Duration;
 use sundial_store::Inserted;
 
 pub use clock::SystemClock;
-pub use config::Config;
+pub use config::{Config, Retention};
+pub use engine::retention::Purged;
 pub use engine::step::Stepper;
 pub use error::Error;
 pub use handler::{Handler, HandlerError, HandlerFuture, TaskContext};
@@ -444,7 +445,13 @@ impl Sundial {
 
     /// Starts the engine (shard loops and lease reaper) on the current tokio runtime.
     pub fn start(&self) -> Running {
-        let tasks = self.engine.start();
+        let mut tasks = self.engine.start();
+        if !tasks.is_empty() && self.engine.config.retention.enabled {
+            tasks.push(tokio::spawn(engine::retention::drive(
+                self.engine.clone(),
+                self.schedule_store.clone(),
+            )));
+        }
         Running {
             engine: self.engine.clone(),
             tasks,

@@ -16,6 +16,7 @@ use std::time::Duration;
 use sundial_core::{Task, TaskId, TaskState, Timestamp};
 use sundial_store::{AttemptHistory, QueueConfig, QueueSettings, TaskFilter};
 
+use crate::engine::retention::Purged;
 use crate::{Error, Sundial};
 
 /// Tasks selected and changed per batch of a bulk action.
@@ -171,6 +172,16 @@ impl Sundial {
             .validate(TaskId::MIN, Timestamp::MIN, 1, limits)
             .map(|_| ())
             .map_err(Error::Invalid)
+    }
+
+    /// One retention round now (the engine runs one every `Config::retention.interval`): deletes
+    /// finished tasks and fire records past their retention, in batches, never a live task.
+    pub async fn run_retention(&self) -> Result<Purged, Error> {
+        let now = self.engine.clock.now();
+        Ok(self
+            .engine
+            .purge_round(now, self.schedule_store.as_ref())
+            .await?)
     }
 
     /// A task's kept attempts (oldest first) and its total attempt count.

@@ -155,6 +155,30 @@ impl Placement {
         }
     }
 
+    /// Retention: deletes up to `limit` expired finished tasks: of every shard on a single node,
+    /// of the held shards (fenced) on several.
+    pub(crate) async fn purge_tasks(
+        &self,
+        store: &Arc<dyn Store>,
+        rules: &sundial_store::RetentionRules,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<u64, StoreError> {
+        match self {
+            Placement::Single => store.purge_tasks(rules, now, limit, None).await,
+            Placement::Cluster(n) => n.purge_owned(store.as_ref(), rules, now, limit).await,
+        }
+    }
+
+    /// Whether this node runs shard 0, whose owner deletes the rows that carry no shard (fire
+    /// records, workflow runs): always on a single node.
+    pub(crate) fn runs_shard_zero(&self) -> bool {
+        match self {
+            Placement::Single => true,
+            Placement::Cluster(n) => n.owned_shards().contains(&0),
+        }
+    }
+
     /// The shards this node runs now (empty on a single node, which runs all).
     pub(crate) fn owned_shards(&self) -> Vec<u32> {
         match self {

@@ -121,6 +121,20 @@ impl Intercept for Fenced {
         // The model expires all shards' leases; fine for these tests (one reaper is enough).
         inner.expire_leases(now, limit, None).await
     }
+    async fn purge_tasks(
+        &self,
+        inner: &dyn Store,
+        rules: &sundial::RetentionRules,
+        now: Timestamp,
+        limit: usize,
+        fence: Option<Fence>,
+    ) -> Result<u64, StoreError> {
+        if let Some(fence) = fence {
+            self.0.gate().await;
+            self.0.check(fence)?;
+        }
+        inner.purge_tasks(rules, now, limit, None).await
+    }
     async fn next_lease_expiry(
         &self,
         inner: &dyn Store,

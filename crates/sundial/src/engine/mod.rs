@@ -11,6 +11,8 @@
 //! - [`run`]: in-process handler runs, `complete`, `fail`, exclusive-key hand-over.
 //! - [`reaper`]: running attempts whose lease ended.
 //! - [`poll`]: the worker protocol (long-poll claims, heartbeats).
+//! - [`retention`]: deleting finished tasks, fire records and closed workflow runs past their
+//!   retention, in small batches on a task of its own.
 //! - [`pause`]: paused queues (held back by the shard loops and pollers), read from the store.
 //! - [`step`]: [`crate::Stepper`], which turns every loop on the caller's clock instead of tasks.
 //!
@@ -40,6 +42,7 @@ pub(crate) use crate::placement::{ClaimError, LeaseLost, Owner, Placement};
 pub(crate) mod pause;
 mod poll;
 pub(crate) mod reaper;
+pub(crate) mod retention;
 mod run;
 pub(crate) mod shard;
 pub(crate) mod step;

@@ -1,0 +1,127 @@
+//! Retention through the facade: finished tasks go once their retention (per state, or the
+//! queue's override) has passed; live tasks never do, however old; the counters follow; and the
+//! engine's own retention task deletes on its interval. Manual clock, stepped engine.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use sundial::{Config, QueueConfig, Retention, RetentionOverride, TaskSpec, TaskState};
+
+const HOUR: Duration = Duration::from_secs(3_600);
+
+fn config() -> Config {
+    Config {
+        retention: Retention {
+            succeeded: HOUR,
+            cancelled: HOUR,
+            dead: 10 * HOUR,
+            interval: Duration::from_secs(1),
+            batch: 2,
+            ..Retention::default()
+        },
+        ..Config::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_deletes_finished_tasks_and_never_a_live_one() {
+    let h = harness_with(config()).await;
+    let s = &h.sundial;
+    let _runs = record(&h, "ok", |_| Ok(()));
+    let _fails = record(&h, "bad", |_| Err("boom".into()));
+    let mut stepper = s.stepper();
+    s.configure_queue(
+        "short",
+        QueueConfig {
+            retention: RetentionOverride {
+                succeeded_ms: Some(60_000),
+                ..Default::default()
+            },
+        },
+    )
+    .await
+    .unwrap();
+    let done: Vec<_> = futures::future::join_all((0..5).map(|_| s.schedule(TaskSpec::new("ok"))))
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let short = s
+        .schedule(TaskSpec::new("ok").queue("short"))
+        .await
+        .unwrap();
+    let dead = s
+        .schedule(TaskSpec::new("bad").max_attempts(1))
+        .await
+        .unwrap();
+    let cancelled = s.schedule(TaskSpec::new("ok").delay(HOUR)).await.unwrap();
+    s.cancel(cancelled).await.unwrap();
+    // Live ones: far in the future, and due now but waiting for a worker.
+    let later = s
+        .schedule(TaskSpec::new("ok").delay(1_000 * HOUR))
+        .await
+        .unwrap();
+    let waiting = s.schedule(TaskSpec::new("remote")).await.unwrap();
+    stepper.settle().await;
+    for id in &done {
+        wait_state(s, *id, TaskState::Succeeded).await;
+    }
+    wait_state(s, dead, TaskState::Dead).await;
+    wait_state(s, waiting, TaskState::Ready).await;
+
+    // Nothing is old enough yet.
+    assert_eq!(s.run_retention().await.unwrap().tasks, 0);
+    // After a minute the short queue's task goes.
+    h.clock.advance(Duration::from_secs(61));
+    assert_eq!(s.run_retention().await.unwrap().tasks, 1);
+    assert!(s.get(short).await.unwrap().is_none());
+    // After an hour: the succeeded and cancelled ones, in batches of 2.
+    h.clock.advance(HOUR);
+    assert_eq!(s.run_retention().await.unwrap().tasks, 6);
+    for id in done.iter().chain([&cancelled]) {
+        assert!(s.get(*id).await.unwrap().is_none());
+    }
+    assert_eq!(s.get(dead).await.unwrap().unwrap().state, TaskState::Dead);
+    // After ten hours: the dead one. Then a thousand hours: the live ones are all still there.
+    h.clock.advance(10 * HOUR);
+    assert_eq!(s.run_retention().await.unwrap().tasks, 1);
+    h.clock.advance(2_000 * HOUR);
+    assert_eq!(s.run_retention().await.unwrap().tasks, 0);
+    assert!(!s.get(later).await.unwrap().unwrap().state.is_terminal());
+    assert_eq!(
+        s.get(waiting).await.unwrap().unwrap().state,
+        TaskState::Ready
+    );
+    // The counters follow the deletions.
+    let counts = s.counts().await.unwrap();
+    let total: u64 = counts.iter().map(|c| c.count).sum();
+    assert_eq!(total, 2, "{counts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engine_deletes_on_its_interval() {
+    let h = harness_with(config()).await;
+    let s = &h.sundial;
+    let id = s.schedule(TaskSpec::new("ok").delay(HOUR)).await.unwrap();
+    s.cancel(id).await.unwrap();
+    let running = s.start();
+    h.clock.advance(2 * HOUR);
+    // The retention task sleeps on the engine's clock: step it past its interval.
+    let mut gone = false;
+    for _ in 0..200 {
+        h.clock.advance(Duration::from_secs(1));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if s.get(id).await.unwrap().is_none() {
+            gone = true;
+            break;
+        }
+    }
+    assert!(
+        gone,
+        "the engine's retention task deleted the cancelled task"
+    );
+    running.shutdown(Duration::from_secs(1)).await;
+}
