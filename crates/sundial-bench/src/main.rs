@@ -7,6 +7,8 @@
 //! sundial-bench recover    # seconds from reopening after kill -9 until 100,000 overdue tasks ran
 //! sundial-bench schedules  # 100,000 schedules firing every minute: fires/s, lateness, memory
 //! sundial-bench workflows  # workflow starts/s, steps/s, replay cost, memory with 100,000 asleep
+//! sundial-bench retention  # 1,000 tasks/s for 10 min with a 1-minute retention: size every 30 s
+//! sundial-bench list       # filtered list pages with 10,000,000 tasks stored: latency per filter
 //! ```
 //!
 //! Build in release (`cargo build --release -p sundial-bench`); `bench/kernel.sh` runs the set
@@ -16,6 +18,7 @@ mod common;
 mod counting;
 mod fire;
 mod idle;
+mod ops;
 mod recover;
 mod schedule;
 mod schedules;
@@ -49,6 +52,10 @@ enum Cmd {
     Schedules(schedules::SchedulesArgs),
     /// Durable workflows: starts/s, steps/s, replay cost against history length, memory asleep.
     Workflows(workflows::WorkflowsArgs),
+    /// Retention under load: the database's size over time with a short retention.
+    Retention(ops::RetentionArgs),
+    /// Filtered list pages with many tasks stored: latency per filter combination.
+    List(ops::ListArgs),
     /// (internal) the fresh process `workflows` measures the sleepers' memory in.
     #[command(hide = true)]
     WorkflowsAsleepChild(workflows::AsleepChildArgs),
@@ -70,6 +77,8 @@ fn main() -> Result<()> {
             Cmd::Recover(a) => recover::run(&cli.common, a).await,
             Cmd::Schedules(a) => schedules::run(&cli.common, a).await,
             Cmd::Workflows(a) => workflows::run(&cli.common, a).await,
+            Cmd::Retention(a) => ops::retention(&cli.common, a).await,
+            Cmd::List(a) => ops::list(&cli.common, a).await,
             Cmd::WorkflowsAsleepChild(a) => workflows::asleep_child(&cli.common, a).await,
             Cmd::RecoverChild(a) => recover::child(&cli.common, a).await,
         }
