@@ -409,6 +409,45 @@ pub fn describe_metrics() {
     );
     describe_counter!("sundial_tasks_dead_total", "Tasks that went dead, by kind");
     describe_counter!(
+        "sundial_reaper_restarts_total",
+        "Times the lease reaper was restarted after a panic"
+    );
+    describe_counter!(
+        "sundial_shard_loop_restarts_total",
+        "Times a shard loop was restarted after a panic, by shard"
+    );
+    describe_counter!(
+        "sundial_schedule_fires_total",
+        "Schedule fire times recorded, by outcome (fired, skipped, missed) and reason"
+    );
+    describe_counter!(
+        "sundial_schedule_rearmed_total",
+        "Schedules whose armed tick was gone or finished and that were armed again"
+    );
+    describe_histogram!(
+        "sundial_schedule_fire_lateness_seconds",
+        metrics::Unit::Seconds,
+        "A schedule fire's task creation minus its nominal fire time (jitter included)"
+    );
+    describe_counter!("sundial_workflows_started_total", "Workflow runs started");
+    describe_counter!(
+        "sundial_workflows_closed_total",
+        "Workflow runs closed, by status"
+    );
+    describe_counter!(
+        "sundial_workflow_tasks_total",
+        "Workflow tasks (replays) committed"
+    );
+    describe_counter!(
+        "sundial_workflow_tasks_stale_total",
+        "Workflow tasks refused as stale (the history grew meanwhile) and replayed again"
+    );
+    describe_gauge!(
+        "sundial_build_info",
+        "Always 1; the version label is this build's"
+    );
+    metrics::gauge!("sundial_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    describe_counter!(
         "sundial_lease_expiries_total",
         "Running attempts whose lease expired, by queue"
     );
