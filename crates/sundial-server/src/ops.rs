@@ -301,7 +301,13 @@ impl BulkRequest {
             created_after: self.created_after.as_deref(),
             created_before: self.created_before.as_deref(),
         })?;
-        if filter == TaskFilter::default() {
+        // Leaving out the internal queues is not a filter the caller chose: a body with no
+        // filter is still refused rather than acting on every user task.
+        let chosen = TaskFilter {
+            exclude_internal: false,
+            ..filter.clone()
+        };
+        if chosen == TaskFilter::default() {
             return Err(ApiError::invalid(
                 "queue",
                 "a bulk action needs at least one filter (queue, kind, state, key_prefix, tag, \
