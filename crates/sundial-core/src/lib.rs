@@ -25,7 +25,7 @@ pub use schedule::{
     SpecErrorKind,
 };
 pub use shard::{rendezvous_owner, shard_for};
-pub use target::{PushMethod, Target};
+pub use target::{PushMethod, Target, authority};
 pub use task::{
     Due, Exclusive, ExclusiveMode, INTERNAL_QUEUE_PREFIX, Limits, NewTask, Tags, Task, TaskSpec,
     TaskState, check_tags, is_internal_queue,

@@ -217,6 +217,15 @@ impl Target {
     }
 }
 
+/// The destination of a target URL as `host:port` (lower case, default port filled in): the unit
+/// of push concurrency limits. `None` for a URL that does not parse or has no host.
+pub fn authority(url: &str) -> Option<String> {
+    let u = url::Url::parse(url).ok()?;
+    let host = u.host_str()?.to_ascii_lowercase();
+    let port = u.port_or_known_default()?;
+    Some(format!("{host}:{port}"))
+}
+
 fn is_token_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
@@ -330,6 +339,20 @@ mod tests {
                 Some("target.retry_statuses")
             );
         }
+    }
+
+    #[test]
+    fn authorities() {
+        assert_eq!(
+            authority("https://Hooks.Example.com/a").as_deref(),
+            Some("hooks.example.com:443")
+        );
+        assert_eq!(
+            authority("http://127.0.0.1:9000/").as_deref(),
+            Some("127.0.0.1:9000")
+        );
+        assert_eq!(authority("http://[::1]/").as_deref(), Some("[::1]:80"));
+        assert_eq!(authority("nope"), None);
     }
 
     #[test]

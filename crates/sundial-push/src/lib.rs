@@ -19,6 +19,7 @@
 
 pub mod address;
 pub mod client;
+pub mod executor;
 pub mod outcome;
 pub mod resolve;
 pub mod sign;
@@ -27,6 +28,7 @@ pub use address::{AddressClass, AddressPolicy, AllowEntry, AllowEntryError, Refu
 pub use client::{
     CallError, CallRequest, CallResponse, ClientConfig, MAX_RESPONSE_BYTES, PushClient,
 };
+pub use executor::{PushConfig, PushExecutor, SecretAddError};
 pub use outcome::{Verdict, classify_status, parse_retry_after};
 pub use resolve::{Lookup, StaticLookup, SystemLookup};
 pub use sign::{SigningKey, signature_header};

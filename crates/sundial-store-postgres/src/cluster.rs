@@ -235,15 +235,28 @@ impl Cluster for PostgresStore {
 /// One wake-up as a line of a notification payload.
 fn encode_one(w: &Wakeup) -> String {
     let v = match w {
-        Wakeup::Due { shard, entry } => serde_json::json!([
-            "d",
-            shard,
-            entry.key.due_at.0,
-            entry.key.id.0.to_string(),
-            entry.timeout_ms,
-            entry.queue,
-            entry.kind,
-        ]),
+        // A push task's destination rides as an eighth element.
+        Wakeup::Due { shard, entry } => match &entry.push_host {
+            None => serde_json::json!([
+                "d",
+                shard,
+                entry.key.due_at.0,
+                entry.key.id.0.to_string(),
+                entry.timeout_ms,
+                entry.queue,
+                entry.kind,
+            ]),
+            Some(host) => serde_json::json!([
+                "d",
+                shard,
+                entry.key.due_at.0,
+                entry.key.id.0.to_string(),
+                entry.timeout_ms,
+                entry.queue,
+                entry.kind,
+                host,
+            ]),
+        },
         Wakeup::Ready { queue } => serde_json::json!(["r", queue]),
     };
     v.to_string()
@@ -297,8 +310,10 @@ fn decode_one(line: &str) -> Option<Wakeup> {
     let v: Vec<serde_json::Value> = serde_json::from_str(line).ok()?;
     match v.first()?.as_str()? {
         "d" => {
-            let [_, shard, due_at, id, timeout_ms, queue, kind] = v.as_slice() else {
-                return None;
+            let (shard, due_at, id, timeout_ms, queue, kind, push_host) = match v.as_slice() {
+                [_, s, d, i, t, q, k] => (s, d, i, t, q, k, None),
+                [_, s, d, i, t, q, k, h] => (s, d, i, t, q, k, Some(h.as_str()?.to_string())),
+                _ => return None,
             };
             Some(Wakeup::Due {
                 shard: u32::try_from(shard.as_u64()?).ok()?,
@@ -310,6 +325,7 @@ fn decode_one(line: &str) -> Option<Wakeup> {
                     queue: queue.as_str()?.to_string(),
                     kind: kind.as_str()?.to_string(),
                     timeout_ms: timeout_ms.as_u64()?,
+                    push_host,
                 },
             })
         }
@@ -452,6 +468,7 @@ mod tests {
                 queue: queue.to_string(),
                 kind: "k\n\"quoted\"".to_string(),
                 timeout_ms: 30_000,
+                push_host: (shard % 2 == 1).then(|| "hooks.example.com:443".to_string()),
             },
         }
     }

@@ -155,6 +155,7 @@
 mod cluster;
 mod completer;
 mod ops;
+mod push;
 mod rows;
 mod schedules;
 mod schema;
@@ -911,6 +912,7 @@ fn due_entry(r: &Row) -> Result<DueEntry, StoreError> {
         kind: col(r, 3)?,
         timeout_ms: u64::try_from(timeout)
             .map_err(|_| StoreError::Corrupt(format!("timeout_ms {timeout} is negative")))?,
+        push_host: col::<Option<String>>(r, 5)?.and_then(|u| sundial_core::authority(&u)),
     })
 }
 
@@ -1197,7 +1199,7 @@ impl Store for PostgresStore {
             // The backoff needs the attempt's row. Read without a lock: while the execution id
             // matches, the attempt count and backoff cannot change, and the update below is
             // conditional on that execution id.
-            Retry::Backoff { .. } => {
+            Retry::Backoff { .. } | Retry::After { .. } => {
                 let client = self.client().await?;
                 let current = query_opt(&client, &self.sql.running_attempt, &[&id.0, &execution.0])
                     .await?

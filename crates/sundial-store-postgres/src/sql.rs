@@ -60,6 +60,7 @@ pub(crate) struct Sql {
     pub cluster: ClusterSql,
     pub schedules: ScheduleSql,
     pub workflows: WorkflowSql,
+    pub push: crate::push::PushSql,
 }
 
 /// Membership, shard leases, wake-ups (see `cluster.rs`).
@@ -452,12 +453,14 @@ impl Sql {
                  WHERE t.key IS NOT NULL AND t.state IN {LIVE}"
             ),
             scan_due_from_start: format!(
-                "SELECT t.due_at, t.id, t.queue, t.kind, t.timeout_ms FROM {tasks} t \
+                "SELECT t.due_at, t.id, t.queue, t.kind, t.timeout_ms, t.target::json ->> 'url' \
+                 FROM {tasks} t \
                  WHERE t.state = 'scheduled' AND t.shard = $1 AND t.due_at <= $2 \
                  ORDER BY t.due_at, t.id LIMIT $3"
             ),
             scan_due_after: format!(
-                "SELECT t.due_at, t.id, t.queue, t.kind, t.timeout_ms FROM {tasks} t \
+                "SELECT t.due_at, t.id, t.queue, t.kind, t.timeout_ms, t.target::json ->> 'url' \
+                 FROM {tasks} t \
                  WHERE t.state = 'scheduled' AND t.shard = $1 AND t.due_at <= $2 \
                  AND (t.due_at, t.id) > ($3::bigint, $4::uuid) \
                  ORDER BY t.due_at, t.id LIMIT $5"
@@ -605,6 +608,7 @@ impl Sql {
             cluster: ClusterSql::new(s),
             schedules: ScheduleSql::new(s),
             workflows: WorkflowSql::new(s),
+            push: crate::push::PushSql::new(s),
         }
     }
 }

@@ -80,6 +80,7 @@ fn due(shard: u32, due_at: i64) -> Wakeup {
     Wakeup::Due {
         shard,
         entry: DueEntry {
+            push_host: None,
             key: DueKey {
                 due_at: Timestamp(due_at),
                 id: TaskId(uuid::Uuid::now_v7()),

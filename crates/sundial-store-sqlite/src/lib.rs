@@ -17,6 +17,7 @@
 
 mod lock;
 mod ops;
+mod push;
 mod rows;
 mod schedules;
 mod schema;
@@ -795,7 +796,8 @@ impl Store for SqliteStore {
             };
             let mut stmt = conn
                 .prepare_cached(
-                    "SELECT due_at, id, queue, kind, timeout_ms FROM tasks INDEXED BY tasks_due \
+                    "SELECT due_at, id, queue, kind, timeout_ms, json_extract(target, '$.url') \
+                     FROM tasks INDEXED BY tasks_due \
                      WHERE state = 'scheduled' AND shard = ?1 AND due_at <= ?2 \
                      AND (due_at, id) > (?3, ?4) ORDER BY due_at, id LIMIT ?5",
                 )
@@ -814,6 +816,10 @@ impl Store for SqliteStore {
                     queue: r.get(2).map_err(backend)?,
                     kind: r.get(3).map_err(backend)?,
                     timeout_ms: r.get::<_, i64>(4).map_err(backend)? as u64,
+                    push_host: r
+                        .get::<_, Option<String>>(5)
+                        .map_err(backend)?
+                        .and_then(|u| sundial_core::authority(&u)),
                 });
             }
             Ok(out)
@@ -1004,7 +1010,7 @@ impl Store for SqliteStore {
                     Retry::At(t) => Some(t),
                     // The attempt's own row decides the backoff, read in this write (the writer
                     // thread runs one job at a time, so nothing changes it in between).
-                    Retry::Backoff { .. } => {
+                    Retry::Backoff { .. } | Retry::After { .. } => {
                         let read = format!(
                             "SELECT {TASK_COLUMNS} FROM tasks \
                              WHERE id = ?1 AND state = 'running' AND execution_id = ?2"

@@ -189,3 +189,18 @@ async fn current_schema_reopens() {
         .expect("user_version");
     assert_eq!(version, SCHEMA_VERSION);
 }
+
+mod push_secrets {
+    use std::sync::Arc;
+
+    use sundial_store_sqlite::{SqliteOptions, SqliteStore};
+    use tempfile::TempDir;
+
+    async fn fresh() -> (Arc<SqliteStore>, TempDir) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = SqliteStore::open_dir(dir.path(), SqliteOptions::default()).expect("open");
+        (Arc::new(store), dir)
+    }
+
+    sundial_store::push_store_conformance!(fresh);
+}

@@ -18,6 +18,9 @@ pub mod forwarding;
 mod ops;
 #[cfg(feature = "testkit")]
 pub mod ops_testkit;
+mod push;
+#[cfg(feature = "testkit")]
+pub mod push_testkit;
 #[cfg(feature = "testkit")]
 pub mod schedule_testkit;
 mod schedules;
@@ -37,6 +40,7 @@ pub use ops::{
     Attempt, AttemptHistory, AttemptOutcome, LEASE_EXPIRED_ERROR, QueueConfig, QueueSettings,
     RetentionOverride, RetentionRules, Selected, prefix_upper_bound,
 };
+pub use push::{PushSecret, PushSecretStore};
 pub use schedules::{
     Arm, ArmChange, FireApplied, FireCounts, FireOp, FireOutcome, FirePage, FireReason, FireRecord,
     FireResult, LastTask, NewFire, NewSchedule, Schedule, ScheduleError, SchedulePage,

@@ -815,6 +815,10 @@ fn due_entry(t: &Task) -> DueEntry {
         queue: t.queue.clone(),
         kind: t.kind.clone(),
         timeout_ms: t.timeout_ms,
+        push_host: t
+            .target
+            .as_ref()
+            .and_then(|x| sundial_core::authority(&x.url)),
     }
 }
 

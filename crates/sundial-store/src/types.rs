@@ -17,6 +17,9 @@ pub struct DueEntry {
     pub kind: String,
     /// The task's per-attempt timeout, so that a claim can set the attempt's lease.
     pub timeout_ms: u64,
+    /// For a push task: its destination (`host:port`, see [`sundial_core::authority`]), by which
+    /// the engine limits concurrent calls per receiver. `None` for handler and worker tasks.
+    pub push_host: Option<String>,
 }
 
 /// Result of inserting one task.
@@ -74,6 +77,9 @@ pub enum Retry {
     /// Retry after the task's backoff for this attempt while attempts remain, else `dead`.
     /// `draw` (0..=1) is the random draw for the backoff's jitter.
     Backoff { draw: f64 },
+    /// Retry after this delay (a receiver's `Retry-After`) instead of the backoff's, but never
+    /// later than the backoff's cap, while attempts remain, else `dead`.
+    After { delay_ms: u64 },
 }
 
 impl Retry {
@@ -97,6 +103,9 @@ impl Retry {
             Retry::Never => None,
             Retry::At(t) => Some(t),
             Retry::Backoff { draw } => Some(now.saturating_add(backoff.delay(attempt, draw))),
+            Retry::After { delay_ms } => Some(now.saturating_add(std::time::Duration::from_millis(
+                delay_ms.min(backoff.max_ms),
+            ))),
         }
     }
 }

@@ -51,6 +51,12 @@ pub struct Config {
     pub pause_refresh: Duration,
     /// How long finished work is kept (see [`Retention`]).
     pub retention: Retention,
+    /// Push delivery: calls under way at once on this node, all receivers together.
+    pub push_concurrency: usize,
+    /// Push delivery: calls under way at once to one receiver (`host:port`). A slow or dead
+    /// receiver holds at most this many of the node's call slots; the rest of its due tasks
+    /// wait in the store while other receivers' calls go out on time.
+    pub push_host_concurrency: usize,
 }
 
 /// How long finished work is kept before it is deleted, and how the deleting runs. Task
@@ -104,6 +110,8 @@ impl Default for Config {
             clock_check_interval: Duration::from_secs(60),
             pause_refresh: Duration::from_millis(500),
             retention: Retention::default(),
+            push_concurrency: 1_024,
+            push_host_concurrency: 64,
         }
     }
 }

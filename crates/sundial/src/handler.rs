@@ -31,6 +31,9 @@ impl TaskContext {
 pub struct HandlerError {
     pub message: String,
     pub retryable: bool,
+    /// The next attempt no sooner than this (instead of the task's backoff delay, and never
+    /// beyond the backoff's cap): a push receiver's `Retry-After`.
+    pub retry_after: Option<std::time::Duration>,
 }
 
 impl HandlerError {
@@ -38,13 +41,21 @@ impl HandlerError {
         HandlerError {
             message: message.into(),
             retryable: true,
+            retry_after: None,
         }
     }
     pub fn permanent(message: impl Into<String>) -> Self {
         HandlerError {
             message: message.into(),
             retryable: false,
+            retry_after: None,
         }
+    }
+    /// Asks for the next attempt after `delay` instead of the backoff's delay (capped by the
+    /// backoff's maximum).
+    pub fn retry_after(mut self, delay: std::time::Duration) -> Self {
+        self.retry_after = Some(delay);
+        self
     }
 }
 

@@ -62,9 +62,9 @@ pub use sundial_core::{
     ManualClock, Task, TaskId, TaskSpec, TaskState, Timestamp, ValidationError, is_internal_queue,
 };
 pub use sundial_store::{
-    Attempt, AttemptHistory, AttemptOutcome, Cluster, QueueConfig, QueueSettings,
-    RetentionOverride, RetentionRules, ScheduleStore, StateCount, Store, StoreError, TaskFilter,
-    TaskPage, WorkflowStore,
+    Attempt, AttemptHistory, AttemptOutcome, Cluster, PushSecret, PushSecretStore, QueueConfig,
+    QueueSettings, RetentionOverride, RetentionRules, ScheduleStore, StateCount, Store, StoreError,
+    TaskFilter, TaskPage, WorkflowStore,
 };
 pub use sundial_store_sqlite::{Durability, SqliteOptions, SqliteStore};
 
@@ -90,6 +90,8 @@ pub struct Sundial {
     schedule_store: Option<Arc<dyn ScheduleStore>>,
     /// The store's workflow tables, when the backend has them (see `sundial-workflow`).
     workflow_store: Option<Arc<dyn WorkflowStore>>,
+    /// The store's push signing secrets, when the backend has them (see `sundial-push`).
+    push_secret_store: Option<Arc<dyn PushSecretStore>>,
 }
 
 /// Builds a [`Sundial`] with a chosen store, clock and configuration.
@@ -99,6 +101,8 @@ pub struct Builder {
     sqlite: SqliteOptions,
     schedule_store: Option<Arc<dyn ScheduleStore>>,
     workflow_store: Option<Arc<dyn WorkflowStore>>,
+    /// The store's push signing secrets, when the backend has them (see `sundial-push`).
+    push_secret_store: Option<Arc<dyn PushSecretStore>>,
 }
 
 impl Default for Builder {
@@ -109,6 +113,7 @@ impl Default for Builder {
             sqlite: SqliteOptions::default(),
             schedule_store: None,
             workflow_store: None,
+            push_secret_store: None,
         }
     }
 }
@@ -134,6 +139,12 @@ impl Builder {
     }
     /// The workflow tables to hand to `sundial-workflow`, for a store passed with
     /// [`Builder::with_store`]. [`Builder::open`] sets the embedded store's own.
+    /// The push signing secrets to hand to `sundial-push`, for a store passed with
+    /// [`Builder::with_store`]. [`Builder::open`] sets the embedded store's own.
+    pub fn push_secret_store(mut self, store: Arc<dyn PushSecretStore>) -> Self {
+        self.push_secret_store = Some(store);
+        self
+    }
     pub fn workflow_store(mut self, store: Arc<dyn WorkflowStore>) -> Self {
         self.workflow_store = Some(store);
         self
@@ -179,9 +190,11 @@ impl Builder {
         let store = Arc::new(store);
         let schedules: Arc<dyn ScheduleStore> = store.clone();
         let workflows: Arc<dyn WorkflowStore> = store.clone();
+        let push: Arc<dyn PushSecretStore> = store.clone();
         Ok(self
             .schedule_store(schedules)
             .workflow_store(workflows)
+            .push_secret_store(push)
             .with_store(store))
     }
     /// Uses an already opened store (any backend), on a single node that runs every shard.
@@ -190,6 +203,7 @@ impl Builder {
             engine: Engine::new(store, self.clock, self.config, placement::Placement::Single),
             schedule_store: self.schedule_store,
             workflow_store: self.workflow_store,
+            push_secret_store: self.push_secret_store,
         }
     }
 
@@ -244,6 +258,7 @@ impl Builder {
             ),
             schedule_store: self.schedule_store,
             workflow_store: self.workflow_store,
+            push_secret_store: self.push_secret_store,
         })
     }
 }
@@ -280,6 +295,20 @@ impl Sundial {
     /// store) or [`Builder::workflow_store`]. Used by `sundial-workflow`.
     pub fn workflow_store(&self) -> Option<&Arc<dyn WorkflowStore>> {
         self.workflow_store.as_ref()
+    }
+
+    /// The store's push signing secrets, when it has them: set by [`Builder::open`] (the
+    /// embedded store) or [`Builder::push_secret_store`]. Used by `sundial-push`.
+    pub fn push_secret_store(&self) -> Option<&Arc<dyn PushSecretStore>> {
+        self.push_secret_store.as_ref()
+    }
+
+    /// Sets the handler of every task that carries a push target (`sundial-push` installs its
+    /// executor here). Its runs are limited per receiver and per node
+    /// (`Config::push_host_concurrency`, `Config::push_concurrency`) instead of by queue. Without
+    /// one, push tasks become ready for workers like tasks of a kind with no handler.
+    pub fn set_push_handler(&self, handler: Arc<dyn Handler>) {
+        self.engine.set_push_handler(handler);
     }
 
     /// Tells the engine about a task that a layer above inserted through its own store operation
@@ -430,7 +459,7 @@ impl Sundial {
         // No read first: the store decides the retry from the attempt's own row, in the
         // conditional update on `running` with this execution id.
         self.engine
-            .fail(id, execution, error, retryable, false)
+            .fail(id, execution, error, retryable, false, None)
             .await
     }
 

@@ -26,6 +26,8 @@ pub struct Meta {
     pub queue: Arc<str>,
     pub kind: Arc<str>,
     pub timeout_ms: u64,
+    /// A push task's destination (interned), by which its calls are limited.
+    pub push_host: Option<Arc<str>>,
 }
 
 #[derive(Debug)]
@@ -108,6 +110,7 @@ impl Window {
                 queue: intern(&r.queue),
                 kind: intern(&r.kind),
                 timeout_ms: r.timeout_ms,
+                push_host: r.push_host.as_deref().map(&mut *intern),
             };
             self.entries.insert(r.key, meta);
         }
@@ -181,6 +184,7 @@ mod tests {
             queue: Arc::from("q"),
             kind: Arc::from("k"),
             timeout_ms: 1_000,
+            push_host: None,
         }
     }
     fn row(due: i64, id: u8) -> DueEntry {
@@ -189,6 +193,7 @@ mod tests {
             queue: "q".into(),
             kind: "k".into(),
             timeout_ms: 1_000,
+            push_host: None,
         }
     }
     fn intern() -> impl FnMut(&str) -> Arc<str> {

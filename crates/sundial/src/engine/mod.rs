@@ -53,6 +53,13 @@ pub(crate) struct Engine {
     pub clock: Arc<dyn Clock>,
     pub config: Config,
     handlers: RwLock<HashMap<String, Arc<dyn Handler>>>,
+    /// Runs every task that carries a push target (set by `sundial-push`); without it push
+    /// tasks become ready for workers like tasks of a kind with no handler.
+    push_handler: RwLock<Option<Arc<dyn Handler>>>,
+    /// The node's push call slots (`Config::push_concurrency`).
+    push_permits: Arc<Semaphore>,
+    /// Per receiver (`host:port`), `Config::push_host_concurrency` slots each.
+    push_hosts: Mutex<HashMap<Arc<str>, Arc<Semaphore>>>,
     queues: Mutex<HashMap<String, Arc<QueueState>>>,
     shards: Vec<ShardSignal>,
     /// Bumped whenever a concurrency permit is released, so starved shards look again.
@@ -130,11 +137,15 @@ impl Engine {
                 rescan: AtomicBool::new(false),
             })
             .collect();
+        let push_permits = Arc::new(Semaphore::new(config.push_concurrency.max(1)));
         Arc::new(Engine {
             store,
             clock,
             config,
             handlers: RwLock::new(HashMap::new()),
+            push_handler: RwLock::new(None),
+            push_permits,
+            push_hosts: Mutex::new(HashMap::new()),
             queues: Mutex::new(HashMap::new()),
             shards,
             permits_released: watch::channel(0).0,
@@ -158,6 +169,28 @@ impl Engine {
         if let Ok(mut h) = self.handlers.write() {
             h.insert(kind, handler);
         }
+    }
+
+    pub fn set_push_handler(&self, handler: Arc<dyn Handler>) {
+        if let Ok(mut h) = self.push_handler.write() {
+            *h = Some(handler);
+        }
+    }
+
+    fn push_handler(&self) -> Option<Arc<dyn Handler>> {
+        self.push_handler.read().ok().and_then(|h| h.clone())
+    }
+
+    /// The call slots of one push receiver.
+    fn push_host(&self, host: &Arc<str>) -> Arc<Semaphore> {
+        let mut hosts = match self.push_hosts.lock() {
+            Ok(h) => h,
+            Err(p) => p.into_inner(),
+        };
+        hosts
+            .entry(host.clone())
+            .or_insert_with(|| Arc::new(Semaphore::new(self.config.push_host_concurrency.max(1))))
+            .clone()
     }
 
     fn handler(&self, kind: &str) -> Option<Arc<dyn Handler>> {
@@ -240,6 +273,10 @@ impl Engine {
                     queue: task.queue.clone(),
                     kind: task.kind.clone(),
                     timeout_ms: task.timeout_ms,
+                    push_host: task
+                        .target
+                        .as_ref()
+                        .and_then(|t| sundial_core::authority(&t.url)),
                 },
             ),
             TaskState::Ready => self.ready_changed(&task.queue),

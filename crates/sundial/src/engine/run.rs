@@ -19,13 +19,14 @@ use crate::Error;
 use crate::handler::{Handler, HandlerError, TaskContext};
 
 impl Engine {
-    /// Runs a started task on its handler (resolved with the claim's batch) under the permit
-    /// taken for it, and records the result.
+    /// Runs a started task on its handler (resolved with the claim's batch) under the permits
+    /// taken for it (its queue's; for a push task, its receiver's and the node's push slot), and
+    /// records the result.
     pub(super) fn spawn_run(
         self: &Arc<Self>,
         task: Task,
         handler: Arc<dyn Handler>,
-        permit: OwnedSemaphorePermit,
+        permit: Vec<OwnedSemaphorePermit>,
     ) {
         let Some(execution) = task.execution_id else {
             return;
@@ -71,7 +72,7 @@ impl Engine {
                     .await
                     .map(|_| ()),
                 Err(e) => engine
-                    .fail(task.id, execution, e.message, e.retryable, interrupted)
+                    .fail(task.id, execution, e.message, e.retryable, interrupted, e.retry_after)
                     .await
                     .map(|_| ()),
             };
@@ -108,12 +109,16 @@ impl Engine {
         error: String,
         retryable: bool,
         immediate: bool,
+        retry_after: Option<std::time::Duration>,
     ) -> Result<Task, Error> {
         let now = self.clock.now();
-        let retry = match (retryable, immediate) {
-            (false, _) => Retry::Never,
-            (true, true) => Retry::At(now),
-            (true, false) => Retry::Backoff {
+        let retry = match (retryable, immediate, retry_after) {
+            (false, _, _) => Retry::Never,
+            (true, true, _) => Retry::At(now),
+            (true, false, Some(after)) => Retry::After {
+                delay_ms: u64::try_from(after.as_millis()).unwrap_or(u64::MAX),
+            },
+            (true, false, None) => Retry::Backoff {
                 draw: rand::rng().random(),
             },
         };

@@ -98,6 +98,7 @@ impl ShardLoop {
                 queue: self.intern(&e.queue),
                 kind: self.intern(&e.kind),
                 timeout_ms: e.timeout_ms,
+                push_host: e.push_host.as_deref().map(|h| self.intern(h)),
             };
             self.window.insert(e.key, meta);
         }
@@ -212,6 +213,9 @@ impl ShardLoop {
         let mut starved_queues: HashSet<Arc<str>> = HashSet::new();
         // Resolved once per batch: the handler of each kind met and the state of each queue.
         let mut handlers: HashMap<Arc<str>, Option<Arc<dyn Handler>>> = HashMap::new();
+        let mut push_handler: Option<Option<Arc<dyn Handler>>> = None;
+        let mut full_hosts: HashSet<Arc<str>> = HashSet::new();
+        let mut push_full = false;
         let mut batch: Vec<Pending> = Vec::new();
         let claim_batch = engine.config.claim_batch;
         let paused = engine.paused.snapshot();
@@ -227,6 +231,41 @@ impl ShardLoop {
                 continue;
             }
             if starved_queues.contains(&meta.queue) {
+                continue;
+            }
+            let run = RunClaim {
+                execution: ExecutionId(uuid::Uuid::now_v7()),
+                lease_until: now
+                    .saturating_add(Duration::from_millis(meta.timeout_ms))
+                    .saturating_add(engine.config.lease_grace),
+            };
+            // A push task runs on the push handler under its receiver's slot and one of the
+            // node's push slots (not its queue's permits): a receiver that is slow or down holds
+            // only its own slots, and its other due tasks stay here while others' go out.
+            if let Some(host) = &meta.push_host
+                && let Some(handler) = push_handler.get_or_insert_with(|| engine.push_handler())
+            {
+                if full_hosts.contains(host) || push_full {
+                    starved = true;
+                    continue;
+                }
+                let host_slots = engine.push_host(host);
+                let Ok(host_permit) = host_slots.try_acquire_owned() else {
+                    starved = true;
+                    full_hosts.insert(host.clone());
+                    continue;
+                };
+                let Ok(node_permit) = engine.push_permits.clone().try_acquire_owned() else {
+                    starved = true;
+                    push_full = true;
+                    continue;
+                };
+                batch.push(Pending {
+                    key: *key,
+                    meta: meta.clone(),
+                    claim: run.claim(key.id),
+                    run: Some((handler.clone(), vec![host_permit, node_permit])),
+                });
                 continue;
             }
             let handler = handlers
@@ -251,20 +290,11 @@ impl ShardLoop {
                 .or_insert_with(|| engine.queue(&meta.queue));
             match q.permits.clone().try_acquire_owned() {
                 Ok(permit) => {
-                    let execution = ExecutionId(uuid::Uuid::now_v7());
                     batch.push(Pending {
                         key: *key,
                         meta: meta.clone(),
-                        claim: DueClaim {
-                            id: key.id,
-                            target: ClaimTarget::Run {
-                                execution,
-                                lease_until: now
-                                    .saturating_add(Duration::from_millis(meta.timeout_ms))
-                                    .saturating_add(engine.config.lease_grace),
-                            },
-                        },
-                        run: Some((handler, permit)),
+                        claim: run.claim(key.id),
+                        run: Some((handler, vec![permit])),
                     });
                 }
                 Err(_) => {
@@ -317,6 +347,7 @@ impl ShardLoop {
                         queue: b.meta.queue.to_string(),
                         kind: b.meta.kind.to_string(),
                         timeout_ms: b.meta.timeout_ms,
+                        push_host: b.meta.push_host.as_deref().map(str::to_string),
                     };
                     if let Ok(mut w) = engine.exclusive_waiting.lock() {
                         w.entry(exclusive_key)
@@ -351,12 +382,30 @@ impl ShardLoop {
 }
 
 /// One due entry on its way into a claim.
+/// The execution id and lease of a `Run` claim.
+struct RunClaim {
+    execution: ExecutionId,
+    lease_until: Timestamp,
+}
+
+impl RunClaim {
+    fn claim(&self, id: sundial_core::TaskId) -> DueClaim {
+        DueClaim {
+            id,
+            target: ClaimTarget::Run {
+                execution: self.execution,
+                lease_until: self.lease_until,
+            },
+        }
+    }
+}
+
 struct Pending {
     key: DueKey,
     meta: Meta,
     claim: DueClaim,
     /// For a `Run` claim: the handler resolved for the batch and the queue permit taken for it.
-    run: Option<(Arc<dyn Handler>, OwnedSemaphorePermit)>,
+    run: Option<(Arc<dyn Handler>, Vec<OwnedSemaphorePermit>)>,
 }
 
 fn intern(names: &mut HashSet<Arc<str>>, s: &str) -> Arc<str> {

@@ -1,0 +1,294 @@
+//! The push executor: the in-process handler the engine runs for every task that carries a
+//! target. It reads the active signing secrets (cached briefly, so a rotation reaches every node
+//! within [`PushConfig::secret_refresh`]), makes the call and turns the answer into the
+//! attempt's result or error.
+//!
+//! Concurrency is the engine's: it claims a push task only with a free permit of the task's
+//! destination (per host and port) and of the global push cap, so calls to a slow or dead
+//! receiver wait in the store, not in memory, and never hold the permits of other receivers.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+use sundial::{Clock, ExecutionId, Handler, HandlerError, HandlerFuture, Task, TaskContext};
+use sundial_core::Timestamp;
+use sundial_store::{PushSecret, PushSecretStore, StoreError};
+
+use crate::client::{BuildError, CallError, CallRequest, CallResponse, ClientConfig, PushClient};
+use crate::outcome::{Verdict, classify_status, parse_retry_after};
+use crate::sign::{SecretError, SigningKey};
+
+/// Why a secret was not added.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretAddError {
+    #[error("invalid secret: {0}")]
+    Invalid(#[source] SecretError),
+    #[error(transparent)]
+    Store(StoreError),
+}
+
+/// Settings of push delivery.
+#[derive(Clone)]
+pub struct PushConfig {
+    pub client: ClientConfig,
+    /// How long the active secrets read from the store are used before they are read again.
+    pub secret_refresh: Duration,
+}
+
+impl Default for PushConfig {
+    fn default() -> Self {
+        PushConfig {
+            client: ClientConfig::default(),
+            secret_refresh: Duration::from_secs(1),
+        }
+    }
+}
+
+struct KeyCache {
+    read_at: Timestamp,
+    keys: Arc<Vec<SigningKey>>,
+}
+
+/// Makes the calls of push tasks. Cheap to share (`Arc`).
+pub struct PushExecutor {
+    client: PushClient,
+    secrets: Arc<dyn PushSecretStore>,
+    clock: Arc<dyn Clock>,
+    refresh: Duration,
+    cache: Mutex<Option<KeyCache>>,
+}
+
+impl PushExecutor {
+    pub fn new(
+        config: PushConfig,
+        secrets: Arc<dyn PushSecretStore>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Arc<Self>, BuildError> {
+        Ok(Arc::new(PushExecutor {
+            client: PushClient::new(config.client)?,
+            secrets,
+            clock,
+            refresh: config.secret_refresh,
+            cache: Mutex::new(None),
+        }))
+    }
+
+    pub fn client(&self) -> &PushClient {
+        &self.client
+    }
+
+    /// Forgets the cached secrets (after a rotation made on this node).
+    pub fn invalidate_secrets(&self) {
+        if let Ok(mut c) = self.cache.lock() {
+            *c = None;
+        }
+    }
+
+    /// Adds a signing secret (`secret`, or a fresh random one). With `rotate_overlap`, every
+    /// other active secret stops signing after that overlap, so receivers have that long to
+    /// move to the new one (both signatures are sent meanwhile).
+    pub async fn add_secret(
+        &self,
+        secret: Option<String>,
+        rotate_overlap: Option<Duration>,
+    ) -> Result<PushSecret, SecretAddError> {
+        let secret = match secret {
+            Some(s) => {
+                SigningKey::parse(&s).map_err(SecretAddError::Invalid)?;
+                s
+            }
+            None => SigningKey::generate().to_secret_string(),
+        };
+        let now = self.clock.now();
+        let row = PushSecret {
+            id: format!("ps_{}", uuid::Uuid::now_v7().simple()),
+            secret,
+            created_at: now,
+            expires_at: None,
+        };
+        let until = rotate_overlap.map(|d| now.saturating_add(d));
+        self.secrets
+            .add_push_secret(row.clone(), until)
+            .await
+            .map_err(SecretAddError::Store)?;
+        self.invalidate_secrets();
+        Ok(row)
+    }
+
+    /// Every secret, oldest first, with whether it signs now.
+    pub async fn secrets(&self) -> Result<Vec<(PushSecret, bool)>, StoreError> {
+        let now = self.clock.now();
+        Ok(self
+            .secrets
+            .push_secrets()
+            .await?
+            .into_iter()
+            .map(|s| {
+                let active = s.is_active(now);
+                (s, active)
+            })
+            .collect())
+    }
+
+    /// Stops a secret signing now. Answers whether it exists.
+    pub async fn revoke_secret(&self, id: &str) -> Result<bool, StoreError> {
+        let found = self
+            .secrets
+            .expire_push_secret(id, self.clock.now())
+            .await?;
+        self.invalidate_secrets();
+        Ok(found)
+    }
+
+    /// The secrets that sign now, oldest first.
+    pub async fn active_keys(&self) -> Result<Arc<Vec<SigningKey>>, StoreError> {
+        let now = self.clock.now();
+        if let Ok(c) = self.cache.lock()
+            && let Some(c) = c.as_ref()
+            && now.0 >= c.read_at.0
+            && now.since(c.read_at) < self.refresh
+        {
+            return Ok(c.keys.clone());
+        }
+        let all = self.secrets.push_secrets().await?;
+        let mut keys = Vec::new();
+        for s in all.iter().filter(|s| s.is_active(now)) {
+            match SigningKey::parse(&s.secret) {
+                Ok(k) => keys.push(k),
+                Err(e) => {
+                    return Err(StoreError::Corrupt(format!("push secret {}: {e}", s.id)));
+                }
+            }
+        }
+        let keys = Arc::new(keys);
+        if let Ok(mut c) = self.cache.lock() {
+            *c = Some(KeyCache {
+                read_at: now,
+                keys: keys.clone(),
+            });
+        }
+        Ok(keys)
+    }
+
+    /// Delivers one attempt of `task`.
+    pub async fn deliver(
+        &self,
+        task: &Task,
+        execution: ExecutionId,
+    ) -> Result<Option<serde_json::Value>, HandlerError> {
+        let Some(target) = &task.target else {
+            return Err(HandlerError::permanent("the task has no push target"));
+        };
+        let keys = self.active_keys().await.map_err(|e| {
+            HandlerError::retryable(format!("cannot read the signing secrets: {e}"))
+        })?;
+        let body = serde_json::to_vec(&task.payload)
+            .map_err(|e| HandlerError::permanent(format!("payload: {e}")))?;
+        let started = self.clock.now();
+        let timeout = target.call_timeout(task.timeout());
+        let req = CallRequest {
+            webhook_id: task.id.to_string(),
+            timestamp: started.0.div_euclid(1000),
+            task_id: task.id.to_string(),
+            attempt: task.attempt,
+            execution_id: execution.to_string(),
+            traceparent: None,
+            body,
+            timeout,
+        };
+        let outcome = self.client.call(target, &keys, req).await;
+        let took_ms = self.clock.now().0.saturating_sub(started.0).max(0);
+        match outcome {
+            Ok(resp) => {
+                let retry_after = resp
+                    .retry_after
+                    .as_deref()
+                    .and_then(|v| parse_retry_after(v, self.clock.now().0));
+                match classify_status(resp.status, retry_after, &target.retry_statuses) {
+                    Verdict::Succeeded => Ok(Some(result_json(&resp, took_ms))),
+                    Verdict::Retry { after } => {
+                        let e = HandlerError::retryable(status_error(&resp, took_ms));
+                        Err(match after {
+                            Some(d) => e.retry_after(d),
+                            None => e,
+                        })
+                    }
+                    Verdict::Dead => Err(HandlerError::permanent(status_error(&resp, took_ms))),
+                }
+            }
+            Err(e) => {
+                let message = format!("{} (after {took_ms}ms)", call_error(&e));
+                if e.is_retryable() {
+                    Err(HandlerError::retryable(message))
+                } else {
+                    Err(HandlerError::permanent(message))
+                }
+            }
+        }
+    }
+
+    /// The handler to give the engine.
+    pub fn handler(self: &Arc<Self>) -> Arc<dyn Handler> {
+        Arc::new(PushHandler(self.clone()))
+    }
+}
+
+struct PushHandler(Arc<PushExecutor>);
+
+impl Handler for PushHandler {
+    fn call(&self, ctx: TaskContext) -> HandlerFuture {
+        let exec = self.0.clone();
+        Box::pin(async move { exec.deliver(&ctx.task, ctx.execution_id).await })
+    }
+}
+
+fn call_error(e: &CallError) -> String {
+    match e {
+        CallError::Refused(r) => format!("refused: {r}"),
+        other => other.to_string(),
+    }
+}
+
+/// The body as JSON when it is JSON, else as text, else as base64.
+fn body_value(resp: &CallResponse) -> serde_json::Value {
+    let is_json = resp.content_type.as_deref().is_some_and(|c| {
+        c.split(';')
+            .next()
+            .is_some_and(|m| m.trim().ends_with("json"))
+    });
+    if is_json
+        && !resp.truncated
+        && let Ok(v) = serde_json::from_slice::<serde_json::Value>(&resp.body)
+    {
+        return v;
+    }
+    match std::str::from_utf8(&resp.body) {
+        Ok(s) => serde_json::Value::String(s.to_string()),
+        Err(_) => {
+            use base64::Engine;
+            json!({ "base64": base64::engine::general_purpose::STANDARD.encode(&resp.body) })
+        }
+    }
+}
+
+fn result_json(resp: &CallResponse, took_ms: i64) -> serde_json::Value {
+    json!({
+        "status": resp.status,
+        "content_type": resp.content_type,
+        "body": body_value(resp),
+        "truncated": resp.truncated,
+        "duration_ms": took_ms,
+    })
+}
+
+/// `HTTP 503 (12ms): <start of the body>`: the status code leads, so the attempt history shows it.
+fn status_error(resp: &CallResponse, took_ms: i64) -> String {
+    let text = String::from_utf8_lossy(&resp.body);
+    let excerpt: String = text.chars().take(200).collect();
+    if excerpt.is_empty() {
+        format!("HTTP {} ({took_ms}ms)", resp.status)
+    } else {
+        format!("HTTP {} ({took_ms}ms): {excerpt}", resp.status)
+    }
+}

@@ -1,0 +1,89 @@
+//! The [`PushSecretStore`] of the PostgreSQL store: table `push_secrets` (migration 7).
+//! A rotation is one transaction: the insert (a reused id fails it) and the expiry of the others.
+
+use async_trait::async_trait;
+use sundial_core::Timestamp;
+use sundial_store::{PushSecret, PushSecretStore, StoreError};
+
+use crate::rows::col;
+use crate::{PostgresStore, pg, query, query_opt};
+
+/// The statements, schema-qualified once per store.
+pub(crate) struct PushSql {
+    insert: String,
+    expire_others: String,
+    list: String,
+    exists: String,
+    expire_one: String,
+}
+
+impl PushSql {
+    pub(crate) fn new(s: &str) -> Self {
+        let t = format!("{s}.push_secrets");
+        PushSql {
+            insert: format!(
+                "INSERT INTO {t} (id, secret, created_at, expires_at) VALUES ($1, $2, $3, $4)"
+            ),
+            expire_others: format!(
+                "UPDATE {t} SET expires_at = $2 \
+                 WHERE id <> $1 AND (expires_at IS NULL OR expires_at > $2)"
+            ),
+            list: format!(
+                "SELECT id, secret, created_at, expires_at FROM {t} ORDER BY created_at, id"
+            ),
+            exists: format!("SELECT 1 FROM {t} WHERE id = $1"),
+            expire_one: format!(
+                "UPDATE {t} SET expires_at = $2 \
+                 WHERE id = $1 AND (expires_at IS NULL OR expires_at > $2)"
+            ),
+        }
+    }
+}
+
+#[async_trait]
+impl PushSecretStore for PostgresStore {
+    async fn add_push_secret(
+        &self,
+        secret: PushSecret,
+        expire_others_at: Option<Timestamp>,
+    ) -> Result<(), StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        let expires = secret.expires_at.map(|t| t.0);
+        query(
+            &tx,
+            &self.sql.push.insert,
+            &[&secret.id, &secret.secret, &secret.created_at.0, &expires],
+        )
+        .await?;
+        if let Some(at) = expire_others_at {
+            query(&tx, &self.sql.push.expire_others, &[&secret.id, &at.0]).await?;
+        }
+        tx.commit().await.map_err(pg)
+    }
+
+    async fn push_secrets(&self) -> Result<Vec<PushSecret>, StoreError> {
+        let client = self.client().await?;
+        query(&client, &self.sql.push.list, &[])
+            .await?
+            .iter()
+            .map(|r| {
+                Ok(PushSecret {
+                    id: col(r, 0)?,
+                    secret: col(r, 1)?,
+                    created_at: Timestamp(col(r, 2)?),
+                    expires_at: col::<Option<i64>>(r, 3)?.map(Timestamp),
+                })
+            })
+            .collect()
+    }
+
+    async fn expire_push_secret(&self, id: &str, at: Timestamp) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let exists = query_opt(&client, &self.sql.push.exists, &[&id])
+            .await?
+            .is_some();
+        query(&client, &self.sql.push.expire_one, &[&id, &at.0]).await?;
+        Ok(exists)
+    }
+}

@@ -1,0 +1,161 @@
+//! The conformance suite of [`PushSecretStore`] (feature `testkit`), run by every backend with
+//! [`push_store_conformance!`](crate::push_store_conformance).
+//!
+//! The factory returns a [`PushFixture`]: `Arc<S>` or `(Arc<S>, guard)`, or `None` to skip
+//! (a backend whose service is missing here).
+
+use std::sync::Arc;
+
+use sundial_core::Timestamp;
+
+use crate::{PushSecret, PushSecretStore};
+
+pub trait PushFixture {
+    fn secrets(&self) -> Arc<dyn PushSecretStore>;
+    fn skip(&self) -> bool {
+        false
+    }
+}
+
+impl<F: PushFixture> PushFixture for Option<F> {
+    fn secrets(&self) -> Arc<dyn PushSecretStore> {
+        match self {
+            Some(f) => f.secrets(),
+            None => panic!("skipped fixtures are not used"),
+        }
+    }
+    fn skip(&self) -> bool {
+        self.as_ref().is_none_or(PushFixture::skip)
+    }
+}
+
+impl<S: PushSecretStore + 'static> PushFixture for Arc<S> {
+    fn secrets(&self) -> Arc<dyn PushSecretStore> {
+        self.clone()
+    }
+}
+
+impl<S: PushSecretStore + 'static, G> PushFixture for (Arc<S>, G) {
+    fn secrets(&self) -> Arc<dyn PushSecretStore> {
+        self.0.clone()
+    }
+}
+
+/// One `#[tokio::test]` per check, each on a fresh store from `$factory`.
+#[macro_export]
+macro_rules! push_store_conformance {
+    (@checks ($factory:expr) $($check:ident)*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                let fixture = ($factory)().await;
+                if $crate::push_testkit::PushFixture::skip(&fixture) {
+                    return;
+                }
+                let secrets = $crate::push_testkit::PushFixture::secrets(&fixture);
+                $crate::push_testkit::$check(secrets).await;
+                drop(fixture);
+            }
+        )*
+    };
+    ($factory:expr $(,)?) => {
+        $crate::push_store_conformance!(@checks ($factory)
+            push_secrets_round_trip_oldest_first
+            push_secret_rotation_expires_the_others_at_once
+            push_secret_expiry_never_moves_later
+            push_secret_reused_id_is_refused
+        );
+    };
+}
+
+fn secret(id: &str, at: i64) -> PushSecret {
+    PushSecret {
+        id: id.into(),
+        secret: format!("whsec_{id}AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"),
+        created_at: Timestamp(at),
+        expires_at: None,
+    }
+}
+
+/// Added secrets read back exactly, oldest first; an empty store has none.
+pub async fn push_secrets_round_trip_oldest_first(s: Arc<dyn PushSecretStore>) {
+    assert!(s.push_secrets().await.expect("list").is_empty());
+    let mut b = secret("ps_b", 20);
+    b.expires_at = Some(Timestamp(99));
+    s.add_push_secret(b.clone(), None).await.expect("add b");
+    s.add_push_secret(secret("ps_a", 10), None)
+        .await
+        .expect("add a");
+    s.add_push_secret(secret("ps_c", 20), None)
+        .await
+        .expect("add c");
+    let got = s.push_secrets().await.expect("list");
+    assert_eq!(got, vec![secret("ps_a", 10), b, secret("ps_c", 20)]);
+}
+
+/// A rotation adds the new secret and sets every other active one to expire at the given time,
+/// in one write; secrets already expiring earlier keep their time.
+pub async fn push_secret_rotation_expires_the_others_at_once(s: Arc<dyn PushSecretStore>) {
+    s.add_push_secret(secret("ps_1", 1), None)
+        .await
+        .expect("add");
+    let mut early = secret("ps_2", 2);
+    early.expires_at = Some(Timestamp(50));
+    s.add_push_secret(early, None).await.expect("add");
+    s.add_push_secret(secret("ps_3", 3), Some(Timestamp(100)))
+        .await
+        .expect("rotate");
+    let got = s.push_secrets().await.expect("list");
+    let exp: Vec<(&str, Option<i64>)> = got
+        .iter()
+        .map(|p| (p.id.as_str(), p.expires_at.map(|t| t.0)))
+        .collect();
+    assert_eq!(
+        exp,
+        vec![("ps_1", Some(100)), ("ps_2", Some(50)), ("ps_3", None)]
+    );
+    let active: Vec<&str> = got
+        .iter()
+        .filter(|p| p.is_active(Timestamp(99)))
+        .map(|p| p.id.as_str())
+        .collect();
+    assert_eq!(active, vec!["ps_1", "ps_3"]);
+}
+
+/// Expiring a secret sets its time, never later than it already was; an unknown id says so.
+pub async fn push_secret_expiry_never_moves_later(s: Arc<dyn PushSecretStore>) {
+    s.add_push_secret(secret("ps_x", 1), None)
+        .await
+        .expect("add");
+    assert!(
+        s.expire_push_secret("ps_x", Timestamp(40))
+            .await
+            .expect("expire")
+    );
+    assert!(
+        s.expire_push_secret("ps_x", Timestamp(80))
+            .await
+            .expect("expire")
+    );
+    let got = s.push_secrets().await.expect("list");
+    assert_eq!(got[0].expires_at, Some(Timestamp(40)));
+    assert!(
+        !s.expire_push_secret("ps_nope", Timestamp(1))
+            .await
+            .expect("expire")
+    );
+}
+
+/// Adding a secret under an id that exists fails and changes nothing (not even the rotation).
+pub async fn push_secret_reused_id_is_refused(s: Arc<dyn PushSecretStore>) {
+    s.add_push_secret(secret("ps_1", 1), None)
+        .await
+        .expect("add");
+    let mut again = secret("ps_1", 2);
+    again.secret = "whsec_other".into();
+    assert!(s.add_push_secret(again, Some(Timestamp(5))).await.is_err());
+    assert_eq!(
+        s.push_secrets().await.expect("list"),
+        vec![secret("ps_1", 1)]
+    );
+}
