@@ -136,6 +136,37 @@ impl Client {
         Self::decode(resp).await
     }
 
+    pub async fn push_secrets(&self) -> Result<sundial_server::push::SecretList, ClientError> {
+        let resp = self.http.get(self.url("/v1/push/secrets")).send().await?;
+        Self::decode(resp).await
+    }
+
+    pub async fn add_push_secret(
+        &self,
+        req: &sundial_server::push::AddSecret,
+    ) -> Result<sundial_server::push::SecretView, ClientError> {
+        self.post("/v1/push/secrets", req).await
+    }
+
+    pub async fn rotate_push_secret(
+        &self,
+        req: &sundial_server::push::RotateSecret,
+    ) -> Result<sundial_server::push::SecretView, ClientError> {
+        self.post("/v1/push/secrets:rotate", req).await
+    }
+
+    pub async fn revoke_push_secret(
+        &self,
+        id: &str,
+    ) -> Result<sundial_server::push::SecretList, ClientError> {
+        let resp = self
+            .http
+            .delete(self.url(&format!("/v1/push/secrets/{id}")))
+            .send()
+            .await?;
+        Self::decode(resp).await
+    }
+
     pub async fn create(&self, task: &CreateTask) -> Result<TaskView, ClientError> {
         self.post("/v1/tasks", task).await
     }

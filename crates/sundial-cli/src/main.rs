@@ -7,9 +7,11 @@
 //! sundial worker --queue Q -- CMD ARGS...              run CMD once per task of Q
 //! sundial schedule add|ls|get|pause|unpause|trigger|backfill|fires|rm ...   recurring schedules
 //! sundial workflow start|signal|cancel|terminate|get|ls|history ...          durable workflows
+//! sundial push secret ls|add|rotate|revoke ...          push delivery's signing secrets
 //! ```
 
 mod output;
+mod push;
 mod queue;
 mod schedule;
 mod server;
@@ -51,6 +53,8 @@ enum Command {
     Schedule(schedule::ScheduleArgs),
     /// Start, signal, cancel, terminate, inspect and list durable workflows on a running server.
     Workflow(workflow::WorkflowArgs),
+    /// Push delivery: list, add, rotate and revoke the signing secrets.
+    Push(push::PushArgs),
 }
 
 fn init_logs(default_level: &str) {
@@ -68,9 +72,11 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // People read task commands' output: only warnings and errors go to the log there.
     init_logs(match cli.command {
-        Command::Task(_) | Command::Queue(_) | Command::Schedule(_) | Command::Workflow(_) => {
-            "warn"
-        }
+        Command::Task(_)
+        | Command::Queue(_)
+        | Command::Schedule(_)
+        | Command::Workflow(_)
+        | Command::Push(_) => "warn",
         _ => "info",
     });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -91,6 +97,7 @@ fn main() -> std::process::ExitCode {
             Command::Worker(args) => worker::run(args).await,
             Command::Schedule(args) => schedule::run(args).await,
             Command::Workflow(args) => workflow::run(args).await,
+            Command::Push(args) => push::run(args).await,
         }
     });
     match result {

@@ -91,6 +91,17 @@ pub struct ServerArgs {
     /// Keep everything: never delete finished tasks or fire records.
     #[arg(long, env = "SUNDIAL_NO_RETENTION")]
     no_retention: bool,
+    /// Push delivery: a destination allowed although it is not public (loopback, private,
+    /// link-local, …): a CIDR (`10.0.0.0/8`), an address, `address:port` or `host:port`.
+    /// Repeat or separate with commas.
+    #[arg(long = "push-allow", env = "SUNDIAL_PUSH_ALLOW", value_delimiter = ',')]
+    push_allow: Vec<String>,
+    /// Push delivery: calls under way at once on this node.
+    #[arg(long, env = "SUNDIAL_PUSH_CONCURRENCY", default_value_t = 1_024)]
+    push_concurrency: usize,
+    /// Push delivery: calls under way at once to one receiver (host:port).
+    #[arg(long, env = "SUNDIAL_PUSH_HOST_CONCURRENCY", default_value_t = 64)]
+    push_host_concurrency: usize,
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -125,6 +136,8 @@ async fn bind(listen: &str) -> anyhow::Result<tokio::net::TcpListener> {
 }
 
 pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
+    let push_policy =
+        sundial_push::AddressPolicy::parse(&args.push_allow).context("invalid --push-allow")?;
     // Bind first: a refused address must not leave a freshly created, empty data directory.
     let listener = bind(&args.listen).await?;
     let prometheus = sundial_server::prometheus_builder()
@@ -152,6 +165,8 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
             schedule_fires: args.retention_schedule_fires,
             ..Retention::default()
         },
+        push_concurrency: args.push_concurrency.max(1),
+        push_host_concurrency: args.push_host_concurrency.max(1),
         ..Config::default()
     };
     let sqlite = SqliteOptions {
@@ -191,6 +206,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
                 .config(config)
                 .schedule_store(store.clone())
                 .workflow_store(store.clone())
+                .push_secret_store(store.clone())
                 .join_cluster(store.clone(), store, node)
                 .await
                 .context("cannot join the cluster")?
@@ -207,6 +223,13 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
             max_batch_items: args.max_batch,
             prometheus: Some(prometheus),
             internal_queue_metrics: args.metrics_internal_queues,
+            push: sundial_push::PushConfig {
+                client: sundial_push::ClientConfig {
+                    policy: push_policy,
+                    ..sundial_push::ClientConfig::default()
+                },
+                ..sundial_push::PushConfig::default()
+            },
             ..ServerConfig::default()
         },
     );

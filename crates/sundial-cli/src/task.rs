@@ -174,6 +174,18 @@ struct AddArgs {
     /// Print only the new task's id (for scripts).
     #[arg(long)]
     quiet: bool,
+    /// Deliver by calling this URL at the due time (push delivery) instead of a worker.
+    #[arg(long)]
+    target: Option<String>,
+    /// The push call's method (default POST).
+    #[arg(long, requires = "target")]
+    target_method: Option<String>,
+    /// A push call header, name:value (repeatable).
+    #[arg(long, requires = "target")]
+    target_header: Vec<String>,
+    /// The push call's time limit (default 30s).
+    #[arg(long, requires = "target")]
+    target_timeout: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -258,7 +270,22 @@ pub async fn run(args: TaskArgs) -> anyhow::Result<ExitCode> {
                     ModeArg::Skip => ExclusiveModeView::Skip,
                 }),
             });
+            let mut headers = std::collections::BTreeMap::new();
+            for h in &a.target_header {
+                let Some((k, v)) = h.split_once(':') else {
+                    anyhow::bail!("--target-header takes name:value, got {h:?}");
+                };
+                headers.insert(k.trim().to_string(), v.trim().to_string());
+            }
+            let target = a.target.map(|url| sundial_server::wire::TargetSpec {
+                url,
+                method: a.target_method,
+                headers: (!headers.is_empty()).then_some(headers),
+                timeout: a.target_timeout,
+                retry_statuses: None,
+            });
             let req = CreateTask {
+                target,
                 tags: (!tags.is_empty()).then_some(tags),
                 queue: a.queue,
                 key: a.key,

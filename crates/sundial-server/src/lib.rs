@@ -22,6 +22,9 @@
 //! GET  /v1/queues[/{queue}]       counts, lateness, paused            200 | 404
 //! PUT  /v1/queues/{queue}         queue settings (retention)          200 | 422
 //! POST /v1/queues/{queue}/pause   pause (durable); …/resume resumes   200 | 422
+//! GET  /v1/push/secrets           push signing secrets (masked)       200
+//! POST /v1/push/secrets[:rotate]  add, or rotate with an overlap      201 | 422
+//! DELETE /v1/push/secrets/{id}    stop a secret signing               200 | 404
 //! GET  /healthz                   liveness; never touches the store
 //! GET  /metrics                   Prometheus text
 //! GET  /openapi.json              this API, generated from the code
@@ -45,6 +48,7 @@ pub mod duration;
 pub mod error;
 pub mod extract;
 pub mod ops;
+pub mod push;
 pub mod schedules;
 pub mod time;
 pub mod wire;
@@ -85,6 +89,9 @@ pub struct ServerConfig {
     /// Whether `sundial_tasks{queue,state}` also counts Sundial's own queues (`sundial.…`:
     /// schedule ticks, workflow steps, activities). Default `false`.
     pub internal_queue_metrics: bool,
+    /// Push delivery: the address policy (`--push-allow`) and client settings. The router
+    /// installs the push executor on the `Sundial` when its store keeps push secrets.
+    pub push: sundial_push::PushConfig,
 }
 
 impl Default for ServerConfig {
@@ -97,6 +104,7 @@ impl Default for ServerConfig {
             max_batch_items: 1_000,
             prometheus: None,
             internal_queue_metrics: false,
+            push: sundial_push::PushConfig::default(),
         }
     }
 }
@@ -180,6 +188,7 @@ impl TaskGauges {
         (name = "schedules", description = "Recurring schedules: cron and intervals with time zones, DST, overlap and catch-up policies"),
         (name = "workflows", description = "Durable workflows: start, signal, cancel, terminate, inspect"),
         (name = "workflow workers", description = "The long-poll protocol of remote workflow workers"),
+        (name = "push", description = "Push delivery: the signing secrets of push calls"),
     )
 )]
 struct ApiDoc;
@@ -218,6 +227,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     let mut doc = api_router(ServerConfig::default().max_batch_body_bytes).into_openapi();
     doc.merge(schedules::openapi());
     doc.merge(workflows::openapi());
+    doc.merge(push::openapi());
     document_common_errors(&mut doc);
     doc
 }
@@ -306,6 +316,24 @@ pub fn router(sundial: Sundial, config: ServerConfig) -> Router {
     let schedules = sundial_schedules::Schedules::attach(&sundial).ok();
     // The workflows API, likewise (attaching registers the timer and child-start handlers).
     let workflows = sundial_workflow::Workflows::attach(&sundial).ok();
+    // Push delivery, when the store keeps push secrets (installs the push handler, so this too
+    // happens before the engine starts).
+    let push = sundial.push_secret_store().and_then(
+        |secrets| match sundial_push::PushExecutor::new(
+            config.push.clone(),
+            secrets.clone(),
+            sundial.clock().clone(),
+        ) {
+            Ok(exec) => {
+                sundial.set_push_handler(exec.handler());
+                Some(exec)
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "push delivery is off: cannot build its HTTP client");
+                None
+            }
+        },
+    );
     let state = AppState {
         sundial,
         config: Arc::new(config),
@@ -346,6 +374,10 @@ pub fn router(sundial: Sundial, config: ServerConfig) -> Router {
         .with_state(state);
     let router = match schedules {
         Some(s) => router.merge(schedules::router(s, body_limit)),
+        None => router,
+    };
+    let router = match push {
+        Some(p) => router.merge(push::router(p, body_limit)),
         None => router,
     };
     match workflows {

@@ -225,6 +225,8 @@ pub struct TaskTemplateView {
     pub payload: serde_json::Value,
     pub max_attempts: u32,
     pub timeout: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<crate::wire::TargetSpec>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
@@ -406,6 +408,7 @@ fn template(task: CreateTask) -> Result<TaskTemplate, ApiError> {
         backoff: spec.backoff,
         timeout_ms: u64::try_from(spec.timeout.as_millis()).unwrap_or(u64::MAX),
         exclusive: spec.exclusive,
+        target: spec.target,
     })
 }
 
@@ -491,6 +494,11 @@ fn view(schedules: &Schedules, s: &Schedule, last: Option<Vec<FireView>>) -> Sch
             payload: d.task.payload.clone(),
             max_attempts: d.task.max_attempts,
             timeout: duration::format(Duration::from_millis(d.task.timeout_ms)),
+            target: d
+                .task
+                .target
+                .clone()
+                .map(crate::wire::TargetSpec::from_target),
         },
         next_fires: schedules
             .upcoming(s, 5)

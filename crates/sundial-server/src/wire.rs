@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use sundial::{Backoff, ExclusiveMode, Task, TaskSpec, TaskState};
+use sundial::{Backoff, ExclusiveMode, PushMethod, Target, Task, TaskSpec, TaskState};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
@@ -65,6 +65,77 @@ pub struct CreateTask {
     /// checked like `key`; a tag key may not contain `:`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tags: Option<BTreeMap<String, String>>,
+    /// Deliver by an HTTP call at the due time instead of a worker or handler: Sundial calls the
+    /// URL with the payload as the JSON body, signed (Standard Webhooks), and retries it with
+    /// the backoff.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<TargetSpec>,
+}
+
+/// A push target on the wire.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TargetSpec {
+    /// `http` or `https` URL without credentials. Private, loopback and link-local addresses
+    /// are refused at delivery unless the server allows them (`--push-allow`).
+    #[schema(example = "https://example.com/hooks/reminder")]
+    pub url: String,
+    /// `POST` (default), `PUT`, `PATCH`, `DELETE` or `GET`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    /// Extra request headers (the signature, content and connection headers are Sundial's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<BTreeMap<String, String>>,
+    /// Time limit of one call (default `"30s"`, at most the task's timeout).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "10s")]
+    pub timeout: Option<String>,
+    /// 4xx statuses (other than 410 and 429) to retry instead of ending the task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_statuses: Option<Vec<u16>>,
+}
+
+impl TargetSpec {
+    pub fn into_target(self) -> Result<Target, ApiError> {
+        let mut t = Target::new(self.url);
+        if let Some(m) = self.method {
+            t = t.method(match m.to_ascii_uppercase().as_str() {
+                "POST" => PushMethod::Post,
+                "PUT" => PushMethod::Put,
+                "PATCH" => PushMethod::Patch,
+                "DELETE" => PushMethod::Delete,
+                "GET" => PushMethod::Get,
+                _ => {
+                    return Err(ApiError::invalid(
+                        "target.method",
+                        format!("method {m:?} is not one of POST, PUT, PATCH, DELETE, GET"),
+                    ));
+                }
+            });
+        }
+        if let Some(h) = self.headers {
+            t.headers = h;
+        }
+        if let Some(d) = self.timeout {
+            t = t.timeout(parse_duration("target.timeout", &d)?);
+        }
+        if let Some(s) = self.retry_statuses {
+            t = t.retry_statuses(s);
+        }
+        Ok(t)
+    }
+
+    pub fn from_target(t: Target) -> Self {
+        TargetSpec {
+            url: t.url,
+            method: Some(t.method.as_str().to_string()),
+            headers: (!t.headers.is_empty()).then_some(t.headers),
+            timeout: t
+                .timeout_ms
+                .map(|ms| WireDuration(Duration::from_millis(ms)).to_string()),
+            retry_statuses: (!t.retry_statuses.is_empty()).then_some(t.retry_statuses),
+        }
+    }
 }
 
 /// Retry backoff; omitted fields take their defaults.
@@ -189,6 +260,9 @@ impl CreateTask {
         if let Some(tags) = self.tags {
             spec = spec.tags(tags);
         }
+        if let Some(t) = self.target {
+            spec = spec.target(t.into_target()?);
+        }
         Ok(spec)
     }
 }
@@ -296,6 +370,9 @@ pub struct TaskView {
     pub exclusive: Option<ExclusiveView>,
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
+    /// The HTTP call that delivers it, for a push task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<TargetSpec>,
     /// The current (or last) attempt's execution id.
     pub execution_id: Option<Uuid>,
     #[schema(format = DateTime)]
@@ -343,6 +420,7 @@ impl From<Task> for TaskView {
                 },
             }),
             tags: t.tags,
+            target: t.target.map(TargetSpec::from_target),
             execution_id: t.execution_id.map(|e| e.0),
             lease_expires_at: t.lease_expires_at.map(time::format),
             worker: t.worker,

@@ -103,9 +103,9 @@ impl Retry {
             Retry::Never => None,
             Retry::At(t) => Some(t),
             Retry::Backoff { draw } => Some(now.saturating_add(backoff.delay(attempt, draw))),
-            Retry::After { delay_ms } => Some(now.saturating_add(std::time::Duration::from_millis(
-                delay_ms.min(backoff.max_ms),
-            ))),
+            Retry::After { delay_ms } => Some(now.saturating_add(
+                std::time::Duration::from_millis(delay_ms.min(backoff.max_ms)),
+            )),
         }
     }
 }

@@ -59,7 +59,8 @@ pub use ops::{BULK_BATCH, BulkOutcome, QueueInfo};
 pub use sundial_core::Tags;
 pub use sundial_core::{
     Backoff, Clock, Due, Exclusive, ExclusiveMode, ExecutionId, INTERNAL_QUEUE_PREFIX, Limits,
-    ManualClock, Task, TaskId, TaskSpec, TaskState, Timestamp, ValidationError, is_internal_queue,
+    ManualClock, PushMethod, Target, Task, TaskId, TaskSpec, TaskState, Timestamp, ValidationError,
+    is_internal_queue,
 };
 pub use sundial_store::{
     Attempt, AttemptHistory, AttemptOutcome, Cluster, PushSecret, PushSecretStore, QueueConfig,

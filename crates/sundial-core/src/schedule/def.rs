@@ -138,6 +138,9 @@ pub struct TaskTemplate {
     /// use the schedule's own exclusive key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exclusive: Option<Exclusive>,
+    /// Deliver each fire's task by this HTTP call (see `sundial-push`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<crate::Target>,
 }
 
 fn default_queue() -> String {
@@ -160,6 +163,7 @@ impl TaskTemplate {
             backoff: Backoff::default(),
             timeout_ms: default_timeout_ms(),
             exclusive: None,
+            target: None,
         }
     }
     pub fn queue(mut self, queue: impl Into<String>) -> Self {
@@ -370,6 +374,7 @@ impl ScheduleDef {
         } else {
             t.exclusive.clone()
         };
+        spec.target = t.target.clone();
         spec.validate(task_id, due, shard_count, limits)
     }
 }

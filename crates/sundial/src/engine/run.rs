@@ -72,7 +72,14 @@ impl Engine {
                     .await
                     .map(|_| ()),
                 Err(e) => engine
-                    .fail(task.id, execution, e.message, e.retryable, interrupted, e.retry_after)
+                    .fail(
+                        task.id,
+                        execution,
+                        e.message,
+                        e.retryable,
+                        interrupted,
+                        e.retry_after,
+                    )
                     .await
                     .map(|_| ()),
             };
