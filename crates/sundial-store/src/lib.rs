@@ -22,6 +22,8 @@ mod push;
 #[cfg(feature = "testkit")]
 pub mod push_testkit;
 #[cfg(feature = "testkit")]
+pub mod model_testkit;
+#[cfg(feature = "testkit")]
 pub mod schedule_testkit;
 mod schedules;
 #[cfg(feature = "testkit")]

@@ -2,6 +2,13 @@
 //! (`SystemTime::now`); everything else asks a [`Clock`]. Its sleeps are tokio timers, re-checked
 //! against the wall clock on waking so that a sleep never ends before its deadline even when the
 //! timer rounds or the wall clock steps.
+//!
+//! A tokio timer measures elapsed (monotonic) time, so it does not notice the wall clock being
+//! stepped while it sleeps. A sleep is therefore cut into timers of at most [`MAX_TIMER`], each
+//! followed by a fresh reading: when the wall clock steps forward past a deadline (an NTP
+//! correction, a resumed virtual machine), the sleep ends within that much, however far the
+//! deadline was when it was armed. (A step back makes a sleep last longer by the step, as it must:
+//! it never ends before its deadline by the clock.)
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -12,6 +19,10 @@ use sundial_core::{Clock, Timestamp, time::Sleep};
 /// The system's wall clock (UTC milliseconds) with tokio's timer for sleeping.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;
+
+/// The longest single timer of a sleep: a step of the wall clock (or of an [`OffsetClock`]'s
+/// offset) is noticed within this.
+pub const MAX_TIMER: Duration = Duration::from_secs(1);
 
 impl Clock for SystemClock {
     #[allow(clippy::disallowed_methods)] // the one sanctioned wall-clock read
@@ -31,7 +42,8 @@ impl Clock for SystemClock {
                 if now >= deadline {
                     return;
                 }
-                tokio::time::sleep(Duration::from_millis((deadline.0 - now.0) as u64)).await;
+                let left = Duration::from_millis((deadline.0 - now.0) as u64);
+                tokio::time::sleep(left.min(MAX_TIMER)).await;
             }
         })
     }
@@ -87,15 +99,18 @@ impl Clock for OffsetClock {
         let offset = self.offset_ms.clone();
         Box::pin(async move {
             // Re-checked against the corrected time on waking: an offset change between arming
-            // and waking must not end the sleep early.
+            // and waking must not end the sleep early. Each inner sleep lasts at most
+            // `MAX_TIMER` by the inner clock, so a change that brings the deadline closer is
+            // noticed within that.
             loop {
                 let off = offset.load(Ordering::Acquire);
-                if inner.now().0.saturating_add(off) >= deadline.0 {
+                let now = inner.now();
+                if now.0.saturating_add(off) >= deadline.0 {
                     return;
                 }
-                inner
-                    .sleep_until(Timestamp(deadline.0.saturating_sub(off)))
-                    .await;
+                let until =
+                    Timestamp(deadline.0.saturating_sub(off)).min(now.saturating_add(MAX_TIMER));
+                inner.sleep_until(until).await;
             }
         })
     }

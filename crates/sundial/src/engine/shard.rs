@@ -128,8 +128,11 @@ impl ShardLoop {
         self.take_inbox();
 
         // 2. Refill the look-ahead (from the front of the shard when the backstop is due, or
-        //    when a queue was resumed).
-        if signal.rescan.swap(false, Ordering::AcqRel) || now >= self.rescan_at {
+        //    when a queue was resumed). A backstop further away than one idle interval was armed
+        //    before the clock stepped back: it is due now, or the step would postpone it by its
+        //    size.
+        let stepped_back = self.rescan_at > now.saturating_add(engine.config.idle_interval);
+        if signal.rescan.swap(false, Ordering::AcqRel) || now >= self.rescan_at || stepped_back {
             self.window.reset_cursor();
             signal.covered_until.store(i64::MIN, Ordering::Release);
             self.rescan_at = engine.idle_deadline(now);
