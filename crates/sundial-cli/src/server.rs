@@ -24,6 +24,10 @@ use sundial_server::ServerConfig;
 use sundial_store_postgres::{PostgresOptions, PostgresStore};
 use tokio::sync::watch;
 
+/// The exit status when the embedded store cannot be opened (the data directory is in use, the
+/// database is corrupt, truncated or from a newer build).
+pub const EXIT_STORE_UNUSABLE: u8 = 3;
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     sundial_server::duration::parse(s).map_err(|e| e.to_string())
 }
@@ -177,12 +181,22 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         ..SqliteOptions::default()
     };
     let sundial = match &args.database_url {
-        None => Sundial::builder()
+        None => match Sundial::builder()
             .config(config)
             .sqlite_options(sqlite)
             .open(&args.data_dir)
             .await
-            .with_context(|| format!("cannot open the store in {}", args.data_dir.display()))?,
+        {
+            Ok(s) => s,
+            Err(e) => {
+                // In use, corrupt, truncated, newer than this build: nothing to retry blindly.
+                eprintln!(
+                    "error: cannot open the store in {}: {e}",
+                    args.data_dir.display()
+                );
+                return Ok(ExitCode::from(EXIT_STORE_UNUSABLE));
+            }
+        },
         Some(url) => {
             let store = PostgresStore::connect(
                 url,

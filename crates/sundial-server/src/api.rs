@@ -459,14 +459,23 @@ pub async fn fail_task(
     Ok(Json(TaskView::from(task)))
 }
 
-/// Liveness. Never touches the store, so it answers while the task endpoints are saturated.
+/// Liveness, and what keeps the store's writes from succeeding (`degraded` with `problems`: its
+/// disk is full), as its last writes found it. Never touches the store, so it answers while the
+/// task endpoints are saturated; `200` either way, since reads are still served.
 #[utoipa::path(
     get, path = "/healthz", tag = "service",
-    responses((status = 200, description = "The process is serving", body = Health))
+    responses((status = 200, description = "The process is serving: `ok`, or `degraded` with the problems", body = Health))
 )]
-pub async fn healthz() -> Json<Health> {
+pub async fn healthz(State(st): State<AppState>) -> Json<Health> {
+    let problems: Vec<String> = st.sundial.store_condition().into_iter().collect();
     Json(Health {
-        status: "ok".to_string(),
+        status: if problems.is_empty() {
+            "ok"
+        } else {
+            "degraded"
+        }
+        .to_string(),
+        problems,
     })
 }
 

@@ -10,6 +10,7 @@
 //! | 422 | `invalid` (+ `field`, `index` in a batch) | well-formed but invalid: unknown fields, bad values |
 //! | 501 | `unsupported` | the store has no tables for this (schedules or workflows) |
 //! | 503 | `shutting_down`, `unavailable` | the server is stopping, its store is closed, or its database cannot be reached for now (down, restarting); always with `Retry-After` |
+//! | 507 | `insufficient_storage` | the store's disk is full: nothing was stored; reads still work, and writes work again once space is freed |
 //! | 500 | `internal` | anything else (the store failed) |
 //!
 //! One code per idea: `already_exists` is a duplicate of any kind (a live task holding the key,
@@ -215,6 +216,16 @@ impl From<Error> for ApiError {
                     format!("the database is unavailable for now ({why}); retry"),
                 )
             }
+            Error::Store(StoreError::Full(why)) => {
+                tracing::warn!(error = %why, "write refused: the store's disk is full");
+                ApiError::new(
+                    StatusCode::INSUFFICIENT_STORAGE,
+                    "insufficient_storage",
+                    format!(
+                        "the server's disk is full, nothing was stored ({why}); retry once space is freed"
+                    ),
+                )
+            }
             Error::Store(StoreError::LeaseLost { shard }) => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
@@ -236,6 +247,20 @@ impl From<Error> for ApiError {
 mod tests {
     use super::*;
     use sundial::{TaskId, TaskState};
+
+    #[test]
+    fn a_full_disk_is_insufficient_storage() {
+        let api = ApiError::from(Error::Store(StoreError::Full(
+            "database or disk is full".into(),
+        )));
+        assert_eq!(api.status, StatusCode::INSUFFICIENT_STORAGE);
+        assert_eq!(api.detail.code, "insufficient_storage");
+        assert!(
+            api.detail.message.contains("disk is full"),
+            "{}",
+            api.detail.message
+        );
+    }
 
     #[test]
     fn maps_library_errors() {

@@ -25,7 +25,7 @@
 //! GET  /v1/push/secrets           push signing secrets (masked)       200
 //! POST /v1/push/secrets[:rotate]  add, or rotate with an overlap      201 | 422
 //! DELETE /v1/push/secrets/{id}    stop a secret signing               200 | 404
-//! GET  /healthz                   liveness; never touches the store
+//! GET  /healthz                   liveness and the store's condition (disk full); never touches the store
 //! GET  /metrics                   Prometheus text
 //! GET  /openapi.json              this API, generated from the code
 //! ```

@@ -575,7 +575,11 @@ pub struct FailRequest {
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
 pub struct Health {
+    /// `ok`, or `degraded` when something keeps the store's writes from succeeding.
     pub status: String,
+    /// What is wrong, when `degraded` (for example `disk full: …`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
 }
 
 #[cfg(test)]

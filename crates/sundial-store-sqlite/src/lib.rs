@@ -81,8 +81,19 @@ impl From<SqliteError> for StoreError {
     }
 }
 
+/// A rusqlite error as a [`StoreError`]: [`StoreError::Full`] when the disk is full (noted for
+/// the writer, see [`writer::note_disk_full`]), else [`StoreError::Backend`].
 pub(crate) fn backend(e: rusqlite::Error) -> StoreError {
-    StoreError::Backend(e.to_string())
+    if is_disk_full(&e) {
+        writer::note_disk_full();
+        StoreError::Full(e.to_string())
+    } else {
+        StoreError::Backend(e.to_string())
+    }
+}
+
+pub(crate) fn is_disk_full(e: &rusqlite::Error) -> bool {
+    e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull)
 }
 
 /// How hard a commit tries to reach the disk.
@@ -132,6 +143,8 @@ pub struct SqliteStore {
     writer: Arc<Writer>,
     readers: Arc<ReaderPool>,
     shards: StoreShards,
+    /// Set by the writer while its commits fail for want of space.
+    condition: Arc<Mutex<Option<String>>>,
     _lock: Arc<StoreLock>,
 }
 
@@ -163,8 +176,9 @@ impl SqliteStore {
     }
 
     fn open_locked(path: &Path, opts: SqliteOptions, lock: StoreLock) -> Result<Self, SqliteError> {
-        let mut conn = open_connection(path, &opts)?;
-        schema::migrate(&mut conn)?;
+        check_not_truncated(path)?;
+        let mut conn = open_connection(path, &opts).map_err(corrupt_at_open)?;
+        schema::migrate(&mut conn).map_err(corrupt_at_open)?;
         let shards = shards::adopt(&mut conn, opts.shard_count)?;
         conn.execute(
             "UPDATE store_settings SET value = ?1 WHERE name = 'attempts_kept'",
@@ -175,6 +189,7 @@ impl SqliteStore {
         conn.pragma_update(None, "wal_autocheckpoint", 16_384)?;
         let checkpoint_conn = open_connection(path, &opts)?;
         let writer = Writer::start(conn, checkpoint_conn, opts.max_batch)?;
+        let condition = writer.condition();
         Ok(SqliteStore {
             writer: Arc::new(writer),
             readers: Arc::new(ReaderPool {
@@ -183,6 +198,7 @@ impl SqliteStore {
                 idle: Mutex::new(Vec::new()),
             }),
             shards,
+            condition,
             _lock: Arc::new(lock),
         })
     }
@@ -217,6 +233,71 @@ impl SqliteStore {
         .await
         .map_err(|e| StoreError::Backend(format!("read task failed: {e}")))?
     }
+}
+
+/// SQLite's answer to a file that is not a database, at open, as [`SqliteError::Corrupt`].
+fn corrupt_at_open(e: SqliteError) -> SqliteError {
+    match &e {
+        SqliteError::Sqlite(inner)
+            if matches!(
+                inner.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::NotADatabase | rusqlite::ErrorCode::DatabaseCorrupt)
+            ) =>
+        {
+            SqliteError::Corrupt(inner.to_string())
+        }
+        _ => e,
+    }
+}
+
+/// Refuses a database file shorter than its header says it is (cut off by a failed copy or a
+/// full disk), which SQLite itself would only notice when a read reaches the missing pages. A
+/// file with a write-ahead log beside it is left to SQLite (pages may live in the log).
+fn check_not_truncated(path: &Path) -> Result<(), SqliteError> {
+    use std::io::Read;
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return Ok(()); // a new store
+    };
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    if std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0) {
+        return Ok(());
+    }
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut header = [0u8; 100];
+    if len == 0 || file.read_exact(&mut header).is_err() {
+        return if len == 0 {
+            Ok(())
+        } else {
+            Err(SqliteError::Corrupt(format!(
+                "{} is {len} bytes, shorter than a database header",
+                path.display()
+            )))
+        };
+    }
+    if &header[..16] != b"SQLite format 3\0" {
+        return Err(SqliteError::Corrupt(format!(
+            "{} is not a SQLite database",
+            path.display()
+        )));
+    }
+    let page_size = match u16::from_be_bytes([header[16], header[17]]) {
+        1 => 65_536u64,
+        n => u64::from(n),
+    };
+    let pages = u64::from(u32::from_be_bytes([
+        header[28], header[29], header[30], header[31],
+    ]));
+    // The page count is valid only when the change counter matches its "valid for" copy.
+    let valid = header[24..28] == header[92..96];
+    if valid && pages * page_size > len {
+        return Err(SqliteError::Corrupt(format!(
+            "{} is truncated: {len} bytes, its header says {} pages of {page_size} bytes",
+            path.display(),
+            pages
+        )));
+    }
+    Ok(())
 }
 
 fn open_connection(path: &Path, opts: &SqliteOptions) -> Result<Connection, SqliteError> {
@@ -1110,6 +1191,10 @@ impl Store for SqliteStore {
             Ok(t.map(Timestamp))
         })
         .await
+    }
+
+    fn condition(&self) -> Option<String> {
+        self.condition.lock().ok().and_then(|c| c.clone())
     }
 
     async fn count_by_state(&self) -> Result<Vec<StateCount>, StoreError> {

@@ -17,7 +17,8 @@
 //! backstop for when the background thread cannot keep up. The checkpoint thread waits on the
 //! writer's signal, so an idle store does not wake it.
 
-use std::sync::mpsc;
+use std::cell::Cell;
+use std::sync::{Arc, Mutex, mpsc};
 use std::thread;
 use std::time::Duration;
 
@@ -35,6 +36,30 @@ type Job = Box<dyn FnOnce(Option<&Connection>) -> Finish + Send>;
 
 pub struct Writer {
     tx: mpsc::Sender<Job>,
+    condition: Arc<Mutex<Option<String>>>,
+}
+
+thread_local! {
+    /// Whether a job of the batch being written on this thread hit a full disk.
+    static DISK_FULL: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Notes, on the writer thread, that the statement that just failed found the disk full.
+pub(crate) fn note_disk_full() {
+    DISK_FULL.with(|f| f.set(true));
+}
+
+fn take_disk_full() -> bool {
+    DISK_FULL.with(|f| f.replace(false))
+}
+
+/// A batch-level rusqlite error as a [`StoreError`].
+fn batch_error(e: &rusqlite::Error, what: &str) -> StoreError {
+    if crate::is_disk_full(e) {
+        StoreError::Full(format!("{what}: {e}"))
+    } else {
+        StoreError::Backend(format!("{what}: {e}"))
+    }
 }
 
 impl Writer {
@@ -49,6 +74,8 @@ impl Writer {
             source: e,
         };
         let (tx, rx) = mpsc::channel::<Job>();
+        let condition: Arc<Mutex<Option<String>>> = Arc::default();
+        let cond = condition.clone();
         // Capacity one: a pending signal already covers every later commit.
         let (committed, commits) = mpsc::sync_channel::<()>(1);
         thread::Builder::new()
@@ -57,9 +84,14 @@ impl Writer {
             .map_err(|e| thread_error("checkpoint thread", e))?;
         thread::Builder::new()
             .name("sundial-sqlite-writer".into())
-            .spawn(move || run(conn, rx, committed, max_batch.max(1)))
+            .spawn(move || run(conn, rx, committed, max_batch.max(1), cond))
             .map_err(|e| thread_error("writer thread", e))?;
-        Ok(Writer { tx })
+        Ok(Writer { tx, condition })
+    }
+
+    /// What keeps writes from succeeding now (the disk is full), as the last commits found it.
+    pub fn condition(&self) -> Arc<Mutex<Option<String>>> {
+        self.condition.clone()
     }
 
     /// Runs `f` in the next group commit and returns its result once the commit is durable.
@@ -94,7 +126,7 @@ where
     F: FnOnce(&Connection) -> Result<R, E>,
 {
     if let Err(e) = conn.execute_batch("SAVEPOINT job") {
-        return Err(E::from(StoreError::Backend(e.to_string())));
+        return Err(E::from(batch_error(&e, "savepoint")));
     }
     let out = f(conn);
     let end = if out.is_ok() {
@@ -103,7 +135,7 @@ where
         "ROLLBACK TO job; RELEASE job"
     };
     if let Err(e) = conn.execute_batch(end) {
-        return Err(E::from(StoreError::Backend(e.to_string())));
+        return Err(E::from(batch_error(&e, "savepoint")));
     }
     out
 }
@@ -131,6 +163,7 @@ fn run(
     rx: mpsc::Receiver<Job>,
     committed: mpsc::SyncSender<()>,
     max_batch: usize,
+    condition: Arc<Mutex<Option<String>>>,
 ) {
     let mut batch: Vec<Job> = Vec::with_capacity(max_batch);
     let mut finishes: Vec<Finish> = Vec::with_capacity(max_batch);
@@ -142,21 +175,55 @@ fn run(
                 Err(_) => break,
             }
         }
+        take_disk_full();
+        let changes = conn.total_changes();
         let commit_err = match conn.execute_batch("BEGIN IMMEDIATE") {
-            Err(e) => Some(StoreError::Backend(e.to_string())),
+            Err(e) => Some(batch_error(&e, "cannot begin the batch")),
             Ok(()) => {
-                for job in batch.drain(..) {
+                let mut rolled_back = false;
+                let mut jobs = std::mem::take(&mut batch).into_iter();
+                for job in jobs.by_ref() {
                     finishes.push(job(Some(&conn)));
+                    // A full disk (or another I/O error) can make SQLite roll the whole
+                    // transaction back, not only the failing statement: the jobs before it are
+                    // gone too, so none of the batch may be answered as done.
+                    if conn.is_autocommit() {
+                        rolled_back = true;
+                        break;
+                    }
                 }
-                match conn.execute_batch("COMMIT") {
-                    Ok(()) => None,
-                    Err(e) => {
-                        let _ = conn.execute_batch("ROLLBACK");
-                        Some(StoreError::Backend(format!("commit failed: {e}")))
+                // The jobs not run are answered with the batch's error below.
+                batch.extend(jobs);
+                if rolled_back {
+                    let why = "the database rolled the batch back";
+                    Some(if take_disk_full() {
+                        StoreError::Full(format!("{why}: database or disk is full"))
+                    } else {
+                        StoreError::Backend(why.to_string())
+                    })
+                } else {
+                    match conn.execute_batch("COMMIT") {
+                        Ok(()) => None,
+                        Err(e) => {
+                            let _ = conn.execute_batch("ROLLBACK");
+                            Some(batch_error(&e, "commit failed"))
+                        }
                     }
                 }
             }
         };
+        // The store's condition, for health reports: set while writes hit a full disk, cleared
+        // by the first commit that writes something again.
+        let full = take_disk_full() || matches!(commit_err, Some(StoreError::Full(_)));
+        if let Ok(mut c) = condition.lock() {
+            if let Some(StoreError::Full(why)) = &commit_err {
+                *c = Some(format!("disk full: {why}"));
+            } else if full {
+                *c = Some("disk full: database or disk is full".to_string());
+            } else if commit_err.is_none() && conn.total_changes() > changes {
+                *c = None;
+            }
+        }
         if let Some(e) = &commit_err {
             tracing::error!(error = %e, "group commit failed");
             // Jobs that never ran still need an answer (the batch's error).

@@ -21,6 +21,11 @@ pub enum StoreError {
     /// mid-commit) it is unknown whether it was: retry later, and make the retry safe to repeat.
     #[error("the database is unavailable: {0}")]
     Unavailable(String),
+    /// The store's disk is full: nothing of the call was applied (or, for a write that shared a
+    /// commit with the one that hit the limit, it is unknown whether it was). Reads keep working;
+    /// writes succeed again once space is freed.
+    #[error("the store's disk is full: {0}")]
+    Full(String),
     /// A write under a shard lease was refused because the lease is held by another owner.
     #[error("lease lost: shard {shard} is owned elsewhere")]
     LeaseLost { shard: u32 },

@@ -227,6 +227,9 @@ impl<H: Hooks> Store for Forwarding<H> {
         let _g = self.enter("count_by_state", None);
         self.inner.count_by_state().await
     }
+    fn condition(&self) -> Option<String> {
+        self.inner.condition()
+    }
     async fn queue_settings(&self, queue: &str) -> Result<Option<QueueSettings>, StoreError> {
         let _g = self.enter("queue_settings", None);
         self.inner.queue_settings(queue).await

@@ -239,4 +239,10 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
         fence: Option<Fence>,
     ) -> Result<u64, StoreError>;
+    /// A condition that keeps the store's writes from succeeding now, as its last writes found it
+    /// (the disk is full), for health reports; `None` when its last writes went through. Never
+    /// touches the database. Backends that cannot tell keep the default.
+    fn condition(&self) -> Option<String> {
+        None
+    }
 }

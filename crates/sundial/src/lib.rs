@@ -282,6 +282,12 @@ impl Sundial {
         &self.engine.config
     }
 
+    /// What keeps the store's writes from succeeding now (its disk is full), as its last writes
+    /// found it; `None` when they went through. Never touches the database.
+    pub fn store_condition(&self) -> Option<String> {
+        self.engine.store.condition()
+    }
+
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.engine.store
     }
