@@ -15,14 +15,14 @@ mod cluster;
 mod error;
 #[cfg(feature = "testkit")]
 pub mod forwarding;
+#[cfg(feature = "testkit")]
+pub mod model_testkit;
 mod ops;
 #[cfg(feature = "testkit")]
 pub mod ops_testkit;
 mod push;
 #[cfg(feature = "testkit")]
 pub mod push_testkit;
-#[cfg(feature = "testkit")]
-pub mod model_testkit;
 #[cfg(feature = "testkit")]
 pub mod schedule_testkit;
 mod schedules;

@@ -22,7 +22,9 @@ use sundial_core::{
 };
 use uuid::Uuid;
 
-use crate::{ClaimOutcome, ClaimTarget, DueClaim, Inserted, ReadyClaim, Store, TransitionError};
+use crate::{
+    ClaimOutcome, ClaimTarget, DueClaim, Inserted, ReadyClaim, Retry, Store, TransitionError,
+};
 
 const SHARDS: u32 = 2;
 const QUEUE: &str = "model";
@@ -58,7 +60,7 @@ pub enum Op {
         task: u8,
         stale: bool,
     },
-    /// `retry`: back to scheduled `RETRY_MS` later; else dead.
+    /// `retry`: back to scheduled `RETRY_MS` later while attempts remain; else dead.
     Fail {
         task: u8,
         stale: bool,
@@ -364,7 +366,7 @@ async fn apply(store: &dyn Store, m: &mut Model, op: &Op) -> Result<(), String> 
                 ClaimTarget::Ready
             };
             let got = store
-                .claim_due(vec![DueClaim { id, target }], now)
+                .claim_due(vec![DueClaim { id, target }], now, None)
                 .await
                 .map_err(|e| store_err(&e))?;
             let claimable = {
@@ -448,7 +450,7 @@ async fn apply(store: &dyn Store, m: &mut Model, op: &Op) -> Result<(), String> 
             };
             let execution = attempt_execution(m, id, *stale);
             let until = Timestamp(now.0 + m.task(id).timeout_ms as i64);
-            let got = store.heartbeat(id, execution, now, until).await;
+            let got = store.heartbeat(id, execution, now).await;
             match m.attempt_refusal(id, execution) {
                 None => {
                     let t = got.map_err(|e| format!("heartbeat refused: {e}"))?;
@@ -486,10 +488,15 @@ async fn apply(store: &dyn Store, m: &mut Model, op: &Op) -> Result<(), String> 
                 return Ok(());
             };
             let execution = attempt_execution(m, id, *stale);
-            let retry_at = retry.then_some(Timestamp(now.0 + RETRY_MS));
-            let got = store
-                .fail(id, execution, now, "boom".into(), retry_at)
-                .await;
+            let (request, retry_at) = if *retry {
+                // Again while attempts remain (the store decides from the row).
+                let t = m.task(id);
+                let at = Timestamp(now.0 + RETRY_MS);
+                (Retry::At(at), (t.attempt < t.max_attempts).then_some(at))
+            } else {
+                (Retry::Never, None)
+            };
+            let got = store.fail(id, execution, now, "boom".into(), request).await;
             match m.attempt_refusal(id, execution) {
                 None => {
                     let t = got.map_err(|e| format!("fail refused: {e}"))?;
@@ -518,7 +525,7 @@ async fn apply(store: &dyn Store, m: &mut Model, op: &Op) -> Result<(), String> 
         }
         Op::ExpireLeases => {
             let got = store
-                .expire_leases(now, 1_000)
+                .expire_leases(now, 1_000, None)
                 .await
                 .map_err(|e| store_err(&e))?;
             let expected: Vec<TaskId> = m
@@ -630,7 +637,7 @@ async fn compare(store: &dyn Store, m: &Model) -> Result<(), String> {
         }
     }
     let lease = store
-        .next_lease_expiry()
+        .next_lease_expiry(None)
         .await
         .map_err(|e| format!("next_lease_expiry: {e}"))?
         .map(|t| t.0);
