@@ -200,7 +200,7 @@ async fn full_disk() -> Option<String> {
         },
         &data,
     );
-    let http = reqwest::Client::new();
+    let http = sundial_cli::http_client_builder().build().unwrap();
     let url = |p: &str| format!("{}{p}", server.url);
 
     let mut acked = Vec::new();
