@@ -77,6 +77,9 @@ pub struct ServerArgs {
     /// `sundial.activities`, …) in the `sundial_tasks` gauge.
     #[arg(long, env = "SUNDIAL_METRICS_INTERNAL_QUEUES")]
     metrics_internal_queues: bool,
+    /// How long a create's idempotency key is remembered after its task finished.
+    #[arg(long, env = "SUNDIAL_IDEMPOTENCY_WINDOW", default_value = "24h", value_parser = parse_duration)]
+    idempotency_window: Duration,
     /// With PostgreSQL: how long a node's shard leases last without renewal.
     #[arg(long, env = "SUNDIAL_SHARD_LEASE_TTL", default_value = "10s", value_parser = parse_duration)]
     shard_lease_ttl: Duration,
@@ -171,6 +174,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         },
         push_concurrency: args.push_concurrency.max(1),
         push_host_concurrency: args.push_host_concurrency.max(1),
+        idempotency_window: args.idempotency_window,
         ..Config::default()
     };
     let sqlite = SqliteOptions {

@@ -167,6 +167,15 @@ struct AddArgs {
     /// Mutual exclusion: at most one running task holds this key at a time.
     #[arg(long, value_name = "KEY")]
     exclusive: Option<String>,
+    /// Idempotency key: running the same command again (same key and arguments) answers the
+    /// task the first run created instead of creating another, also after it finished (within
+    /// the server's idempotency window, 24 h by default).
+    #[arg(long, value_name = "KEY")]
+    idempotency_key: Option<String>,
+    /// Revision of the intent under --idempotency-key (default 0): a higher one creates a new
+    /// task; a lower one is refused.
+    #[arg(long, value_name = "N", requires = "idempotency_key")]
+    idempotency_version: Option<u64>,
     /// With --exclusive, when the key is held: `wait` (default) until it is free, or `skip`
     /// (end `cancelled`).
     #[arg(long, value_enum, requires = "exclusive")]
@@ -296,6 +305,8 @@ pub async fn run(args: TaskArgs) -> anyhow::Result<ExitCode> {
                 timeout: a.timeout,
                 backoff,
                 exclusive,
+                idempotency_key: a.idempotency_key,
+                idempotency_version: a.idempotency_version,
                 ..CreateTask::new(a.kind)
             };
             let quiet = a.quiet;

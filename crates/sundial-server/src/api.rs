@@ -53,9 +53,28 @@ pub async fn create_task(
     State(st): State<AppState>,
     ApiJson(body): ApiJson<CreateTask>,
 ) -> Result<Response, ApiError> {
+    let idempotency = body
+        .idempotency_key
+        .clone()
+        .map(|k| sundial::Idempotency::new(k).version(body.idempotency_version.unwrap_or(0)));
+    if idempotency.is_none() && body.idempotency_version.is_some() {
+        return Err(ApiError::invalid(
+            "idempotency_version",
+            "idempotency_version needs an idempotency_key",
+        ));
+    }
     let spec = body.into_spec()?;
-    let task = st.sundial.schedule_task(spec).await?;
-    Ok(created(task))
+    match idempotency {
+        None => Ok(created(st.sundial.schedule_task(spec).await?)),
+        Some(i) => {
+            let c = st.sundial.create_idempotent(spec, i).await?;
+            if c.repeat {
+                Ok((StatusCode::OK, Json(TaskView::from(c.task))).into_response())
+            } else {
+                Ok(created(c.task))
+            }
+        }
+    }
 }
 
 /// Create many tasks in one transaction.
@@ -91,6 +110,17 @@ pub async fn create_batch(
             body.tasks.len()
         ))
         .with_field("tasks"));
+    }
+    if let Some(i) = body
+        .tasks
+        .iter()
+        .position(|t| t.idempotency_key.is_some() || t.idempotency_version.is_some())
+    {
+        return Err(ApiError::invalid(
+            "idempotency_key",
+            "idempotency keys are taken on single creates (POST /v1/tasks) only",
+        )
+        .at_index(i));
     }
     let specs = body
         .tasks

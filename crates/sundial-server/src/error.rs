@@ -5,7 +5,7 @@
 //! | 400 | `malformed` | the body is not JSON (syntax error, truncated) |
 //! | 404 | `not_found` | no such task (or no such route) |
 //! | 405 | `method_not_allowed` | the route exists, the method does not |
-//! | 409 | `already_exists` (+ `existing_id`), `wrong_state` (+ `state`), `stale_execution` (+ `state`) | the request is valid but conflicts with what is stored |
+//! | 409 | `idempotency_conflict` (+ `existing_id`), `already_exists` (+ `existing_id`), `wrong_state` (+ `state`), `stale_execution` (+ `state`) | the request is valid but conflicts with what is stored |
 //! | 413 | `too_large` | a body, payload, result or batch over its limit |
 //! | 422 | `invalid` (+ `field`, `index` in a batch) | well-formed but invalid: unknown fields, bad values |
 //! | 501 | `unsupported` | the store has no tables for this (schedules or workflows) |
@@ -172,6 +172,19 @@ impl From<Error> for ApiError {
                     StatusCode::CONFLICT,
                     "already_exists",
                     format!("a live task of this queue already holds this key: {existing}"),
+                );
+                err.detail.existing_id = Some(existing.0);
+                err
+            }
+            Error::IdempotencyConflict { existing, version } => {
+                let mut err = ApiError::new(
+                    StatusCode::CONFLICT,
+                    "idempotency_conflict",
+                    format!(
+                        "this idempotency key is remembered for another request (version \
+                         {version}, task {existing}): use a new key, or a higher version for a \
+                         new revision"
+                    ),
                 );
                 err.detail.existing_id = Some(existing.0);
                 err

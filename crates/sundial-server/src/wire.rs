@@ -29,6 +29,16 @@ pub struct CreateTask {
     /// Business key: at most one live (not finished) task per queue and key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
+    /// Idempotency key (single creates only; at most 256 bytes): a retry with the same key and
+    /// body answers `200` with the task the first request created, for as long as that task is
+    /// live and for the server's idempotency window (default 24 h) after it finished; the same
+    /// key with another body answers `409 idempotency_conflict`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// Revision of the intent under `idempotency_key` (default 0): the same version is a repeat;
+    /// a higher one is accepted as a new task; a lower one is a conflict.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_version: Option<u64>,
     /// Any JSON value (default `null`), at most 256 KiB serialised.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload: Option<serde_json::Value>,

@@ -215,3 +215,37 @@ fn openapi_document_describes_every_route() {
         );
     }
 }
+
+/// Creates with an idempotency key: a retry with the same key and body answers 200 with the
+/// original task; another body answers 409 `idempotency_conflict`; a higher version is a new
+/// task; a batch item with a key is refused (single creates only).
+#[tokio::test]
+async fn idempotent_creates_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let sundial = Sundial::open(dir.path()).await.unwrap();
+    let app = router(sundial.clone(), ServerConfig::default());
+    let body = json!({"kind": "ship", "payload": {"order": 17}, "delay": "1h",
+                      "idempotency_key": "order-17"});
+    let (status, first) = call(&app, "POST", "/v1/tasks", Some(body.clone())).await;
+    assert_eq!(status, StatusCode::CREATED, "{first}");
+    let (status, again) = call(&app, "POST", "/v1/tasks", Some(body.clone())).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["id"], first["id"], "the original task");
+    let mut other = body.clone();
+    other["payload"] = json!({"order": 18});
+    let (status, err) = call(&app, "POST", "/v1/tasks", Some(other)).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{err}");
+    assert_eq!(err["error"]["code"], "idempotency_conflict");
+    assert_eq!(err["error"]["existing_id"], first["id"]);
+    let mut v1 = body.clone();
+    v1["idempotency_version"] = json!(1);
+    let (status, newer) = call(&app, "POST", "/v1/tasks", Some(v1)).await;
+    assert_eq!(status, StatusCode::CREATED, "{newer}");
+    assert_ne!(newer["id"], first["id"]);
+    let (status, err) = call(&app, "POST", "/v1/tasks", Some(body)).await;
+    assert_eq!(status, StatusCode::CONFLICT, "an older version: {err}");
+    let batch = json!({"tasks": [{"kind": "a"}, {"kind": "b", "idempotency_key": "x"}]});
+    let (status, err) = call(&app, "POST", "/v1/tasks:batch", Some(batch)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{err}");
+    assert_eq!(err["error"]["index"], 1);
+}

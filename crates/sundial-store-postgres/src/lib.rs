@@ -169,9 +169,10 @@ use async_trait::async_trait;
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, PoolError, Runtime};
 use sundial_core::{ExclusiveMode, ExecutionId, NewTask, Task, TaskId, Timestamp};
 use sundial_store::{
-    AttemptHistory, ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Fence, Inserted,
-    QueueConfig, QueueSettings, ReadyClaim, RetentionRules, Retry, Selected, StateCount, Store,
-    StoreError, TaskFilter, TaskPage, TransitionError,
+    AttemptHistory, ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Fence,
+    IdempotencyDecision, IdempotentCreate, IdempotentOutcome, Inserted, QueueConfig, QueueSettings,
+    ReadyClaim, RetentionRules, Retry, Selected, StateCount, Store, StoreError, TaskFilter,
+    TaskPage, TransitionError, idempotency_decision, idempotency_remembered,
 };
 use thiserror::Error;
 use tokio_postgres::types::ToSql;
@@ -941,6 +942,86 @@ impl Store for PostgresStore {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
         let out = self.insert_in(&tx, &tasks).await?;
+        tx.commit().await.map_err(pg)?;
+        Ok(out)
+    }
+
+    async fn insert_idempotent(
+        &self,
+        c: IdempotentCreate,
+    ) -> Result<IdempotentOutcome, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        // Calls with one key queue here until the first commits; then they see its record.
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2, 7))",
+            &[&c.task.queue, &c.key],
+        )
+        .await
+        .map_err(pg)?;
+        let s = &self.schema.ident;
+        let record = tx
+            .query_opt(
+                &format!(
+                    "SELECT version, fingerprint, task_id FROM {s}.idempotency \
+                     WHERE queue = $1 AND key = $2"
+                ),
+                &[&c.task.queue, &c.key],
+            )
+            .await
+            .map_err(pg)?;
+        let remembered = match record {
+            Some(r) => {
+                let v: i64 = col(&r, 0)?;
+                let fp: String = col(&r, 1)?;
+                let id: uuid::Uuid = col(&r, 2)?;
+                query_opt(&tx, &self.sql.get, &[&id])
+                    .await?
+                    .map(|r| task_from_row(&r))
+                    .transpose()?
+                    .filter(|t| idempotency_remembered(t, c.remember_ms, c.now))
+                    .map(|t| (v as u64, fp, t))
+            }
+            None => None,
+        };
+        let decision = idempotency_decision(
+            remembered.as_ref().map(|(v, fp, t)| (*v, fp.as_str(), t)),
+            c.version,
+            &c.fingerprint,
+        );
+        if let IdempotencyDecision::Answer(a) = decision {
+            return Ok(a);
+        }
+        let out = match self
+            .insert_in(&tx, std::slice::from_ref(&c.task))
+            .await?
+            .pop()
+        {
+            Some(Inserted::Created(t)) => {
+                tx.execute(
+                    &format!(
+                        "INSERT INTO {s}.idempotency \
+                         (queue, key, version, fingerprint, task_id, created_at) \
+                         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (queue, key) DO UPDATE SET \
+                         version = EXCLUDED.version, fingerprint = EXCLUDED.fingerprint, \
+                         task_id = EXCLUDED.task_id, created_at = EXCLUDED.created_at"
+                    ),
+                    &[
+                        &c.task.queue,
+                        &c.key,
+                        &(c.version as i64),
+                        &c.fingerprint,
+                        &t.id.0,
+                        &c.now.0,
+                    ],
+                )
+                .await
+                .map_err(pg)?;
+                IdempotentOutcome::Created(t)
+            }
+            Some(Inserted::Duplicate { existing }) => IdempotentOutcome::Duplicate { existing },
+            None => return Err(StoreError::Backend("insert returned nothing".into())),
+        };
         tx.commit().await.map_err(pg)?;
         Ok(out)
     }

@@ -363,6 +363,21 @@ CREATE TABLE {schema}.push_secrets (
 CREATE INDEX schedule_fires_recorded ON {schema}.schedule_fires (recorded_at);
 "#,
     },
+    Migration {
+        version: 9,
+        name: "idempotency keys of creates",
+        sql: r#"
+CREATE TABLE {schema}.idempotency (
+    queue       text COLLATE "C" NOT NULL,
+    key         text COLLATE "C" NOT NULL,
+    version     bigint NOT NULL,
+    fingerprint text NOT NULL,
+    task_id     uuid NOT NULL,
+    created_at  bigint NOT NULL,
+    PRIMARY KEY (queue, key)
+);
+"#,
+    },
 ];
 
 /// The schema version this build writes (the highest migration it knows).

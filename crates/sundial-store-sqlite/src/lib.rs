@@ -33,9 +33,10 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 use sundial_core::{ExecutionId, NewTask, Task, TaskId, TaskState, Timestamp};
 use sundial_store::{
-    AttemptHistory, ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Fence, Inserted,
-    QueueConfig, QueueSettings, ReadyClaim, RetentionRules, Retry, Selected, StateCount, Store,
-    StoreError, TaskFilter, TaskPage, TransitionError,
+    AttemptHistory, ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Fence,
+    IdempotencyDecision, IdempotentCreate, IdempotentOutcome, Inserted, QueueConfig, QueueSettings,
+    ReadyClaim, RetentionRules, Retry, Selected, StateCount, Store, StoreError, TaskFilter,
+    TaskPage, TransitionError, idempotency_decision, idempotency_remembered,
 };
 use thiserror::Error;
 
@@ -322,6 +323,60 @@ fn get_task(conn: &Connection, id: &TaskId) -> Result<Option<Task>, StoreError> 
         .optional()
         .map_err(backend)?;
     row.transpose()
+}
+
+/// [`Store::insert_idempotent`] inside the writer's transaction.
+fn insert_idempotent(
+    conn: &Connection,
+    c: &IdempotentCreate,
+) -> Result<IdempotentOutcome, StoreError> {
+    let record: Option<(i64, String, Vec<u8>)> = conn
+        .prepare_cached(
+            "SELECT version, fingerprint, task_id FROM idempotency WHERE queue = ?1 AND key = ?2",
+        )
+        .map_err(backend)?
+        .query_row(params![c.task.queue, c.key], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .optional()
+        .map_err(backend)?;
+    let remembered = match &record {
+        Some((v, fp, id)) => get_task(conn, &rows::task_id(id)?)?
+            .filter(|t| idempotency_remembered(t, c.remember_ms, c.now))
+            .map(|t| (*v as u64, fp.clone(), t)),
+        None => None,
+    };
+    let decision = idempotency_decision(
+        remembered.as_ref().map(|(v, fp, t)| (*v, fp.as_str(), t)),
+        c.version,
+        &c.fingerprint,
+    );
+    if let IdempotencyDecision::Answer(a) = decision {
+        return Ok(a);
+    }
+    match insert_many(conn, std::slice::from_ref(&c.task))?.pop() {
+        Some(Inserted::Created(t)) => {
+            conn.prepare_cached(
+                "INSERT INTO idempotency (queue, key, version, fingerprint, task_id, created_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (queue, key) DO UPDATE SET \
+                 version = excluded.version, fingerprint = excluded.fingerprint, \
+                 task_id = excluded.task_id, created_at = excluded.created_at",
+            )
+            .map_err(backend)?
+            .execute(params![
+                c.task.queue,
+                c.key,
+                c.version as i64,
+                c.fingerprint,
+                t.id.as_bytes(),
+                c.now.0
+            ])
+            .map_err(backend)?;
+            Ok(IdempotentOutcome::Created(t))
+        }
+        Some(Inserted::Duplicate { existing }) => Ok(IdempotentOutcome::Duplicate { existing }),
+        None => Err(StoreError::Backend("insert returned nothing".into())),
+    }
 }
 
 fn state_of(conn: &Connection, id: &TaskId) -> Result<Option<TaskState>, StoreError> {
@@ -794,6 +849,17 @@ impl Store for SqliteStore {
     async fn insert(&self, tasks: Vec<NewTask>) -> Result<Vec<Inserted>, StoreError> {
         self.writer
             .write(move |conn| insert_many(conn, &tasks))
+            .await
+    }
+
+    async fn insert_idempotent(
+        &self,
+        create: IdempotentCreate,
+    ) -> Result<IdempotentOutcome, StoreError> {
+        // One writer job: the record's read, the decision and the writes share one transaction,
+        // and the single writer serialises calls with one key.
+        self.writer
+            .write(move |conn| insert_idempotent(conn, &create))
             .await
     }
 

@@ -271,6 +271,19 @@ CREATE TABLE push_secrets (
     r#"
 CREATE INDEX schedule_fires_recorded ON schedule_fires (recorded_at);
 "#,
+    // 8: idempotency keys of creates (per queue), with the request's fingerprint and version and
+    // the task the key created.
+    r#"
+CREATE TABLE idempotency (
+    queue       TEXT    NOT NULL,
+    key         TEXT    NOT NULL,
+    version     INTEGER NOT NULL,
+    fingerprint TEXT    NOT NULL,
+    task_id     BLOB    NOT NULL,
+    created_at  INTEGER NOT NULL,
+    PRIMARY KEY (queue, key)
+) WITHOUT ROWID;
+"#,
 ];
 
 /// The schema version this build writes.

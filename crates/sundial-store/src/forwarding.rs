@@ -10,9 +10,9 @@ use async_trait::async_trait;
 use sundial_core::{ExecutionId, NewTask, Task, TaskId, Timestamp};
 
 use crate::{
-    AttemptHistory, ClaimOutcome, DueClaim, DueEntry, DueKey, Fence, Inserted, QueueConfig,
-    QueueSettings, ReadyClaim, RetentionRules, Retry, Selected, StateCount, Store, StoreError,
-    TaskFilter, TaskPage, TransitionError,
+    AttemptHistory, ClaimOutcome, DueClaim, DueEntry, DueKey, Fence, IdempotentCreate,
+    IdempotentOutcome, Inserted, QueueConfig, QueueSettings, ReadyClaim, RetentionRules, Retry,
+    Selected, StateCount, Store, StoreError, TaskFilter, TaskPage, TransitionError,
 };
 
 /// One forwarded call, as [`Hooks::enter`] sees it.
@@ -37,6 +37,13 @@ pub trait Hooks: Send + Sync + 'static {
         tasks: Vec<NewTask>,
     ) -> Result<Vec<Inserted>, StoreError> {
         inner.insert(tasks).await
+    }
+    async fn insert_idempotent(
+        &self,
+        inner: &dyn Store,
+        create: IdempotentCreate,
+    ) -> Result<IdempotentOutcome, StoreError> {
+        inner.insert_idempotent(create).await
     }
     async fn claim_due(
         &self,
@@ -126,6 +133,13 @@ impl<H: Hooks> Store for Forwarding<H> {
     async fn insert(&self, tasks: Vec<NewTask>) -> Result<Vec<Inserted>, StoreError> {
         let _g = self.enter("insert", None);
         self.hooks.insert(&*self.inner, tasks).await
+    }
+    async fn insert_idempotent(
+        &self,
+        create: IdempotentCreate,
+    ) -> Result<IdempotentOutcome, StoreError> {
+        let _g = self.enter("insert_idempotent", None);
+        self.hooks.insert_idempotent(&*self.inner, create).await
     }
     async fn get(&self, id: TaskId) -> Result<Option<Task>, StoreError> {
         let _g = self.enter("get", None);

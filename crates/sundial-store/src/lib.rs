@@ -49,8 +49,9 @@ pub use schedules::{
     ScheduleStore, TICK_KIND, TICK_QUEUE,
 };
 pub use types::{
-    ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Inserted, ReadyClaim, Retry, StateCount,
-    TaskFilter, TaskPage,
+    ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, IdempotencyDecision, IdempotentCreate,
+    IdempotentOutcome, Inserted, ReadyClaim, Retry, StateCount, TaskFilter, TaskPage,
+    idempotency_decision, idempotency_remembered,
 };
 pub use workflows::{
     ACTIVITY_KIND_PREFIX, ACTIVITY_QUEUE, AppendOp, Appended, CHILD_KIND, Committed, HistoryEvent,
@@ -70,6 +71,17 @@ pub trait Store: Send + Sync + 'static {
     /// whose `(queue, key)` is held by a live (non-terminal) task is not inserted; its slot in the
     /// result names the holder instead. On `Err` nothing was inserted.
     async fn insert(&self, tasks: Vec<NewTask>) -> Result<Vec<Inserted>, StoreError>;
+
+    /// Inserts one task under an idempotency key, in one transaction with the key's record (see
+    /// [`IdempotentCreate`]): a repeat of a remembered request answers its task and stores
+    /// nothing; the same key and version with another request, or an older version, is a
+    /// conflict; a newer version, or a key not (or no longer) remembered, inserts the task (as
+    /// [`Store::insert`] does) and remembers the key for it. Concurrent calls with one key are
+    /// serialised: exactly one of them inserts.
+    async fn insert_idempotent(
+        &self,
+        create: IdempotentCreate,
+    ) -> Result<IdempotentOutcome, StoreError>;
 
     async fn get(&self, id: TaskId) -> Result<Option<Task>, StoreError>;
 

@@ -38,8 +38,8 @@ use uuid::Uuid;
 
 use crate::Retry;
 use crate::{
-    ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Inserted, ReadyClaim, Store, TaskFilter,
-    TransitionError,
+    ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, IdempotentCreate, IdempotentOutcome,
+    Inserted, ReadyClaim, Store, TaskFilter, TransitionError,
 };
 
 /// What a conformance factory hands back: the store under test, alone or with a guard that must
@@ -112,6 +112,8 @@ macro_rules! store_conformance {
             insert_batch_is_atomic
             duplicate_live_key_is_refused
             duplicate_key_within_one_batch_is_refused
+            idempotent_create_repeats_conflicts_and_versions
+            idempotency_is_remembered_until_the_window_after_the_task_finished
             same_key_in_another_queue_is_allowed
             key_is_released_when_holder_is_terminal
             scan_due_returns_due_scheduled_tasks_of_shard_in_order
@@ -2971,4 +2973,152 @@ pub async fn next_lease_expiry_of_one_shard(store: Arc<dyn Store>) {
     assert_eq!(next(Some(0)).await, Some(at(100)));
     assert_eq!(next(Some(1)).await, Some(at(200)));
     assert_eq!(next(Some(2)).await, None);
+}
+
+/// An idempotent create, by `key` and `version`, of `spec` at `now` (fingerprint `fp`), kept
+/// `remember_ms` after its task finishes.
+fn idem(spec: TaskSpec, key: &str, version: u64, fp: &str, now: Timestamp) -> IdempotentCreate {
+    IdempotentCreate {
+        task: make(spec, now),
+        key: key.to_string(),
+        version,
+        fingerprint: fp.to_string(),
+        remember_ms: 1_000,
+        now,
+    }
+}
+
+/// A repeat (same key, version and fingerprint) answers the first task and stores nothing; the
+/// same key and version with another fingerprint, or an older version, is a conflict; a newer
+/// version stores a new task; keys are per queue.
+pub async fn idempotent_create_repeats_conflicts_and_versions(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let spec = || TaskSpec::new("k").queue("q").payload(json!({"n": 1}));
+    let first = match s
+        .insert_idempotent(idem(spec(), "K", 0, "A", at(0)))
+        .await
+        .expect("first")
+    {
+        IdempotentOutcome::Created(t) => *t,
+        other => panic!("expected created, got {other:?}"),
+    };
+    let again = idem(spec(), "K", 0, "A", at(1));
+    let again_id = again.task.id;
+    match s.insert_idempotent(again).await.expect("repeat") {
+        IdempotentOutcome::Repeat(t) => assert_eq!(t.id, first.id, "the first request's task"),
+        other => panic!("expected a repeat, got {other:?}"),
+    }
+    assert!(
+        s.get(again_id).await.expect("get").is_none(),
+        "a repeat stores nothing"
+    );
+    let other = idem(spec(), "K", 0, "B", at(2));
+    let other_id = other.task.id;
+    assert_eq!(
+        s.insert_idempotent(other).await.expect("conflict"),
+        IdempotentOutcome::Conflict {
+            existing: first.id,
+            version: 0
+        },
+        "same key and version, another request"
+    );
+    assert!(s.get(other_id).await.expect("get").is_none());
+    let v2 = match s
+        .insert_idempotent(idem(spec(), "K", 2, "C", at(3)))
+        .await
+        .expect("newer version")
+    {
+        IdempotentOutcome::Created(t) => *t,
+        other => panic!("a newer version is stored, got {other:?}"),
+    };
+    assert_ne!(v2.id, first.id);
+    assert_eq!(
+        s.insert_idempotent(idem(spec(), "K", 1, "C", at(4)))
+            .await
+            .expect("older version"),
+        IdempotentOutcome::Conflict {
+            existing: v2.id,
+            version: 2
+        },
+        "an older version than the remembered one"
+    );
+    match s
+        .insert_idempotent(idem(spec(), "K", 2, "C", at(5)))
+        .await
+        .expect("repeat of v2")
+    {
+        IdempotentOutcome::Repeat(t) => assert_eq!(t.id, v2.id),
+        other => panic!("expected a repeat of version 2, got {other:?}"),
+    }
+    // Another queue, the same key: its own record.
+    let elsewhere = TaskSpec::new("k").queue("q2").payload(json!({"n": 1}));
+    assert!(matches!(
+        s.insert_idempotent(idem(elsewhere, "K", 0, "A", at(6)))
+            .await
+            .expect("other queue"),
+        IdempotentOutcome::Created(_)
+    ));
+    assert_eq!(
+        counts(s).await,
+        count_map(&[
+            ("q", TaskState::Scheduled, 2),
+            ("q2", TaskState::Scheduled, 1)
+        ])
+    );
+}
+
+/// A key is remembered while its task is live, and for `remember_ms` after it finished; then a
+/// create with it stores a new task. A task key held by a live task still wins (`Duplicate`).
+pub async fn idempotency_is_remembered_until_the_window_after_the_task_finished(
+    store: Arc<dyn Store>,
+) {
+    let s = store.as_ref();
+    let spec = || TaskSpec::new("k").queue("q");
+    let first = match s
+        .insert_idempotent(idem(spec(), "K", 0, "A", at(0)))
+        .await
+        .expect("first")
+    {
+        IdempotentOutcome::Created(t) => *t,
+        other => panic!("expected created, got {other:?}"),
+    };
+    let (exec, _) = start(s, first.id, at(10)).await;
+    // Live (running) long after any window: still a repeat.
+    assert!(matches!(
+        s.insert_idempotent(idem(spec(), "K", 0, "A", at(5_000)))
+            .await
+            .expect("live"),
+        IdempotentOutcome::Repeat(_)
+    ));
+    s.complete(first.id, exec, at(6_000), None)
+        .await
+        .expect("complete");
+    assert!(
+        matches!(
+            s.insert_idempotent(idem(spec(), "K", 0, "A", at(6_999)))
+                .await
+                .expect("inside"),
+            IdempotentOutcome::Repeat(_)
+        ),
+        "inside the window after it finished"
+    );
+    match s
+        .insert_idempotent(idem(spec(), "K", 0, "A", at(7_000)))
+        .await
+        .expect("after")
+    {
+        IdempotentOutcome::Created(t) => assert_ne!(t.id, first.id),
+        other => panic!("after the window a new task is stored, got {other:?}"),
+    }
+    // A live holder of the task key refuses the create, idempotent or not.
+    let keyed = || TaskSpec::new("k").queue("q").key("B");
+    let holder = insert(s, make(keyed(), at(8_000))).await;
+    assert_eq!(
+        s.insert_idempotent(idem(keyed(), "K2", 0, "A", at(8_001)))
+            .await
+            .expect("duplicate"),
+        IdempotentOutcome::Duplicate {
+            existing: holder.id
+        }
+    );
 }

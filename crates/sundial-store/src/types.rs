@@ -1,6 +1,6 @@
 //! Plain data passed across the [`crate::Store`] trait.
 
-use sundial_core::{Backoff, ExecutionId, Task, TaskId, TaskState, Timestamp};
+use sundial_core::{Backoff, ExecutionId, NewTask, Task, TaskId, TaskState, Timestamp};
 
 /// Position in a shard's due index: `(due_at, id)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -30,6 +30,76 @@ pub enum Inserted {
     Duplicate {
         existing: TaskId,
     },
+}
+
+/// A create that carries an idempotency key ([`crate::Store::insert_idempotent`]).
+///
+/// The key is remembered per queue with the request's `fingerprint` and `version` and the task it
+/// created, for as long as that task is live and for `remember_ms` after it finished (a task no
+/// longer stored is forgotten with it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct IdempotentCreate {
+    pub task: NewTask,
+    pub key: String,
+    pub version: u64,
+    /// A digest of the request (everything but the key and version): a retry of the same request
+    /// has the same one.
+    pub fingerprint: String,
+    pub remember_ms: u64,
+    pub now: Timestamp,
+}
+
+/// What became of an [`IdempotentCreate`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum IdempotentOutcome {
+    /// Stored (no remembered use of the key, an expired one, or a higher version).
+    Created(Box<Task>),
+    /// The same key, version and fingerprint are remembered: nothing stored; the task the first
+    /// request created.
+    Repeat(Box<Task>),
+    /// The key is remembered with the same version and another fingerprint, or with a higher
+    /// version: nothing stored.
+    Conflict { existing: TaskId, version: u64 },
+    /// A live task of the queue holds the task's `key`: nothing stored.
+    Duplicate { existing: TaskId },
+}
+
+/// How a remembered idempotency key answers a new request with `version` and `fingerprint`;
+/// `remembered` is the record (version, fingerprint, task) and its task as stored, if it still
+/// counts (live, or finished less than `remember_ms` ago). Both backends decide with this.
+pub fn idempotency_decision(
+    remembered: Option<(u64, &str, &Task)>,
+    version: u64,
+    fingerprint: &str,
+) -> IdempotencyDecision {
+    match remembered {
+        None => IdempotencyDecision::Insert,
+        Some((v, fp, task)) if v == version && fp == fingerprint => {
+            IdempotencyDecision::Answer(IdempotentOutcome::Repeat(Box::new(task.clone())))
+        }
+        Some((v, _, _)) if version > v => IdempotencyDecision::Insert,
+        Some((v, _, task)) => IdempotencyDecision::Answer(IdempotentOutcome::Conflict {
+            existing: task.id,
+            version: v,
+        }),
+    }
+}
+
+/// Whether a remembered key's task still makes the key count at `now`.
+pub fn idempotency_remembered(task: &Task, remember_ms: u64, now: Timestamp) -> bool {
+    match task.finished_at {
+        Some(f) if task.state.is_terminal() => f.0.saturating_add(remember_ms as i64) > now.0,
+        _ => true,
+    }
+}
+
+/// See [`idempotency_decision`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum IdempotencyDecision {
+    /// Insert the task and remember the key for it.
+    Insert,
+    /// Answer this, storing nothing.
+    Answer(IdempotentOutcome),
 }
 
 /// Where a due task goes when claimed.

@@ -36,6 +36,9 @@ pub struct Config {
     pub limits: Limits,
     /// Several nodes: how long a shard lease lasts without renewal (renewed every third of it). A
     /// node that stops heartbeating loses its shards within this time.
+    /// How long an idempotency key of a create is remembered after its task finished (while
+    /// the task is live it always is): a retry within it answers the original task.
+    pub idempotency_window: Duration,
     pub shard_lease_ttl: Duration,
     /// Several nodes: the largest difference between this node's clock and the database's that
     /// start-up accepts. Smaller differences are corrected (see `clock::OffsetClock`). The same
@@ -105,6 +108,7 @@ impl Default for Config {
             max_poll_batch: 256,
             claim_batch: 512,
             limits: Limits::default(),
+            idempotency_window: Duration::from_secs(24 * 3600),
             shard_lease_ttl: Duration::from_secs(10),
             max_clock_skew: Duration::from_secs(2),
             clock_check_interval: Duration::from_secs(60),

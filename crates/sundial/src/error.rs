@@ -19,6 +19,12 @@ pub enum Error {
     /// A live task of the same queue already holds this key; nothing new was stored.
     #[error("a live task already holds this key: {existing}")]
     Duplicate { existing: TaskId },
+    /// The idempotency key is remembered for another request (the same version with another
+    /// body, or a newer version): nothing was stored.
+    #[error(
+        "the idempotency key is remembered for another request (version {version}, task {existing})"
+    )]
+    IdempotencyConflict { existing: TaskId, version: u64 },
     #[error("no such task")]
     NotFound,
     /// The task's state does not allow the operation (e.g. cancelling a finished task).
@@ -60,7 +66,10 @@ impl Error {
     pub fn is_conflict(&self) -> bool {
         matches!(
             self,
-            Error::Duplicate { .. } | Error::WrongState { .. } | Error::StaleExecution { .. }
+            Error::Duplicate { .. }
+                | Error::IdempotencyConflict { .. }
+                | Error::WrongState { .. }
+                | Error::StaleExecution { .. }
         )
     }
     pub fn is_invalid(&self) -> bool {

@@ -355,6 +355,72 @@ impl Sundial {
         }
     }
 
+    /// Like [`Sundial::schedule_task`], under an idempotency key: a client that cannot tell
+    /// whether its create went through (a timeout, a `503` for a connection lost mid-commit)
+    /// retries with the same key and gets the task the first call created, never a second one.
+    ///
+    /// The key is remembered per queue, with a digest of `spec` and the version, for as long as
+    /// the task is live and for [`Config::idempotency_window`] after it finished. The same key,
+    /// version and spec answer the original task (`repeat: true`; nothing stored); the same key
+    /// and version with another spec, or an older version, is [`Error::IdempotencyConflict`]; a
+    /// newer version is a new revision of the same intent and is stored. Concurrent calls with
+    /// one key: exactly one stores.
+    pub async fn create_idempotent(
+        &self,
+        spec: TaskSpec,
+        idempotency: Idempotency,
+    ) -> Result<Created, Error> {
+        if self.engine.is_stopping() {
+            return Err(Error::ShuttingDown);
+        }
+        idempotency.validate()?;
+        let fingerprint = spec_fingerprint(&spec);
+        let now = self.engine.clock.now();
+        let cfg = &self.engine.config;
+        let task = spec.validate(
+            TaskId(uuid::Uuid::now_v7()),
+            now,
+            cfg.shard_count,
+            &cfg.limits,
+        )?;
+        let create = sundial_store::IdempotentCreate {
+            task,
+            key: idempotency.key,
+            version: idempotency.version,
+            fingerprint,
+            remember_ms: u64::try_from(cfg.idempotency_window.as_millis()).unwrap_or(u64::MAX),
+            now,
+        };
+        match self.engine.store.insert_idempotent(create).await? {
+            sundial_store::IdempotentOutcome::Created(t) => {
+                metrics::counter!("sundial_tasks_scheduled_total", "queue" => t.queue.clone())
+                    .increment(1);
+                self.engine.notify_task(&t);
+                Ok(Created {
+                    task: *t,
+                    repeat: false,
+                })
+            }
+            sundial_store::IdempotentOutcome::Repeat(t) => {
+                // The first call may have committed without getting to notify the engine (its
+                // answer was lost): notify now, or the task would wait for the idle rescan.
+                if t.state == TaskState::Scheduled {
+                    self.engine.notify_task(&t);
+                }
+                Ok(Created {
+                    task: *t,
+                    repeat: true,
+                })
+            }
+            sundial_store::IdempotentOutcome::Conflict { existing, version } => {
+                Err(Error::IdempotencyConflict { existing, version })
+            }
+            sundial_store::IdempotentOutcome::Duplicate { existing } => {
+                Err(Error::Duplicate { existing })
+            }
+        }
+    }
+
     /// Stores many tasks in one transaction. Any invalid item rejects the whole batch (the error
     /// names its index) and nothing is stored. Key conflicts are reported per item.
     pub async fn schedule_many(&self, specs: Vec<TaskSpec>) -> Result<Vec<Scheduled>, Error> {
@@ -451,7 +517,22 @@ impl Sundial {
     ) -> Result<Task, Error> {
         // No read first: the store's update is conditional on `running` with this execution id
         // and says why it refused (unknown task, or the state the attempt lost to).
-        self.engine.complete(id, execution, result).await
+        match self.engine.complete(id, execution, result).await {
+            // A retry of a complete whose first call committed but whose answer was lost (a
+            // connection broken mid-commit): the task succeeded with this very attempt. Answer
+            // as the first call would have; nothing is applied twice.
+            Err(e @ (Error::WrongState { .. } | Error::StaleExecution { .. })) => {
+                match self.engine.store.get(id).await? {
+                    Some(t)
+                        if t.state == TaskState::Succeeded && t.execution_id == Some(execution) =>
+                    {
+                        Ok(t)
+                    }
+                    _ => Err(e),
+                }
+            }
+            other => other,
+        }
     }
 
     /// Records a failed attempt: retried with the task's backoff while attempts remain and
@@ -529,4 +610,87 @@ impl Running {
         self.engine.drain(deadline).await;
         self.engine.in_flight()
     }
+}
+
+/// An idempotency key for a create ([`Sundial::create_idempotent`]): at most 256 bytes, with an
+/// optional version (default 0) by which a newer revision of the same intent gets through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Idempotency {
+    pub key: String,
+    pub version: u64,
+}
+
+impl Idempotency {
+    /// Longest key accepted, in bytes.
+    pub const MAX_KEY_BYTES: usize = 256;
+
+    pub fn new(key: impl Into<String>) -> Self {
+        Idempotency {
+            key: key.into(),
+            version: 0,
+        }
+    }
+
+    pub fn version(mut self, version: u64) -> Self {
+        self.version = version;
+        self
+    }
+
+    fn validate(&self) -> Result<(), ValidationError> {
+        if self.key.is_empty() {
+            return Err(ValidationError::Empty {
+                field: "idempotency_key",
+            });
+        }
+        if self.key.len() > Self::MAX_KEY_BYTES {
+            return Err(ValidationError::TooLong {
+                field: "idempotency_key",
+                len: self.key.len(),
+                max: Self::MAX_KEY_BYTES,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What [`Sundial::create_idempotent`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Created {
+    pub task: Task,
+    /// The key was remembered for this very request: `task` is the one the first call created,
+    /// and nothing was stored now.
+    pub repeat: bool,
+}
+
+/// A digest of everything a create asks for (not the idempotency key and version): equal for a
+/// retry of the same request, different for any other. FNV-1a (128 bits) over a canonical JSON
+/// form (object keys sorted): stable across builds, as it is stored.
+fn spec_fingerprint(spec: &TaskSpec) -> String {
+    let due = match spec.due {
+        Due::Now => serde_json::json!("now"),
+        Due::At(t) => serde_json::json!({"at": t.0}),
+        Due::After(d) => serde_json::json!({"after_ms": d.as_millis() as u64}),
+    };
+    let canonical = serde_json::json!({
+        "queue": spec.queue,
+        "kind": spec.kind,
+        "key": spec.key,
+        "payload": spec.payload,
+        "due": due,
+        "max_attempts": spec.max_attempts,
+        "backoff": serde_json::to_value(&spec.backoff).unwrap_or_default(),
+        "timeout_ms": spec.timeout.as_millis() as u64,
+        "exclusive": serde_json::to_value(&spec.exclusive).unwrap_or_default(),
+        "tags": serde_json::to_value(&spec.tags).unwrap_or_default(),
+        "target": serde_json::to_value(&spec.target).unwrap_or_default(),
+    })
+    .to_string();
+    const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
+    const PRIME: u128 = 0x0000000001000000000000000000013B;
+    let mut h = OFFSET;
+    for b in canonical.as_bytes() {
+        h ^= u128::from(*b);
+        h = h.wrapping_mul(PRIME);
+    }
+    format!("fnv128:{h:032x}")
 }
