@@ -61,6 +61,7 @@ fn forget_shard_count(dir: &Path) {
          ALTER TABLE tasks DROP COLUMN tags;
          DROP TABLE push_secrets; ALTER TABLE tasks DROP COLUMN target;
          DROP INDEX schedule_fires_recorded;
+         DROP TABLE idempotency;
          PRAGMA user_version = 3;",
     )
     .unwrap();
