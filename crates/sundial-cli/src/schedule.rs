@@ -265,8 +265,11 @@ impl Api {
         body: Option<Value>,
     ) -> anyhow::Result<Result<T, (u16, ErrorBody)>> {
         let mut req = self.http.request(method, format!("{}{}", self.base, path));
-        if let Some(b) = body {
-            req = req.json(&b);
+        match body {
+            Some(b) => req = req.json(&b),
+            // A bodiless write still says it speaks JSON: the server refuses writes a browser
+            // could send cross-site (see `sundial_server::guard`).
+            None => req = req.header(reqwest::header::CONTENT_TYPE, "application/json"),
         }
         let resp = req
             .send()

@@ -20,8 +20,11 @@ async fn raw(method: &str, url: &str, body: Option<Vec<u8>>) -> (u16, Value) {
         "DELETE" => http.delete(url),
         m => panic!("method {m}"),
     };
+    if method != "GET" {
+        req = req.header("content-type", "application/json");
+    }
     if let Some(b) = body {
-        req = req.header("content-type", "application/json").body(b);
+        req = req.body(b);
     }
     let resp = req.send().await.expect("send");
     let status = resp.status().as_u16();

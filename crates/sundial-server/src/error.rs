@@ -7,6 +7,7 @@
 //! | 405 | `method_not_allowed` | the route exists, the method does not |
 //! | 409 | `idempotency_conflict` (+ `existing_id`), `already_exists` (+ `existing_id`), `wrong_state` (+ `state`), `stale_execution` (+ `state`) | the request is valid but conflicts with what is stored |
 //! | 413 | `too_large` | a body, payload, result or batch over its limit |
+//! | 415 | `unsupported_media_type` | a write without `content-type: application/json` (see [`crate::guard`]) |
 //! | 422 | `invalid` (+ `field`, `index` in a batch) | well-formed but invalid: unknown fields, bad values |
 //! | 501 | `unsupported` | the store has no tables for this (schedules or workflows) |
 //! | 503 | `shutting_down`, `unavailable` | the server is stopping, its store is closed, or its database cannot be reached for now (down, restarting); always with `Retry-After` |
@@ -41,7 +42,7 @@ pub struct ErrorBody {
 pub struct ErrorDetail {
     /// Stable machine-readable code: `malformed` (400), `not_found` (404),
     /// `method_not_allowed` (405), `already_exists`, `wrong_state`, `stale_execution` (409),
-    /// `too_large` (413), `invalid` (422), `internal` (500), `unsupported` (501),
+    /// `too_large` (413), `unsupported_media_type` (415), `invalid` (422), `internal` (500), `unsupported` (501),
     /// `shutting_down`, `unavailable` (503).
     pub code: String,
     /// Human-readable explanation.

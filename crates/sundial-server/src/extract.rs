@@ -1,7 +1,8 @@
 //! Request extractors that answer in Sundial's error format.
 //!
 //! [`ApiJson`] reads the whole body (bounded by the route's body limit: over it is `413`), then
-//! parses it as JSON whatever the `Content-Type` says (so `curl -d` works): a syntax error or a
+//! parses it as JSON (the `Content-Type` was already checked to be JSON by [`crate::guard`],
+//! which runs first, or absent with an `Authorization` header): a syntax error or a
 //! truncated body is `400`; a well-formed body that does not fit the type (missing or unknown
 //! field, wrong type, negative number) is `422` and names the field, and for a batch the item's
 //! index. [`ApiQuery`] does the same for query strings (always `422`: a query string cannot be

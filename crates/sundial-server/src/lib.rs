@@ -36,6 +36,10 @@
 //!
 //! Error bodies and statuses are described in [`error`]; wire types in [`wire`].
 //!
+//! Every write (any method but `GET`, `HEAD`, `OPTIONS`) must send `content-type:
+//! application/json`, bodiless ones included, or be refused with `415` before anything else
+//! happens ([`guard`]): that is what keeps a web page from writing through a browser.
+//!
 //! **API Boundary:** this crate only translates HTTP to calls on the [`Sundial`] facade; it never
 //! reaches into the engine or the store for a state change. **Architecture Invariant:** a request
 //! that is answered with an error has stored nothing.
@@ -47,6 +51,7 @@ pub mod api;
 pub mod duration;
 pub mod error;
 pub mod extract;
+pub mod guard;
 pub mod ops;
 pub mod push;
 pub mod schedules;
@@ -380,10 +385,12 @@ pub fn router(sundial: Sundial, config: ServerConfig) -> Router {
         Some(p) => router.merge(push::router(p, body_limit)),
         None => router,
     };
-    match workflows {
+    let router = match workflows {
         Some(w) => router.merge(workflows::router(w, body_limit)),
         None => router,
-    }
+    };
+    // Outermost: a write a browser could send cross-site is refused before anything else.
+    router.layer(axum::middleware::from_fn(guard::refuse_cross_site_writes))
 }
 
 /// A Prometheus recorder builder with Sundial's histogram buckets (seconds, from 0.5 ms to 10 min)
