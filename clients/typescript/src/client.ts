@@ -192,6 +192,10 @@ export class SundialClient {
     } else if (r.body !== undefined) {
       body = JSON.stringify(r.body);
       headers["content-type"] = "application/json";
+    } else if (r.method !== "GET") {
+      // A bodiless write still says it speaks JSON: the server refuses writes a browser could
+      // send cross-site with 415 (README, Security).
+      headers["content-type"] = "application/json";
     }
     let resp: Response;
     try {

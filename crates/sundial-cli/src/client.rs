@@ -16,6 +16,8 @@ use sundial_server::wire::{
 };
 use uuid::Uuid;
 
+use crate::connect::{ConnectError, Credentials};
+
 /// Percent-encodes one path segment (everything but RFC 3986's unreserved characters), so that
 /// a name with `/`, spaces or `%` (a queue `team/b`, a workflow id) reaches the server as one
 /// segment.
@@ -47,6 +49,9 @@ pub enum ClientError {
     /// The request did not get an answer (connection refused, timeout, ...).
     #[error("cannot reach the server: {0}")]
     Transport(#[from] reqwest::Error),
+    /// The client could not be set up from its credentials.
+    #[error(transparent)]
+    Setup(#[from] ConnectError),
 }
 
 impl ClientError {
@@ -56,7 +61,7 @@ impl ClientError {
             ClientError::Api { status, .. } | ClientError::Unexpected { status, .. } => {
                 Some(*status)
             }
-            ClientError::Transport(_) => None,
+            ClientError::Transport(_) | ClientError::Setup(_) => None,
         }
     }
     pub fn is_conflict(&self) -> bool {
@@ -85,9 +90,15 @@ pub struct Client {
 }
 
 impl Client {
-    /// A client for the server at `base` (e.g. `http://127.0.0.1:7373`).
+    /// A client for the server at `base` (e.g. `http://127.0.0.1:7373`), without credentials.
     pub fn new(base: &str) -> Result<Self, ClientError> {
-        let http = http_client_builder()
+        Self::with_credentials(base, &Credentials::default())
+    }
+
+    /// A client for the server at `base` that sends `credentials` on every request.
+    pub fn with_credentials(base: &str, credentials: &Credentials) -> Result<Self, ClientError> {
+        let http = credentials
+            .http_builder()?
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(30))
             .tcp_nodelay(true)

@@ -8,8 +8,12 @@
 //! sundial schedule add|ls|get|pause|unpause|trigger|backfill|fires|rm ...   recurring schedules
 //! sundial workflow start|signal|cancel|terminate|get|ls|history ...          durable workflows
 //! sundial push secret ls|add|rotate|revoke ...          push delivery's signing secrets
+//! sundial token create|ls|revoke ...                   API tokens (admin; create --bootstrap: the first)
+//! sundial namespace add|ls ...                         namespaces (admin)
+//! sundial audit [--namespace --actor --action --target] the audit log (admin)
 //! ```
 
+mod access;
 mod output;
 mod push;
 mod queue;
@@ -55,6 +59,12 @@ enum Command {
     Workflow(workflow::WorkflowArgs),
     /// Push delivery: list, add, rotate and revoke the signing secrets.
     Push(push::PushArgs),
+    /// Create, list and revoke API tokens (admin); `create --bootstrap` makes the first one.
+    Token(access::TokenArgs),
+    /// Add and list namespaces (admin).
+    Namespace(access::NamespaceArgs),
+    /// Read the audit log (admin): one record per write, refusals included.
+    Audit(access::AuditArgs),
 }
 
 fn init_logs(default_level: &str) {
@@ -76,7 +86,10 @@ fn main() -> std::process::ExitCode {
         | Command::Queue(_)
         | Command::Schedule(_)
         | Command::Workflow(_)
-        | Command::Push(_) => "warn",
+        | Command::Push(_)
+        | Command::Token(_)
+        | Command::Namespace(_)
+        | Command::Audit(_) => "warn",
         _ => "info",
     });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -98,6 +111,9 @@ fn main() -> std::process::ExitCode {
             Command::Schedule(args) => schedule::run(args).await,
             Command::Workflow(args) => workflow::run(args).await,
             Command::Push(args) => push::run(args).await,
+            Command::Token(args) => access::run_token(args).await,
+            Command::Namespace(args) => access::run_namespace(args).await,
+            Command::Audit(args) => access::run_audit(args).await,
         }
     });
     match result {

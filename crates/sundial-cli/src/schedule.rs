@@ -19,6 +19,8 @@ pub struct ScheduleArgs {
     /// The server's base URL.
     #[arg(long, env = "SUNDIAL_SERVER", default_value = crate::DEFAULT_SERVER, global = true)]
     server: String,
+    #[command(flatten)]
+    credentials: sundial_cli::Credentials,
     /// Print the API's JSON.
     #[arg(long, global = true)]
     json: bool,
@@ -344,7 +346,11 @@ fn fire_table(fires: &[FireView]) -> String {
 pub async fn run(args: ScheduleArgs) -> anyhow::Result<ExitCode> {
     use reqwest::Method;
     let api = Api {
-        http: sundial_cli::http_client_builder().build()?,
+        http: args
+            .credentials
+            .http_builder()?
+            .build()
+            .context("cannot set up the HTTP client")?,
         base: args.server.trim_end_matches('/').to_string(),
     };
     let json_out = args.json;

@@ -21,6 +21,7 @@ use std::future::IntoFuture;
 use std::sync::Arc;
 use sundial::{Config, Durability, Retention, SqliteOptions, Sundial};
 use sundial_server::ServerConfig;
+use sundial_server::access::{AccessConfig, AuthMode};
 use sundial_store_postgres::{PostgresOptions, PostgresStore};
 use tokio::sync::watch;
 
@@ -109,6 +110,46 @@ pub struct ServerArgs {
     /// Push delivery: calls under way at once to one receiver (host:port).
     #[arg(long, env = "SUNDIAL_PUSH_HOST_CONCURRENCY", default_value_t = 64)]
     push_host_concurrency: usize,
+    /// `auto`: tokens are required on a non-loopback address, and on loopback as soon as any
+    /// token exists. `required`: always, loopback included.
+    #[arg(long, env = "SUNDIAL_AUTH", value_enum, default_value_t = AuthArg::Auto)]
+    auth: AuthArg,
+    /// Serve without tokens even on a non-loopback address: anyone who reaches the port may do
+    /// anything. Only behind something else that checks who is asking.
+    #[arg(long, env = "SUNDIAL_INSECURE_NO_AUTH", conflicts_with = "auth")]
+    insecure_no_auth: bool,
+    /// Whether `/metrics` answers without a token when auth is on (default: on loopback only).
+    #[arg(long, env = "SUNDIAL_OPEN_METRICS")]
+    open_metrics: Option<bool>,
+    /// Whether `/openapi.json` answers without a token when auth is on (default: on loopback
+    /// only).
+    #[arg(long, env = "SUNDIAL_OPEN_OPENAPI")]
+    open_openapi: Option<bool>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum AuthArg {
+    Auto,
+    Required,
+}
+
+/// The auth rule (README "Security"): a non-loopback address requires tokens unless
+/// `--insecure-no-auth`; on loopback tokens are required with `--auth required`, or as soon as
+/// any token exists.
+fn access_config(args: &ServerArgs, addr: &SocketAddr) -> AccessConfig {
+    let loopback = addr.ip().is_loopback();
+    let mode = if args.insecure_no_auth {
+        AuthMode::Off
+    } else if args.auth == AuthArg::Required || !loopback {
+        AuthMode::Required
+    } else {
+        AuthMode::WhenTokensExist
+    };
+    AccessConfig {
+        mode,
+        open_metrics: args.open_metrics.unwrap_or(loopback),
+        open_openapi: args.open_openapi.unwrap_or(loopback),
+    }
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -225,6 +266,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
                 .schedule_store(store.clone())
                 .workflow_store(store.clone())
                 .push_secret_store(store.clone())
+                .access_store(store.clone())
                 .join_cluster(store.clone(), store, node)
                 .await
                 .context("cannot join the cluster")?
@@ -234,6 +276,10 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
     let addr = listener
         .local_addr()
         .context("cannot read the bound address")?;
+    let access = access_config(&args, &addr);
+    if access.mode == AuthMode::Off && !addr.ip().is_loopback() {
+        tracing::warn!(%addr, "--insecure-no-auth: anyone who reaches this address may do anything");
+    }
     let app = sundial_server::router(
         sundial.clone(),
         ServerConfig {
@@ -248,6 +294,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
                 },
                 ..sundial_push::PushConfig::default()
             },
+            access: access.clone(),
             ..ServerConfig::default()
         },
     );

@@ -20,6 +20,8 @@ pub struct TaskArgs {
     /// The server's base URL.
     #[arg(long, env = "SUNDIAL_SERVER", default_value = crate::DEFAULT_SERVER, global = true)]
     server: String,
+    #[command(flatten)]
+    credentials: sundial_cli::Credentials,
     /// Print the API's JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -247,7 +249,8 @@ struct LsArgs {
 }
 
 pub async fn run(args: TaskArgs) -> anyhow::Result<ExitCode> {
-    let client = Client::new(&args.server).context("cannot build the HTTP client")?;
+    let client = Client::with_credentials(&args.server, &args.credentials)
+        .context("cannot build the HTTP client")?;
     let json = args.json;
     let result = match args.command {
         TaskCommand::Add(a) => {

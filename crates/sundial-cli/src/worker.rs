@@ -35,6 +35,8 @@ pub struct WorkerArgs {
     /// The server's base URL.
     #[arg(long, env = "SUNDIAL_SERVER", default_value = crate::DEFAULT_SERVER)]
     server: String,
+    #[command(flatten)]
+    credentials: sundial_cli::Credentials,
     /// The queue to take tasks from.
     #[arg(long, short)]
     queue: String,
@@ -123,7 +125,8 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     if let Some(program) = args.command.first() {
         check_program(program)?;
     }
-    let client = Client::new(&args.server).context("cannot build the HTTP client")?;
+    let client = Client::with_credentials(&args.server, &args.credentials)
+        .context("cannot build the HTTP client")?;
     let name = args
         .name
         .clone()

@@ -22,6 +22,8 @@ pub struct WorkflowArgs {
     /// The server's base URL.
     #[arg(long, env = "SUNDIAL_SERVER", default_value = crate::DEFAULT_SERVER, global = true)]
     server: String,
+    #[command(flatten)]
+    credentials: sundial_cli::Credentials,
     /// Print the API's JSON.
     #[arg(long, global = true)]
     json: bool,
@@ -238,7 +240,9 @@ fn print_history(v: &Value) {
 
 pub async fn run(args: WorkflowArgs) -> anyhow::Result<ExitCode> {
     let api = Api {
-        http: sundial_cli::http_client_builder()
+        http: args
+            .credentials
+            .http_builder()?
             .connect_timeout(std::time::Duration::from_secs(5))
             .timeout(std::time::Duration::from_secs(60))
             .build()

@@ -70,6 +70,10 @@ uuid_id!(
     ExecutionId
 );
 uuid_id!(
+    /// Identifies an API token (the public half of a bearer token; the secret is never stored).
+    TokenId
+);
+uuid_id!(
     /// Identifies one run of a durable workflow (a workflow id has a run per start and per
     /// continue-as-new).
     RunId

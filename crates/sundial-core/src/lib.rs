@@ -18,7 +18,7 @@ pub mod task;
 pub mod time;
 
 pub use error::ValidationError;
-pub use id::{ExecutionId, RunId, TaskId};
+pub use id::{ExecutionId, RunId, TaskId, TokenId};
 pub use retry::Backoff;
 pub use schedule::{
     CompiledSpec, DstPolicy, Recurrence, RepeatedTime, ScheduleSpec, SkippedTime, SpecError,

@@ -7,8 +7,8 @@
 //! operator's browser could post `{"kind": …}` as `text/plain` to `http://127.0.0.1:7373`. The
 //! server never answers a preflight, so anything else a page tries is stopped in the browser.
 //!
-//! The rule, for every method other than `GET`, `HEAD` and `OPTIONS`, checked before anything
-//! else (authentication, parsing, the store):
+//! The rule, for every method other than `GET`, `HEAD` and `OPTIONS`, checked by the access layer
+//! ([`crate::access`]) before anything else (authentication, parsing, the store):
 //!
 //! - a `Content-Type` that is JSON (`application/json` or `application/<something>+json`, any
 //!   parameters) passes;
@@ -21,8 +21,6 @@
 
 use axum::extract::Request;
 use axum::http::{Method, StatusCode, header};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 
 use crate::error::ApiError;
 
@@ -76,14 +74,6 @@ fn unsupported(message: String) -> ApiError {
         "unsupported_media_type",
         message,
     )
-}
-
-/// Middleware: refuses cross-site-capable writes with `415` before the request goes further.
-pub async fn refuse_cross_site_writes(req: Request, next: Next) -> Response {
-    match cross_site_refusal(&req) {
-        Some(err) => err.into_response(),
-        None => next.run(req).await,
-    }
 }
 
 #[cfg(test)]

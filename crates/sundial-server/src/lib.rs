@@ -47,6 +47,8 @@
 //! The library does not install a metrics recorder: the embedding program does (the `sundial`
 //! binary installs the one from [`prometheus_builder`]) and hands its handle in [`ServerConfig`].
 
+pub mod access;
+pub mod admin;
 pub mod api;
 pub mod duration;
 pub mod error;
@@ -97,6 +99,8 @@ pub struct ServerConfig {
     /// Push delivery: the address policy (`--push-allow`) and client settings. The router
     /// installs the push executor on the `Sundial` when its store keeps push secrets.
     pub push: sundial_push::PushConfig,
+    /// Who may do what: when tokens are required, and which service routes stay open.
+    pub access: access::AccessConfig,
 }
 
 impl Default for ServerConfig {
@@ -110,6 +114,7 @@ impl Default for ServerConfig {
             prometheus: None,
             internal_queue_metrics: false,
             push: sundial_push::PushConfig::default(),
+            access: access::AccessConfig::default(),
         }
     }
 }
@@ -194,6 +199,7 @@ impl TaskGauges {
         (name = "workflows", description = "Durable workflows: start, signal, cancel, terminate, inspect"),
         (name = "workflow workers", description = "The long-poll protocol of remote workflow workers"),
         (name = "push", description = "Push delivery: the signing secrets of push calls"),
+        (name = "admin", description = "Tokens, namespaces and the audit log (scope admin)"),
     )
 )]
 struct ApiDoc;
@@ -233,12 +239,14 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     doc.merge(schedules::openapi());
     doc.merge(workflows::openapi());
     doc.merge(push::openapi());
+    doc.merge(admin::openapi());
     document_common_errors(&mut doc);
     doc
 }
 
 /// Lists on every operation the error answers that the server's shared layers give, whatever the
-/// handler: `400`, `413` and `422` wherever a body is read, `422` wherever query parameters
+/// handler: `401` and `403` (the access layer) everywhere but `/healthz`, `408`, `415`, `400`,
+/// `413` and `422` wherever a body is read, `422` wherever query parameters
 /// are, `404` wherever a path names something, `405` (another method on the route) and `503`
 /// (shutting down, store unavailable) everywhere. An answer an operation already describes is
 /// kept as it is.
@@ -262,7 +270,8 @@ fn document_common_errors(doc: &mut utoipa::openapi::OpenApi) {
             .entry(status.to_string())
             .or_insert_with(|| error(description));
     };
-    for item in doc.paths.paths.values_mut() {
+    for (path, item) in doc.paths.paths.iter_mut() {
+        let open = path == "/healthz";
         let ops = [
             item.get.as_mut(),
             item.put.as_mut(),
@@ -278,7 +287,30 @@ fn document_common_errors(doc: &mut utoipa::openapi::OpenApi) {
                     .any(|p| matches!(p, RefOr::T(p) if p.parameter_in == at))
             };
             let (in_path, in_query) = (located(ParameterIn::Path), located(ParameterIn::Query));
+            if !open {
+                // The access layer (`access.rs`), when auth is on.
+                add(
+                    op,
+                    "401",
+                    "No token, or a bad, revoked or expired one (`unauthenticated`; `WWW-Authenticate: Bearer`); audited",
+                );
+                add(
+                    op,
+                    "403",
+                    "The token's scope does not allow this (`forbidden`); audited",
+                );
+            }
             if op.request_body.is_some() {
+                add(
+                    op,
+                    "415",
+                    "Not `content-type: application/json` (`unsupported_media_type`); nothing stored",
+                );
+                add(
+                    op,
+                    "408",
+                    "The body did not arrive in time (`timeout`); nothing stored",
+                );
                 add(op, "400", "The body is not JSON (`malformed`)");
                 add(op, "413", "The body is over its limit (`too_large`)");
                 add(
@@ -339,6 +371,11 @@ pub fn router(sundial: Sundial, config: ServerConfig) -> Router {
             }
         },
     );
+    let access = access::Access::new(
+        sundial.clone(),
+        sundial.access_store().cloned(),
+        config.access.clone(),
+    );
     let state = AppState {
         sundial,
         config: Arc::new(config),
@@ -389,8 +426,13 @@ pub fn router(sundial: Sundial, config: ServerConfig) -> Router {
         Some(w) => router.merge(workflows::router(w, body_limit)),
         None => router,
     };
-    // Outermost: a write a browser could send cross-site is refused before anything else.
-    router.layer(axum::middleware::from_fn(guard::refuse_cross_site_writes))
+    let router = router.merge(admin::router(access.clone(), body_limit));
+    // Around every route (so its template is known): the cross-site guard, authentication,
+    // authorization and the audit record (see `access`).
+    router.route_layer(axum::middleware::from_fn_with_state(
+        access,
+        access::access_layer,
+    ))
 }
 
 /// A Prometheus recorder builder with Sundial's histogram buckets (seconds, from 0.5 ms to 10 min)

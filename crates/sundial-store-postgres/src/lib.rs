@@ -152,6 +152,7 @@
 //! clock is `Cluster::database_time` (`clock_timestamp()`), which only reports it for the
 //! engine's skew check and decides nothing.
 
+mod access;
 mod cluster;
 mod completer;
 mod ops;

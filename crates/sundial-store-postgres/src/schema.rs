@@ -378,6 +378,43 @@ CREATE TABLE {schema}.idempotency (
 );
 "#,
     },
+    Migration {
+        version: 10,
+        name: "API tokens, namespaces and the audit log",
+        sql: r#"
+CREATE TABLE {schema}.api_tokens (
+    id          uuid   NOT NULL PRIMARY KEY,
+    name        text   NOT NULL,
+    scope       text   NOT NULL,
+    namespace   text,
+    secret_hash bytea  NOT NULL,
+    created_at  bigint NOT NULL,
+    expires_at  bigint,
+    revoked_at  bigint
+);
+
+CREATE TABLE {schema}.namespaces (
+    name                   text COLLATE "C" NOT NULL PRIMARY KEY,
+    max_live_tasks         bigint,
+    max_creates_per_second bigint,
+    created_at             bigint NOT NULL
+);
+
+CREATE TABLE {schema}.audit_log (
+    seq        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at         bigint NOT NULL,
+    actor_id   uuid,
+    actor      text   NOT NULL,
+    namespace  text   NOT NULL,
+    action     text   NOT NULL,
+    target     text,
+    request_id text   NOT NULL,
+    status     integer NOT NULL
+);
+CREATE INDEX audit_log_at ON {schema}.audit_log (at);
+CREATE INDEX audit_log_target ON {schema}.audit_log (target, seq) WHERE target IS NOT NULL;
+"#,
+    },
 ];
 
 /// The schema version this build writes (the highest migration it knows).

@@ -15,6 +15,7 @@
 //! This crate is the only one in the workspace that depends on rusqlite. It never reads a clock:
 //! every time it writes was handed to it.
 
+mod access;
 mod lock;
 mod ops;
 mod push;

@@ -284,6 +284,40 @@ CREATE TABLE idempotency (
     PRIMARY KEY (queue, key)
 ) WITHOUT ROWID;
 "#,
+    // 9: API tokens, namespaces and the audit log (`access.rs`).
+    r#"
+CREATE TABLE api_tokens (
+    id          BLOB    NOT NULL PRIMARY KEY,
+    name        TEXT    NOT NULL,
+    scope       TEXT    NOT NULL,
+    namespace   TEXT,
+    secret_hash BLOB    NOT NULL,
+    created_at  INTEGER NOT NULL,
+    expires_at  INTEGER,
+    revoked_at  INTEGER
+) WITHOUT ROWID;
+
+CREATE TABLE namespaces (
+    name                   TEXT    NOT NULL PRIMARY KEY,
+    max_live_tasks         INTEGER,
+    max_creates_per_second INTEGER,
+    created_at             INTEGER NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE audit_log (
+    seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+    at         INTEGER NOT NULL,
+    actor_id   BLOB,
+    actor      TEXT    NOT NULL,
+    namespace  TEXT    NOT NULL,
+    action     TEXT    NOT NULL,
+    target     TEXT,
+    request_id TEXT    NOT NULL,
+    status     INTEGER NOT NULL
+);
+CREATE INDEX audit_log_at ON audit_log (at);
+CREATE INDEX audit_log_target ON audit_log (target, seq) WHERE target IS NOT NULL;
+"#,
 ];
 
 /// The schema version this build writes.

@@ -11,6 +11,9 @@
 //!
 //! **API Boundary:** this crate defines types and the trait only; it does no I/O itself.
 
+mod access;
+#[cfg(feature = "testkit")]
+pub mod access_testkit;
 mod cluster;
 mod error;
 #[cfg(feature = "testkit")]
@@ -36,7 +39,12 @@ mod workflows;
 use async_trait::async_trait;
 use sundial_core::{ExecutionId, NewTask, Task, TaskId, Timestamp};
 
+pub use access::{
+    AccessStore, AuditFilter, AuditPage, AuditRecord, Namespace, NamespaceError, NewAuditRecord,
+    NewToken, Scope, TokenRecord,
+};
 pub use cluster::{Cluster, Fence, Member, Wakeup};
+
 pub use error::{StoreError, TransitionError};
 pub use ops::{
     Attempt, AttemptHistory, AttemptOutcome, LEASE_EXPIRED_ERROR, QueueConfig, QueueSettings,

@@ -63,9 +63,9 @@ pub use sundial_core::{
     is_internal_queue,
 };
 pub use sundial_store::{
-    Attempt, AttemptHistory, AttemptOutcome, Cluster, PushSecret, PushSecretStore, QueueConfig,
-    QueueSettings, RetentionOverride, RetentionRules, ScheduleStore, StateCount, Store, StoreError,
-    TaskFilter, TaskPage, WorkflowStore,
+    AccessStore, Attempt, AttemptHistory, AttemptOutcome, Cluster, PushSecret, PushSecretStore,
+    QueueConfig, QueueSettings, RetentionOverride, RetentionRules, ScheduleStore, StateCount,
+    Store, StoreError, TaskFilter, TaskPage, WorkflowStore,
 };
 pub use sundial_store_sqlite::{Durability, SqliteOptions, SqliteStore};
 
@@ -93,6 +93,8 @@ pub struct Sundial {
     workflow_store: Option<Arc<dyn WorkflowStore>>,
     /// The store's push signing secrets, when the backend has them (see `sundial-push`).
     push_secret_store: Option<Arc<dyn PushSecretStore>>,
+    /// The store's tokens, namespaces and audit log, when the backend has them (the server).
+    access_store: Option<Arc<dyn AccessStore>>,
 }
 
 /// Builds a [`Sundial`] with a chosen store, clock and configuration.
@@ -104,6 +106,7 @@ pub struct Builder {
     workflow_store: Option<Arc<dyn WorkflowStore>>,
     /// The store's push signing secrets, when the backend has them (see `sundial-push`).
     push_secret_store: Option<Arc<dyn PushSecretStore>>,
+    access_store: Option<Arc<dyn AccessStore>>,
 }
 
 impl Default for Builder {
@@ -115,6 +118,7 @@ impl Default for Builder {
             schedule_store: None,
             workflow_store: None,
             push_secret_store: None,
+            access_store: None,
         }
     }
 }
@@ -148,6 +152,12 @@ impl Builder {
     }
     pub fn workflow_store(mut self, store: Arc<dyn WorkflowStore>) -> Self {
         self.workflow_store = Some(store);
+        self
+    }
+    /// The token, namespace and audit tables to hand to the server, for a store passed with
+    /// [`Builder::with_store`]. [`Builder::open`] sets the embedded store's own.
+    pub fn access_store(mut self, store: Arc<dyn AccessStore>) -> Self {
+        self.access_store = Some(store);
         self
     }
     /// Opens (creating if needed) the embedded store in directory `dir`.
@@ -192,10 +202,12 @@ impl Builder {
         let schedules: Arc<dyn ScheduleStore> = store.clone();
         let workflows: Arc<dyn WorkflowStore> = store.clone();
         let push: Arc<dyn PushSecretStore> = store.clone();
+        let access: Arc<dyn AccessStore> = store.clone();
         Ok(self
             .schedule_store(schedules)
             .workflow_store(workflows)
             .push_secret_store(push)
+            .access_store(access)
             .with_store(store))
     }
     /// Uses an already opened store (any backend), on a single node that runs every shard.
@@ -205,6 +217,7 @@ impl Builder {
             schedule_store: self.schedule_store,
             workflow_store: self.workflow_store,
             push_secret_store: self.push_secret_store,
+            access_store: self.access_store,
         }
     }
 
@@ -260,6 +273,7 @@ impl Builder {
             schedule_store: self.schedule_store,
             workflow_store: self.workflow_store,
             push_secret_store: self.push_secret_store,
+            access_store: self.access_store,
         })
     }
 }
@@ -316,6 +330,12 @@ impl Sundial {
     /// one, push tasks become ready for workers like tasks of a kind with no handler.
     pub fn set_push_handler(&self, handler: Arc<dyn Handler>) {
         self.engine.set_push_handler(handler);
+    }
+
+    /// The store's tokens, namespaces and audit log, when it has them: set by [`Builder::open`]
+    /// (the embedded store) or [`Builder::access_store`]. Used by `sundial-server`.
+    pub fn access_store(&self) -> Option<&Arc<dyn AccessStore>> {
+        self.access_store.as_ref()
     }
 
     /// Tells the engine about a task that a layer above inserted through its own store operation

@@ -47,8 +47,13 @@ def _request_kwargs(op: Op) -> Dict[str, Any]:
         kw["params"] = op.params
     if op.has_body:
         kw["json"] = op.body
-    if op.headers:
-        kw["headers"] = op.headers
+    headers = dict(op.headers or {})
+    if op.method not in ("GET", "HEAD", "OPTIONS") and not op.has_body:
+        # A bodiless write still says it speaks JSON: the server refuses writes a browser could
+        # send cross-site with 415 (README, Security).
+        headers.setdefault("Content-Type", "application/json")
+    if headers:
+        kw["headers"] = headers
     return kw
 
 

@@ -1,0 +1,271 @@
+//! The route matrix: every route of `/openapi.json` × {no token, a bad token, a revoked token,
+//! each scope, a token of another namespace} gets the status the access rules promise, and every
+//! write leaves exactly one audit record, on success and on refusal alike. Built from the
+//! document, so a new route cannot be forgotten: it gets checked with the rule its method and
+//! path give it.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic on failure
+
+use axum::body::{Body, to_bytes};
+use axum::http::{Method, Request, StatusCode};
+use serde_json::{Value, json};
+use sundial::Sundial;
+use sundial_server::ServerConfig;
+use sundial_server::access::{
+    AccessConfig, AuthMode, Requirement, Scoping, requirement, scope_allows, scoping,
+};
+use sundial_store::Scope;
+use tower::ServiceExt;
+
+async fn send(
+    app: &axum::Router,
+    method: &str,
+    uri: &str,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> (StatusCode, Value, axum::http::HeaderMap) {
+    let mut req = Request::builder()
+        .method(method.to_ascii_uppercase().as_str())
+        .uri(uri)
+        .header("content-type", "application/json");
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let req = req
+        .body(
+            body.map(|b| Body::from(b.to_string()))
+                .unwrap_or_else(Body::empty),
+        )
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let bytes = to_bytes(resp.into_body(), 1 << 22).await.unwrap();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        headers,
+    )
+}
+
+/// Every (method, template, concrete path) of the document.
+fn routes() -> Vec<(String, String, String)> {
+    let doc = serde_json::to_value(sundial_server::openapi()).unwrap();
+    let mut out = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, _) in item.as_object().unwrap() {
+            let concrete = path
+                .replace("{id}", "0190a4c8-0000-7000-8000-000000000000")
+                .replace("{task}", "0190a4c8-0000-7000-8000-000000000000")
+                .replace("{queue}", "q")
+                .replace("{name}", "sig");
+            assert!(!concrete.contains('{'), "a parameter to fill in: {path}");
+            out.push((method.clone(), path.clone(), concrete));
+        }
+    }
+    out
+}
+
+/// Short polls, so that worker routes answer at once.
+fn body_for(method: &str, template: &str) -> Option<Value> {
+    if method == "get" {
+        return None;
+    }
+    Some(match template {
+        "/v1/queues/{queue}/poll" => json!({"worker": "w", "wait": "0s"}),
+        "/v1/workflow-tasks/poll" => json!({"worker": "w", "types": ["t"], "wait": "0s"}),
+        "/v1/workflow-activities/poll" => json!({"worker": "w", "names": ["a"], "wait": "0s"}),
+        _ => json!({}),
+    })
+}
+
+async fn audit_count(app: &axum::Router, admin: &str) -> usize {
+    let mut n = 0;
+    let mut cursor: Option<String> = None;
+    loop {
+        let uri = match &cursor {
+            Some(c) => format!("/v1/audit?limit=1000&cursor={c}"),
+            None => "/v1/audit?limit=1000".to_string(),
+        };
+        let (st, b, _) = send(app, "get", &uri, Some(admin), None).await;
+        assert_eq!(st, StatusCode::OK, "{b}");
+        n += b["records"].as_array().unwrap().len();
+        match b["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => return n,
+        }
+    }
+}
+
+async fn create_token(app: &axum::Router, admin: &str, scope: &str, ns: Option<&str>) -> String {
+    let mut body = json!({"name": format!("{scope}-{}", ns.unwrap_or("all")), "scope": scope});
+    if let Some(ns) = ns {
+        body["namespace"] = json!(ns);
+    }
+    let (st, b, _) = send(app, "post", "/v1/tokens", Some(admin), Some(body)).await;
+    assert_eq!(st, StatusCode::CREATED, "{b}");
+    b["token"].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_answers_every_caller_as_the_rules_say_and_is_audited() {
+    let dir = tempfile::tempdir().unwrap();
+    let sundial = Sundial::open(dir.path()).await.unwrap();
+    let access = AccessConfig {
+        mode: AuthMode::Required,
+        open_metrics: false,
+        open_openapi: false,
+    };
+    let app = sundial_server::router(
+        sundial.clone(),
+        ServerConfig {
+            access: access.clone(),
+            ..ServerConfig::default()
+        },
+    );
+    // The first admin token, as `sundial token create --bootstrap` makes it.
+    let store = sundial.access_store().unwrap().clone();
+    let (new, issued) = sundial_server::admin::new_token(
+        sundial_server::admin::CreateToken {
+            name: "root".into(),
+            scope: "admin".into(),
+            namespace: None,
+            expires_in: None,
+        },
+        sundial.clock().now(),
+    )
+    .unwrap();
+    store.create_token(new).await.unwrap();
+    let admin = issued.token;
+
+    let mut tokens = Vec::new();
+    for scope in Scope::ALL {
+        tokens.push((
+            format!("{scope}"),
+            Some(scope),
+            create_token(&app, &admin, scope.as_str(), None).await,
+        ));
+    }
+    let other_ns = create_token(&app, &admin, "admin", Some("elsewhere")).await;
+    let revoked = create_token(&app, &admin, "admin", None).await;
+    let revoked_id = revoked[4..36].to_string();
+    let (st, _, _) = send(
+        &app,
+        "post",
+        &format!("/v1/tokens/{revoked_id}/revoke"),
+        Some(&admin),
+        None,
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK);
+    let bad = format!("sdl_{}", "0".repeat(96));
+
+    let routes = routes();
+    assert!(routes.len() >= 30, "{}", routes.len());
+    let mut checked = 0;
+    let mut refused = std::collections::BTreeMap::<u16, usize>::new();
+    for (method, template, uri) in &routes {
+        // Revoking or creating tokens in the loop would change the callers; those routes are
+        // covered by the admin row only with bodies that are refused (empty JSON: 422, or an
+        // unknown id: 404).
+        let m = Method::from_bytes(method.to_ascii_uppercase().as_bytes()).unwrap();
+        let need = requirement(&m, template, &access);
+        let write = !matches!(method.as_str(), "get" | "head" | "options");
+        let mut callers: Vec<(String, Option<String>)> = vec![
+            ("no token".into(), None),
+            ("bad token".into(), Some(bad.clone())),
+            ("revoked token".into(), Some(revoked.clone())),
+            ("other namespace".into(), Some(other_ns.clone())),
+        ];
+        for (name, _, t) in &tokens {
+            callers.push((name.clone(), Some(t.clone())));
+        }
+        for (who, token) in &callers {
+            let before = if write {
+                Some(audit_count(&app, &admin).await)
+            } else {
+                None
+            };
+            let (st, b, headers) = send(
+                &app,
+                method,
+                uri,
+                token.as_deref(),
+                body_for(method, template),
+            )
+            .await;
+            let scope = tokens
+                .iter()
+                .find(|(n, _, _)| n == who)
+                .and_then(|(_, s, _)| *s);
+            let expect = match (who.as_str(), need) {
+                (_, Requirement::Open) => None,
+                ("no token" | "bad token" | "revoked token", _) => Some(StatusCode::UNAUTHORIZED),
+                ("other namespace", _) => match scoping(template) {
+                    Scoping::Namespaced => Some(StatusCode::NOT_FOUND),
+                    Scoping::AllNamespaces => Some(StatusCode::FORBIDDEN),
+                    Scoping::Global => None,
+                },
+                (_, Requirement::Scope(need)) => {
+                    if scope_allows(scope.unwrap(), need) {
+                        None
+                    } else {
+                        Some(StatusCode::FORBIDDEN)
+                    }
+                }
+            };
+            if let Some(code) = expect {
+                *refused.entry(code.as_u16()).or_default() += 1;
+            }
+            match expect {
+                Some(code) => {
+                    assert_eq!(st, code, "{method} {template} as {who}: {b}");
+                    if code == StatusCode::UNAUTHORIZED {
+                        assert_eq!(
+                            headers.get("www-authenticate").unwrap(),
+                            "Bearer realm=\"sundial\"",
+                            "{method} {template}"
+                        );
+                    }
+                    if code == StatusCode::NOT_FOUND {
+                        assert_eq!(b["error"]["code"], "not_found");
+                    }
+                }
+                None => assert!(
+                    ![StatusCode::UNAUTHORIZED, StatusCode::FORBIDDEN].contains(&st),
+                    "{method} {template} as {who} was refused: {st} {b}"
+                ),
+            }
+            if let Some(before) = before {
+                let after = audit_count(&app, &admin).await;
+                assert_eq!(
+                    after,
+                    before + 1,
+                    "{method} {template} as {who} ({st}) must leave exactly one audit record"
+                );
+                let (_, last, _) = send(&app, "get", "/v1/audit?limit=1", Some(&admin), None).await;
+                let rec = &last["records"][0];
+                assert_eq!(
+                    rec["action"],
+                    format!("{} {template}", method.to_ascii_uppercase())
+                );
+                assert_eq!(rec["status"], st.as_u16(), "{rec}");
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 30 * 8);
+    println!(
+        "{} routes, {checked} calls, refusals by status: {refused:?}",
+        routes.len()
+    );
+    for code in [401, 403, 404] {
+        assert!(
+            refused.get(&code).copied().unwrap_or(0) > 0,
+            "no {code} was expected"
+        );
+    }
+
+    // The open routes.
+    let (st, _, _) = send(&app, "get", "/healthz", None, None).await;
+    assert_eq!(st, StatusCode::OK);
+}

@@ -1,0 +1,311 @@
+//! [`AccessStore`] on PostgreSQL: tables `api_tokens`, `namespaces` and `audit_log` (migration 9),
+//! the same layout as the embedded store (`uuid` ids, `bigint` ms, the hash as `bytea`). The
+//! audit log's `seq` is an identity column: it increases with insertion, which is close enough to
+//! commit order for paging (a page never skips a record committed before it was read, because a
+//! reader sees only committed rows and pages downward from the cursor). Each statement is built
+//! from the schema's quoted name when first used (`prepare_cached` keeps the plan per connection).
+
+use async_trait::async_trait;
+use sundial_core::{Timestamp, TokenId};
+use sundial_store::{
+    AccessStore, AuditFilter, AuditPage, AuditRecord, Namespace, NamespaceError, NewAuditRecord,
+    NewToken, Scope, StoreError, TokenRecord,
+};
+use tokio_postgres::Row;
+use uuid::Uuid;
+
+use crate::rows::col;
+use crate::{PostgresStore, limit_param, pg, query, query_opt};
+
+const TOKEN_COLUMNS: &str =
+    "id, name, scope, namespace, secret_hash, created_at, expires_at, revoked_at";
+const NAMESPACE_COLUMNS: &str = "name, max_live_tasks, max_creates_per_second, created_at";
+const AUDIT_COLUMNS: &str =
+    "seq, at, actor_id, actor, namespace, action, target, request_id, status";
+
+fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!("{what}: {e}"))
+}
+
+fn token_from_row(r: &Row) -> Result<TokenRecord, StoreError> {
+    let scope: String = col(r, 2)?;
+    let hash: Vec<u8> = col(r, 4)?;
+    Ok(TokenRecord {
+        id: TokenId(col::<Uuid>(r, 0)?),
+        name: col(r, 1)?,
+        scope: Scope::parse(&scope).ok_or_else(|| corrupt("token scope", &scope))?,
+        namespace: col(r, 3)?,
+        secret_hash: hash
+            .as_slice()
+            .try_into()
+            .map_err(|_| corrupt("token hash", "not 32 bytes"))?,
+        created_at: Timestamp(col(r, 5)?),
+        expires_at: col::<Option<i64>>(r, 6)?.map(Timestamp),
+        revoked_at: col::<Option<i64>>(r, 7)?.map(Timestamp),
+    })
+}
+
+fn namespace_from_row(r: &Row) -> Result<Namespace, StoreError> {
+    Ok(Namespace {
+        name: col(r, 0)?,
+        max_live_tasks: col::<Option<i64>>(r, 1)?.map(|n| n.max(0) as u64),
+        max_creates_per_second: col::<Option<i64>>(r, 2)?
+            .map(|n| n.clamp(0, i64::from(u32::MAX)) as u32),
+        created_at: Timestamp(col(r, 3)?),
+    })
+}
+
+fn audit_from_row(r: &Row) -> Result<AuditRecord, StoreError> {
+    let status: i32 = col(r, 8)?;
+    Ok(AuditRecord {
+        seq: col(r, 0)?,
+        record: NewAuditRecord {
+            at: Timestamp(col(r, 1)?),
+            actor_id: col::<Option<Uuid>>(r, 2)?.map(TokenId),
+            actor: col(r, 3)?,
+            namespace: col(r, 4)?,
+            action: col(r, 5)?,
+            target: col(r, 6)?,
+            request_id: col(r, 7)?,
+            status: u16::try_from(status).map_err(|_| corrupt("audit status", status))?,
+        },
+    })
+}
+
+impl PostgresStore {
+    fn access_sql(&self, body: &str) -> String {
+        body.replace("{schema}", &self.schema.ident)
+    }
+
+    async fn load_token(&self, id: TokenId) -> Result<Option<TokenRecord>, StoreError> {
+        let client = self.client().await?;
+        let sql = self.access_sql(&format!(
+            "SELECT {TOKEN_COLUMNS} FROM {{schema}}.api_tokens WHERE id = $1"
+        ));
+        query_opt(&client, &sql, &[&id.0])
+            .await?
+            .map(|r| token_from_row(&r))
+            .transpose()
+    }
+}
+
+#[async_trait]
+impl AccessStore for PostgresStore {
+    async fn create_token(&self, t: NewToken) -> Result<TokenRecord, StoreError> {
+        let client = self.client().await?;
+        let sql = self.access_sql(&format!(
+            "INSERT INTO {{schema}}.api_tokens (id, name, scope, namespace, secret_hash, \
+             created_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING {TOKEN_COLUMNS}"
+        ));
+        let row = query_opt(
+            &client,
+            &sql,
+            &[
+                &t.id.0,
+                &t.name,
+                &t.scope.as_str(),
+                &t.namespace,
+                &&t.secret_hash[..],
+                &t.created_at.0,
+                &t.expires_at.map(|e| e.0),
+            ],
+        )
+        .await?
+        .ok_or_else(|| corrupt("token", "no row returned by the insert"))?;
+        token_from_row(&row)
+    }
+
+    async fn get_token(&self, id: TokenId) -> Result<Option<TokenRecord>, StoreError> {
+        self.load_token(id).await
+    }
+
+    async fn list_tokens(&self) -> Result<Vec<TokenRecord>, StoreError> {
+        let client = self.client().await?;
+        let sql = self.access_sql(&format!(
+            "SELECT {TOKEN_COLUMNS} FROM {{schema}}.api_tokens ORDER BY created_at, id"
+        ));
+        query(&client, &sql, &[])
+            .await?
+            .iter()
+            .map(token_from_row)
+            .collect()
+    }
+
+    async fn any_tokens(&self) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let sql = self.access_sql("SELECT EXISTS (SELECT 1 FROM {schema}.api_tokens)");
+        let row = query_opt(&client, &sql, &[])
+            .await?
+            .ok_or_else(|| corrupt("token count", "no row"))?;
+        col(&row, 0)
+    }
+
+    async fn revoke_token(
+        &self,
+        id: TokenId,
+        now: Timestamp,
+    ) -> Result<Option<TokenRecord>, StoreError> {
+        let client = self.client().await?;
+        let sql = self.access_sql(&format!(
+            "UPDATE {{schema}}.api_tokens SET revoked_at = COALESCE(revoked_at, $2) \
+             WHERE id = $1 RETURNING {TOKEN_COLUMNS}"
+        ));
+        query_opt(&client, &sql, &[&id.0, &now.0])
+            .await?
+            .map(|r| token_from_row(&r))
+            .transpose()
+    }
+
+    async fn create_namespace(&self, ns: Namespace) -> Result<Namespace, NamespaceError> {
+        let client = self.client().await?;
+        let sql = self.access_sql(&format!(
+            "INSERT INTO {{schema}}.namespaces ({NAMESPACE_COLUMNS}) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (name) DO NOTHING RETURNING {NAMESPACE_COLUMNS}"
+        ));
+        let row = query_opt(
+            &client,
+            &sql,
+            &[
+                &ns.name,
+                &ns.max_live_tasks.map(|n| n.min(i64::MAX as u64) as i64),
+                &ns.max_creates_per_second.map(i64::from),
+                &ns.created_at.0,
+            ],
+        )
+        .await?;
+        match row {
+            Some(r) => Ok(namespace_from_row(&r)?),
+            None => Err(NamespaceError::AlreadyExists),
+        }
+    }
+
+    async fn get_namespace(&self, name: &str) -> Result<Option<Namespace>, StoreError> {
+        let client = self.client().await?;
+        let sql = self.access_sql(&format!(
+            "SELECT {NAMESPACE_COLUMNS} FROM {{schema}}.namespaces WHERE name = $1"
+        ));
+        query_opt(&client, &sql, &[&name])
+            .await?
+            .map(|r| namespace_from_row(&r))
+            .transpose()
+    }
+
+    async fn list_namespaces(&self) -> Result<Vec<Namespace>, StoreError> {
+        let client = self.client().await?;
+        let sql = self.access_sql(&format!(
+            "SELECT {NAMESPACE_COLUMNS} FROM {{schema}}.namespaces ORDER BY name"
+        ));
+        query(&client, &sql, &[])
+            .await?
+            .iter()
+            .map(namespace_from_row)
+            .collect()
+    }
+
+    async fn append_audit(&self, records: Vec<NewAuditRecord>) -> Result<(), StoreError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        // One statement for the batch; `WITH ORDINALITY` keeps the given order for the identity.
+        let mut at = Vec::with_capacity(records.len());
+        let mut actor_id = Vec::with_capacity(records.len());
+        let mut actor = Vec::with_capacity(records.len());
+        let mut namespace = Vec::with_capacity(records.len());
+        let mut action = Vec::with_capacity(records.len());
+        let mut target = Vec::with_capacity(records.len());
+        let mut request_id = Vec::with_capacity(records.len());
+        let mut status = Vec::with_capacity(records.len());
+        for r in records {
+            at.push(r.at.0);
+            actor_id.push(r.actor_id.map(|id| id.0));
+            actor.push(r.actor);
+            namespace.push(r.namespace);
+            action.push(r.action);
+            target.push(r.target);
+            request_id.push(r.request_id);
+            status.push(i32::from(r.status));
+        }
+        let client = self.client().await?;
+        let sql = self.access_sql(
+            "INSERT INTO {schema}.audit_log (at, actor_id, actor, namespace, action, target, \
+             request_id, status) \
+             SELECT at, actor_id, actor, namespace, action, target, request_id, status \
+             FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::text[], $5::text[], \
+                         $6::text[], $7::text[], $8::int[]) WITH ORDINALITY \
+                  AS r(at, actor_id, actor, namespace, action, target, request_id, status, n) \
+             ORDER BY n",
+        );
+        let stmt = client.prepare_cached(&sql).await.map_err(pg)?;
+        client
+            .execute(
+                &stmt,
+                &[
+                    &at,
+                    &actor_id,
+                    &actor,
+                    &namespace,
+                    &action,
+                    &target,
+                    &request_id,
+                    &status,
+                ],
+            )
+            .await
+            .map_err(pg)?;
+        Ok(())
+    }
+
+    async fn list_audit(
+        &self,
+        filter: &AuditFilter,
+        limit: usize,
+    ) -> Result<AuditPage, StoreError> {
+        let actor_id = filter
+            .actor
+            .as_deref()
+            .and_then(|a| a.parse::<TokenId>().ok())
+            .map(|id| id.0);
+        let client = self.client().await?;
+        let sql = self.access_sql(&format!(
+            "SELECT {AUDIT_COLUMNS} FROM {{schema}}.audit_log \
+             WHERE ($1::bigint IS NULL OR seq < $1) \
+               AND ($2::text IS NULL OR namespace = $2) \
+               AND ($3::text IS NULL OR actor = $3 OR actor_id = $4) \
+               AND ($5::text IS NULL OR action = $5) \
+               AND ($6::text IS NULL OR target = $6) \
+             ORDER BY seq DESC LIMIT $7"
+        ));
+        let rows = query(
+            &client,
+            &sql,
+            &[
+                &filter.before,
+                &filter.namespace,
+                &filter.actor,
+                &actor_id,
+                &filter.action,
+                &filter.target,
+                &limit_param(limit.saturating_add(1)),
+            ],
+        )
+        .await?;
+        let records = rows
+            .iter()
+            .map(audit_from_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(AuditPage::from_overfetched(records, limit))
+    }
+
+    async fn purge_audit(&self, before: Timestamp, limit: usize) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        let sql = self.access_sql(
+            "DELETE FROM {schema}.audit_log WHERE seq IN \
+             (SELECT seq FROM {schema}.audit_log WHERE at < $1 ORDER BY seq LIMIT $2)",
+        );
+        let stmt = client.prepare_cached(&sql).await.map_err(pg)?;
+        client
+            .execute(&stmt, &[&before.0, &limit_param(limit)])
+            .await
+            .map_err(pg)
+    }
+}

@@ -1,0 +1,378 @@
+//! The access store conformance suite (feature `testkit`): what every [`AccessStore`] must do.
+//!
+//! ```ignore
+//! async fn fresh() -> Option<(Arc<MyStore>, Guard)> { … }
+//! sundial_store::access_store_conformance!(fresh);
+//! ```
+//!
+//! The factory returns an [`AccessFixture`]: `Arc<S>`, `(Arc<S>, guard)` or an `Option` of
+//! either (`None` skips the check, for backends that need an outside service).
+
+use std::sync::Arc;
+
+use sundial_core::{Timestamp, TokenId};
+use uuid::Uuid;
+
+use crate::{AccessStore, AuditFilter, Namespace, NamespaceError, NewAuditRecord, NewToken, Scope};
+
+/// What an access conformance factory hands back.
+pub trait AccessFixture {
+    fn access(&self) -> Arc<dyn AccessStore>;
+    fn skip(&self) -> bool {
+        false
+    }
+}
+
+impl<F: AccessFixture> AccessFixture for Option<F> {
+    fn access(&self) -> Arc<dyn AccessStore> {
+        match self {
+            Some(f) => f.access(),
+            None => panic!("a skipped fixture has no store (check `skip` first)"),
+        }
+    }
+    fn skip(&self) -> bool {
+        self.as_ref().is_none_or(|f| f.skip())
+    }
+}
+
+impl<S: AccessStore> AccessFixture for Arc<S> {
+    fn access(&self) -> Arc<dyn AccessStore> {
+        self.clone()
+    }
+}
+
+impl<S: AccessStore, G> AccessFixture for (Arc<S>, G) {
+    fn access(&self) -> Arc<dyn AccessStore> {
+        self.0.clone()
+    }
+}
+
+/// Runs every access store check against stores made by `$factory`.
+#[macro_export]
+macro_rules! access_store_conformance {
+    (@checks ($factory:expr) $($check:ident)*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                let fixture = ($factory)().await;
+                if $crate::access_testkit::AccessFixture::skip(&fixture) {
+                    return;
+                }
+                let access = $crate::access_testkit::AccessFixture::access(&fixture);
+                $crate::access_testkit::$check(access).await;
+                drop(fixture);
+            }
+        )*
+    };
+    ($factory:expr $(,)?) => {
+        $crate::access_store_conformance!(@checks ($factory)
+            access_tokens_round_trip_and_revoke
+            access_namespaces_are_unique
+            access_audit_appends_pages_filters_and_purges
+        );
+    };
+}
+
+fn token(name: &str, scope: Scope, namespace: Option<&str>, at: i64) -> NewToken {
+    let mut hash = [0u8; 32];
+    for (i, b) in hash.iter_mut().enumerate() {
+        *b = (i as u8).wrapping_mul(7).wrapping_add(name.len() as u8);
+    }
+    NewToken {
+        id: TokenId(Uuid::new_v4()),
+        name: name.to_string(),
+        scope,
+        namespace: namespace.map(str::to_string),
+        secret_hash: hash,
+        created_at: Timestamp(at),
+        expires_at: Some(Timestamp(at + 1_000)),
+    }
+}
+
+pub async fn access_tokens_round_trip_and_revoke(s: Arc<dyn AccessStore>) {
+    assert!(
+        !s.any_tokens().await.expect("the store answers"),
+        "a fresh store has no tokens"
+    );
+    assert!(s.list_tokens().await.expect("the store answers").is_empty());
+    let a = token("ci", Scope::Producer, Some("team-a"), 10);
+    let b = NewToken {
+        expires_at: None,
+        ..token("ops", Scope::Admin, None, 20)
+    };
+    let got = s.create_token(a.clone()).await.expect("the store answers");
+    assert_eq!(got.id, a.id);
+    assert_eq!(got.name, "ci");
+    assert_eq!(got.scope, Scope::Producer);
+    assert_eq!(got.namespace.as_deref(), Some("team-a"));
+    assert_eq!(got.secret_hash, a.secret_hash);
+    assert_eq!(got.expires_at, Some(Timestamp(1_010)));
+    assert_eq!(got.revoked_at, None);
+    s.create_token(b.clone()).await.expect("the store answers");
+    assert!(
+        s.create_token(b.clone()).await.is_err(),
+        "a repeated id is refused"
+    );
+    assert!(s.any_tokens().await.expect("the store answers"));
+
+    let fetched = s
+        .get_token(b.id)
+        .await
+        .expect("the store answers")
+        .expect("the store answers");
+    assert_eq!(fetched.namespace, None);
+    assert_eq!(fetched.expires_at, None);
+    assert_eq!(fetched.scope, Scope::Admin);
+    assert!(fetched.is_live_at(Timestamp(i64::MAX - 1)));
+    assert!(
+        s.get_token(TokenId(Uuid::new_v4()))
+            .await
+            .expect("the store answers")
+            .is_none()
+    );
+    let listed: Vec<String> = s
+        .list_tokens()
+        .await
+        .expect("the store answers")
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert_eq!(listed, ["ci", "ops"], "oldest first");
+
+    assert!(got.is_live_at(Timestamp(1_009)));
+    assert!(!got.is_live_at(Timestamp(1_010)), "expired at expires_at");
+    let revoked = s
+        .revoke_token(a.id, Timestamp(50))
+        .await
+        .expect("the store answers")
+        .expect("the store answers");
+    assert_eq!(revoked.revoked_at, Some(Timestamp(50)));
+    assert!(!revoked.is_live_at(Timestamp(51)));
+    let again = s
+        .revoke_token(a.id, Timestamp(60))
+        .await
+        .expect("the store answers")
+        .expect("the store answers");
+    assert_eq!(
+        again.revoked_at,
+        Some(Timestamp(50)),
+        "the first time stays"
+    );
+    assert_eq!(
+        s.get_token(a.id)
+            .await
+            .expect("the store answers")
+            .expect("the store answers")
+            .revoked_at,
+        Some(Timestamp(50))
+    );
+    assert!(
+        s.revoke_token(TokenId(Uuid::new_v4()), Timestamp(1))
+            .await
+            .expect("the store answers")
+            .is_none()
+    );
+    assert!(
+        s.any_tokens().await.expect("the store answers"),
+        "revoked tokens still count"
+    );
+}
+
+pub async fn access_namespaces_are_unique(s: Arc<dyn AccessStore>) {
+    assert!(
+        s.list_namespaces()
+            .await
+            .expect("the store answers")
+            .is_empty()
+    );
+    let a = Namespace {
+        name: "team-b".into(),
+        max_live_tasks: Some(100),
+        max_creates_per_second: Some(5),
+        created_at: Timestamp(3),
+    };
+    let b = Namespace {
+        name: "team-a".into(),
+        max_live_tasks: None,
+        max_creates_per_second: None,
+        created_at: Timestamp(4),
+    };
+    assert_eq!(
+        s.create_namespace(a.clone())
+            .await
+            .expect("the store answers"),
+        a
+    );
+    s.create_namespace(b.clone())
+        .await
+        .expect("the store answers");
+    assert!(matches!(
+        s.create_namespace(a.clone()).await,
+        Err(NamespaceError::AlreadyExists)
+    ));
+    assert_eq!(
+        s.get_namespace("team-b").await.expect("the store answers"),
+        Some(a.clone())
+    );
+    assert_eq!(
+        s.get_namespace("nope").await.expect("the store answers"),
+        None
+    );
+    assert_eq!(
+        s.list_namespaces().await.expect("the store answers"),
+        vec![b, a],
+        "by name"
+    );
+}
+
+fn audit(at: i64, actor: &str, ns: &str, action: &str, target: Option<&str>) -> NewAuditRecord {
+    NewAuditRecord {
+        at: Timestamp(at),
+        actor_id: (actor != "local").then(|| TokenId(Uuid::from_u128(at as u128 + 1))),
+        actor: actor.to_string(),
+        namespace: ns.to_string(),
+        action: action.to_string(),
+        target: target.map(str::to_string),
+        status: if at % 2 == 0 { 200 } else { 403 },
+        request_id: format!("req-{at}"),
+    }
+}
+
+pub async fn access_audit_appends_pages_filters_and_purges(s: Arc<dyn AccessStore>) {
+    let empty = s
+        .list_audit(&AuditFilter::default(), 10)
+        .await
+        .expect("the store answers");
+    assert!(empty.records.is_empty() && empty.next_cursor.is_none());
+    let first = vec![
+        audit(1, "local", "default", "POST /v1/tasks", Some("t1")),
+        audit(2, "ci", "team-a", "POST /v1/tasks/{id}/cancel", Some("t1")),
+    ];
+    s.append_audit(first.clone())
+        .await
+        .expect("the store answers");
+    s.append_audit(vec![
+        audit(3, "ci", "team-a", "POST /v1/tasks", None),
+        audit(
+            4,
+            "ops",
+            "default",
+            "POST /v1/tasks/{id}/cancel",
+            Some("t2"),
+        ),
+        audit(5, "ops", "team-a", "DELETE /v1/schedules/{id}", Some("s")),
+    ])
+    .await
+    .expect("the store answers");
+    s.append_audit(Vec::new()).await.expect("the store answers");
+
+    let all = s
+        .list_audit(&AuditFilter::default(), 100)
+        .await
+        .expect("the store answers");
+    let ats: Vec<i64> = all.records.iter().map(|r| r.record.at.0).collect();
+    assert_eq!(ats, [5, 4, 3, 2, 1], "newest first");
+    assert!(all.records.windows(2).all(|w| w[0].seq > w[1].seq));
+    assert_eq!(all.records[4].record, first[0], "a record round-trips");
+    assert_eq!(all.records[3].record, first[1]);
+    assert_eq!(all.next_cursor, None);
+
+    // Pages.
+    let p1 = s
+        .list_audit(&AuditFilter::default(), 2)
+        .await
+        .expect("the store answers");
+    assert_eq!(p1.records.len(), 2);
+    let p2 = s
+        .list_audit(
+            &AuditFilter {
+                before: p1.next_cursor,
+                ..AuditFilter::default()
+            },
+            2,
+        )
+        .await
+        .expect("the store answers");
+    let p3 = s
+        .list_audit(
+            &AuditFilter {
+                before: p2.next_cursor,
+                ..AuditFilter::default()
+            },
+            2,
+        )
+        .await
+        .expect("the store answers");
+    let paged: Vec<i64> = [p1.records, p2.records, p3.records.clone()]
+        .concat()
+        .iter()
+        .map(|r| r.record.at.0)
+        .collect();
+    assert_eq!(paged, [5, 4, 3, 2, 1]);
+    assert_eq!(p3.next_cursor, None);
+
+    // Filters.
+    let by = |f: AuditFilter| {
+        let s = s.clone();
+        async move {
+            s.list_audit(&f, 100)
+                .await
+                .expect("the store answers")
+                .records
+                .iter()
+                .map(|r| r.record.at.0)
+                .collect::<Vec<_>>()
+        }
+    };
+    let ns = |n: &str| AuditFilter {
+        namespace: Some(n.into()),
+        ..AuditFilter::default()
+    };
+    assert_eq!(by(ns("team-a")).await, [5, 3, 2]);
+    let actor = |a: String| AuditFilter {
+        actor: Some(a),
+        ..AuditFilter::default()
+    };
+    assert_eq!(by(actor("ops".into())).await, [5, 4]);
+    assert_eq!(
+        by(actor(Uuid::from_u128(3).to_string())).await,
+        [2],
+        "an actor is also found by token id"
+    );
+    assert_eq!(
+        by(AuditFilter {
+            action: Some("POST /v1/tasks/{id}/cancel".into()),
+            ..AuditFilter::default()
+        })
+        .await,
+        [4, 2]
+    );
+    assert_eq!(
+        by(AuditFilter {
+            target: Some("t1".into()),
+            namespace: Some("team-a".into()),
+            ..AuditFilter::default()
+        })
+        .await,
+        [2]
+    );
+
+    // Purge by age, bounded.
+    assert_eq!(
+        s.purge_audit(Timestamp(4), 2)
+            .await
+            .expect("the store answers"),
+        2
+    );
+    assert_eq!(
+        s.purge_audit(Timestamp(4), 100)
+            .await
+            .expect("the store answers"),
+        1
+    );
+    assert_eq!(
+        by(AuditFilter::default()).await,
+        [5, 4],
+        "older records went"
+    );
+}
