@@ -13,6 +13,8 @@ pub struct QueueArgs {
     /// The server's base URL.
     #[arg(long, env = "SUNDIAL_SERVER", default_value = crate::DEFAULT_SERVER, global = true)]
     server: String,
+    #[command(flatten)]
+    credentials: sundial_cli::Credentials,
     /// Print the API's JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -44,7 +46,8 @@ enum QueueCommand {
 }
 
 pub async fn run(args: QueueArgs) -> anyhow::Result<ExitCode> {
-    let client = Client::new(&args.server).context("cannot build the HTTP client")?;
+    let client = Client::with_credentials(&args.server, &args.credentials)
+        .context("cannot build the HTTP client")?;
     let json = args.json;
     let result: Result<(), ClientError> = match args.command {
         QueueCommand::Ls => client.queues().await.map(|l| {

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use std::future::IntoFuture;
+use std::future::Future;
 use std::sync::Arc;
 use sundial::{Config, Durability, Retention, SqliteOptions, Sundial};
 use sundial_server::ServerConfig;
@@ -125,6 +125,56 @@ pub struct ServerArgs {
     /// only).
     #[arg(long, env = "SUNDIAL_OPEN_OPENAPI")]
     open_openapi: Option<bool>,
+    /// PEM certificate chain: serve HTTPS (with --tls-key).
+    #[arg(long, env = "SUNDIAL_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "SUNDIAL_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// How long a client may take to send a request's headers; a slower one is disconnected, so
+    /// a slow client cannot hold a connection open.
+    #[arg(long, env = "SUNDIAL_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    header_read_timeout: Duration,
+    /// How long a client may take to send a request's body (`408` after).
+    #[arg(long, env = "SUNDIAL_BODY_READ_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    body_read_timeout: Duration,
+    /// Most long polls one token (or, with auth off, all callers together) may hold open.
+    #[arg(long, env = "SUNDIAL_MAX_POLLS_PER_TOKEN", default_value_t = 64)]
+    max_polls_per_token: usize,
+}
+
+/// Largest request head (request line and headers) a client may send.
+const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// The limits every connection gets, whether plain or TLS: the head must arrive within
+/// `header_read_timeout` and fit in [`MAX_HEADER_BYTES`].
+fn limit_connections(
+    builder: &mut hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor>,
+    header_read_timeout: Duration,
+) {
+    builder
+        .http1()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(header_read_timeout)
+        .max_buf_size(MAX_HEADER_BYTES);
+}
+
+/// Reads the PEM certificate and key (refusing to start on a bad pair).
+async fn tls_config(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> anyhow::Result<axum_server::tls_rustls::RustlsConfig> {
+    // ring, installed once for the process (a second install fails harmlessly).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot load the TLS certificate {} and key {}",
+                cert.display(),
+                key.display()
+            )
+        })
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -149,6 +199,8 @@ fn access_config(args: &ServerArgs, addr: &SocketAddr) -> AccessConfig {
         mode,
         open_metrics: args.open_metrics.unwrap_or(loopback),
         open_openapi: args.open_openapi.unwrap_or(loopback),
+        max_polls_per_caller: args.max_polls_per_token.max(1),
+        body_read_timeout: args.body_read_timeout,
     }
 }
 
@@ -188,6 +240,10 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         sundial_push::AddressPolicy::parse(&args.push_allow).context("invalid --push-allow")?;
     // Bind first: a refused address must not leave a freshly created, empty data directory.
     let listener = bind(&args.listen).await?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(tls_config(cert, key).await?),
+        _ => None,
+    };
     let prometheus = sundial_server::prometheus_builder()
         .install_recorder()
         .context("cannot install the metrics recorder")?;
@@ -310,7 +366,9 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
     {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
-        writeln!(out, "sundial listening on http://{addr}").context("cannot write to stdout")?;
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        writeln!(out, "sundial listening on {scheme}://{addr}")
+            .context("cannot write to stdout")?;
         out.flush().context("cannot write to stdout")?;
     }
 
@@ -319,12 +377,32 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         wait_for_signal().await;
         let _ = stop_tx.send(true);
     });
+    let handle = axum_server::Handle::<SocketAddr>::new();
+    let stopping = handle.clone();
     let mut serve_stop = stop_rx.clone();
-    let serve = axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            let _ = serve_stop.wait_for(|v| *v).await;
-        })
-        .into_future();
+    tokio::spawn(async move {
+        let _ = serve_stop.wait_for(|v| *v).await;
+        stopping.graceful_shutdown(None);
+    });
+    let listener = listener
+        .into_std()
+        .context("cannot hand the listener to the server")?;
+    let serve: std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> = match tls {
+        Some(tls) => {
+            let mut server = axum_server::from_tcp_rustls(listener, tls)
+                .context("cannot serve")?
+                .handle(handle);
+            limit_connections(server.http_builder(), args.header_read_timeout);
+            Box::pin(server.serve(app.into_make_service()))
+        }
+        None => {
+            let mut server = axum_server::from_tcp(listener)
+                .context("cannot serve")?
+                .handle(handle);
+            limit_connections(server.http_builder(), args.header_read_timeout);
+            Box::pin(server.serve(app.into_make_service()))
+        }
+    };
     let mut serve = tokio::spawn(serve);
 
     let mut stop = stop_rx;

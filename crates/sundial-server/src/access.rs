@@ -61,6 +61,11 @@ pub struct AccessConfig {
     pub open_metrics: bool,
     /// `/openapi.json` without a token even when auth is on.
     pub open_openapi: bool,
+    /// Most long polls one caller (a token, or everyone when auth is off) may hold open at once;
+    /// one more is `429` with `Retry-After`.
+    pub max_polls_per_caller: usize,
+    /// Longest a request may take to send its body; slower is `408`.
+    pub body_read_timeout: std::time::Duration,
 }
 
 impl Default for AccessConfig {
@@ -69,6 +74,8 @@ impl Default for AccessConfig {
             mode: AuthMode::WhenTokensExist,
             open_metrics: true,
             open_openapi: true,
+            max_polls_per_caller: 64,
+            body_read_timeout: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -262,6 +269,41 @@ struct AccessInner {
     tokens: Mutex<HashMap<TokenId, (Option<TokenRecord>, Timestamp)>>,
     /// `Some(t)`: no token existed when read at `t`. `None`: unknown, or tokens exist.
     tokens_exist: Mutex<TokensExist>,
+    polls: PollSlots,
+}
+
+/// Long polls in progress per caller (token id, or `local`), capped by
+/// [`AccessConfig::max_polls_per_caller`]: one token cannot hold every connection the server has.
+#[derive(Default)]
+struct PollSlots {
+    held: Mutex<HashMap<String, usize>>,
+}
+
+/// A poll slot; released when dropped (the poll answered, or its client went away).
+struct PollSlot {
+    slots: Arc<AccessInner>,
+    caller: String,
+}
+
+impl Drop for PollSlot {
+    fn drop(&mut self) {
+        if let Ok(mut held) = self.slots.polls.held.lock()
+            && let Some(n) = held.get_mut(&self.caller)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                held.remove(&self.caller);
+            }
+        }
+    }
+}
+
+/// Whether a route template is a long poll.
+pub fn is_long_poll(route: &str) -> bool {
+    matches!(
+        route,
+        "/v1/queues/{queue}/poll" | "/v1/workflow-tasks/poll" | "/v1/workflow-activities/poll"
+    )
 }
 
 #[derive(Clone, Copy)]
@@ -292,6 +334,7 @@ impl Access {
                 config,
                 tokens: Mutex::new(HashMap::new()),
                 tokens_exist: Mutex::new(TokensExist::Unknown),
+                polls: PollSlots::default(),
             }),
         }
     }
@@ -313,6 +356,24 @@ impl Access {
         if let Ok(mut t) = self.inner.tokens.lock() {
             t.remove(&id);
         }
+    }
+
+    /// A long-poll slot for `caller`, or `None` when it holds its limit already.
+    fn poll_slot(&self, caller: &Actor) -> Option<PollSlot> {
+        let caller = match caller.token_id() {
+            Some(id) => id.to_string(),
+            None => caller.name().to_string(),
+        };
+        let mut held = self.inner.polls.held.lock().ok()?;
+        let n = held.entry(caller.clone()).or_insert(0);
+        if *n >= self.inner.config.max_polls_per_caller {
+            return None;
+        }
+        *n += 1;
+        Some(PollSlot {
+            slots: self.inner.clone(),
+            caller,
+        })
     }
 
     /// Notes that a token now exists (after a create on this node).
@@ -516,7 +577,7 @@ pub async fn access_layer(State(access): State<Access>, mut req: Request, next: 
 
     let mut actor = Actor::Anonymous;
     let need = requirement(&method, &route, access.config());
-    let mut resp = if let Some(err) = guard::cross_site_refusal(&req) {
+    let resp = if let Some(err) = guard::cross_site_refusal(&req) {
         err.into_response()
     } else {
         let authenticated = match need {
@@ -533,13 +594,79 @@ pub async fn access_layer(State(access): State<Access>, mut req: Request, next: 
                 match access.authorize(&a, &route, need, &namespace) {
                     Err(r) => refusal_response(r),
                     Ok(()) => {
+                        let slot = if is_long_poll(&route) {
+                            match access.poll_slot(&a) {
+                                Some(s) => Some(s),
+                                None => {
+                                    return finish(
+                                        &access,
+                                        too_many_polls(access.config().max_polls_per_caller),
+                                        Finish {
+                                            audited,
+                                            actor: a,
+                                            namespace,
+                                            method,
+                                            route,
+                                            path,
+                                            rid,
+                                        },
+                                    )
+                                    .await;
+                                }
+                            }
+                        } else {
+                            None
+                        };
                         req.extensions_mut().insert(a);
-                        next.run(req).await
+                        req.extensions_mut().insert(crate::extract::BodyReadTimeout(
+                            access.config().body_read_timeout,
+                        ));
+                        let resp = next.run(req).await;
+                        drop(slot);
+                        resp
                     }
                 }
             }
         }
     };
+    finish(
+        &access,
+        resp,
+        Finish {
+            audited,
+            actor,
+            namespace,
+            method,
+            route,
+            path,
+            rid,
+        },
+    )
+    .await
+}
+
+/// What the audit record of a request needs besides its answer.
+struct Finish {
+    audited: bool,
+    actor: Actor,
+    namespace: String,
+    method: Method,
+    route: String,
+    path: String,
+    rid: String,
+}
+
+/// Echoes the request id and writes the audit record of a write.
+async fn finish(access: &Access, mut resp: Response, f: Finish) -> Response {
+    let Finish {
+        audited,
+        actor,
+        namespace,
+        method,
+        route,
+        path,
+        rid,
+    } = f;
     if let Ok(v) = HeaderValue::from_str(&rid) {
         resp.headers_mut().insert("x-request-id", v);
     }
@@ -563,5 +690,17 @@ pub async fn access_layer(State(access): State<Access>, mut req: Request, next: 
             tracing::error!(error = %e, "cannot write the audit record");
         }
     }
+    resp
+}
+
+fn too_many_polls(limit: usize) -> Response {
+    let mut resp = ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "too_many_polls",
+        format!("this caller holds {limit} long polls already; wait for one to answer"),
+    )
+    .into_response();
+    resp.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
     resp
 }

@@ -17,6 +17,15 @@ use serde_path_to_error::Segment;
 
 use crate::error::ApiError;
 
+/// How long a request may take to send its body (inserted by the access layer; without it,
+/// [`DEFAULT_BODY_READ_TIMEOUT`]). A slower body is `408`, so a client that trickles its body
+/// cannot hold a connection and a handler forever.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyReadTimeout(pub std::time::Duration);
+
+/// The body read timeout when none was set.
+pub const DEFAULT_BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// A JSON body.
 pub struct ApiJson<T>(pub T);
 
@@ -28,7 +37,20 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+        let limit = req
+            .extensions()
+            .get::<BodyReadTimeout>()
+            .map_or(DEFAULT_BODY_READ_TIMEOUT, |t| t.0);
+        let read = tokio::time::timeout(limit, Bytes::from_request(req, state))
+            .await
+            .map_err(|_| {
+                ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "timeout",
+                    format!("the request body did not arrive within {limit:?}"),
+                )
+            })?;
+        let bytes = read.map_err(|e| {
             if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::too_large(format!("request body too large: {}", e.body_text()))
             } else {

@@ -114,6 +114,7 @@ async fn every_route_answers_every_caller_as_the_rules_say_and_is_audited() {
         mode: AuthMode::Required,
         open_metrics: false,
         open_openapi: false,
+        ..AccessConfig::default()
     };
     let app = sundial_server::router(
         sundial.clone(),
