@@ -29,7 +29,7 @@ fn sundial(args: &[&str], envs: &[(&str, &str)]) -> (bool, String, String) {
 }
 
 async fn get(url: &str, token: Option<&str>) -> (u16, Value) {
-    let mut req = reqwest::Client::new().get(url);
+    let mut req = sundial_cli::http_client_builder().build().unwrap().get(url);
     if let Some(t) = token {
         req = req.bearer_auth(t);
     }
