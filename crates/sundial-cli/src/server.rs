@@ -96,7 +96,14 @@ pub struct ServerArgs {
     /// How long schedule fire records are kept.
     #[arg(long, env = "SUNDIAL_RETENTION_SCHEDULE_FIRES", default_value = "7d", value_parser = parse_duration)]
     retention_schedule_fires: Duration,
-    /// Keep everything: never delete finished tasks or fire records.
+    /// How long closed workflow runs (with their histories) are kept after they closed.
+    #[arg(long, env = "SUNDIAL_RETENTION_WORKFLOW_RUNS", default_value = "7d", value_parser = parse_duration)]
+    retention_workflow_runs: Duration,
+    /// How long audit records are kept.
+    #[arg(long, env = "SUNDIAL_RETENTION_AUDIT", default_value = "30d", value_parser = parse_duration)]
+    retention_audit: Duration,
+    /// Keep everything: never delete finished tasks, fire records, closed workflow runs or
+    /// audit records.
     #[arg(long, env = "SUNDIAL_NO_RETENTION")]
     no_retention: bool,
     /// Push delivery: a destination allowed although it is not public (loopback, private,
@@ -267,6 +274,8 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
             cancelled: args.retention_cancelled,
             dead: args.retention_dead,
             schedule_fires: args.retention_schedule_fires,
+            workflow_runs: args.retention_workflow_runs,
+            audit: args.retention_audit,
             ..Retention::default()
         },
         push_concurrency: args.push_concurrency.max(1),

@@ -415,6 +415,14 @@ CREATE INDEX audit_log_at ON {schema}.audit_log (at);
 CREATE INDEX audit_log_target ON {schema}.audit_log (target, seq) WHERE target IS NOT NULL;
 "#,
     },
+    Migration {
+        version: 11,
+        name: "retention of closed workflow runs",
+        sql: r#"
+CREATE INDEX workflow_runs_closed ON {schema}.workflow_runs (closed_at)
+    WHERE closed_at IS NOT NULL;
+"#,
+    },
 ];
 
 /// The schema version this build writes (the highest migration it knows).

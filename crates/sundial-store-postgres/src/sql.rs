@@ -127,6 +127,10 @@ pub(crate) struct WorkflowSql {
     pub cancel_ids: String,
     pub cancel_run_tasks: String,
     pub list: String,
+    /// Retention: up to `$2` runs closed before `$1` with their histories, markers and ids'
+    /// pointers; rows another writer holds are skipped (`SKIP LOCKED`), locked in the order of
+    /// the other writes (run row, then the workflow id's row).
+    pub purge_closed: String,
 }
 
 /// The columns of `workflow_runs` (alias `r`), in the order `workflows::run_from_row` reads them.
@@ -193,6 +197,16 @@ impl WorkflowSql {
             close: format!(
                 "UPDATE {runs} SET status = $2, result = $3, error = $4, continued_to = $5, \
                  pending_task = NULL, closed_at = $6, updated_at = $6 WHERE run_id = $1"
+            ),
+            purge_closed: format!(
+                "WITH gone AS (SELECT run_id, workflow_id FROM {runs} \
+                 WHERE closed_at IS NOT NULL AND closed_at < $1 AND status <> 'running' \
+                 ORDER BY closed_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
+                 h AS (DELETE FROM {history} WHERE run_id IN (SELECT run_id FROM gone)), \
+                 m AS (DELETE FROM {markers} WHERE run_id IN (SELECT run_id FROM gone)), \
+                 w AS (DELETE FROM {ids} i USING gone g \
+                       WHERE i.workflow_id = g.workflow_id AND i.run_id = g.run_id) \
+                 DELETE FROM {runs} r USING gone g WHERE r.run_id = g.run_id"
             ),
             cancel_ids: format!(
                 "UPDATE {tasks} SET state = 'cancelled', updated_at = $2, finished_at = $2, \

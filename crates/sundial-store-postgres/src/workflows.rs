@@ -20,7 +20,7 @@ use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
 use sundial_core::{NewTask, RunId, Task, TaskId, Timestamp};
 use sundial_store::{
-    AppendOp, Appended, Committed, HistoryEvent, IdReusePolicy, Inserted, NewEvent, NewRun,
+    AppendOp, Appended, Committed, Fence, HistoryEvent, IdReusePolicy, Inserted, NewEvent, NewRun,
     ParentLink, StartedRun, StoreError, TerminateOp, Terminated, WorkflowFilter, WorkflowPage,
     WorkflowRun, WorkflowStatus, WorkflowStore, WorkflowStoreError, WorkflowTaskCommit,
     run_task_key_prefix,
@@ -639,5 +639,28 @@ impl WorkflowStore for PostgresStore {
         let terminated = self.terminate_in(&tx, op).await?;
         tx.commit().await.map_err(pg)?;
         Ok(terminated)
+    }
+
+    async fn purge_closed_runs(
+        &self,
+        before: Timestamp,
+        limit: usize,
+        fence: Option<Fence>,
+    ) -> Result<u64, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        if let Some(f) = fence {
+            self.check_fence(&tx, f).await?;
+        }
+        let stmt = tx
+            .prepare_cached(&self.sql.workflows.purge_closed)
+            .await
+            .map_err(pg)?;
+        let n = tx
+            .execute(&stmt, &[&before.0, &limit_param(limit)])
+            .await
+            .map_err(pg)?;
+        tx.commit().await.map_err(pg)?;
+        Ok(n)
     }
 }

@@ -798,3 +798,95 @@ async fn stale_fenced_purge_is_refused_and_deletes_nothing() {
         "another shard's task is not this owner's to delete"
     );
 }
+
+/// Retention of closed workflow runs under shard 0's fence: a stale holder deletes nothing
+/// (`LeaseLost`); the current holder deletes the closed run and never the running one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_fenced_workflow_purge_is_refused_and_deletes_nothing() {
+    use sundial_core::RunId;
+    use sundial_store::{IdReusePolicy, NewEvent, NewRun, TerminateOp, WorkflowStore};
+    let Some((a, guard)) = fresh_postgres().await else {
+        return;
+    };
+    let b = another_node(&guard).await;
+    let t = Timestamp;
+    let start = |id: &str| {
+        let run_id = RunId(uuid::Uuid::now_v7());
+        NewRun {
+            workflow_id: id.to_string(),
+            run_id,
+            workflow_type: "order".into(),
+            input: "{}".into(),
+            parent: None,
+            continued_from: None,
+            started: NewEvent {
+                at: t(0),
+                data: "{}".into(),
+            },
+            first_task: TaskSpec::new("workflow/order")
+                .queue(sundial_store::WORKFLOW_QUEUE)
+                .validate(
+                    TaskId(uuid::Uuid::now_v7()),
+                    t(0),
+                    SHARDS,
+                    &Limits::default(),
+                )
+                .unwrap(),
+            now: t(0),
+        }
+    };
+    let closed = start("closed");
+    let open = start("open");
+    a.start_run(closed.clone(), IdReusePolicy::AllowDuplicate)
+        .await
+        .unwrap();
+    a.start_run(open.clone(), IdReusePolicy::AllowDuplicate)
+        .await
+        .unwrap();
+    a.terminate(TerminateOp {
+        run_id: closed.run_id,
+        event: NewEvent {
+            at: t(100),
+            data: "{}".into(),
+        },
+        reason: "done".into(),
+        parent: None,
+        now: t(100),
+    })
+    .await
+    .unwrap();
+    let fa = a
+        .acquire_shard(0, "a", t(1_000), t(2_000))
+        .await
+        .unwrap()
+        .unwrap();
+    let fb = b
+        .acquire_shard(0, "b", t(2_001), t(4_000))
+        .await
+        .unwrap()
+        .unwrap();
+    let r = a.purge_closed_runs(t(3_000), 10, Some(fa)).await;
+    assert!(
+        matches!(r, Err(StoreError::LeaseLost { shard: 0 })),
+        "{r:?}"
+    );
+    assert!(
+        a.get_run(closed.run_id).await.unwrap().is_some(),
+        "nothing deleted"
+    );
+    assert_eq!(
+        b.purge_closed_runs(t(3_000), 10, Some(fb)).await.unwrap(),
+        1
+    );
+    assert!(a.get_run(closed.run_id).await.unwrap().is_none());
+    assert!(
+        a.get_run(open.run_id).await.unwrap().is_some(),
+        "a running run stays"
+    );
+    assert_eq!(
+        b.purge_closed_runs(Timestamp::MAX, 10, Some(fb))
+            .await
+            .unwrap(),
+        0
+    );
+}

@@ -35,6 +35,8 @@
 //!   seq)`, one row per attempt, written by triggers as a task enters and leaves `running` and
 //!   bounded to the latest `store_settings.attempts_kept` per task.
 //! - Migration 7: `schedule_fires_recorded (recorded_at)`, the retention of fire records.
+//! - Migration 10: `workflow_runs_closed (closed_at)` over closed runs, the retention of closed
+//!   runs and their histories.
 //! - `tasks.target` and `push_secrets` (migration 6): a push task's HTTP target as JSON, and the
 //!   signing secrets of push delivery with their expiry (a rotation sets the previous ones').
 
@@ -317,6 +319,10 @@ CREATE TABLE audit_log (
 );
 CREATE INDEX audit_log_at ON audit_log (at);
 CREATE INDEX audit_log_target ON audit_log (target, seq) WHERE target IS NOT NULL;
+"#,
+    // 10: retention of closed workflow runs (by the time they closed).
+    r#"
+CREATE INDEX workflow_runs_closed ON workflow_runs (closed_at) WHERE closed_at IS NOT NULL;
 "#,
 ];
 

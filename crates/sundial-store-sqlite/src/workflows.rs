@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use sundial_core::{NewTask, RunId, Task, TaskId, Timestamp};
 use sundial_store::{
-    ACTIVITY_QUEUE, AppendOp, Appended, Committed, HistoryEvent, IdReusePolicy, Inserted, NewEvent,
-    NewRun, ParentLink, StartedRun, StoreError, TerminateOp, Terminated, WORKFLOW_QUEUE,
+    ACTIVITY_QUEUE, AppendOp, Appended, Committed, Fence, HistoryEvent, IdReusePolicy, Inserted,
+    NewEvent, NewRun, ParentLink, StartedRun, StoreError, TerminateOp, Terminated, WORKFLOW_QUEUE,
     WorkflowFilter, WorkflowPage, WorkflowRun, WorkflowStatus, WorkflowStore, WorkflowStoreError,
     WorkflowTaskCommit, run_task_key_prefix,
 };
@@ -439,6 +439,53 @@ fn terminate(conn: &Connection, op: TerminateOp) -> Result<Terminated, WorkflowS
     })
 }
 
+/// Retention of closed runs: up to `limit` runs closed before `before`, oldest close first
+/// (served by `workflow_runs_closed`), each with its history, markers and the workflow id's
+/// pointer when it still names the run. Running runs have no `closed_at` and never match.
+fn purge_closed(conn: &Connection, before: Timestamp, limit: usize) -> Result<u64, StoreError> {
+    let runs: Vec<(Vec<u8>, String)> = {
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT run_id, workflow_id FROM workflow_runs INDEXED BY workflow_runs_closed \
+                 WHERE closed_at IS NOT NULL AND closed_at < ?1 AND status <> 'running' \
+                 ORDER BY closed_at LIMIT ?2",
+            )
+            .map_err(backend)?;
+        let rows = stmt
+            .query_map(
+                params![before.0, i64::try_from(limit).unwrap_or(i64::MAX)],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .map_err(backend)?;
+        rows.collect::<Result<_, _>>().map_err(backend)?
+    };
+    let mut deleted = 0u64;
+    for (run, workflow_id) in &runs {
+        for sql in [
+            "DELETE FROM workflow_history WHERE run_id = ?1",
+            "DELETE FROM workflow_markers WHERE run_id = ?1",
+        ] {
+            conn.prepare_cached(sql)
+                .map_err(backend)?
+                .execute(params![run])
+                .map_err(backend)?;
+        }
+        conn.prepare_cached("DELETE FROM workflows WHERE workflow_id = ?1 AND run_id = ?2")
+            .map_err(backend)?
+            .execute(params![workflow_id, run])
+            .map_err(backend)?;
+        deleted += conn
+            .prepare_cached(
+                "DELETE FROM workflow_runs WHERE run_id = ?1 AND closed_at IS NOT NULL \
+                 AND status <> 'running'",
+            )
+            .map_err(backend)?
+            .execute(params![run])
+            .map_err(backend)? as u64;
+    }
+    Ok(deleted)
+}
+
 #[async_trait]
 impl WorkflowStore for SqliteStore {
     async fn start_run(
@@ -575,5 +622,20 @@ impl WorkflowStore for SqliteStore {
 
     async fn terminate(&self, op: TerminateOp) -> Result<Terminated, WorkflowStoreError> {
         self.writer.write(move |conn| terminate(conn, op)).await
+    }
+
+    async fn purge_closed_runs(
+        &self,
+        before: Timestamp,
+        limit: usize,
+        fence: Option<Fence>,
+    ) -> Result<u64, StoreError> {
+        // No shard leases here (see `claim_due`): no fence is current.
+        if let Some(f) = fence {
+            return Err(StoreError::LeaseLost { shard: f.shard });
+        }
+        self.writer
+            .write(move |conn| purge_closed(conn, before, limit))
+            .await
     }
 }

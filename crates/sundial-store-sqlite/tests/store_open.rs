@@ -47,7 +47,7 @@ fn insert(store: &SqliteStore, tasks: Vec<NewTask>) {
 
 /// Makes the database look as a build before the shard count was recorded left it: version 3,
 /// without what migrations 4 (the store's facts), 5 (operations), 6 (push delivery), 7 (fire
-/// retention) and 8 (access) added.
+/// retention), 8 (idempotency), 9 (access) and 10 (workflow run retention) added.
 fn forget_shard_count(dir: &Path) {
     let conn = rusqlite::Connection::open(dir.join("sundial.db")).unwrap();
     conn.execute_batch(
@@ -64,6 +64,7 @@ fn forget_shard_count(dir: &Path) {
          DROP INDEX schedule_fires_recorded;
          DROP TABLE idempotency;
          DROP TABLE api_tokens; DROP TABLE namespaces; DROP TABLE audit_log;
+         DROP INDEX workflow_runs_closed;
          PRAGMA user_version = 3;",
     )
     .unwrap();

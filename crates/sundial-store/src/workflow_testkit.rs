@@ -19,9 +19,9 @@ use sundial_core::{ExecutionId, Limits, NewTask, RunId, TaskId, TaskSpec, TaskSt
 use uuid::Uuid;
 
 use crate::{
-    ACTIVITY_KIND_PREFIX, ACTIVITY_QUEUE, AppendOp, ClaimOutcome, ClaimTarget, DueClaim,
-    IdReusePolicy, NewEvent, NewRun, ParentLink, RunClose, Store, TIMER_KIND, TerminateOp,
-    WORKFLOW_KIND_PREFIX, WORKFLOW_QUEUE, WorkflowFilter, WorkflowRun, WorkflowStatus,
+    ACTIVITY_KIND_PREFIX, ACTIVITY_QUEUE, AppendOp, ClaimOutcome, ClaimTarget, DueClaim, Fence,
+    IdReusePolicy, NewEvent, NewRun, ParentLink, RunClose, Store, StoreError, TIMER_KIND,
+    TerminateOp, WORKFLOW_KIND_PREFIX, WORKFLOW_QUEUE, WorkflowFilter, WorkflowRun, WorkflowStatus,
     WorkflowStore, WorkflowStoreError, WorkflowTaskCommit, run_task_key_prefix,
 };
 
@@ -104,6 +104,7 @@ macro_rules! workflow_store_conformance {
             workflow_continue_as_new_starts_next_run
             workflow_terminate_cancels_everything
             workflow_failed_commit_keeps_nothing
+            workflow_purge_deletes_closed_runs_only
         );
     };
 }
@@ -822,4 +823,122 @@ pub async fn workflow_failed_commit_keeps_nothing(
     );
     assert_eq!(w.current_run("b").await.expect("current"), None);
     assert_eq!(w.get_run(bad.run_id).await.expect("get"), None);
+}
+
+async fn terminate_at(w: &dyn WorkflowStore, run: RunId, ms: i64) {
+    w.terminate(TerminateOp {
+        run_id: run,
+        event: ev(ms, "terminated"),
+        reason: "operator".into(),
+        parent: None,
+        now: at(ms),
+    })
+    .await
+    .expect("terminate");
+}
+
+/// `purge_closed_runs` deletes runs closed before the cutoff (oldest first, at most `limit`)
+/// with their histories and markers, and a workflow id's pointer only while it names the
+/// deleted run; a running run is never deleted; a fence that is not current deletes nothing.
+pub async fn workflow_purge_deletes_closed_runs_only(
+    _tasks: Arc<dyn Store>,
+    workflows: Arc<dyn WorkflowStore>,
+) {
+    let w = workflows.as_ref();
+    // "a": a first run closed at 30, then a second run, still running.
+    let a1 = new_run("a", "order");
+    w.start_run(a1.clone(), IdReusePolicy::AllowDuplicate)
+        .await
+        .expect("start a1");
+    w.append(append_op(a1.run_id, "signal", Some("m1")))
+        .await
+        .expect("append a1");
+    terminate_at(w, a1.run_id, 30).await;
+    let a2 = new_run("a", "order");
+    w.start_run(a2.clone(), IdReusePolicy::AllowDuplicate)
+        .await
+        .expect("start a2");
+    // "b" closed at 1,000 and "c" at 2,000: each its id's current run.
+    let b = new_run("b", "order");
+    w.start_run(b.clone(), IdReusePolicy::AllowDuplicate)
+        .await
+        .expect("start b");
+    terminate_at(w, b.run_id, 1_000).await;
+    let c = new_run("c", "order");
+    w.start_run(c.clone(), IdReusePolicy::AllowDuplicate)
+        .await
+        .expect("start c");
+    terminate_at(w, c.run_id, 2_000).await;
+
+    let stale = Fence {
+        shard: 0,
+        range_id: 987_654,
+    };
+    match w.purge_closed_runs(Timestamp::MAX, 100, Some(stale)).await {
+        Err(StoreError::LeaseLost { shard: 0 }) => {}
+        other => panic!("a fence that is not current must be refused, got {other:?}"),
+    }
+    assert!(w.get_run(a1.run_id).await.expect("get").is_some());
+
+    // The cutoff is exclusive: a run closed exactly at it stays.
+    assert_eq!(
+        w.purge_closed_runs(at(30), 100, None).await.expect("purge"),
+        0
+    );
+    assert_eq!(
+        w.purge_closed_runs(at(31), 100, None).await.expect("purge"),
+        1
+    );
+    assert!(w.get_run(a1.run_id).await.expect("get").is_none());
+    assert!(
+        events(w, a1.run_id).await.is_empty(),
+        "its history went too"
+    );
+    assert!(!w.has_marker(a1.run_id, "m1").await.expect("marker"));
+    let current = w
+        .current_run("a")
+        .await
+        .expect("current")
+        .expect("a2 is current");
+    assert_eq!(current.run_id, a2.run_id, "the id keeps its newer run");
+
+    // Oldest close first, at most `limit`.
+    assert_eq!(
+        w.purge_closed_runs(Timestamp::MAX, 1, None)
+            .await
+            .expect("purge"),
+        1
+    );
+    assert!(w.get_run(b.run_id).await.expect("get").is_none());
+    assert!(w.current_run("b").await.expect("current").is_none());
+    assert!(w.get_run(c.run_id).await.expect("get").is_some());
+    assert_eq!(
+        w.purge_closed_runs(Timestamp::MAX, 100, None)
+            .await
+            .expect("purge"),
+        1
+    );
+    assert!(w.current_run("c").await.expect("current").is_none());
+
+    // Only the running run is left, and no cutoff deletes it.
+    assert_eq!(
+        w.purge_closed_runs(Timestamp::MAX, 100, None)
+            .await
+            .expect("purge"),
+        0
+    );
+    let run = w.get_run(a2.run_id).await.expect("get").expect("a2 kept");
+    assert_eq!(run.status, WorkflowStatus::Running);
+    assert_eq!(events(w, a2.run_id).await.len(), 1);
+    let page = w
+        .list_workflows(&WorkflowFilter::default(), None, 10)
+        .await
+        .expect("list");
+    let ids: Vec<&str> = page.runs.iter().map(|r| r.workflow_id.as_str()).collect();
+    assert_eq!(ids, vec!["a"]);
+
+    // A purged id can be started again.
+    w.start_run(new_run("b", "order"), IdReusePolicy::RejectDuplicate)
+        .await
+        .expect("start b again");
 }

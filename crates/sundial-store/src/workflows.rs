@@ -31,7 +31,7 @@ use async_trait::async_trait;
 use sundial_core::{NewTask, RunId, Task, TaskId, Timestamp};
 use thiserror::Error;
 
-use crate::StoreError;
+use crate::{Fence, StoreError};
 
 /// The queue of workflow tasks and workflow timers.
 pub const WORKFLOW_QUEUE: &str = "sundial.workflows";
@@ -401,4 +401,17 @@ pub trait WorkflowStore: Send + Sync + 'static {
     /// Terminates a running run: appends the event, cancels its pending workflow task and every
     /// live task under its key prefix, and reports to the parent.
     async fn terminate(&self, op: TerminateOp) -> Result<Terminated, WorkflowStoreError>;
+
+    /// Retention: deletes up to `limit` runs that closed before `before` (oldest close first),
+    /// each with its history and markers, and the workflow id's pointer when the run is still
+    /// its current one. A running run is never deleted; neither are its tasks (finished tasks
+    /// have their own retention). With `fence` (several nodes: the holder of shard 0 deletes),
+    /// nothing is deleted and [`StoreError::LeaseLost`] is returned unless the fence is current,
+    /// checked in the same transaction; a store without shard leases refuses every fence.
+    async fn purge_closed_runs(
+        &self,
+        before: Timestamp,
+        limit: usize,
+        fence: Option<Fence>,
+    ) -> Result<u64, StoreError>;
 }

@@ -77,6 +77,15 @@ impl WorkflowStore for Counting {
     async fn terminate(&self, op: TerminateOp) -> Result<Terminated, WorkflowStoreError> {
         self.inner.terminate(op).await
     }
+
+    async fn purge_closed_runs(
+        &self,
+        before: Timestamp,
+        limit: usize,
+        fence: Option<sundial_store::Fence>,
+    ) -> Result<u64, StoreError> {
+        self.inner.purge_closed_runs(before, limit, fence).await
+    }
 }
 
 const STEPS: u32 = 30;

@@ -223,6 +223,11 @@ impl ClusterNode {
             .unwrap_or_default()
     }
 
+    /// The fence of `shard` while this node holds it.
+    pub fn fence_of(&self, shard: u32) -> Option<Fence> {
+        self.fences().into_iter().find(|f| f.shard == shard)
+    }
+
     /// The shards this node runs now.
     pub fn owned_shards(&self) -> Vec<u32> {
         let mut v: Vec<u32> = self.fences().iter().map(|f| f.shard).collect();

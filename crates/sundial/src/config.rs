@@ -73,6 +73,11 @@ pub struct Retention {
     pub dead: Duration,
     /// Schedule fire records, from when they were recorded.
     pub schedule_fires: Duration,
+    /// Closed workflow runs with their histories, from when they closed. A running run is
+    /// never deleted.
+    pub workflow_runs: Duration,
+    /// Audit records, from when they were written.
+    pub audit: Duration,
     /// How often a round of deletion runs.
     pub interval: Duration,
     /// Rows deleted per statement (a round runs at most 20 batches of each kind).
@@ -88,6 +93,8 @@ impl Default for Retention {
             cancelled: Duration::from_secs(7 * DAY),
             dead: Duration::from_secs(30 * DAY),
             schedule_fires: Duration::from_secs(7 * DAY),
+            workflow_runs: Duration::from_secs(7 * DAY),
+            audit: Duration::from_secs(30 * DAY),
             interval: Duration::from_secs(5),
             batch: 500,
         }

@@ -586,12 +586,20 @@ impl Sundial {
         if !tasks.is_empty() && self.engine.config.retention.enabled {
             tasks.push(tokio::spawn(engine::retention::drive(
                 self.engine.clone(),
-                self.schedule_store.clone(),
+                self.retained_stores(),
             )));
         }
         Running {
             engine: self.engine.clone(),
             tasks,
+        }
+    }
+
+    fn retained_stores(&self) -> engine::retention::RetainedStores {
+        engine::retention::RetainedStores {
+            schedules: self.schedule_store.clone(),
+            workflows: self.workflow_store.clone(),
+            access: self.access_store.clone(),
         }
     }
 

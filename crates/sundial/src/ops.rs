@@ -175,12 +175,13 @@ impl Sundial {
     }
 
     /// One retention round now (the engine runs one every `Config::retention.interval`): deletes
-    /// finished tasks and fire records past their retention, in batches, never a live task.
+    /// finished tasks, fire records, closed workflow runs and audit records past their
+    /// retention, in batches, never a live task nor a running workflow run.
     pub async fn run_retention(&self) -> Result<Purged, Error> {
         let now = self.engine.clock.now();
         Ok(self
             .engine
-            .purge_round(now, self.schedule_store.as_ref())
+            .purge_round(now, &self.retained_stores())
             .await?)
     }
 

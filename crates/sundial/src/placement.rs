@@ -170,12 +170,13 @@ impl Placement {
         }
     }
 
-    /// Whether this node runs shard 0, whose owner deletes the rows that carry no shard (fire
-    /// records, workflow runs): always on a single node.
-    pub(crate) fn runs_shard_zero(&self) -> bool {
+    /// Retention of the rows that carry no shard (fire records, closed workflow runs, audit
+    /// records), which the holder of shard 0 deletes: `Some(None)` on a single node (no fence),
+    /// `Some(Some(fence))` while this node holds shard 0 on several, `None` otherwise.
+    pub(crate) fn shard_zero_fence(&self) -> Option<Option<sundial_store::Fence>> {
         match self {
-            Placement::Single => true,
-            Placement::Cluster(n) => n.owned_shards().contains(&0),
+            Placement::Single => Some(None),
+            Placement::Cluster(n) => n.fence_of(0).map(Some),
         }
     }
 

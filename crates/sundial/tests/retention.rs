@@ -125,3 +125,90 @@ async fn the_engine_deletes_on_its_interval() {
     );
     running.shutdown(Duration::from_secs(1)).await;
 }
+
+/// Closed workflow runs go with their histories once `Retention::workflow_runs` has passed
+/// since they closed, a running run never does; audit records go after `Retention::audit`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_deletes_closed_workflow_runs_and_old_audit_records() {
+    use sundial::TaskId;
+    use sundial_core::RunId;
+    use sundial_store::{IdReusePolicy, NewAuditRecord, NewEvent, NewRun, TerminateOp};
+    let h = harness_with(Config {
+        retention: Retention {
+            workflow_runs: HOUR,
+            audit: 10 * HOUR,
+            ..config().retention
+        },
+        ..Config::default()
+    })
+    .await;
+    let s = &h.sundial;
+    let w = s.workflow_store().unwrap().clone();
+    let audit = s.access_store().unwrap().clone();
+    let now = || sundial::Clock::now(&h.clock);
+    let start = |id: &str| NewRun {
+        workflow_id: id.to_string(),
+        run_id: RunId(uuid::Uuid::now_v7()),
+        workflow_type: "order".into(),
+        input: "{}".into(),
+        parent: None,
+        continued_from: None,
+        started: NewEvent {
+            at: now(),
+            data: "{}".into(),
+        },
+        first_task: TaskSpec::new("workflow/order")
+            .queue(sundial_store::WORKFLOW_QUEUE)
+            .validate(TaskId(uuid::Uuid::now_v7()), now(), 4, &Default::default())
+            .unwrap(),
+        now: now(),
+    };
+    let (closed, open) = (start("closed"), start("open"));
+    for r in [&closed, &open] {
+        w.start_run(r.clone(), IdReusePolicy::AllowDuplicate)
+            .await
+            .unwrap();
+    }
+    w.terminate(TerminateOp {
+        run_id: closed.run_id,
+        event: NewEvent {
+            at: now(),
+            data: "{}".into(),
+        },
+        reason: "done".into(),
+        parent: None,
+        now: now(),
+    })
+    .await
+    .unwrap();
+    let record = |n: u32| NewAuditRecord {
+        at: now(),
+        actor_id: None,
+        actor: "local".into(),
+        namespace: "default".into(),
+        action: "POST /v1/tasks".into(),
+        target: None,
+        status: 201,
+        request_id: format!("r{n}"),
+    };
+    audit
+        .append_audit(vec![record(1), record(2), record(3)])
+        .await
+        .unwrap();
+
+    let p = s.run_retention().await.unwrap();
+    assert_eq!((p.workflow_runs, p.audit), (0, 0));
+    h.clock.advance(HOUR + Duration::from_secs(1));
+    let p = s.run_retention().await.unwrap();
+    assert_eq!((p.workflow_runs, p.audit), (1, 0));
+    assert!(w.get_run(closed.run_id).await.unwrap().is_none());
+    assert!(w.history(closed.run_id, 0, 10).await.unwrap().is_empty());
+    h.clock.advance(10 * HOUR);
+    let p = s.run_retention().await.unwrap();
+    // Batches of 2: both batches in one round.
+    assert_eq!((p.workflow_runs, p.audit), (0, 3));
+    h.clock.advance(2_000 * HOUR);
+    assert_eq!(s.run_retention().await.unwrap().workflow_runs, 0);
+    let run = w.get_run(open.run_id).await.unwrap().unwrap();
+    assert_eq!(run.status, sundial_store::WorkflowStatus::Running);
+}
