@@ -132,6 +132,9 @@ pub struct ServerArgs {
     /// only).
     #[arg(long, env = "SUNDIAL_OPEN_OPENAPI")]
     open_openapi: Option<bool>,
+    /// Do not serve the web UI at /ui.
+    #[arg(long, env = "SUNDIAL_NO_UI")]
+    no_ui: bool,
     /// PEM certificate chain: serve HTTPS (with --tls-key).
     #[arg(long, env = "SUNDIAL_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -360,6 +363,11 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
                 ..sundial_push::PushConfig::default()
             },
             access: access.clone(),
+            // The UI's cookies are `Secure` when the server speaks TLS.
+            ui: sundial_server::ui::UiConfig {
+                enabled: !args.no_ui,
+                secure_cookies: tls.is_some(),
+            },
             ..ServerConfig::default()
         },
     );

@@ -218,7 +218,7 @@ impl IssuedToken {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
     bytes.iter().fold(String::new(), |mut s, b| {
         let _ = write!(s, "{b:02x}");
@@ -355,6 +355,65 @@ impl Access {
     pub fn forget_token(&self, id: TokenId) {
         if let Ok(mut t) = self.inner.tokens.lock() {
             t.remove(&id);
+        }
+    }
+
+    /// Whether requests must carry a token now (for the web UI, which authenticates by its
+    /// session cookie instead of an `Authorization` header). `Err` when the store cannot say.
+    pub(crate) async fn auth_is_on(&self) -> Result<bool, String> {
+        self.auth_on().await.map_err(refusal_reason)
+    }
+
+    /// The token `id` as stored (cached like every token lookup), for the web UI's session.
+    pub(crate) async fn lookup_token(&self, id: TokenId) -> Result<Option<TokenRecord>, String> {
+        self.token(id).await.map_err(refusal_reason)
+    }
+
+    /// The [`Actor`] a bearer token stands for, or why it is refused (the web UI's login).
+    pub(crate) async fn actor_for_token(&self, token: &str) -> Result<Actor, String> {
+        let Some((id, secret)) = parse_token(token.trim()) else {
+            return Err("not a Sundial token".to_string());
+        };
+        match self.token(id).await.map_err(refusal_reason)? {
+            Some(t) if same_hash(&t.secret_hash, &hash_secret(&secret)) => {
+                if t.is_live_at(self.now()) {
+                    Ok(Actor::Token {
+                        id: t.id,
+                        name: t.name,
+                        scope: t.scope,
+                        namespace: t.namespace,
+                    })
+                } else {
+                    Err("the token is revoked or expired".to_string())
+                }
+            }
+            _ => Err("unknown token".to_string()),
+        }
+    }
+
+    /// Appends one audit record for a write that did not come through the access layer (the web
+    /// UI's form posts): `action` is `METHOD /route/{template}`.
+    pub(crate) async fn record_audit(
+        &self,
+        actor: &Actor,
+        action: String,
+        target: Option<String>,
+        status: u16,
+        request_id: String,
+    ) {
+        let Some(store) = self.store() else { return };
+        let record = NewAuditRecord {
+            at: self.now(),
+            actor_id: actor.token_id(),
+            actor: actor.name().to_string(),
+            namespace: DEFAULT_NAMESPACE.to_string(),
+            action,
+            target,
+            status,
+            request_id,
+        };
+        if let Err(e) = store.append_audit(vec![record]).await {
+            tracing::error!(error = %e, "cannot write the audit record");
         }
     }
 
@@ -514,6 +573,17 @@ impl Access {
             (Some(b), Scoping::Namespaced) if b == namespace => Ok(()),
             (Some(_), Scoping::Namespaced) => Err(Refusal::OtherNamespace),
         }
+    }
+}
+
+fn refusal_reason(r: Refusal) -> String {
+    match r {
+        Refusal::Unauthenticated(why) => why.to_string(),
+        Refusal::Forbidden(need) => {
+            format!("this token's scope does not allow this; it needs {need}")
+        }
+        Refusal::OtherNamespace => "no such object".to_string(),
+        Refusal::Unavailable(e) => format!("cannot read tokens: {e}"),
     }
 }
 

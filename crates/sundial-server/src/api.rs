@@ -182,7 +182,17 @@ pub async fn list_tasks(
     State(st): State<AppState>,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<TaskList>, ApiError> {
-    let q = parse_list_query(raw.as_deref().unwrap_or(""))?;
+    let page = query_tasks(&st, raw.as_deref().unwrap_or("")).await?;
+    Ok(Json(TaskList {
+        tasks: page.tasks.into_iter().map(TaskView::from).collect(),
+        next_cursor: page.next_cursor.map(|c| c.to_string()),
+    }))
+}
+
+/// One page of `GET /v1/tasks?…` (the query string as sent): what the list route and the web
+/// UI's task list both answer with.
+pub(crate) async fn query_tasks(st: &AppState, raw: &str) -> Result<sundial::TaskPage, ApiError> {
+    let q = parse_list_query(raw)?;
     let state = match q.state.as_deref() {
         Some(s) => Some(
             s.parse::<TaskState>()
@@ -220,11 +230,7 @@ pub async fn list_tasks(
     // Sundial's own queues (schedule ticks, workflow steps) would flood a listing of "my tasks":
     // they are left out unless asked for, by name or with `internal=true`.
     filter.exclude_internal = q.queue.is_none() && !q.internal.unwrap_or(false);
-    let page = st.sundial.list(filter, limit).await?;
-    Ok(Json(TaskList {
-        tasks: page.tasks.into_iter().map(TaskView::from).collect(),
-        next_cursor: page.next_cursor.map(|c| c.to_string()),
-    }))
+    Ok(st.sundial.list(filter, limit).await?)
 }
 
 /// The list query: `tag` may repeat (collected here); every other parameter at most once and

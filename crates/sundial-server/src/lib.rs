@@ -58,6 +58,7 @@ pub mod ops;
 pub mod push;
 pub mod schedules;
 pub mod time;
+pub mod ui;
 pub mod wire;
 pub mod workflows;
 
@@ -101,6 +102,8 @@ pub struct ServerConfig {
     pub push: sundial_push::PushConfig,
     /// Who may do what: when tokens are required, and which service routes stay open.
     pub access: access::AccessConfig,
+    /// The web UI at `/ui` (on by default).
+    pub ui: ui::UiConfig,
 }
 
 impl Default for ServerConfig {
@@ -115,6 +118,7 @@ impl Default for ServerConfig {
             internal_queue_metrics: false,
             push: sundial_push::PushConfig::default(),
             access: access::AccessConfig::default(),
+            ui: ui::UiConfig::default(),
         }
     }
 }
@@ -381,6 +385,14 @@ pub fn router(sundial: Sundial, config: ServerConfig) -> Router {
         config: Arc::new(config),
         gauges: Arc::new(TaskGauges::default()),
     };
+    let ui_state = state.config.ui.enabled.then(|| {
+        ui::UiState::new(
+            state.clone(),
+            access.clone(),
+            schedules.clone(),
+            workflows.clone(),
+        )
+    });
     let (router, _) = api_router(batch_limit).split_for_parts();
     let doc = openapi();
     let doc_json: Arc<str> = match doc.to_json() {
@@ -429,10 +441,16 @@ pub fn router(sundial: Sundial, config: ServerConfig) -> Router {
     let router = router.merge(admin::router(access.clone(), body_limit));
     // Around every route (so its template is known): the cross-site guard, authentication,
     // authorization and the audit record (see `access`).
-    router.route_layer(axum::middleware::from_fn_with_state(
+    let router = router.route_layer(axum::middleware::from_fn_with_state(
         access,
         access::access_layer,
-    ))
+    ));
+    // The web UI is merged after that layer: its pages authenticate by a session cookie and its
+    // form posts by a CSRF token (see `ui`), and it writes its own audit records.
+    match ui_state {
+        Some(ui_state) => router.merge(ui::router(ui_state)),
+        None => router,
+    }
 }
 
 /// A Prometheus recorder builder with Sundial's histogram buckets (seconds, from 0.5 ms to 10 min)

@@ -288,7 +288,7 @@ fn state_of(v: StateView) -> TaskState {
 }
 
 impl BulkRequest {
-    fn filter(&self) -> Result<TaskFilter, ApiError> {
+    pub(crate) fn filter(&self) -> Result<TaskFilter, ApiError> {
         let filter = task_filter(FilterFields {
             queue: self.queue.clone(),
             kind: self.kind.clone(),

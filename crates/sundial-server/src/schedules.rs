@@ -303,7 +303,7 @@ pub struct FiresQuery {
 
 // ---- Conversions --------------------------------------------------------------------------------
 
-fn api_error(e: Error) -> ApiError {
+pub(crate) fn api_error(e: Error) -> ApiError {
     match e {
         Error::Invalid(s) => ApiError::invalid(s.field(), s.to_string()),
         Error::NotFound => ApiError::not_found("no such schedule"),
@@ -414,7 +414,7 @@ fn template(task: CreateTask) -> Result<TaskTemplate, ApiError> {
 
 /// Applies the fields a request sets onto `def` (a fresh definition for `POST`, the stored one for
 /// `PATCH`).
-fn apply(def: &mut ScheduleDef, r: ScheduleRequest) -> Result<(), ApiError> {
+pub(crate) fn apply(def: &mut ScheduleDef, r: ScheduleRequest) -> Result<(), ApiError> {
     if let Some(rec) = recurrence(r.cron, r.every, r.anchor)? {
         def.spec.recurrence = rec;
     }

@@ -177,7 +177,7 @@ pub struct ListQuery {
 
 // ---- Conversions --------------------------------------------------------------------------------
 
-fn api_error(e: Error) -> ApiError {
+pub(crate) fn api_error(e: Error) -> ApiError {
     match e {
         Error::Invalid { field, reason } => ApiError::invalid(field, reason),
         Error::NotFound => ApiError::not_found("no such workflow"),

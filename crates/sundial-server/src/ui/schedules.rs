@@ -1,0 +1,525 @@
+//! Schedules: search by a fragment of the id, filter paused, one schedule's next fires in its
+//! time zone (offset changes marked), its fire records, and pause, unpause (one or many),
+//! trigger, backfill and edit.
+//!
+//! The list pages through `ScheduleStore::list_schedules` in id order (the primary key). A search
+//! reads pages of 500 in that order and keeps what contains the fragment, until a page of
+//! results is full: no index serves a substring, so a search that matches little reads every id
+//! (10,000 schedules are 20 reads; `sundial-bench ui` measures it).
+
+use askama::Template;
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::HeaderMap;
+use axum::response::Response;
+use sundial_schedules::{Recurrence, Schedule, ScheduleId, Schedules};
+
+use super::fmt;
+use super::tasks::lenient_time;
+use super::{
+    Chrome, Fields, UiError, UiState, Viewer, enc, error_page, perform, query_fields, render,
+    see_other, viewer, with_notice,
+};
+use crate::schedules::{ScheduleRequest, api_error};
+
+/// Schedules per page.
+const PAGE: usize = 50;
+/// Schedules read per store call while searching.
+const SCAN: usize = 500;
+
+fn schedules(st: &UiState) -> Result<&Schedules, UiError> {
+    st.schedules
+        .as_ref()
+        .ok_or_else(|| UiError::not_found("this store does not keep schedules"))
+}
+
+fn zone(name: &str) -> Option<jiff::tz::TimeZone> {
+    jiff::tz::TimeZone::get(name).ok()
+}
+
+/// A time in `tz`: `2026-03-29 03:00:00 CEST (+02:00)`, and its offset.
+fn in_zone(t: sundial::Timestamp, tz: Option<&jiff::tz::TimeZone>) -> (String, String) {
+    let Some(tz) = tz else {
+        return (fmt::at(t), "+00:00".into());
+    };
+    match jiff::Timestamp::from_millisecond(t.0) {
+        Ok(ts) => {
+            let z = ts.to_zoned(tz.clone());
+            (
+                z.strftime("%Y-%m-%d %H:%M:%S %Z (%:z)").to_string(),
+                z.strftime("%:z").to_string(),
+            )
+        }
+        Err(_) => (fmt::at(t), "+00:00".into()),
+    }
+}
+
+fn recurrence(s: &Schedule) -> String {
+    match &s.def.spec.recurrence {
+        Recurrence::Cron(c) => format!("cron {c}"),
+        Recurrence::Every { period_ms, .. } => format!(
+            "every {}",
+            crate::duration::format(std::time::Duration::from_millis(*period_ms))
+        ),
+    }
+}
+
+struct Row {
+    id: String,
+    href: String,
+    recurrence: String,
+    timezone: String,
+    paused: bool,
+    next: String,
+    queue: String,
+    kind: String,
+    fired: u64,
+    skipped: u64,
+    missed: u64,
+}
+
+fn row(s: &Schedule) -> Row {
+    let tz = zone(&s.def.spec.timezone);
+    Row {
+        id: s.id.to_string(),
+        href: format!("/ui/schedule?id={}", enc(s.id.as_str())),
+        recurrence: recurrence(s),
+        timezone: s.def.spec.timezone.clone(),
+        paused: s.paused,
+        next: s
+            .next_fire_at
+            .map(|t| in_zone(t, tz.as_ref()).0)
+            .unwrap_or_else(|| "ended".into()),
+        queue: s.def.task.queue.clone(),
+        kind: s.def.task.kind.clone(),
+        fired: s.counts.fired,
+        skipped: s.counts.skipped,
+        missed: s.counts.missed,
+    }
+}
+
+#[derive(Template)]
+#[template(path = "ui/schedules.html")]
+struct ListPage {
+    chrome: Chrome,
+    q: String,
+    paused: String,
+    rows: Vec<Row>,
+    next: Option<String>,
+    here: String,
+}
+
+/// `GET /ui/schedules?q=&paused=&cursor=`.
+pub(crate) async fn list(
+    State(st): State<UiState>,
+    headers: HeaderMap,
+    RawQuery(raw): RawQuery,
+) -> Response {
+    let here = format!("/ui/schedules?{}", raw.as_deref().unwrap_or(""));
+    let v = match viewer(&st, &headers, &here).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let q = query_fields(raw.as_deref());
+    match list_page(&st, &v, &q, here).await {
+        Ok(r) => r,
+        Err(e) => error_page(&v, e),
+    }
+}
+
+async fn list_page(
+    st: &UiState,
+    v: &Viewer,
+    q: &Fields,
+    here: String,
+) -> Result<Response, UiError> {
+    let schedules = schedules(st)?;
+    let fragment = q.get("q").unwrap_or_default();
+    let paused = match q.get("paused").as_deref() {
+        Some("true") => Some(true),
+        Some("false") => Some(false),
+        _ => None,
+    };
+    let mut after = match q.get("cursor") {
+        Some(c) => Some(
+            ScheduleId::new(&c)
+                .map_err(|e| UiError::bad_request(format!("cursor: {}", e.reason())))?,
+        ),
+        None => None,
+    };
+    let filtered = !fragment.is_empty() || paused.is_some();
+    let mut found: Vec<Schedule> = Vec::new();
+    let mut next: Option<ScheduleId> = None;
+    'pages: loop {
+        let page = schedules
+            .list(after.as_ref(), if filtered { SCAN } else { PAGE })
+            .await
+            .map_err(api_error)?;
+        for s in page.schedules {
+            let keep = (fragment.is_empty() || s.id.as_str().contains(fragment.as_str()))
+                && paused.is_none_or(|p| s.paused == p);
+            if keep {
+                found.push(s);
+                if found.len() == PAGE {
+                    next = found.last().map(|s| s.id.clone());
+                    break 'pages;
+                }
+            }
+        }
+        match page.next_cursor {
+            Some(c) => after = Some(c),
+            None => break,
+        }
+        if !filtered {
+            next = after.clone();
+            break;
+        }
+    }
+    let next = next.map(|c| {
+        let rest = q.query_without(&["cursor", "notice"]);
+        let sep = if rest.is_empty() { "" } else { "&" };
+        format!("/ui/schedules?{rest}{sep}cursor={}", enc(c.as_str()))
+    });
+    let t = ListPage {
+        chrome: Chrome::new(v, "schedules", "Schedules").notice(q.get("notice")),
+        q: fragment,
+        paused: q.get("paused").unwrap_or_default(),
+        rows: found.iter().map(row).collect(),
+        next,
+        here,
+    };
+    Ok(render(v, &t))
+}
+
+struct Upcoming {
+    at: String,
+    utc: String,
+    change: Option<String>,
+}
+
+struct FireRow {
+    nominal: String,
+    outcome: String,
+    reason: String,
+    task: Option<String>,
+    count: u64,
+    through: String,
+    recorded: String,
+}
+
+#[derive(Template)]
+#[template(path = "ui/schedule.html")]
+struct SchedulePage {
+    chrome: Chrome,
+    id: String,
+    recurrence: String,
+    timezone: String,
+    dst: String,
+    overlap: String,
+    catchup_window: String,
+    jitter: String,
+    paused: bool,
+    note: String,
+    queue: String,
+    kind: String,
+    payload: String,
+    fired: u64,
+    skipped: u64,
+    missed: u64,
+    upcoming: Vec<Upcoming>,
+    fires: Vec<FireRow>,
+    more_fires: Option<String>,
+    cron: String,
+    every: String,
+    tasks_href: String,
+    backfill_to: String,
+}
+
+/// `GET /ui/schedule?id=&before=`.
+pub(crate) async fn show(
+    State(st): State<UiState>,
+    headers: HeaderMap,
+    RawQuery(raw): RawQuery,
+) -> Response {
+    let here = format!("/ui/schedule?{}", raw.as_deref().unwrap_or(""));
+    let v = match viewer(&st, &headers, &here).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let q = query_fields(raw.as_deref());
+    match schedule_page(&st, &v, &q).await {
+        Ok(r) => r,
+        Err(e) => error_page(&v, e),
+    }
+}
+
+async fn load(schedules: &Schedules, id: &str) -> Result<Schedule, UiError> {
+    let sid = ScheduleId::new(id).map_err(|_| UiError::not_found("no such schedule"))?;
+    schedules
+        .get(&sid)
+        .await
+        .map_err(api_error)?
+        .ok_or_else(|| UiError::not_found("no such schedule"))
+}
+
+async fn schedule_page(st: &UiState, v: &Viewer, q: &Fields) -> Result<Response, UiError> {
+    let schedules = schedules(st)?;
+    let id = q
+        .get("id")
+        .ok_or_else(|| UiError::bad_request("id is required"))?;
+    let s = load(schedules, &id).await?;
+    let tz = zone(&s.def.spec.timezone);
+    let now = st.app.sundial.clock().now();
+    // The next 10 fires in the schedule's zone; a fire whose offset differs from the one before
+    // it (or, for the first, from now's) comes after a transition (DST or another change).
+    let (_, mut prev_offset) = in_zone(now, tz.as_ref());
+    let upcoming = schedules
+        .upcoming(&s, 10)
+        .into_iter()
+        .map(|t| {
+            let (at, offset) = in_zone(t, tz.as_ref());
+            let change = (offset != prev_offset)
+                .then(|| format!("offset changes {prev_offset} → {offset} before this fire (DST)"));
+            prev_offset = offset;
+            Upcoming {
+                at,
+                utc: fmt::at(t),
+                change,
+            }
+        })
+        .collect();
+    let before = match q.get("before") {
+        Some(b) => {
+            Some(crate::time::parse(&b).map_err(|e| UiError::bad_request(format!("before: {e}")))?)
+        }
+        None => None,
+    };
+    let page = schedules
+        .fires(&s.id, before, 50)
+        .await
+        .map_err(api_error)?;
+    let fires = page
+        .fires
+        .iter()
+        .map(|f| FireRow {
+            nominal: in_zone(f.nominal, tz.as_ref()).0,
+            outcome: f.outcome.as_str().to_string(),
+            reason: f.reason.as_str().to_string(),
+            task: f.task_id.map(|t| t.to_string()),
+            count: f.count,
+            through: f
+                .through
+                .map(|t| in_zone(t, tz.as_ref()).0)
+                .unwrap_or_default(),
+            recorded: fmt::at(f.recorded_at),
+        })
+        .collect();
+    let more_fires = page.next_cursor.map(|c| {
+        format!(
+            "/ui/schedule?id={}&before={}",
+            enc(s.id.as_str()),
+            enc(&crate::time::format(c))
+        )
+    });
+    let (cron, every) = match &s.def.spec.recurrence {
+        Recurrence::Cron(c) => (c.clone(), String::new()),
+        Recurrence::Every { period_ms, .. } => (
+            String::new(),
+            crate::duration::format(std::time::Duration::from_millis(*period_ms)),
+        ),
+    };
+    let d = &s.def;
+    let t = SchedulePage {
+        chrome: Chrome::new(v, "schedules", format!("Schedule {}", s.id)).notice(q.get("notice")),
+        id: s.id.to_string(),
+        recurrence: recurrence(&s),
+        timezone: d.spec.timezone.clone(),
+        dst: format!(
+            "skipped times: {}; repeated times: {}",
+            d.spec.dst.skipped, d.spec.dst.repeated
+        ),
+        overlap: d.overlap.as_str().to_string(),
+        catchup_window: crate::duration::format(std::time::Duration::from_millis(
+            d.catchup_window_ms,
+        )),
+        jitter: crate::duration::format(std::time::Duration::from_millis(d.jitter_ms)),
+        paused: s.paused,
+        note: s.note.clone().unwrap_or_default(),
+        queue: d.task.queue.clone(),
+        kind: d.task.kind.clone(),
+        payload: fmt::json(&d.task.payload),
+        fired: s.counts.fired,
+        skipped: s.counts.skipped,
+        missed: s.counts.missed,
+        upcoming,
+        fires,
+        more_fires,
+        cron,
+        every,
+        tasks_href: format!(
+            "/ui/tasks?queue={}&key_prefix={}",
+            enc(&d.task.queue),
+            enc(&format!("schedule:{}@", s.id))
+        ),
+        backfill_to: crate::time::format(now),
+    };
+    Ok(render(v, &t))
+}
+
+/// `POST /ui/schedule/{pause|unpause|trigger|backfill|edit}` (the schedule's `id` in the form).
+pub(crate) async fn act(
+    State(st): State<UiState>,
+    headers: HeaderMap,
+    Path(action): Path<String>,
+    body: Bytes,
+) -> Response {
+    let fields = Fields::parse(&body);
+    let route = format!(
+        "/ui/schedule/{}",
+        match action.as_str() {
+            "pause" | "unpause" | "trigger" | "backfill" | "edit" => action.as_str(),
+            _ => "{action}",
+        }
+    );
+    let st2 = st.clone();
+    perform(
+        &st,
+        &headers,
+        &body,
+        route,
+        fields.get("id"),
+        |_v, f| async move { (None, schedule_action(&st2, &action, &f).await) },
+    )
+    .await
+}
+
+async fn schedule_action(st: &UiState, action: &str, f: &Fields) -> Result<Response, UiError> {
+    let schedules = schedules(st)?;
+    let id = f
+        .get("id")
+        .ok_or_else(|| UiError::bad_request("id is required"))?;
+    let s = load(schedules, &id).await?;
+    let notice = match action {
+        "pause" => {
+            schedules
+                .pause(&s.id, f.get("note"))
+                .await
+                .map_err(api_error)?;
+            "Paused: its fire times pass recorded as skipped.".to_string()
+        }
+        "unpause" => {
+            schedules
+                .unpause(&s.id, f.get("note"))
+                .await
+                .map_err(api_error)?;
+            "Unpaused.".to_string()
+        }
+        "trigger" => {
+            let fire = schedules.trigger(&s.id).await.map_err(api_error)?;
+            format!("Fired now ({}).", fire.outcome.as_str())
+        }
+        "backfill" => {
+            let time = |n: &str| -> Result<sundial::Timestamp, UiError> {
+                let raw = f
+                    .get(n)
+                    .ok_or_else(|| UiError::bad_request(format!("{n} is required")))?;
+                crate::time::parse(&lenient_time(&raw))
+                    .map_err(|e| UiError::bad_request(format!("{n}: {e}")))
+            };
+            let overlap = match f.get("overlap") {
+                Some(o) => Some(
+                    o.parse::<sundial_schedules::OverlapPolicy>()
+                        .map_err(|e| UiError::bad_request(format!("overlap: {}", e.reason())))?,
+                ),
+                None => None,
+            };
+            let out = schedules
+                .backfill(&s.id, time("from")?, time("to")?, overlap)
+                .await
+                .map_err(api_error)?;
+            format!(
+                "Backfilled {} fire times ({} were recorded before).",
+                out.recorded.len(),
+                out.already_recorded.len()
+            )
+        }
+        "edit" => {
+            let req = ScheduleRequest {
+                cron: f.get("cron"),
+                every: f.get("every"),
+                timezone: f.get("timezone"),
+                overlap: f.get("overlap"),
+                catchup_window: f.get("catchup_window"),
+                jitter: f.get("jitter"),
+                ..ScheduleRequest::default()
+            };
+            let mut def = s.def.clone();
+            crate::schedules::apply(&mut def, req)?;
+            schedules.update(&s.id, def).await.map_err(api_error)?;
+            "Saved and re-armed.".to_string()
+        }
+        _ => return Err(UiError::not_found(format!("no such action: {action:?}"))),
+    };
+    Ok(see_other(&with_notice(
+        &format!("/ui/schedule?id={}", enc(s.id.as_str())),
+        &notice,
+    )))
+}
+
+/// `POST /ui/schedules/bulk`: pause or unpause every checked schedule.
+pub(crate) async fn bulk(State(st): State<UiState>, headers: HeaderMap, body: Bytes) -> Response {
+    let fields = Fields::parse(&body);
+    let word = match fields.get("action").as_deref() {
+        Some("pause") => "pause",
+        Some("unpause") => "unpause",
+        _ => "{action}",
+    };
+    let st2 = st.clone();
+    perform(
+        &st,
+        &headers,
+        &body,
+        format!("/ui/schedules/bulk/{word}"),
+        None,
+        |_v, f| async move {
+            let r = async {
+                let schedules = schedules(&st2)?;
+                let pause = match f.get("action").as_deref() {
+                    Some("pause") => true,
+                    Some("unpause") => false,
+                    _ => return Err(UiError::bad_request("action must be pause or unpause")),
+                };
+                let ids = f.all("id");
+                if ids.is_empty() {
+                    return Err(UiError::bad_request("no schedule was selected"));
+                }
+                let mut n = 0;
+                for id in &ids {
+                    let s = load(schedules, id).await?;
+                    if pause {
+                        schedules.pause(&s.id, f.get("note")).await
+                    } else {
+                        schedules.unpause(&s.id, f.get("note")).await
+                    }
+                    .map_err(api_error)?;
+                    n += 1;
+                }
+                let back = match f.get("back") {
+                    Some(b) if b.starts_with("/ui/schedules") => b,
+                    _ => "/ui/schedules".to_string(),
+                };
+                let done = if pause { "Paused" } else { "Unpaused" };
+                Ok((
+                    n,
+                    see_other(&with_notice(&back, &format!("{done} {n} schedules."))),
+                ))
+            }
+            .await;
+            match r {
+                Ok((n, resp)) => (Some(format!("{n} schedules")), Ok(resp)),
+                Err(e) => (None, Err(e)),
+            }
+        },
+    )
+    .await
+}

@@ -1,0 +1,519 @@
+//! The web UI served in-process: pages render from the store, form posts need the CSRF token,
+//! cookies carry the right flags, a token's scope decides which buttons exist and what a post
+//! may do, and every post (refusals included) is in the audit log with its actor.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic on failure
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use serde_json::{Value, json};
+use sundial::Sundial;
+use sundial_server::access::{AccessConfig, AuthMode};
+use sundial_server::ui::UiConfig;
+use sundial_server::{ServerConfig, router};
+use tower::ServiceExt;
+
+struct Resp {
+    status: StatusCode,
+    cookies: Vec<String>,
+    location: Option<String>,
+    body: String,
+}
+
+async fn send(
+    app: &axum::Router,
+    method: &str,
+    path: &str,
+    cookie: Option<&str>,
+    form: Option<&str>,
+    json_body: Option<Value>,
+    bearer: Option<&str>,
+) -> Resp {
+    let mut req = Request::builder().method(method).uri(path);
+    if let Some(c) = cookie {
+        req = req.header(header::COOKIE, c);
+    }
+    if let Some(t) = bearer {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    let body = if let Some(f) = form {
+        req = req.header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+        Body::from(f.to_string())
+    } else if let Some(j) = json_body {
+        req = req.header(header::CONTENT_TYPE, "application/json");
+        Body::from(j.to_string())
+    } else {
+        Body::empty()
+    };
+    let resp = app.clone().oneshot(req.body(body).unwrap()).await.unwrap();
+    let status = resp.status();
+    let cookies = resp
+        .headers()
+        .get_all(header::SET_COOKIE)
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .collect();
+    let location = resp
+        .headers()
+        .get(header::LOCATION)
+        .map(|v| v.to_str().unwrap().to_string());
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    Resp {
+        status,
+        cookies,
+        location,
+        body: String::from_utf8_lossy(&bytes).into_owned(),
+    }
+}
+
+async fn get(app: &axum::Router, path: &str, cookie: Option<&str>) -> Resp {
+    send(app, "GET", path, cookie, None, None, None).await
+}
+
+async fn post_form(app: &axum::Router, path: &str, cookie: Option<&str>, form: &str) -> Resp {
+    send(app, "POST", path, cookie, Some(form), None, None).await
+}
+
+async fn api(
+    app: &axum::Router,
+    method: &str,
+    path: &str,
+    body: Value,
+    token: Option<&str>,
+) -> Value {
+    let r = send(app, method, path, None, None, Some(body), token).await;
+    assert!(
+        r.status.is_success(),
+        "{method} {path}: {} {}",
+        r.status,
+        r.body
+    );
+    serde_json::from_str(&r.body).unwrap_or(Value::Null)
+}
+
+/// The `name=value` part of a `Set-Cookie` named `name`.
+fn cookie_pair(r: &Resp, name: &str) -> Option<String> {
+    r.cookies
+        .iter()
+        .find(|c| c.starts_with(&format!("{name}=")))
+        .map(|c| c.split(';').next().unwrap().to_string())
+}
+
+fn csrf_of(html: &str) -> String {
+    let at = html
+        .find("name=\"csrf\" value=\"")
+        .expect("a form with a CSRF token");
+    let rest = &html[at + "name=\"csrf\" value=\"".len()..];
+    rest[..rest.find('"').unwrap()].to_string()
+}
+
+async fn audit_actions(sundial: &Sundial) -> Vec<(String, String, Option<String>, u16)> {
+    let page = sundial
+        .access_store()
+        .unwrap()
+        .list_audit(&sundial_store::AuditFilter::default(), 1000)
+        .await
+        .unwrap();
+    page.records
+        .into_iter()
+        .map(|r| {
+            (
+                r.record.actor,
+                r.record.action,
+                r.record.target,
+                r.record.status,
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn with_auth_off_pages_render_and_posts_need_the_csrf_cookie() {
+    let dir = tempfile::tempdir().unwrap();
+    let sundial = Sundial::open(dir.path()).await.unwrap();
+    let app = router(sundial.clone(), ServerConfig::default());
+
+    let task = api(
+        &app,
+        "POST",
+        "/v1/tasks",
+        json!({"kind": "mail", "queue": "emails", "delay": "1h", "tags": {"customer": "acme"}, "payload": {"to": "a@example.com"}}),
+        None,
+    )
+    .await;
+    let id = task["id"].as_str().unwrap().to_string();
+
+    // The overview: no login; a CSRF cookie, HttpOnly and SameSite=Strict, not Secure on HTTP.
+    let r = get(&app, "/ui", None).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert!(r.body.contains("<h1>Overview</h1>"), "{}", r.body);
+    assert!(r.body.contains("emails"));
+    let set = r
+        .cookies
+        .iter()
+        .find(|c| c.starts_with("sundial_csrf="))
+        .expect("a CSRF cookie");
+    assert!(
+        set.contains("HttpOnly") && set.contains("SameSite=Strict"),
+        "{set}"
+    );
+    assert!(!set.contains("Secure"), "{set}");
+    let cookie = cookie_pair(&r, "sundial_csrf").unwrap();
+    let csrf = csrf_of(&r.body);
+    assert_eq!(format!("sundial_csrf={csrf}"), cookie);
+
+    // Filters are the API's query parameters.
+    let r = get(
+        &app,
+        "/ui/tasks?tag=customer:acme&queue=emails",
+        Some(&cookie),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(r.body.contains(&id), "the task is listed by its tag");
+    let r = get(&app, "/ui/tasks?tag=customer:other", Some(&cookie)).await;
+    assert!(!r.body.contains(&id));
+    assert!(r.body.contains("No task matches."));
+    let r = get(&app, "/ui/tasks?state=nonsense", Some(&cookie)).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY);
+    let r = get(&app, &format!("/ui/tasks?id={id}"), Some(&cookie)).await;
+    assert_eq!(
+        r.location.as_deref(),
+        Some(format!("/ui/tasks/{id}").as_str())
+    );
+
+    // The task's page shows payload, tags and the actions its state allows.
+    let r = get(&app, &format!("/ui/tasks/{id}"), Some(&cookie)).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(r.body.contains("a@example.com") && r.body.contains("customer:acme"));
+    assert!(r.body.contains(&format!("/ui/tasks/{id}/cancel")));
+    assert!(r.body.contains(&format!("/ui/tasks/{id}/trigger")));
+    assert!(!r.body.contains(&format!("/ui/tasks/{id}/retry")));
+
+    // A forged post (no token, a wrong one, or the token without its cookie) changes nothing.
+    let cancel = format!("/ui/tasks/{id}/cancel");
+    for (cookie, form) in [
+        (Some(cookie.as_str()), String::new()),
+        (Some(cookie.as_str()), format!("csrf={}", "0".repeat(64))),
+        (None, format!("csrf={csrf}")),
+    ] {
+        let r = post_form(&app, &cancel, cookie, &form).await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
+    }
+    let t = sundial.get(id.parse().unwrap()).await.unwrap().unwrap();
+    assert_eq!(t.state, sundial::TaskState::Scheduled);
+    // A post from another origin is refused even with the token.
+    let req = Request::builder()
+        .method("POST")
+        .uri(&cancel)
+        .header(header::HOST, "127.0.0.1:7373")
+        .header(header::ORIGIN, "http://evil.example")
+        .header(header::COOKIE, &cookie)
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Body::from(format!("csrf={csrf}")))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+    let t = sundial.get(id.parse().unwrap()).await.unwrap().unwrap();
+    assert_eq!(t.state, sundial::TaskState::Scheduled);
+    let r = post_form(&app, &cancel, Some(&cookie), &format!("csrf={csrf}")).await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+    let t = sundial.get(id.parse().unwrap()).await.unwrap().unwrap();
+    assert_eq!(t.state, sundial::TaskState::Cancelled);
+
+    // Every post is audited with its actor, refusals included.
+    let audit = audit_actions(&sundial).await;
+    let ui: Vec<_> = audit
+        .iter()
+        .filter(|(_, a, _, _)| a == "POST /ui/tasks/{id}/cancel")
+        .collect();
+    assert_eq!(ui.len(), 5, "{audit:?}");
+    assert!(ui.iter().all(|(actor, _, target, _)| {
+        (actor == "local" || actor == "anonymous") && target.as_deref() == Some(id.as_str())
+    }));
+    assert_eq!(ui.iter().filter(|r| r.3 == 303).count(), 1);
+    assert_eq!(ui.iter().filter(|r| r.3 == 403).count(), 4);
+
+    // Retry of the cancelled task from the UI; then the bulk preview counts without changing.
+    let r = post_form(
+        &app,
+        &format!("/ui/tasks/{id}/retry"),
+        Some(&cookie),
+        &format!("csrf={csrf}"),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+    let r = get(
+        &app,
+        "/ui/tasks/bulk?action=cancel&queue=emails",
+        Some(&cookie),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert!(
+        r.body.contains("<strong id=\"matched\">1</strong>"),
+        "{}",
+        r.body
+    );
+    let t = sundial.get(id.parse().unwrap()).await.unwrap().unwrap();
+    assert_eq!(
+        t.state,
+        sundial::TaskState::Scheduled,
+        "a preview changes nothing"
+    );
+    let r = post_form(
+        &app,
+        "/ui/tasks/bulk",
+        Some(&cookie),
+        &format!("csrf={csrf}&action=cancel&queue=emails"),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+    assert!(r.location.unwrap().contains("Cancelled+1+of+1"));
+    let t = sundial.get(id.parse().unwrap()).await.unwrap().unwrap();
+    assert_eq!(t.state, sundial::TaskState::Cancelled);
+
+    // Queue pause and resume.
+    let r = post_form(
+        &app,
+        "/ui/queues/emails/pause",
+        Some(&cookie),
+        &format!("csrf={csrf}"),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER);
+    assert!(sundial.queue("emails").await.unwrap().unwrap().paused);
+    let r = get(&app, "/ui", Some(&cookie)).await;
+    assert!(r.body.contains("/ui/queues/emails/resume"));
+
+    // Assets are embedded; every page other pages link to renders.
+    let r = get(&app, "/ui/assets/ui.css", None).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(r.body.contains("--fg"));
+    for page in [
+        "/ui/dead",
+        "/ui/schedules",
+        "/ui/workflows",
+        "/ui/audit",
+        "/ui/login",
+    ] {
+        let r = get(&app, page, Some(&cookie)).await;
+        assert!(
+            r.status == StatusCode::OK || r.status == StatusCode::SEE_OTHER,
+            "{page}: {} {}",
+            r.status,
+            r.body
+        );
+    }
+}
+
+#[tokio::test]
+async fn with_auth_on_a_session_decides_what_is_shown_and_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let sundial = Sundial::open(dir.path()).await.unwrap();
+    let app = router(
+        sundial.clone(),
+        ServerConfig {
+            access: AccessConfig {
+                mode: AuthMode::Required,
+                ..AccessConfig::default()
+            },
+            ui: UiConfig {
+                enabled: true,
+                secure_cookies: true,
+            },
+            ..ServerConfig::default()
+        },
+    );
+    let store = sundial.access_store().unwrap().clone();
+    let (new, issued) = sundial_server::admin::new_token(
+        sundial_server::admin::CreateToken {
+            name: "root".into(),
+            scope: "admin".into(),
+            namespace: None,
+            expires_in: None,
+        },
+        sundial.clock().now(),
+    )
+    .unwrap();
+    store.create_token(new).await.unwrap();
+    let admin = issued.token;
+    let mut tokens = std::collections::BTreeMap::new();
+    for scope in ["reader", "producer", "worker"] {
+        let b = api(
+            &app,
+            "POST",
+            "/v1/tokens",
+            json!({"name": format!("ui-{scope}"), "scope": scope}),
+            Some(&admin),
+        )
+        .await;
+        tokens.insert(scope, b["token"].as_str().unwrap().to_string());
+    }
+    let task = api(
+        &app,
+        "POST",
+        "/v1/tasks",
+        json!({"kind": "k", "delay": "1h"}),
+        Some(&admin),
+    )
+    .await;
+    let id = task["id"].as_str().unwrap().to_string();
+
+    // Not signed in: pages lead to the login form; a post is 401.
+    let r = get(&app, &format!("/ui/tasks/{id}"), None).await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER);
+    assert!(
+        r.location
+            .as_deref()
+            .unwrap()
+            .starts_with("/ui/login?next=%2Fui%2Ftasks%2F")
+    );
+    let r = post_form(&app, &format!("/ui/tasks/{id}/cancel"), None, "csrf=x").await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+
+    let login = |token: String| {
+        let app = app.clone();
+        async move {
+            let r = get(&app, "/ui/login", None).await;
+            assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+            let pre = cookie_pair(&r, "sundial_csrf").unwrap();
+            let csrf = csrf_of(&r.body);
+            let form = format!("csrf={csrf}&next=%2Fui%2Ftasks&token={token}");
+            let r = post_form(&app, "/ui/login", Some(&pre), &form).await;
+            (r, pre)
+        }
+    };
+
+    // A bad token, and a worker token, cannot sign in.
+    let (r, _) = login(format!("sdl_{}", "0".repeat(96))).await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    assert!(cookie_pair(&r, "sundial_session").is_none());
+    let (r, _) = login(tokens["worker"].clone()).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    // The login form itself needs its CSRF cookie.
+    let r = post_form(
+        &app,
+        "/ui/login",
+        None,
+        &format!("token={}", tokens["reader"]),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+
+    // A reader signs in: the session cookie's flags; no action buttons; a post is refused.
+    let (r, _) = login(tokens["reader"].clone()).await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+    assert_eq!(r.location.as_deref(), Some("/ui/tasks"));
+    let set = r
+        .cookies
+        .iter()
+        .find(|c| c.starts_with("sundial_session="))
+        .unwrap();
+    for flag in ["HttpOnly", "SameSite=Strict", "Secure", "Path=/ui"] {
+        assert!(set.contains(flag), "{flag} in {set}");
+    }
+    assert!(
+        !set.contains(&tokens["reader"][36..]),
+        "the token's secret is not in the cookie"
+    );
+    let reader = cookie_pair(&r, "sundial_session").unwrap();
+    let r = get(&app, &format!("/ui/tasks/{id}"), Some(&reader)).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert!(r.body.contains("ui-reader"));
+    assert!(
+        !r.body.contains(&format!("/ui/tasks/{id}/cancel")),
+        "no cancel button for a reader"
+    );
+    assert!(
+        !r.body.contains("/ui/audit\""),
+        "no audit link for a reader"
+    );
+    let reader_csrf = csrf_of(&r.body);
+    let r = post_form(
+        &app,
+        &format!("/ui/tasks/{id}/cancel"),
+        Some(&reader),
+        &format!("csrf={reader_csrf}"),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    let r = get(&app, "/ui/audit", Some(&reader)).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+
+    // A producer sees the buttons and may act, only with its own session's CSRF token.
+    let (r, _) = login(tokens["producer"].clone()).await;
+    let producer = cookie_pair(&r, "sundial_session").unwrap();
+    let r = get(&app, &format!("/ui/tasks/{id}"), Some(&producer)).await;
+    assert!(r.body.contains(&format!("/ui/tasks/{id}/cancel")));
+    let producer_csrf = csrf_of(&r.body);
+    assert_ne!(producer_csrf, reader_csrf);
+    let r = post_form(
+        &app,
+        &format!("/ui/tasks/{id}/cancel"),
+        Some(&producer),
+        &format!("csrf={reader_csrf}"),
+    )
+    .await;
+    assert_eq!(
+        r.status,
+        StatusCode::FORBIDDEN,
+        "another session's token is refused"
+    );
+    let r = post_form(&app, &format!("/ui/tasks/{id}/cancel"), Some(&producer), "").await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "no token is refused");
+    let t = sundial.get(id.parse().unwrap()).await.unwrap().unwrap();
+    assert_eq!(t.state, sundial::TaskState::Scheduled);
+    let r = post_form(
+        &app,
+        &format!("/ui/tasks/{id}/cancel"),
+        Some(&producer),
+        &format!("csrf={producer_csrf}"),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+    let t = sundial.get(id.parse().unwrap()).await.unwrap().unwrap();
+    assert_eq!(t.state, sundial::TaskState::Cancelled);
+
+    // A tampered session cookie is no session.
+    let mut forged = producer.clone();
+    let last = forged.pop().unwrap();
+    forged.push(if last == '0' { '1' } else { '0' });
+    let r = get(&app, "/ui", Some(&forged)).await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER);
+
+    // The audit log names the signed-in actors.
+    let audit = audit_actions(&sundial).await;
+    let cancels: Vec<_> = audit
+        .iter()
+        .filter(|(_, a, _, _)| a == "POST /ui/tasks/{id}/cancel")
+        .map(|(actor, _, _, status)| (actor.as_str(), *status))
+        .collect();
+    assert!(cancels.contains(&("ui-producer", 303)), "{cancels:?}");
+    assert!(cancels.contains(&("ui-producer", 403)), "{cancels:?}");
+    assert!(cancels.contains(&("ui-reader", 403)), "{cancels:?}");
+    assert!(cancels.contains(&("anonymous", 401)), "{cancels:?}");
+    assert!(
+        audit
+            .iter()
+            .any(|(actor, a, _, s)| actor == "ui-reader" && a == "POST /ui/login" && *s == 303)
+    );
+
+    // Revoking the token ends its sessions.
+    let token_id = &tokens["producer"][4..36];
+    api(
+        &app,
+        "POST",
+        &format!("/v1/tokens/{token_id}/revoke"),
+        json!({}),
+        Some(&admin),
+    )
+    .await;
+    let r = get(&app, "/ui", Some(&producer)).await;
+    assert_eq!(
+        r.status,
+        StatusCode::SEE_OTHER,
+        "a revoked token's session is over"
+    );
+}
