@@ -137,6 +137,22 @@ fn queue_from_row(r: &Row) -> Result<QueueSettings, StoreError> {
 /// The `WHERE … ORDER BY … LIMIT` query behind `list` and `select`: `columns` (qualified `t.`)
 /// of tasks matching `filter`, newest id first. With tags the first tag drives through
 /// `task_tags (key, value, task_id)`; otherwise the planner picks among the search indexes.
+/// A `json` value as its text (the binary form of `json` is the text itself).
+struct JsonText(String);
+
+impl<'a> tokio_postgres::types::FromSql<'a> for JsonText {
+    fn from_sql(
+        _ty: &tokio_postgres::types::Type,
+        raw: &'a [u8],
+    ) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(JsonText(std::str::from_utf8(raw)?.to_string()))
+    }
+
+    fn accepts(ty: &tokio_postgres::types::Type) -> bool {
+        *ty == tokio_postgres::types::Type::JSON
+    }
+}
+
 pub(crate) fn filtered(
     tasks: &str,
     tags_table: &str,
@@ -258,6 +274,37 @@ impl PostgresStore {
         let (sql, args) = filtered(&self.sql.tasks, &tags, filter, columns, limit);
         let client = self.client().await?;
         query(&client, &sql, &params(&args)).await
+    }
+
+    /// The plan PostgreSQL chooses for a page of `list` with `filter` (`EXPLAIN (FORMAT JSON)`
+    /// of the very statement `list` runs, with its parameters), as JSON text. For checking that
+    /// every filter is served by an index (`tests/list_plans.rs`) and for operators.
+    pub async fn explain_list(
+        &self,
+        filter: &TaskFilter,
+        limit: usize,
+    ) -> Result<String, StoreError> {
+        let tags = format!("{}.task_tags", self.schema.ident);
+        let (sql, args) = filtered(
+            &self.sql.tasks,
+            &tags,
+            filter,
+            &self.sql.columns,
+            limit.saturating_add(1),
+        );
+        let client = self.client().await?;
+        let rows = query(
+            &client,
+            &format!("EXPLAIN (FORMAT JSON) {sql}"),
+            &params(&args),
+        )
+        .await?;
+        let mut out = String::new();
+        for r in &rows {
+            let line: JsonText = col(r, 0)?;
+            out.push_str(&line.0);
+        }
+        Ok(out)
     }
 
     pub(crate) async fn ops_select(

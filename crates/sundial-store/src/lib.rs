@@ -23,6 +23,8 @@ pub mod model_testkit;
 mod ops;
 #[cfg(feature = "testkit")]
 pub mod ops_testkit;
+#[cfg(feature = "testkit")]
+pub mod plan_testkit;
 mod push;
 #[cfg(feature = "testkit")]
 pub mod push_testkit;

@@ -1,0 +1,82 @@
+//! Every filter combination of `list` is served by an index on PostgreSQL: over 20,000 tasks
+//! (analyzed, so the planner knows how selective each value is), the plan of the very statement
+//! `list` runs (`EXPLAIN (FORMAT JSON)`) has no sequential scan of `tasks` or of the tag table,
+//! and a combination that sets any filter reads an index by one of its filters rather than
+//! walking every task in id order. The environment rules are in `common/mod.rs`.
+#![allow(clippy::unwrap_used)] // test code: a panic is a failed test
+
+use serde_json::Value;
+use sundial_store::Store;
+use sundial_store::plan_testkit::{
+    list_filter_combinations, plan_fixture_cancelled, plan_fixture_tasks,
+};
+
+mod common;
+
+const TASKS: usize = 20_000;
+const SHARDS: u32 = 4;
+
+/// Every scan node of the plan: (node type, relation, index name).
+fn scans(node: &Value, out: &mut Vec<(String, String, String)>) {
+    let s = |k: &str| {
+        node.get(k)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    if s("Node Type").contains("Scan") {
+        out.push((s("Node Type"), s("Relation Name"), s("Index Name")));
+    }
+    if let Some(Value::Array(children)) = node.get("Plans") {
+        for c in children {
+            scans(c, out);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_filter_combination_is_served_by_an_index() {
+    let Some((store, guard)) = common::fresh_postgres().await else {
+        return;
+    };
+    let tasks = plan_fixture_tasks(TASKS, SHARDS);
+    for chunk in tasks.chunks(2_000) {
+        store.insert(chunk.to_vec()).await.unwrap();
+    }
+    store
+        .cancel_many(plan_fixture_cancelled(&tasks), sundial_core::Timestamp(1))
+        .await
+        .unwrap();
+    let client = common::raw_client(&guard.url).await;
+    client
+        .batch_execute(&format!(
+            "ANALYZE \"{s}\".tasks; ANALYZE \"{s}\".task_tags",
+            s = guard.schema
+        ))
+        .await
+        .unwrap();
+    let mut failures = Vec::new();
+    let combos = list_filter_combinations(TASKS);
+    for c in &combos {
+        let text = store.explain_list(&c.filter, 50).await.unwrap();
+        let plan: Value = serde_json::from_str(&text).unwrap();
+        let mut found = Vec::new();
+        scans(&plan[0]["Plan"], &mut found);
+        let seq = found
+            .iter()
+            .any(|(t, rel, _)| t == "Seq Scan" && (rel == "tasks" || rel == "task_tags"));
+        let by_filter = found
+            .iter()
+            .any(|(t, _, index)| t != "Seq Scan" && !index.is_empty() && index != "tasks_pkey");
+        if seq || (c.selective && !by_filter) {
+            failures.push(format!("{}: {found:?}", c.name));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} combinations scan instead of searching an index:\n{}",
+        failures.len(),
+        combos.len(),
+        failures.join("\n")
+    );
+}
