@@ -19,8 +19,12 @@ use sundial_store::{AttemptHistory, QueueConfig, QueueSettings, TaskFilter};
 use crate::engine::retention::Purged;
 use crate::{Error, Sundial};
 
-/// Tasks selected and changed per batch of a bulk action.
+/// Tasks selected per batch of a bulk action.
 pub const BULK_BATCH: usize = 500;
+
+/// Tasks changed per write of a bulk action (one transaction each): the writes that fire
+/// tasks queue behind at most this many rows' work.
+pub const BULK_WRITE: usize = 100;
 
 /// One queue as an operator sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -269,12 +273,16 @@ impl Sundial {
                 .map(|s| s.id)
                 .collect();
             out.matched += eligible.len() as u64;
-            if !dry_run && !eligible.is_empty() {
+            for chunk in eligible.chunks(BULK_WRITE) {
+                if dry_run {
+                    break;
+                }
                 let now = self.engine.clock.now();
+                let ids = chunk.to_vec();
                 let changed = match action {
-                    BulkAction::Cancel => store.cancel_many(eligible, now).await?,
+                    BulkAction::Cancel => store.cancel_many(ids, now).await?,
                     BulkAction::Retry { due_at } => {
-                        store.retry_many(eligible, due_at.max(now), now).await?
+                        store.retry_many(ids, due_at.max(now), now).await?
                     }
                 };
                 for t in &changed {
@@ -284,6 +292,13 @@ impl Sundial {
                     }
                 }
                 out.changed += changed.len() as u64;
+                // Pace: rest as long as the write took, so the bulk action holds the store's
+                // writer at most half the time and the writes that fire tasks keep their pace
+                // (no rest on a clock that does not move, as in stepped tests).
+                let took = self.engine.clock.now().0.saturating_sub(now.0);
+                if took > 0 {
+                    tokio::time::sleep(Duration::from_millis(took.unsigned_abs())).await;
+                }
             }
             if page.len() < BULK_BATCH {
                 break;
