@@ -829,7 +829,7 @@ async fn health_metrics_and_openapi(backend: Backend) {
         text.contains(r#"sundial_tasks{queue="metered",state="scheduled"} 1"#),
         "{text}"
     );
-    assert!(text.contains("sundial_tasks_scheduled_total"), "{text}");
+    assert!(text.contains("sundial_task_created_total"), "{text}");
 
     let (status, doc) = raw("GET", &format!("{}/openapi.json", server.url), None).await;
     assert_eq!(status, 200);

@@ -2,7 +2,7 @@
 //! (`deploy/prometheus/sundial-alerts.yml`) query only series that `/metrics` has: the real binary
 //! is driven through every path that records a series (create, fire, poll, complete, fail until
 //! dead, a lease that expires, a schedule firing on its own and triggered, a workflow start), then
-//! every `sundial_*` name in the queries must appear in its scrape, with the labels the queries
+//! every `sundial_*` (and `process_*`) name in the queries must appear in its scrape, with the labels the queries
 //! select on or group by. Renaming a metric without updating the dashboard and the alerts fails
 //! here.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic on failure
@@ -89,7 +89,11 @@ fn is_ident(c: char) -> bool {
 fn metric_uses(query: &str) -> Vec<Use> {
     let mut out = Vec::new();
     let mut rest = query;
-    while let Some(i) = rest.find("sundial_") {
+    while let Some(i) = ["sundial_", "process_"]
+        .iter()
+        .filter_map(|p| rest.find(p))
+        .min()
+    {
         let before = rest[..i].chars().last();
         let tail = &rest[i..];
         let end = tail.find(|c: char| !is_ident(c)).unwrap_or(tail.len());
@@ -273,7 +277,9 @@ async fn dashboard_and_alerts_query_only_series_that_exist() {
     {
         let uses = metric_uses(query);
         if uses.is_empty() {
-            problems.push(format!("{source}: no sundial_ series in {query}"));
+            problems.push(format!(
+                "{source}: no sundial_ or process_ series in {query}"
+            ));
         }
         let mut labels_here = BTreeSet::new();
         for u in &uses {
@@ -326,4 +332,162 @@ fn the_query_reader_finds_names_selectors_and_groupings() {
         BTreeSet::from(["queue".to_string(), "state".to_string()])
     );
     assert!(s["sundial_up"].is_empty());
+}
+
+async fn scrape(url: &str) -> String {
+    sundial_cli::http_client_builder()
+        .build()
+        .unwrap()
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The counters `describe_metrics` describes (`describe_counter!("name", ...)`).
+fn described_counters() -> Vec<String> {
+    let text = std::fs::read_to_string(repo().join("crates/sundial-server/src/lib.rs")).unwrap();
+    text.match_indices("describe_counter!(")
+        .filter_map(|(i, m)| {
+            let rest = text[i + m.len()..].trim_start().strip_prefix('"')?;
+            Some(rest.split('"').next()?.to_string())
+        })
+        .collect()
+}
+
+/// A fresh server, before anything happened: every counter has a series at 0 (the per-queue ones
+/// for the `default` queue), so that a rate or an alert over it has data from the start; the
+/// process metrics are there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_server_reports_every_counter_from_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let text = scrape(&server.url).await;
+    let series = scraped_series(&text);
+    let counters = described_counters();
+    assert!(counters.len() >= 15, "found {} counters", counters.len());
+    let missing: Vec<&String> = counters
+        .iter()
+        // HTTP request counters are labelled by the request; they appear with the first one.
+        .filter(|c| *c != "sundial_http_requests_total")
+        .filter(|c| !series.contains_key(c.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "not in a fresh scrape: {missing:?}\n{text}"
+    );
+    assert!(
+        text.contains(r#"sundial_lease_expiries_total{queue="default"} 0"#),
+        "{text}"
+    );
+    for p in [
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_start_time_seconds",
+    ] {
+        assert!(series.contains_key(p), "no {p} in\n{text}");
+    }
+    // A queue seen for the first time gets its counters at 0 on the next scrape.
+    let mut t = CreateTask::new("later");
+    t.queue = Some("fresh-queue".into());
+    t.delay = Some("1h".into());
+    let created = server.client().create(&t).await.unwrap();
+    let text = scrape(&server.url).await;
+    assert!(
+        text.contains(r#"sundial_task_dead_total{queue="fresh-queue"} 0"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"sundial_task_created_total{queue="fresh-queue"} 1"#),
+        "{text}"
+    );
+    // Requests are counted by route template, not by the path sent.
+    assert!(
+        text.contains(
+            r#"sundial_http_requests_total{route="/v1/tasks",method="POST",status_class="2xx"} 1"#
+        ),
+        "{text}"
+    );
+    server
+        .client()
+        .get(&uuid::Uuid::now_v7().to_string())
+        .await
+        .ok();
+    server
+        .client()
+        .cancel(&created.id.to_string())
+        .await
+        .unwrap();
+    let text = scrape(&server.url).await;
+    assert!(
+        text.contains(r#"sundial_task_cancelled_total{queue="fresh-queue"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"sundial_http_requests_total{route="/v1/tasks/{id}",method="GET",status_class="4xx"} 1"#),
+        "{text}"
+    );
+}
+
+/// The sum of a histogram's samples, over every label set.
+fn histogram_sum(text: &str, name: &str) -> f64 {
+    let prefix = format!("{name}_sum");
+    text.lines()
+        .filter(|l| l.starts_with(&prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A task whose `run_at` is years in the past runs at once; its lateness is measured from its
+/// creation, not from that `run_at`, and so is the worker's pickup wait. No attempt, kind or id
+/// label appears on the task series.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_past_run_at_is_not_counted_as_lateness() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let client = server.client();
+    let mut t = CreateTask::new("old");
+    t.queue = Some("past".into());
+    t.run_at = Some("2019-01-01T00:00:00Z".into());
+    client.create(&t).await.unwrap();
+    let polled = client
+        .poll("past", "w", 1, Duration::from_secs(5), None)
+        .await
+        .unwrap();
+    let task = polled.tasks.first().expect("the task is due at once");
+    client
+        .fail(task.id, task.execution_id, "once more".into(), true)
+        .await
+        .unwrap();
+    let text = scrape(&server.url).await;
+    for name in [
+        "sundial_fire_lateness_seconds",
+        "sundial_dispatch_wait_seconds",
+    ] {
+        let sum = histogram_sum(&text, name);
+        assert!(
+            sum < 60.0,
+            "{name} sums to {sum} s for a task that ran at once\n{text}"
+        );
+    }
+    assert!(
+        text.contains(r#"sundial_task_failures_total{queue="past"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"sundial_task_retries_total{queue="past"} 1"#),
+        "{text}"
+    );
+    for label in ["attempt=", "kind=", "id="] {
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.starts_with("sundial_task") && l.contains(label)),
+            "a task series has the unbounded label {label}\n{text}"
+        );
+    }
 }

@@ -499,6 +499,14 @@ impl Task {
     pub fn timeout(&self) -> Duration {
         Duration::from_millis(self.timeout_ms)
     }
+
+    /// When the task became due: its due time, or its creation when it was created already due
+    /// (a `run_at` in the past runs at once and is not late by the gap). A retry's due time is
+    /// after the creation, so for a retry this is when the retry became due. Lateness is measured
+    /// from here.
+    pub fn became_due_at(&self) -> Timestamp {
+        self.due_at.max(self.created_at)
+    }
 }
 
 #[cfg(test)]

@@ -388,6 +388,8 @@ impl Inner {
                 )
                 .increment(record.count);
                 if let Some(t) = task {
+                    metrics::counter!("sundial_task_created_total", "queue" => t.queue.clone())
+                        .increment(1);
                     self.sundial.notify_task(t);
                     if record.reason == FireReason::Schedule {
                         let due = applied

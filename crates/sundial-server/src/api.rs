@@ -443,7 +443,7 @@ pub async fn complete_task(
 /// A remote attempt ended: record how long it ran (the engine records in-process runs itself).
 fn record_duration(task: &sundial::Task) {
     if let Some(started) = task.started_at {
-        metrics::histogram!("sundial_task_duration_seconds", "kind" => task.kind.clone())
+        metrics::histogram!("sundial_task_duration_seconds", "queue" => task.queue.clone())
             .record(task.updated_at.since(started).as_secs_f64());
     }
 }
@@ -537,6 +537,7 @@ pub async fn metrics(State(st): State<AppState>) -> Result<Response, ApiError> {
         Ok(queues) => st.gauges.record_queues(&queues),
         Err(e) => tracing::warn!(error = %e, "reading queues for /metrics failed"),
     }
+    crate::process_collector().collect();
     let body = handle.render();
     Ok((
         [(

@@ -54,6 +54,7 @@ pub mod duration;
 pub mod error;
 pub mod extract;
 pub mod guard;
+mod http_metrics;
 pub mod ops;
 pub mod push;
 pub mod schedules;
@@ -160,6 +161,9 @@ impl TaskGauges {
             metrics::gauge!("sundial_tasks", "queue" => c.queue.clone(), "state" => c.state.as_str())
                 .set(c.count as f64);
         }
+        for (queue, _) in now.difference(&seen) {
+            sundial::register_queue_metrics(queue);
+        }
         seen.extend(now);
     }
 
@@ -170,6 +174,9 @@ impl TaskGauges {
             return;
         };
         let now: HashSet<String> = queues.iter().map(|q| q.queue.clone()).collect();
+        for queue in now.difference(&seen) {
+            sundial::register_queue_metrics(queue);
+        }
         for queue in seen.difference(&now) {
             metrics::gauge!("sundial_queue_lateness_seconds", "queue" => queue.clone()).set(0.0);
             metrics::gauge!("sundial_queue_paused", "queue" => queue.clone()).set(0.0);
@@ -447,10 +454,15 @@ pub fn router(sundial: Sundial, config: ServerConfig) -> Router {
     ));
     // The web UI is merged after that layer: its pages authenticate by a session cookie and its
     // form posts by a CSRF token (see `ui`), and it writes its own audit records.
-    match ui_state {
+    let router = match ui_state {
         Some(ui_state) => router.merge(ui::router(ui_state)),
         None => router,
-    }
+    };
+    // Outside all that, the request metrics: the route template is marked after routing and read
+    // by the outermost layer, which also sees requests no route matched.
+    router
+        .route_layer(axum::middleware::from_fn(http_metrics::mark_route))
+        .layer(axum::middleware::from_fn(http_metrics::record))
 }
 
 /// A Prometheus recorder builder with Sundial's histogram buckets (seconds, from 0.5 ms to 10 min)
@@ -466,14 +478,40 @@ pub fn prometheus_builder() -> PrometheusBuilder {
         .unwrap_or_else(|_| PrometheusBuilder::new())
 }
 
-/// Registers descriptions of the metrics the engine and the server emit (shown as `# HELP`).
+/// Registers descriptions of the metrics the engine and the server emit (shown as `# HELP`), and
+/// the counters whose labels are known in advance at 0, so that an alert over them has data from
+/// the start (per-queue counters are registered for the `default` queue when the engine starts
+/// and for each other queue when a scrape first sees it).
+///
+/// Names follow the Prometheus conventions: base units (`_seconds`), `_total` on counters, one
+/// subject prefix in the singular (`sundial_task_`, `sundial_schedule_`, `sundial_workflow_`,
+/// `sundial_queue_`, `sundial_shard_`, `sundial_http_`); `sundial_tasks` is the number of tasks.
+/// Labels are bounded: queue, state, shard, an outcome from a fixed list, a route template;
+/// never a kind, an attempt or an id.
 pub fn describe_metrics() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
     describe_gauge!(
         "sundial_tasks",
         "Tasks by queue and state (refreshed on scrape)"
     );
-    describe_counter!("sundial_tasks_scheduled_total", "Tasks created, by queue");
+    describe_counter!(
+        "sundial_task_created_total",
+        "Tasks created (through the API or by a schedule's fire), by queue"
+    );
+    describe_counter!(
+        "sundial_task_succeeded_total",
+        "Attempts that succeeded (tasks that finished succeeded), by queue"
+    );
+    describe_counter!(
+        "sundial_task_cancelled_total",
+        "Tasks cancelled (one by one or by a filter), by queue"
+    );
+    describe_counter!("sundial_task_dead_total", "Tasks that went dead, by queue");
+    describe_counter!("sundial_task_failures_total", "Failed attempts, by queue");
+    describe_counter!(
+        "sundial_task_retries_total",
+        "Failed attempts that were rescheduled, by queue"
+    );
     describe_counter!(
         "sundial_retention_deleted_total",
         "Rows deleted by retention, by what (tasks, schedule_fires)"
@@ -481,12 +519,12 @@ pub fn describe_metrics() {
     describe_histogram!(
         "sundial_fire_lateness_seconds",
         metrics::Unit::Seconds,
-        "Start (handler) or readiness (worker) minus due time"
+        "Start (handler) or readiness (worker) minus when the task became due (its due time, or its creation when created already due)"
     );
     describe_histogram!(
         "sundial_dispatch_wait_seconds",
         metrics::Unit::Seconds,
-        "A worker's claim minus the task's due time"
+        "A worker's claim minus when the task became due"
     );
     describe_histogram!(
         "sundial_poll_wait_seconds",
@@ -496,17 +534,8 @@ pub fn describe_metrics() {
     describe_histogram!(
         "sundial_task_duration_seconds",
         metrics::Unit::Seconds,
-        "Attempt run time, by kind (in-process handlers, and remote workers from poll to complete or fail)"
+        "Attempt run time, by queue (in-process handlers, and remote workers from poll to complete or fail)"
     );
-    describe_counter!(
-        "sundial_task_failures_total",
-        "Failed attempts, by kind and attempt"
-    );
-    describe_counter!(
-        "sundial_task_retries_total",
-        "Failed attempts that were rescheduled, by kind and attempt"
-    );
-    describe_counter!("sundial_tasks_dead_total", "Tasks that went dead, by kind");
     describe_counter!(
         "sundial_reaper_restarts_total",
         "Times the lease reaper was restarted after a panic"
@@ -528,9 +557,9 @@ pub fn describe_metrics() {
         metrics::Unit::Seconds,
         "A schedule fire's task creation minus its nominal fire time (jitter included)"
     );
-    describe_counter!("sundial_workflows_started_total", "Workflow runs started");
+    describe_counter!("sundial_workflow_started_total", "Workflow runs started");
     describe_counter!(
-        "sundial_workflows_closed_total",
+        "sundial_workflow_closed_total",
         "Workflow runs closed, by status"
     );
     describe_counter!(
@@ -551,8 +580,8 @@ pub fn describe_metrics() {
         "Running attempts whose lease expired, by queue"
     );
     describe_gauge!(
-        "sundial_window_size",
-        "Tasks held in a shard's in-memory look-ahead window"
+        "sundial_shard_window_tasks",
+        "Tasks held in a shard's in-memory look-ahead window (a count)"
     );
     describe_counter!(
         "sundial_store_scans_total",
@@ -571,4 +600,53 @@ pub fn describe_metrics() {
         "sundial_shard_owned",
         "1 while this node runs the shard's loop (owns it), else 0; every node reports every shard, so max by (shard) over the nodes is 0 for a shard without owner"
     );
+    describe_counter!(
+        "sundial_http_requests_total",
+        "HTTP requests answered, by route template (unmatched for no route), method and status class"
+    );
+    describe_histogram!(
+        "sundial_http_request_duration_seconds",
+        metrics::Unit::Seconds,
+        "Time to answer an HTTP request (to the response head; a long poll's wait included), by route template, method and status class"
+    );
+    process_collector().describe();
+    register_fixed_counters();
+}
+
+/// The counters whose label values are a fixed list, at 0.
+fn register_fixed_counters() {
+    use sundial_store::{FireOutcome, FireReason, WorkflowStatus};
+    for (outcome, reason) in [
+        (FireOutcome::Fired, FireReason::Schedule),
+        (FireOutcome::Fired, FireReason::Trigger),
+        (FireOutcome::Fired, FireReason::Backfill),
+        (FireOutcome::Skipped, FireReason::Overlap),
+        (FireOutcome::Skipped, FireReason::Paused),
+        (FireOutcome::Missed, FireReason::OutsideCatchupWindow),
+    ] {
+        metrics::counter!(
+            "sundial_schedule_fires_total",
+            "outcome" => outcome.as_str(),
+            "reason" => reason.as_str()
+        )
+        .increment(0);
+    }
+    metrics::counter!("sundial_schedule_rearmed_total").increment(0);
+    metrics::counter!("sundial_workflow_started_total").increment(0);
+    for status in WorkflowStatus::ALL.into_iter().filter(|s| s.is_closed()) {
+        metrics::counter!("sundial_workflow_closed_total", "status" => status.as_str())
+            .increment(0);
+    }
+    metrics::counter!("sundial_workflow_tasks_total").increment(0);
+    metrics::counter!("sundial_workflow_tasks_stale_total").increment(0);
+    for what in ["tasks", "schedule_fires"] {
+        metrics::counter!("sundial_retention_deleted_total", "what" => what).increment(0);
+    }
+}
+
+/// The `process_*` metrics (CPU seconds, resident and virtual memory, open and maximum file
+/// descriptors, threads, start time), read from the operating system on each scrape.
+pub(crate) fn process_collector() -> &'static metrics_process::Collector {
+    static COLLECTOR: std::sync::OnceLock<metrics_process::Collector> = std::sync::OnceLock::new();
+    COLLECTOR.get_or_init(metrics_process::Collector::default)
 }

@@ -421,7 +421,7 @@ impl Workflows {
         )?;
         let started = self.inner.store.start_run(run, req.id_reuse).await?;
         self.inner.sundial.notify_task(&started.task);
-        metrics::counter!("sundial_workflows_started_total").increment(1);
+        metrics::counter!("sundial_workflow_started_total").increment(1);
         Ok(started.run)
     }
 

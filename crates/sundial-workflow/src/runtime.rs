@@ -199,7 +199,7 @@ impl Inner {
         self.after_write(&inserted, &c.cancelled);
         if c.run.status.is_closed() {
             self.histories.forget(c.run.run_id);
-            metrics::counter!("sundial_workflows_closed_total", "status" => c.run.status.as_str())
+            metrics::counter!("sundial_workflow_closed_total", "status" => c.run.status.as_str())
                 .increment(1);
         }
     }

@@ -41,6 +41,7 @@ mod error;
 mod handler;
 mod ops;
 mod placement;
+mod series;
 mod window;
 
 use std::path::Path;
@@ -56,6 +57,7 @@ pub use engine::step::Stepper;
 pub use error::Error;
 pub use handler::{Handler, HandlerError, HandlerFuture, TaskContext};
 pub use ops::{BULK_BATCH, BulkOutcome, QueueInfo};
+pub use series::register_queue_metrics;
 pub use sundial_core::Tags;
 pub use sundial_core::{
     Backoff, Clock, Due, Exclusive, ExclusiveMode, ExecutionId, INTERNAL_QUEUE_PREFIX, Limits,
@@ -413,7 +415,7 @@ impl Sundial {
         };
         match self.engine.store.insert_idempotent(create).await? {
             sundial_store::IdempotentOutcome::Created(t) => {
-                metrics::counter!("sundial_tasks_scheduled_total", "queue" => t.queue.clone())
+                metrics::counter!("sundial_task_created_total", "queue" => t.queue.clone())
                     .increment(1);
                 self.engine.notify_task(&t);
                 Ok(Created {
@@ -462,7 +464,7 @@ impl Sundial {
         for i in inserted {
             match i {
                 Inserted::Created(t) => {
-                    metrics::counter!("sundial_tasks_scheduled_total", "queue" => t.queue.clone())
+                    metrics::counter!("sundial_task_created_total", "queue" => t.queue.clone())
                         .increment(1);
                     self.engine.notify_task(&t);
                     out.push(Scheduled::Created(t));
@@ -491,6 +493,7 @@ impl Sundial {
     pub async fn cancel(&self, id: TaskId) -> Result<Task, Error> {
         let now = self.engine.clock.now();
         let t = self.engine.store.cancel(id, now).await?;
+        metrics::counter!("sundial_task_cancelled_total", "queue" => t.queue.clone()).increment(1);
         self.engine.release_exclusive(&t);
         Ok(t)
     }

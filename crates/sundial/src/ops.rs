@@ -287,7 +287,11 @@ impl Sundial {
                 };
                 for t in &changed {
                     match action {
-                        BulkAction::Cancel => self.engine.release_exclusive(t),
+                        BulkAction::Cancel => {
+                            metrics::counter!("sundial_task_cancelled_total", "queue" => t.queue.clone())
+                                .increment(1);
+                            self.engine.release_exclusive(t)
+                        }
                         BulkAction::Retry { .. } => self.engine.notify_task(t),
                     }
                 }

@@ -326,6 +326,8 @@ impl Engine {
         for shard in 0..self.shards.len() {
             metrics::gauge!("sundial_shard_owned", "shard" => shard.to_string()).set(0.0);
         }
+        crate::series::register_engine_metrics(self.shards.len());
+        crate::series::register_queue_metrics(sundial_core::TaskSpec::DEFAULT_QUEUE);
         match &self.placement {
             Placement::Cluster(node) => {
                 let host: Arc<dyn ShardHost> = self.clone();

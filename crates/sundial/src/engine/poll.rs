@@ -101,7 +101,7 @@ impl Engine {
             }
             if let Some(s) = t.started_at {
                 metrics::histogram!("sundial_dispatch_wait_seconds", "queue" => t.queue.clone())
-                    .record(s.since(t.due_at).as_secs_f64());
+                    .record(s.since(t.became_due_at()).as_secs_f64());
             }
         }
         Ok(tasks)

@@ -36,7 +36,7 @@ impl Engine {
         tokio::spawn(async move {
             let started = engine.clock.now();
             metrics::histogram!("sundial_fire_lateness_seconds", "queue" => task.queue.clone(), "target" => "handler")
-                .record(started.since(task.due_at).as_secs_f64());
+                .record(started.since(task.became_due_at()).as_secs_f64());
             let deadline = started.saturating_add(task.timeout());
             let ctx = TaskContext {
                 task: task.clone(),
@@ -55,7 +55,7 @@ impl Engine {
                 _ = wait_true(&mut aborting) => Err(HandlerError::retryable("interrupted by shutdown")),
             };
             let finished = engine.clock.now();
-            metrics::histogram!("sundial_task_duration_seconds", "kind" => task.kind.clone())
+            metrics::histogram!("sundial_task_duration_seconds", "queue" => task.queue.clone())
                 .record(finished.since(started).as_secs_f64());
             let interrupted = *engine.aborting.borrow();
             // The concurrency limit bounds handler runs, not the bookkeeping after them: hand the
@@ -102,6 +102,7 @@ impl Engine {
         let result = result.map(|v| v.to_string());
         let now = self.clock.now();
         let t = self.store.complete(id, execution, now, result).await?;
+        metrics::counter!("sundial_task_succeeded_total", "queue" => t.queue.clone()).increment(1);
         self.release_exclusive(&t);
         Ok(t)
     }
@@ -132,15 +133,13 @@ impl Engine {
         let t = self.store.fail(id, execution, now, error, retry).await?;
         match t.state {
             TaskState::Dead => {
-                metrics::counter!("sundial_tasks_dead_total", "kind" => t.kind.clone()).increment(1)
-            }
-            _ => {
-                metrics::counter!("sundial_task_retries_total", "kind" => t.kind.clone(), "attempt" => t.attempt.to_string())
+                metrics::counter!("sundial_task_dead_total", "queue" => t.queue.clone())
                     .increment(1)
             }
+            _ => metrics::counter!("sundial_task_retries_total", "queue" => t.queue.clone())
+                .increment(1),
         }
-        metrics::counter!("sundial_task_failures_total", "kind" => t.kind.clone(), "attempt" => t.attempt.to_string())
-            .increment(1);
+        metrics::counter!("sundial_task_failures_total", "queue" => t.queue.clone()).increment(1);
         self.notify_task(&t);
         self.release_exclusive(&t);
         Ok(t)

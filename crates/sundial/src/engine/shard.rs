@@ -172,7 +172,7 @@ impl ShardLoop {
 
         // 3. Claim what is due.
         self.starved = self.claim_due(now).await?;
-        metrics::gauge!("sundial_window_size", "shard" => self.shard_label.clone())
+        metrics::gauge!("sundial_shard_window_tasks", "shard" => self.shard_label.clone())
             .set(self.window.len() as f64);
 
         // 4. Arm the gate: the earliest entry, the next refill, or the idle backstop.
@@ -341,7 +341,7 @@ impl ShardLoop {
                 }
                 ClaimOutcome::Readied(task) => {
                     metrics::histogram!("sundial_fire_lateness_seconds", "queue" => task.queue.clone(), "target" => "ready")
-                        .record(now.since(task.due_at).as_secs_f64());
+                        .record(now.since(task.became_due_at()).as_secs_f64());
                     readied_queues.insert(b.meta.queue.clone());
                 }
                 ClaimOutcome::Busy { exclusive_key } => {
