@@ -514,7 +514,7 @@ pub fn describe_metrics() {
     );
     describe_counter!(
         "sundial_retention_deleted_total",
-        "Rows deleted by retention, by what (tasks, schedule_fires)"
+        "Rows deleted by retention, by what (tasks, schedule_fires, workflow_runs, audit)"
     );
     describe_histogram!(
         "sundial_fire_lateness_seconds",
@@ -639,7 +639,7 @@ fn register_fixed_counters() {
     }
     metrics::counter!("sundial_workflow_tasks_total").increment(0);
     metrics::counter!("sundial_workflow_tasks_stale_total").increment(0);
-    for what in ["tasks", "schedule_fires"] {
+    for what in ["tasks", "schedule_fires", "workflow_runs", "audit"] {
         metrics::counter!("sundial_retention_deleted_total", "what" => what).increment(0);
     }
 }
