@@ -105,6 +105,50 @@ impl Common {
         SqliteStore::open_dir(dir, self.sqlite_options()).context("open sqlite store")
     }
 
+    /// Opens a Sundial with the real system clock: on the embedded store in `dir`, or, with
+    /// `--database-url`, as the one node of a cluster on PostgreSQL (schema
+    /// `--database-schema`); with what measures the store's size on disk.
+    pub async fn open_any(
+        &self,
+        dir: &Path,
+        config: Config,
+        node: &str,
+    ) -> Result<(Sundial, StoreSize)> {
+        let Some(url) = &self.database_url else {
+            return Ok((
+                self.open(dir, config).await?,
+                StoreSize::Sqlite(dir.to_path_buf()),
+            ));
+        };
+        let store = Arc::new(
+            sundial_store_postgres::PostgresStore::connect(
+                url,
+                sundial_store_postgres::PostgresOptions {
+                    schema: self.database_schema.clone(),
+                    ..sundial_store_postgres::PostgresOptions::default()
+                },
+            )
+            .await
+            .context("connect to PostgreSQL")?,
+        );
+        let sundial = Sundial::builder()
+            .config(config)
+            .join_cluster(store.clone(), store, node)
+            .await
+            .context("join the cluster")?;
+        let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .context("connect to PostgreSQL for size readings")?;
+        tokio::spawn(conn);
+        Ok((
+            sundial,
+            StoreSize::Postgres {
+                client,
+                schema: self.database_schema.clone(),
+            },
+        ))
+    }
+
     /// Opens a Sundial on `dir` with the real system clock.
     pub async fn open(&self, dir: &Path, config: Config) -> Result<Sundial> {
         Sundial::builder()
@@ -113,6 +157,37 @@ impl Common {
             .open(dir)
             .await
             .context("open sundial")
+    }
+}
+
+/// Where a benchmark's store keeps its data, to read its size.
+pub enum StoreSize {
+    /// `sundial.db` and its WAL in this directory.
+    Sqlite(PathBuf),
+    /// Every table of the schema with its indexes and TOAST (`pg_total_relation_size`).
+    Postgres {
+        client: tokio_postgres::Client,
+        schema: String,
+    },
+}
+
+impl StoreSize {
+    pub async fn bytes(&self) -> Result<u64> {
+        match self {
+            StoreSize::Sqlite(dir) => Ok(crate::ops::db_bytes(dir)),
+            StoreSize::Postgres { client, schema } => {
+                let row = client
+                    .query_one(
+                        "SELECT COALESCE(sum(pg_total_relation_size(c.oid)), 0)::bigint \
+                         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                         WHERE n.nspname = $1 AND c.relkind = 'r'",
+                        &[schema],
+                    )
+                    .await
+                    .context("read the schema's size")?;
+                Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
+            }
+        }
     }
 }
 

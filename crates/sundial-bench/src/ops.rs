@@ -16,9 +16,9 @@ use std::time::Duration;
 
 use anyhow::Result;
 use clap::Args;
-use sundial::{Config, Retention, Sundial, TaskFilter, TaskSpec, TaskState, Timestamp};
+use sundial::{Config, Retention, Sundial, TaskFilter, TaskId, TaskSpec, TaskState, Timestamp};
 
-use crate::common::{Common, DataDir, Stopwatch, histogram, summary};
+use crate::common::{Common, DataDir, Stopwatch, histogram};
 
 #[derive(Debug, Clone, Args)]
 pub struct RetentionArgs {
@@ -36,7 +36,7 @@ pub struct RetentionArgs {
     pub sample_secs: u64,
 }
 
-fn db_bytes(dir: &Path) -> u64 {
+pub(crate) fn db_bytes(dir: &Path) -> u64 {
     ["sundial.db", "sundial.db-wal"]
         .iter()
         .filter_map(|f| std::fs::metadata(dir.join(f)).ok())
@@ -62,7 +62,7 @@ async fn counts_line(s: &Sundial) -> Result<String> {
 
 pub async fn retention(common: &Common, args: &RetentionArgs) -> Result<()> {
     let dir = DataDir::new(common)?;
-    println!(
+    eprintln!(
         "retention: {} tasks/s for {}s, succeeded kept {}s, size sampled every {}s; data dir {}",
         args.rate,
         args.secs,
@@ -78,7 +78,9 @@ pub async fn retention(common: &Common, args: &RetentionArgs) -> Result<()> {
         },
         ..common.config()
     };
-    let s = common.open(dir.path(), config).await?;
+    let (s, size) = common
+        .open_any(dir.path(), config, "bench-retention")
+        .await?;
     s.register("bench.retained", |_t: sundial::TaskContext| async {
         Ok::<(), sundial::HandlerError>(())
     });
@@ -87,7 +89,7 @@ pub async fn retention(common: &Common, args: &RetentionArgs) -> Result<()> {
     let per_tick = (args.rate / 10).max(1) as usize;
     let mut created = 0u64;
     let mut next_sample = Duration::from_secs(args.sample_secs.max(1));
-    let mut samples: Vec<(u64, u64)> = vec![(0, db_bytes(dir.path()))];
+    let mut samples: Vec<(u64, u64)> = vec![(0, size.bytes().await?)];
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     while watch.elapsed() < Duration::from_secs(args.secs) {
         tick.tick().await;
@@ -96,10 +98,10 @@ pub async fn retention(common: &Common, args: &RetentionArgs) -> Result<()> {
             .collect();
         created += s.schedule_many(specs).await?.len() as u64;
         if watch.elapsed() >= next_sample {
-            let bytes = db_bytes(dir.path());
+            let bytes = size.bytes().await?;
             let t = next_sample.as_secs();
             samples.push((t, bytes));
-            println!(
+            eprintln!(
                 "  t={t:>4}s size={:>8.1} MiB created={created} ({})",
                 mib(bytes),
                 counts_line(&s).await?
@@ -117,25 +119,35 @@ pub async fn retention(common: &Common, args: &RetentionArgs) -> Result<()> {
         .filter(|(t, _)| *t >= settle)
         .map(|(_, b)| *b)
         .max();
-    match (base, max_after) {
-        (Some(base), Some(max_after)) => println!(
-            "  after {settle}s: {:.1} MiB; largest later {:.1} MiB; last {:.1} MiB ({:+.1}% from {settle}s)",
-            mib(base),
-            mib(max_after),
-            mib(last),
-            (last as f64 / base as f64 - 1.0) * 100.0
-        ),
-        _ => println!(
-            "  run shorter than two retentions: last {:.1} MiB",
-            mib(last)
-        ),
-    }
+    let growth = base.map(|b| last as f64 / b as f64 - 1.0);
+    println!(
+        "{}",
+        serde_json::json!({
+            "benchmark": "retention",
+            "store": if common.database_url.is_some() { "postgres" } else { "sqlite" },
+            "rate_per_second": args.rate,
+            "secs": args.secs,
+            "retention_secs": args.retention_secs,
+            "created": created,
+            "samples": samples
+                .iter()
+                .map(|(t, b)| serde_json::json!({"t_secs": t, "bytes": b, "mib": mib(*b)}))
+                .collect::<Vec<_>>(),
+            "settled_at_secs": settle,
+            "bytes_at_settle": base,
+            "largest_after_settle": max_after,
+            "last_bytes": last,
+            "growth_after_settle": growth,
+        })
+    );
     Ok(())
 }
 
 #[derive(Debug, Clone, Args)]
 pub struct ListArgs {
-    /// Tasks stored (far in the future).
+    /// Tasks stored (far in the future). A reused store (`--data-dir`, or the same
+    /// `--database-url`/`--database-schema`) keeps what an earlier run stored and only the
+    /// missing tasks are added.
     #[arg(long, default_value_t = 10_000_000)]
     pub tasks: u64,
     /// Queues, kinds and tag values the tasks are spread over.
@@ -144,33 +156,89 @@ pub struct ListArgs {
     /// Page size.
     #[arg(long, default_value_t = 50)]
     pub limit: usize,
-    /// Pages asked per filter.
-    #[arg(long, default_value_t = 200)]
+    /// Pages asked per filter combination.
+    #[arg(long, default_value_t = 50)]
     pub rounds: usize,
-    /// Tasks per schedule call of the preload.
-    #[arg(long, default_value_t = 1_000)]
-    pub batch: usize,
+    /// Tasks per store insert of the fill (one transaction each). Default: 50,000 on the
+    /// embedded store, 10,000 on PostgreSQL.
+    #[arg(long)]
+    pub batch: Option<usize>,
 }
 
 const HOUR_MS: i64 = 3_600_000;
 
+/// The filters of `GET /v1/tasks` the benchmark combines (every subset of them is asked).
+const FILTERS: [&str; 7] = [
+    "queue",
+    "kind",
+    "state",
+    "key_prefix",
+    "tag",
+    "due",
+    "created",
+];
+
+fn combination(bits: u32, start: Timestamp, day: Timestamp) -> (String, TaskFilter) {
+    let mut f = TaskFilter::default();
+    let mut name = Vec::new();
+    for (i, what) in FILTERS.iter().enumerate() {
+        if bits & (1 << i) == 0 {
+            continue;
+        }
+        name.push(*what);
+        match *what {
+            "queue" => f.queue = Some("queue-3".into()),
+            "kind" => f.kind = Some("kind-5".into()),
+            "state" => f.state = Some(TaskState::Scheduled),
+            "key_prefix" => f.key_prefix = Some("order-1234".into()),
+            "tag" => f.tags = vec![("tenant".into(), "t7".into())],
+            "due" => {
+                f.due_after = Some(Timestamp(day.0 + HOUR_MS));
+                f.due_before = Some(Timestamp(day.0 + 2 * HOUR_MS));
+            }
+            _ => {
+                f.created_after = Some(start);
+                f.created_before = Some(Timestamp(start.0 + 60_000));
+            }
+        }
+    }
+    f.exclude_internal = f.queue.is_none();
+    let name = if name.is_empty() {
+        "none".to_string()
+    } else {
+        name.join("+")
+    };
+    (name, f)
+}
+
 pub async fn list(common: &Common, args: &ListArgs) -> Result<()> {
     let dir = DataDir::new(common)?;
-    println!(
-        "list: {} tasks over {} queues/kinds/tags, pages of {}; data dir {}",
-        args.tasks,
-        args.spread,
-        args.limit,
-        dir.path().display()
+    let (s, _size) = common
+        .open_any(dir.path(), common.config(), "bench-list")
+        .await?;
+    let batch = args
+        .batch
+        .unwrap_or(if common.database_url.is_some() {
+            10_000
+        } else {
+            50_000
+        })
+        .max(1);
+    eprintln!(
+        "list: {} tasks over {} queues/kinds/tags, pages of {}, {} pages per combination",
+        args.tasks, args.spread, args.limit, args.rounds
     );
-    let s = common.open(dir.path(), common.config()).await?;
     let stored: u64 = s.counts().await?.iter().map(|c| c.count).sum();
     let start = s.clock().now();
+    let shards = s.config().shard_count;
+    let limits = s.config().limits.clone();
+    let store = s.store().clone();
     let watch = Stopwatch::start();
     let mut i = stored;
     while i < args.tasks {
-        let n = (args.tasks - i).min(args.batch as u64);
-        let specs = (i..i + n)
+        let n = (args.tasks - i).min(batch as u64);
+        let now = s.clock().now();
+        let tasks = (i..i + n)
             .map(|k| {
                 let g = k % args.spread;
                 TaskSpec::new(format!("kind-{}", (k / 7) % args.spread))
@@ -181,129 +249,62 @@ pub async fn list(common: &Common, args: &ListArgs) -> Result<()> {
                     .run_at(Timestamp(
                         start.0 + 24 * HOUR_MS + (k as i64 % (24 * HOUR_MS)),
                     ))
+                    .validate(TaskId(uuid::Uuid::now_v7()), now, shards, &limits)
             })
-            .collect();
-        s.schedule_many(specs).await?;
+            .collect::<Result<Vec<_>, _>>()?;
+        store.insert(tasks).await?;
         i += n;
-        if i % 500_000 < n {
-            eprintln!(
-                "  preload: {i}/{} in {:.0}s",
-                args.tasks,
-                watch.elapsed().as_secs_f64()
-            );
-        }
+        eprintln!(
+            "  fill: {i}/{} in {:.0}s",
+            args.tasks,
+            watch.elapsed().as_secs_f64()
+        );
     }
-    println!(
-        "  stored {} tasks ({} added in {:.1}s)",
-        args.tasks.max(stored),
-        args.tasks.saturating_sub(stored),
-        watch.elapsed().as_secs_f64()
-    );
+    let added = args.tasks.saturating_sub(stored);
+    let fill_secs = watch.elapsed().as_secs_f64();
     let now = s.clock().now();
-    let f = TaskFilter::default;
     let day = Timestamp(now.0 + 24 * HOUR_MS);
-    let filters: Vec<(&str, TaskFilter)> = vec![
-        ("none", f()),
-        (
-            "queue",
-            TaskFilter {
-                queue: Some("queue-3".into()),
-                ..f()
-            },
-        ),
-        (
-            "queue+state",
-            TaskFilter {
-                queue: Some("queue-3".into()),
-                state: Some(TaskState::Scheduled),
-                ..f()
-            },
-        ),
-        (
-            "state=dead (none)",
-            TaskFilter {
-                state: Some(TaskState::Dead),
-                ..f()
-            },
-        ),
-        (
-            "kind",
-            TaskFilter {
-                kind: Some("kind-5".into()),
-                ..f()
-            },
-        ),
-        (
-            "key",
-            TaskFilter {
-                key: Some("order-12345".into()),
-                ..f()
-            },
-        ),
-        (
-            "key_prefix",
-            TaskFilter {
-                key_prefix: Some("order-1234".into()),
-                ..f()
-            },
-        ),
-        (
-            "tag",
-            TaskFilter {
-                tags: vec![("tenant".into(), "t7".into())],
-                ..f()
-            },
-        ),
-        (
-            "tag+tag+queue",
-            TaskFilter {
-                tags: vec![
-                    ("tenant".into(), "t7".into()),
-                    ("batch".into(), "b1".into()),
-                ],
-                queue: Some("queue-1".into()),
-                ..f()
-            },
-        ),
-        (
-            "due range (1 min)",
-            TaskFilter {
-                due_after: Some(Timestamp(day.0 + HOUR_MS)),
-                due_before: Some(Timestamp(day.0 + HOUR_MS + 60_000)),
-                ..f()
-            },
-        ),
-        (
-            "queue+due range",
-            TaskFilter {
-                queue: Some("queue-2".into()),
-                due_after: Some(Timestamp(day.0 + HOUR_MS)),
-                due_before: Some(Timestamp(day.0 + 2 * HOUR_MS)),
-                ..f()
-            },
-        ),
-        (
-            "created range",
-            TaskFilter {
-                created_after: Some(start),
-                created_before: Some(Timestamp(start.0 + 1_000)),
-                ..f()
-            },
-        ),
-    ];
-    for (name, filter) in filters {
+    let mut results = Vec::new();
+    for bits in 0..(1u32 << FILTERS.len()) {
+        let (name, filter) = combination(bits, start, day);
         let mut h = histogram();
         let mut rows = 0;
         for round in 0..args.rounds {
-            let page_filter = filter.clone();
             let w = Stopwatch::start();
-            let page = s.list(page_filter, args.limit).await?;
+            let page = s.list(filter.clone(), args.limit).await?;
             h.saturating_record(w.elapsed().as_micros() as u64);
             if round == 0 {
                 rows = page.tasks.len();
             }
         }
-        println!("  {name:<20} rows={rows:<4} {}", summary(&h, "ms", 1_000.0));
+        let ms = |q: f64| h.value_at_quantile(q) as f64 / 1_000.0;
+        let line = serde_json::json!({
+            "filter": name,
+            "rows": rows,
+            "p50_ms": ms(0.5),
+            "p99_ms": ms(0.99),
+            "max_ms": h.max() as f64 / 1_000.0,
+        });
+        eprintln!("  {line}");
+        results.push(line);
     }
+    let worst = results
+        .iter()
+        .filter_map(|r| r["p99_ms"].as_f64())
+        .fold(0.0, f64::max);
+    println!(
+        "{}",
+        serde_json::json!({
+            "benchmark": "list",
+            "store": if common.database_url.is_some() { "postgres" } else { "sqlite" },
+            "tasks": args.tasks.max(stored),
+            "added": added,
+            "fill_secs": fill_secs,
+            "limit": args.limit,
+            "rounds": args.rounds,
+            "worst_p99_ms": worst,
+            "combinations": results,
+        })
+    );
     Ok(())
 }
