@@ -78,7 +78,7 @@ pub async fn run(common: &Common, args: &FireArgs) -> Result<()> {
     crate::common::print_fsync_probe(dir.path())?;
     let store = common.open_store(dir.path())?;
     let (counted, counting) = counting_store(Arc::new(store), common.shards);
-    let sundial = Sundial::builder().config(config).with_store(counted);
+    let sundial = Sundial::builder().config(config).with_store(counted)?;
     print_rss("after open");
     preload(
         &sundial,

@@ -46,7 +46,7 @@ pub async fn run(common: &Common, args: &IdleArgs) -> Result<()> {
             let (counted, counting) = counting_store(Arc::new(store), common.shards);
             let sundial = Sundial::builder()
                 .config(common.config())
-                .with_store(counted);
+                .with_store(counted)?;
             (counting, sundial)
         }
         Some(url) => {

@@ -43,7 +43,8 @@ pub struct ServerArgs {
     /// (the address is printed at start).
     #[arg(long, env = "SUNDIAL_LISTEN", default_value = crate::DEFAULT_LISTEN)]
     listen: String,
-    /// Longest a worker's poll may wait for tasks.
+    /// Longest a worker's poll may wait for tasks (the engine's `Config::max_poll_wait`, the one
+    /// place this limit lives). A poll that names no wait waits 30 s, or this when it is shorter.
     #[arg(long, env = "SUNDIAL_MAX_POLL_WAIT", default_value = "60s", value_parser = parse_duration)]
     max_poll_wait: Duration,
     /// Most tasks in one `POST /v1/tasks:batch`.
@@ -209,7 +210,7 @@ fn access_config(args: &ServerArgs, addr: &SocketAddr) -> AccessConfig {
         mode,
         open_metrics: args.open_metrics.unwrap_or(loopback),
         open_openapi: args.open_openapi.unwrap_or(loopback),
-        max_polls_per_caller: args.max_polls_per_token.max(1),
+        max_polls_per_caller: args.max_polls_per_token,
         body_read_timeout: args.body_read_timeout,
     }
 }
@@ -245,7 +246,33 @@ async fn bind(listen: &str) -> anyhow::Result<tokio::net::TcpListener> {
     }
 }
 
+/// The exit status when the settings contradict each other (the message names them).
+pub const EXIT_BAD_CONFIG: u8 = 2;
+
 pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
+    let config = Config {
+        max_poll_wait: args.max_poll_wait,
+        shard_count: args.shards,
+        shard_lease_ttl: args.shard_lease_ttl,
+        retention: Retention {
+            enabled: !args.no_retention,
+            succeeded: args.retention_succeeded,
+            cancelled: args.retention_cancelled,
+            dead: args.retention_dead,
+            schedule_fires: args.retention_schedule_fires,
+            workflow_runs: args.retention_workflow_runs,
+            audit: args.retention_audit,
+            ..Retention::default()
+        },
+        push_concurrency: args.push_concurrency,
+        push_host_concurrency: args.push_host_concurrency,
+        idempotency_window: args.idempotency_window,
+        ..Config::default()
+    };
+    if let Err(e) = config.validate() {
+        eprintln!("error: invalid settings: {e}");
+        return Ok(ExitCode::from(EXIT_BAD_CONFIG));
+    }
     let push_policy =
         sundial_push::AddressPolicy::parse(&args.push_allow).context("invalid --push-allow")?;
     // Bind first: a refused address must not leave a freshly created, empty data directory.
@@ -267,25 +294,37 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         }
     });
 
-    let config = Config {
-        max_poll_wait: args.max_poll_wait,
-        shard_count: args.shards.max(1),
-        shard_lease_ttl: args.shard_lease_ttl,
-        retention: Retention {
-            enabled: !args.no_retention,
-            succeeded: args.retention_succeeded,
-            cancelled: args.retention_cancelled,
-            dead: args.retention_dead,
-            schedule_fires: args.retention_schedule_fires,
-            workflow_runs: args.retention_workflow_runs,
-            audit: args.retention_audit,
-            ..Retention::default()
+    let addr = listener
+        .local_addr()
+        .context("cannot read the bound address")?;
+    let access = access_config(&args, &addr);
+    if access.mode == AuthMode::Off && !addr.ip().is_loopback() {
+        tracing::warn!(%addr, "--insecure-no-auth: anyone who reaches this address may do anything");
+    }
+    let server_config = ServerConfig {
+        default_poll_wait: sundial_server::api::DEFAULT_POLL_WAIT.min(args.max_poll_wait),
+        max_batch_items: args.max_batch,
+        prometheus: Some(prometheus),
+        internal_queue_metrics: args.metrics_internal_queues,
+        push: sundial_push::PushConfig {
+            client: sundial_push::ClientConfig {
+                policy: push_policy,
+                ..sundial_push::ClientConfig::default()
+            },
+            ..sundial_push::PushConfig::default()
         },
-        push_concurrency: args.push_concurrency.max(1),
-        push_host_concurrency: args.push_host_concurrency.max(1),
-        idempotency_window: args.idempotency_window,
-        ..Config::default()
+        access: access.clone(),
+        // The UI's cookies are `Secure` when the server speaks TLS.
+        ui: sundial_server::ui::UiConfig {
+            enabled: !args.no_ui,
+            secure_cookies: tls.is_some(),
+        },
+        ..ServerConfig::default()
     };
+    if let Err(e) = server_config.validate(&config) {
+        eprintln!("error: invalid settings: {e}");
+        return Ok(ExitCode::from(EXIT_BAD_CONFIG));
+    }
     let sqlite = SqliteOptions {
         durability: match args.durability {
             DurabilityArg::Full => Durability::Full,
@@ -318,9 +357,8 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
                     // A session stalled inside a transaction (this process stopped) must let go
                     // of its lease-row lock before its shard leases end, so that the others can
                     // take the shards over on time.
-                    idle_in_transaction_timeout: Some(
-                        (args.shard_lease_ttl / 2).max(Duration::from_millis(500)),
-                    ),
+                    // `Config::validate` keeps the TTL at 1 s or more, so this is at least 500 ms.
+                    idle_in_transaction_timeout: Some(args.shard_lease_ttl / 2),
                     ..PostgresOptions::default()
                 },
             )
@@ -341,36 +379,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         }
     };
 
-    let addr = listener
-        .local_addr()
-        .context("cannot read the bound address")?;
-    let access = access_config(&args, &addr);
-    if access.mode == AuthMode::Off && !addr.ip().is_loopback() {
-        tracing::warn!(%addr, "--insecure-no-auth: anyone who reaches this address may do anything");
-    }
-    let app = sundial_server::router(
-        sundial.clone(),
-        ServerConfig {
-            max_poll_wait: args.max_poll_wait,
-            max_batch_items: args.max_batch,
-            prometheus: Some(prometheus),
-            internal_queue_metrics: args.metrics_internal_queues,
-            push: sundial_push::PushConfig {
-                client: sundial_push::ClientConfig {
-                    policy: push_policy,
-                    ..sundial_push::ClientConfig::default()
-                },
-                ..sundial_push::PushConfig::default()
-            },
-            access: access.clone(),
-            // The UI's cookies are `Secure` when the server speaks TLS.
-            ui: sundial_server::ui::UiConfig {
-                enabled: !args.no_ui,
-                secure_cookies: tls.is_some(),
-            },
-            ..ServerConfig::default()
-        },
-    );
+    let app = sundial_server::router(sundial.clone(), server_config);
     let running = sundial.start();
     match &args.database_url {
         None => {

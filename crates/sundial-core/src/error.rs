@@ -7,6 +7,7 @@ use thiserror::Error;
 /// `field` names the offending field as it appears on the wire (`kind`, `queue`, `key`, `payload`,
 /// `run_at`, `delay`, `max_attempts`, `backoff`, `timeout`, `exclusive`).
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum ValidationError {
     #[error("{field} must not be empty")]
     Empty { field: &'static str },

@@ -31,10 +31,9 @@ impl From<ScheduleError> for Error {
             ScheduleError::NotFound => Error::NotFound,
             ScheduleError::AlreadyExists => Error::AlreadyExists,
             // Only ticks pass an expected tick; the public API never sees this.
-            ScheduleError::StaleTick { .. } => {
-                Error::Store(StoreError::Backend("stale schedule tick".into()))
-            }
+            e @ ScheduleError::StaleTick { .. } => Error::Store(StoreError::backend(e)),
             ScheduleError::Store(s) => Error::Store(s),
+            other => Error::Store(StoreError::backend(other)),
         }
     }
 }

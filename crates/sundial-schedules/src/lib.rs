@@ -362,9 +362,7 @@ impl Schedules {
             .map(|r| match r {
                 FireResult::Recorded { record, .. } | FireResult::AlreadyRecorded(record) => record,
             })
-            .ok_or_else(|| {
-                Error::Store(sundial::StoreError::Backend("fire returned nothing".into()))
-            })
+            .ok_or_else(|| Error::Store(sundial::StoreError::NoRow { what: "a fire" }))
     }
 
     /// Fires every fire time of the schedule in `[from, to]` (which must not lie in the future),

@@ -271,6 +271,7 @@ impl Inner {
                 Err(ScheduleError::StaleTick { .. } | ScheduleError::NotFound) => Ok(()),
                 Err(ScheduleError::AlreadyExists) => Ok(()),
                 Err(ScheduleError::Store(e)) => Err(retryable(e)),
+                Err(e) => Err(retryable(e)),
             };
             let _ = req.reply.send(answer);
         }

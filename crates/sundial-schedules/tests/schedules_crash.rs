@@ -89,7 +89,8 @@ impl ScheduleStore for Faulty {
     }
     async fn fire(&self, op: FireOp) -> Result<FireApplied, ScheduleError> {
         let fault = self.fault.lock().unwrap().take();
-        let injected = || ScheduleError::Store(StoreError::Backend("injected fault".into()));
+        let injected =
+            || ScheduleError::Store(StoreError::backend(std::io::Error::other("injected fault")));
         match fault {
             None => self.inner.fire(op).await,
             Some(Fault::Before) => Err(injected()),
@@ -132,7 +133,8 @@ fn instance(dir: &std::path::Path, clock: &ManualClock) -> Instance {
     let sundial = Sundial::builder()
         .clock(Arc::new(clock.clone()))
         .schedule_store(faulty.clone())
-        .with_store(store);
+        .with_store(store)
+        .expect("a valid config");
     let schedules = Schedules::attach(&sundial).unwrap();
     Instance {
         sundial,

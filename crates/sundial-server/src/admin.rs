@@ -375,6 +375,7 @@ pub async fn create_namespace(
                 format!("namespace {:?} exists", body.name),
             ),
             NamespaceError::Store(e) => store_error(e),
+            other => store_error(sundial::StoreError::backend(other)),
         })?;
     let mut resp = (
         StatusCode::CREATED,

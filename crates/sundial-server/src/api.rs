@@ -357,7 +357,7 @@ pub async fn poll_queue(
         None => st.config.default_poll_wait,
         Some(w) => duration::parse(w).map_err(|e| ApiError::invalid("wait", e.to_string()))?,
     }
-    .min(st.config.max_poll_wait);
+    .min(st.sundial.config().max_poll_wait);
     if body.kinds.as_ref().is_some_and(Vec::is_empty) {
         return Err(ApiError::invalid(
             "kinds",

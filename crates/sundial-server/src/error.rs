@@ -316,7 +316,7 @@ mod tests {
                 "shutting_down",
             ),
             (
-                Error::Store(StoreError::Backend("disk".into())),
+                Error::Store(StoreError::backend(std::io::Error::other("disk"))),
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
             ),

@@ -83,10 +83,9 @@ pub use error::{ApiError, ErrorBody, ErrorDetail};
 /// How the HTTP layer behaves. Engine settings live in [`sundial::Config`].
 #[derive(Clone)]
 pub struct ServerConfig {
-    /// A poll that names no `wait` waits this long.
+    /// A poll that names no `wait` waits this long; at most the engine's
+    /// [`sundial::Config::max_poll_wait`], which caps every poll (the one place that limit lives).
     pub default_poll_wait: Duration,
-    /// No poll waits longer than this (the engine's `max_poll_wait` caps it too).
-    pub max_poll_wait: Duration,
     /// Largest request body, except for batches.
     pub max_body_bytes: usize,
     /// Largest batch request body.
@@ -111,7 +110,6 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             default_poll_wait: api::DEFAULT_POLL_WAIT,
-            max_poll_wait: Duration::from_secs(60),
             max_body_bytes: 1024 * 1024,
             max_batch_body_bytes: 32 * 1024 * 1024,
             max_batch_items: 1_000,
@@ -121,6 +119,68 @@ impl Default for ServerConfig {
             access: access::AccessConfig::default(),
             ui: ui::UiConfig::default(),
         }
+    }
+}
+
+/// A server setting that cannot work, alone or with the engine's; the message names the fields.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerConfigError {
+    /// A limit that must be at least 1 is 0.
+    #[error("{field} is 0: it must be at least 1")]
+    Zero { field: &'static str },
+    /// A duration that must be longer than zero is zero.
+    #[error("{field} is zero: it must be longer than that")]
+    ZeroDuration { field: &'static str },
+    /// The default poll wait is longer than the engine lets any poll wait.
+    #[error(
+        "default_poll_wait ({default:?}) is longer than the engine's max_poll_wait ({max:?}): a poll that names no wait could never wait that long"
+    )]
+    DefaultWaitOverMax { default: Duration, max: Duration },
+    /// A batch body limit smaller than a single request's.
+    #[error(
+        "max_batch_body_bytes ({batch}) is smaller than max_body_bytes ({single}): a batch of one could be refused where the single create is accepted"
+    )]
+    BatchBodyUnderSingle { batch: usize, single: usize },
+}
+
+impl ServerConfig {
+    /// Checks the HTTP settings, alone and against the engine's `config` (which caps every
+    /// poll's wait). `sundial server` calls it before it serves, and exits non-zero with the
+    /// message when it fails.
+    pub fn validate(&self, engine: &sundial::Config) -> Result<(), ServerConfigError> {
+        let counts: [(&'static str, usize); 4] = [
+            ("max_body_bytes", self.max_body_bytes),
+            ("max_batch_body_bytes", self.max_batch_body_bytes),
+            ("max_batch_items", self.max_batch_items),
+            (
+                "access.max_polls_per_caller",
+                self.access.max_polls_per_caller,
+            ),
+        ];
+        for (field, n) in counts {
+            if n == 0 {
+                return Err(ServerConfigError::Zero { field });
+            }
+        }
+        if self.access.body_read_timeout.is_zero() {
+            return Err(ServerConfigError::ZeroDuration {
+                field: "access.body_read_timeout",
+            });
+        }
+        if self.default_poll_wait > engine.max_poll_wait {
+            return Err(ServerConfigError::DefaultWaitOverMax {
+                default: self.default_poll_wait,
+                max: engine.max_poll_wait,
+            });
+        }
+        if self.max_batch_body_bytes < self.max_body_bytes {
+            return Err(ServerConfigError::BatchBodyUnderSingle {
+                batch: self.max_batch_body_bytes,
+                single: self.max_body_bytes,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -649,4 +709,79 @@ fn register_fixed_counters() {
 pub(crate) fn process_collector() -> &'static metrics_process::Collector {
     static COLLECTOR: std::sync::OnceLock<metrics_process::Collector> = std::sync::OnceLock::new();
     COLLECTOR.get_or_init(metrics_process::Collector::default)
+}
+
+#[cfg(test)]
+mod config_tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_valid_with_the_engines() {
+        assert_eq!(
+            ServerConfig::default().validate(&sundial::Config::default()),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn each_contradiction_is_refused_naming_its_fields() {
+        let engine = sundial::Config::default();
+        let short_engine = sundial::Config {
+            max_poll_wait: Duration::from_secs(5),
+            ..sundial::Config::default()
+        };
+        let cases: Vec<(ServerConfig, &sundial::Config, &str)> = vec![
+            (
+                ServerConfig {
+                    max_batch_items: 0,
+                    ..ServerConfig::default()
+                },
+                &engine,
+                "max_batch_items",
+            ),
+            (
+                ServerConfig {
+                    max_body_bytes: 0,
+                    ..ServerConfig::default()
+                },
+                &engine,
+                "max_body_bytes",
+            ),
+            (
+                ServerConfig {
+                    access: access::AccessConfig {
+                        max_polls_per_caller: 0,
+                        ..access::AccessConfig::default()
+                    },
+                    ..ServerConfig::default()
+                },
+                &engine,
+                "access.max_polls_per_caller",
+            ),
+            (
+                ServerConfig {
+                    access: access::AccessConfig {
+                        body_read_timeout: Duration::ZERO,
+                        ..access::AccessConfig::default()
+                    },
+                    ..ServerConfig::default()
+                },
+                &engine,
+                "access.body_read_timeout",
+            ),
+            (ServerConfig::default(), &short_engine, "max_poll_wait"),
+            (
+                ServerConfig {
+                    max_batch_body_bytes: 10,
+                    ..ServerConfig::default()
+                },
+                &engine,
+                "max_batch_body_bytes",
+            ),
+        ];
+        for (config, engine, field) in cases {
+            let e = config.validate(engine).expect_err(field);
+            assert!(e.to_string().contains(field), "{field}: {e}");
+        }
+    }
 }

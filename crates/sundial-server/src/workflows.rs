@@ -209,7 +209,7 @@ pub(crate) fn api_error(e: Error) -> ApiError {
         ),
         Error::Sundial(e) => e.into(),
         Error::Store(e) => sundial::Error::Store(e).into(),
-        e @ Error::Corrupt(_) => {
+        e @ (Error::Corrupt(_) | Error::KeptContinuing | Error::ActivityNotRecorded { .. }) => {
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
         }
     }

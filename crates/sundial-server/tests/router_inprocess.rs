@@ -106,12 +106,19 @@ async fn limits_come_from_the_config_and_metrics_need_a_handle() {
 #[tokio::test]
 async fn poll_wait_is_capped_by_the_config() {
     let dir = tempfile::tempdir().unwrap();
-    let sundial = Sundial::open(dir.path()).await.unwrap();
+    let sundial = Sundial::builder()
+        .config(sundial::Config {
+            max_poll_wait: std::time::Duration::from_millis(200),
+            ..sundial::Config::default()
+        })
+        .open(dir.path())
+        .await
+        .unwrap();
     let running = sundial.start();
     let app = router(
         sundial.clone(),
         ServerConfig {
-            max_poll_wait: std::time::Duration::from_millis(200),
+            default_poll_wait: std::time::Duration::from_millis(100),
             ..ServerConfig::default()
         },
     );

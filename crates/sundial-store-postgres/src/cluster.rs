@@ -71,9 +71,7 @@ impl PostgresStore {
 impl Cluster for PostgresStore {
     async fn shard_count(&self, proposed: u32) -> Result<u32, StoreError> {
         if proposed == 0 {
-            return Err(StoreError::Backend(
-                "the shard count must be at least 1".to_string(),
-            ));
+            return Err(StoreError::ZeroShards);
         }
         let client = self.client().await?;
         // Two statements: a row a concurrent first caller inserted is visible to the second
@@ -227,7 +225,9 @@ impl Cluster for PostgresStore {
         let client = self.client().await?;
         let row = query_opt(&client, &self.sql.cluster.database_time, &[])
             .await?
-            .ok_or_else(|| StoreError::Backend("no database time".to_string()))?;
+            .ok_or(StoreError::NoRow {
+                what: "the database time",
+            })?;
         Ok(Timestamp(col(&row, 0)?))
     }
 }

@@ -105,9 +105,11 @@ impl PostgresStore {
             Ok(r) => r,
             // The batch task ended without answering (its runtime shut down): whether the
             // update committed is unknown, exactly as for a connection lost mid-statement.
-            Err(_) => Err(TransitionError::Store(sundial_store::StoreError::Backend(
-                "the completion batch ended without an answer".to_string(),
-            ))),
+            Err(_) => Err(TransitionError::Store(
+                sundial_store::StoreError::NoAnswer {
+                    what: "completion batch",
+                },
+            )),
         }
     }
 

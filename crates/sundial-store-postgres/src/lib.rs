@@ -188,6 +188,7 @@ pub use schema::CURRENT_VERSION as SCHEMA_VERSION;
 
 /// Errors from connecting (operations report [`StoreError`]).
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum PostgresError {
     #[error("invalid database url: {0}")]
     Url(String),
@@ -216,7 +217,7 @@ impl From<PostgresError> for StoreError {
     fn from(e: PostgresError) -> Self {
         match e {
             PostgresError::Postgres(e) => pg(e),
-            other => StoreError::Backend(other.to_string()),
+            other => StoreError::backend(other),
         }
     }
 }
@@ -251,7 +252,7 @@ fn pg(e: tokio_postgres::Error) -> StoreError {
     if is_unavailable(&e) {
         StoreError::Unavailable(e.to_string())
     } else {
-        StoreError::Backend(e.to_string())
+        StoreError::backend(e)
     }
 }
 
@@ -262,7 +263,7 @@ fn pool_error(e: PoolError) -> StoreError {
         PoolError::Timeout(_) => {
             StoreError::Unavailable("no database connection could be had in time".to_string())
         }
-        other => StoreError::Backend(format!("cannot get a connection: {other}")),
+        other => StoreError::backend(PostgresError::Pool(other.to_string())),
     }
 }
 
@@ -502,14 +503,7 @@ impl PostgresStore {
         }
         out.into_iter()
             .zip(tasks)
-            .map(|(o, t)| {
-                o.ok_or_else(|| {
-                    StoreError::Backend(format!(
-                        "the key of task {} kept changing hands; nothing was inserted",
-                        t.id
-                    ))
-                })
-            })
+            .map(|(o, t)| o.ok_or(StoreError::KeyContended { id: t.id }))
             .collect()
     }
 
@@ -766,10 +760,7 @@ impl PostgresStore {
             tags.push(if t.tags.is_empty() {
                 None
             } else {
-                Some(
-                    serde_json::to_string(&t.tags)
-                        .map_err(|e| StoreError::Backend(format!("tags: {e}")))?,
-                )
+                Some(serde_json::to_string(&t.tags).map_err(|e| StoreError::encode("tags", e))?)
             });
             ids.push(t.id.0);
             shards.push(i64::from(t.shard));
@@ -780,12 +771,14 @@ impl PostgresStore {
             dues.push(t.due_at.0);
             max_attempts.push(i64::from(t.max_attempts));
             backoffs.push(
-                serde_json::to_string(&t.backoff)
-                    .map_err(|e| StoreError::Backend(format!("backoff: {e}")))?,
+                serde_json::to_string(&t.backoff).map_err(|e| StoreError::encode("backoff", e))?,
             );
-            timeouts.push(i64::try_from(t.timeout_ms).map_err(|_| {
-                StoreError::Backend(format!("timeout of {} ms is too large", t.timeout_ms))
-            })?);
+            timeouts.push(
+                i64::try_from(t.timeout_ms).map_err(|_| StoreError::TooLarge {
+                    what: "timeout in ms",
+                    value: u128::from(t.timeout_ms),
+                })?,
+            );
             ex_keys.push(t.exclusive.as_ref().map(|e| e.key.as_str()));
             ex_modes.push(t.exclusive.as_ref().map(|e| rows::mode_str(e.mode)));
             created.push(t.created_at.0);
@@ -795,7 +788,7 @@ impl PostgresStore {
                     .as_ref()
                     .map(serde_json::to_string)
                     .transpose()
-                    .map_err(|e| StoreError::Backend(format!("target: {e}")))?,
+                    .map_err(|e| StoreError::encode("target", e))?,
             );
         }
         let rows = query(
@@ -851,10 +844,7 @@ impl PostgresStore {
                         hk.push(k.as_str());
                     }
                     None => {
-                        return Err(StoreError::Backend(format!(
-                            "task {} was neither inserted nor refused",
-                            t.id
-                        )));
+                        return Err(StoreError::InsertUndecided { id: t.id });
                     }
                 }
             }
@@ -1021,7 +1011,7 @@ impl Store for PostgresStore {
                 IdempotentOutcome::Created(t)
             }
             Some(Inserted::Duplicate { existing }) => IdempotentOutcome::Duplicate { existing },
-            None => return Err(StoreError::Backend("insert returned nothing".into())),
+            None => return Err(StoreError::NoRow { what: "insert" }),
         };
         tx.commit().await.map_err(pg)?;
         Ok(out)

@@ -350,12 +350,13 @@ impl PostgresStore {
         config: &QueueConfig,
         now: Timestamp,
     ) -> Result<QueueSettings, StoreError> {
-        let json = serde_json::to_string(config).map_err(|e| StoreError::Backend(e.to_string()))?;
+        let json =
+            serde_json::to_string(config).map_err(|e| StoreError::encode("queue settings", e))?;
         let client = self.client().await?;
         let rows = query(&client, &self.ops.queue_put, &[&queue, &json, &now.0]).await?;
-        let r = rows
-            .first()
-            .ok_or_else(|| StoreError::Backend("queue settings upsert returned nothing".into()))?;
+        let r = rows.first().ok_or(StoreError::NoRow {
+            what: "queue settings upsert",
+        })?;
         queue_from_row(r)
     }
 
@@ -367,9 +368,9 @@ impl PostgresStore {
     ) -> Result<QueueSettings, StoreError> {
         let client = self.client().await?;
         let rows = query(&client, &self.ops.queue_pause, &[&queue, &paused, &now.0]).await?;
-        let r = rows
-            .first()
-            .ok_or_else(|| StoreError::Backend("queue pause upsert returned nothing".into()))?;
+        let r = rows.first().ok_or(StoreError::NoRow {
+            what: "queue pause upsert",
+        })?;
         queue_from_row(r)
     }
 
@@ -446,7 +447,7 @@ impl PostgresStore {
             Some(r) => Err(TransitionError::KeyTaken {
                 existing: TaskId(col(&r, 0)?),
             }),
-            None => Err(StoreError::Backend(format!("task {id} could not be retried")).into()),
+            None => Err(StoreError::RetryRefused { id }.into()),
         }
     }
 

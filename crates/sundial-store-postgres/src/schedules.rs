@@ -82,7 +82,7 @@ fn fire_from_row(r: &Row) -> Result<FireRecord, StoreError> {
 }
 
 fn def_json(def: &ScheduleDef) -> Result<String, StoreError> {
-    serde_json::to_string(def).map_err(|e| StoreError::Backend(format!("schedule def: {e}")))
+    serde_json::to_string(def).map_err(|e| StoreError::encode("schedule definition", e))
 }
 
 /// What an [`ArmChange`] did: the new `(next_fire_at, armed_tick)` to store (`None`: keep), and
@@ -111,10 +111,12 @@ impl PostgresStore {
     ) -> Result<Task, StoreError> {
         match self.insert_in(tx, std::slice::from_ref(tick)).await?.pop() {
             Some(Inserted::Created(t)) => Ok(*t),
-            Some(Inserted::Duplicate { existing }) => Err(StoreError::Backend(format!(
-                "tick key held by task {existing}"
-            ))),
-            None => Err(StoreError::Backend("tick insert returned nothing".into())),
+            Some(Inserted::Duplicate { existing }) => {
+                Err(StoreError::InternalKeyTaken { existing })
+            }
+            None => Err(StoreError::NoRow {
+                what: "tick insert",
+            }),
         }
     }
 
@@ -553,7 +555,7 @@ impl ScheduleStore for PostgresStore {
             }
         }
         out.into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(StoreError::Backend("fire op not run".into()).into())))
+            .map(|r| r.unwrap_or_else(|| Err(StoreError::NoRow { what: "a fire op" }.into())))
             .collect()
     }
 

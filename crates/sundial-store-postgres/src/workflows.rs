@@ -40,7 +40,10 @@ fn count(v: i64, what: &str) -> Result<u64, StoreError> {
 }
 
 fn seq_param(v: u64) -> Result<i64, StoreError> {
-    i64::try_from(v).map_err(|_| StoreError::Backend(format!("event number {v} is too large")))
+    i64::try_from(v).map_err(|_| StoreError::TooLarge {
+        what: "event number",
+        value: u128::from(v),
+    })
 }
 
 fn run_from_row(r: &Row) -> Result<WorkflowRun, StoreError> {
@@ -107,9 +110,9 @@ impl PostgresStore {
         tx: &impl GenericClient,
         id: RunId,
     ) -> Result<WorkflowRun, StoreError> {
-        self.load_run(tx, id)
-            .await?
-            .ok_or_else(|| StoreError::Backend(format!("run {id} vanished in its transaction")))
+        self.load_run(tx, id).await?.ok_or(StoreError::NoRow {
+            what: "the run in its own transaction",
+        })
     }
 
     async fn insert_events(
@@ -148,9 +151,7 @@ impl PostgresStore {
             .into_iter()
             .map(|i| match i {
                 Inserted::Created(t) => Ok(*t),
-                Inserted::Duplicate { existing } => Err(StoreError::Backend(format!(
-                    "workflow task key already held by live task {existing}"
-                ))),
+                Inserted::Duplicate { existing } => Err(StoreError::InternalKeyTaken { existing }),
             })
             .collect()
     }
@@ -237,7 +238,9 @@ impl PostgresStore {
             .insert_owned(tx, std::slice::from_ref(&run.first_task))
             .await?
             .pop()
-            .ok_or_else(|| StoreError::Backend("task insert returned nothing".into()))?;
+            .ok_or(StoreError::NoRow {
+                what: "task insert",
+            })?;
         let (parent_run, parent_workflow, parent_cmd) = match &run.parent {
             Some(p) => (
                 Some(p.run_id.0),
@@ -287,9 +290,9 @@ impl PostgresStore {
             return Ok(());
         }
         let Some(row) = query_opt(tx, &sql.lock_id, &[&workflow_id]).await? else {
-            return Err(StoreError::Backend(format!(
-                "workflow id {workflow_id:?} is taken but names no run"
-            ))
+            return Err(StoreError::WorkflowIdWithoutRun {
+                workflow_id: workflow_id.to_string(),
+            }
             .into());
         };
         if let Some(reuse) = reuse {
@@ -429,14 +432,12 @@ impl PostgresStore {
         if let Some(close) = &op.close
             && !close.status.is_closed()
         {
-            return Err(StoreError::Backend("a run cannot close as running".into()).into());
+            return Err(StoreError::CloseAsRunning.into());
         }
         if let Some(next) = &op.continue_as
             && next.workflow_id != run.workflow_id
         {
-            return Err(
-                StoreError::Backend("continue-as-new must keep the workflow id".into()).into(),
-            );
+            return Err(StoreError::ContinueAsNewChangesId.into());
         }
         self.insert_events(tx, op.run_id, run.history_len, &op.events)
             .await?;

@@ -52,6 +52,7 @@ use lock::StoreLock;
 
 /// Errors from opening the store (operations report [`StoreError`]).
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum SqliteError {
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
@@ -79,7 +80,7 @@ pub enum SqliteError {
 
 impl From<SqliteError> for StoreError {
     fn from(e: SqliteError) -> Self {
-        StoreError::Backend(e.to_string())
+        StoreError::backend(e)
     }
 }
 
@@ -90,7 +91,7 @@ pub(crate) fn backend(e: rusqlite::Error) -> StoreError {
         writer::note_disk_full();
         StoreError::Full(e.to_string())
     } else {
-        StoreError::Backend(e.to_string())
+        StoreError::backend(e)
     }
 }
 
@@ -259,7 +260,7 @@ impl SqliteStore {
             out
         })
         .await
-        .map_err(|e| StoreError::Backend(format!("read task failed: {e}")))?
+        .map_err(StoreError::backend)?
     }
 }
 
@@ -402,7 +403,7 @@ fn insert_idempotent(
             Ok(IdempotentOutcome::Created(t))
         }
         Some(Inserted::Duplicate { existing }) => Ok(IdempotentOutcome::Duplicate { existing }),
-        None => Err(StoreError::Backend("insert returned nothing".into())),
+        None => Err(StoreError::NoRow { what: "insert" }),
     }
 }
 
@@ -600,7 +601,7 @@ fn insert_chunk(
         .iter()
         .map(|t| serde_json::to_string(&t.backoff))
         .collect::<Result<Vec<String>, _>>()
-        .map_err(|e| StoreError::Backend(e.to_string()))?;
+        .map_err(|e| StoreError::encode("backoff", e))?;
     let values = (0..chunk.len())
         .map(|i| {
             let p = |n: usize| i * INSERT_PARAMS + n;
@@ -629,12 +630,12 @@ fn insert_chunk(
             }
         })
         .collect::<Result<Vec<Option<String>>, _>>()
-        .map_err(|e| StoreError::Backend(e.to_string()))?;
+        .map_err(|e| StoreError::encode("tags", e))?;
     let targets = chunk
         .iter()
         .map(|t| t.target.as_ref().map(serde_json::to_string).transpose())
         .collect::<Result<Vec<Option<String>>, _>>()
-        .map_err(|e| StoreError::Backend(e.to_string()))?;
+        .map_err(|e| StoreError::encode("target", e))?;
     let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(chunk.len() * INSERT_PARAMS);
     let modes: Vec<Option<&str>> = chunk
         .iter()
@@ -692,7 +693,7 @@ fn insert_chunk(
             continue;
         }
         let Some(key) = &t.key else {
-            return Err(StoreError::Backend(format!("duplicate task id {}", t.id)));
+            return Err(StoreError::DuplicateId { id: t.id });
         };
         let mut q = conn
             .prepare_cached(
@@ -708,7 +709,7 @@ fn insert_chunk(
             Some(b) => out.push(Inserted::Duplicate {
                 existing: rows::task_id(&b)?,
             }),
-            None => return Err(StoreError::Backend(format!("duplicate task id {}", t.id))),
+            None => return Err(StoreError::DuplicateId { id: t.id }),
         }
     }
     Ok(())

@@ -58,7 +58,8 @@ pub(crate) fn put_queue_config(
     config: &QueueConfig,
     now: Timestamp,
 ) -> Result<QueueSettings, StoreError> {
-    let json = serde_json::to_string(config).map_err(|e| StoreError::Backend(e.to_string()))?;
+    let json =
+        serde_json::to_string(config).map_err(|e| StoreError::encode("queue settings", e))?;
     let sql = format!(
         "INSERT INTO queue_settings (queue, config, updated_at) VALUES (?1, ?2, ?3) \
          ON CONFLICT (queue) DO UPDATE SET config = excluded.config, \
@@ -202,7 +203,7 @@ pub(crate) fn retry(
         Some(b) => Err(TransitionError::KeyTaken {
             existing: rows::task_id(&b)?,
         }),
-        None => Err(StoreError::Backend(format!("task {id} could not be retried")).into()),
+        None => Err(StoreError::RetryRefused { id: *id }.into()),
     }
 }
 

@@ -145,11 +145,13 @@ fn apply_arm(
             let tick = match insert_many(conn, std::slice::from_ref(&a.tick))?.pop() {
                 Some(Inserted::Created(t)) => *t,
                 Some(Inserted::Duplicate { existing }) => {
-                    return Err(StoreError::Backend(format!(
-                        "tick key held by task {existing}"
-                    )));
+                    return Err(StoreError::InternalKeyTaken { existing });
                 }
-                None => return Err(StoreError::Backend("tick insert returned nothing".into())),
+                None => {
+                    return Err(StoreError::NoRow {
+                        what: "tick insert",
+                    });
+                }
             };
             Ok((Some((Some(a.nominal.0), Some(tick.id))), Some(tick)))
         }
@@ -177,7 +179,7 @@ fn set_arm(
 }
 
 fn def_json(def: &ScheduleDef) -> Result<String, StoreError> {
-    serde_json::to_string(def).map_err(|e| StoreError::Backend(format!("schedule def: {e}")))
+    serde_json::to_string(def).map_err(|e| StoreError::encode("schedule definition", e))
 }
 
 /// One fire op. Its refusals (`NotFound`, `StaleTick`) come before its first write; `fire_chunk`
@@ -205,7 +207,12 @@ fn fire(conn: &Connection, op: FireOp) -> Result<FireApplied, ScheduleError> {
             Some(t) => match insert_many(conn, std::slice::from_ref(&t))?.pop() {
                 Some(Inserted::Created(t)) => (Some(t.id), Some(t)),
                 Some(Inserted::Duplicate { existing }) => (Some(existing), None),
-                None => return Err(StoreError::Backend("insert returned nothing".into()).into()),
+                None => {
+                    return Err(StoreError::NoRow {
+                        what: "schedule insert",
+                    }
+                    .into());
+                }
             },
             None => (None, None),
         };
@@ -288,7 +295,9 @@ fn fire(conn: &Connection, op: FireOp) -> Result<FireApplied, ScheduleError> {
         .map_err(backend)?
         // Loaded at the start of this job and nobody else writes: never missing here (and not
         // `NotFound`, which callers take as "nothing was written").
-        .ok_or_else(|| StoreError::Backend("schedule row vanished during its fire".into()))??;
+        .ok_or(StoreError::NoRow {
+            what: "the schedule during its fire",
+        })??;
     Ok(FireApplied {
         schedule,
         fires: results,
@@ -521,8 +530,7 @@ impl ScheduleStore for SqliteStore {
         ids: &[ScheduleId],
     ) -> Result<Vec<(Schedule, Option<LastTask>)>, StoreError> {
         let ids: Vec<&str> = ids.iter().map(|i| i.as_str()).collect();
-        let ids = serde_json::to_string(&ids)
-            .map_err(|e| StoreError::Backend(format!("schedule ids: {e}")))?;
+        let ids = serde_json::to_string(&ids).map_err(|e| StoreError::encode("schedule ids", e))?;
         self.read(move |conn| {
             let cols = prefixed("s", SCHEDULE_COLUMNS);
             let sql = format!(

@@ -126,9 +126,7 @@ fn insert_tasks(conn: &Connection, tasks: &[NewTask]) -> Result<Vec<Task>, Store
         .into_iter()
         .map(|i| match i {
             Inserted::Created(t) => Ok(*t),
-            Inserted::Duplicate { existing } => Err(StoreError::Backend(format!(
-                "workflow task key already held by live task {existing}"
-            ))),
+            Inserted::Duplicate { existing } => Err(StoreError::InternalKeyTaken { existing }),
         })
         .collect()
 }
@@ -209,7 +207,9 @@ fn cancel_run_tasks(
 fn create_run(conn: &Connection, run: NewRun) -> Result<StartedRun, StoreError> {
     let task = insert_tasks(conn, std::slice::from_ref(&run.first_task))?
         .pop()
-        .ok_or_else(|| StoreError::Backend("task insert returned nothing".into()))?;
+        .ok_or(StoreError::NoRow {
+            what: "task insert",
+        })?;
     let (parent_run, parent_workflow, parent_cmd) = match &run.parent {
         Some(p) => (
             Some(p.run_id.as_bytes().to_vec()),
@@ -246,8 +246,9 @@ fn create_run(conn: &Connection, run: NewRun) -> Result<StartedRun, StoreError> 
     .map_err(backend)?
     .execute(params![run.workflow_id, run.run_id.as_bytes()])
     .map_err(backend)?;
-    let stored = load_run(conn, run.run_id)?
-        .ok_or_else(|| StoreError::Backend("inserted run not found".into()))?;
+    let stored = load_run(conn, run.run_id)?.ok_or(StoreError::NoRow {
+        what: "inserted run",
+    })?;
     Ok(StartedRun { run: stored, task })
 }
 
@@ -369,7 +370,7 @@ fn commit(conn: &Connection, op: WorkflowTaskCommit) -> Result<Committed, Workfl
     let mut parent = None;
     if let Some(close) = op.close {
         if !close.status.is_closed() {
-            return Err(StoreError::Backend("a run cannot close as running".into()).into());
+            return Err(StoreError::CloseAsRunning.into());
         }
         cancelled.extend(cancel_run_tasks(conn, op.run_id, op.now)?);
         let next_id = op.continue_as.as_ref().map(|n| n.run_id);
@@ -384,10 +385,7 @@ fn commit(conn: &Connection, op: WorkflowTaskCommit) -> Result<Committed, Workfl
         )?;
         if let Some(next) = op.continue_as {
             if next.workflow_id != run.workflow_id {
-                return Err(StoreError::Backend(
-                    "continue-as-new must keep the workflow id".into(),
-                )
-                .into());
+                return Err(StoreError::ContinueAsNewChangesId.into());
             }
             next_run = Some(create_run(conn, next)?);
         }

@@ -54,11 +54,14 @@ fn take_disk_full() -> bool {
 }
 
 /// A batch-level rusqlite error as a [`StoreError`].
-fn batch_error(e: &rusqlite::Error, what: &str) -> StoreError {
-    if crate::is_disk_full(e) {
-        StoreError::Full(format!("{what}: {e}"))
+fn batch_error(e: rusqlite::Error, step: &'static str) -> StoreError {
+    if crate::is_disk_full(&e) {
+        StoreError::Full(format!("{step}: {e}"))
     } else {
-        StoreError::Backend(format!("{what}: {e}"))
+        StoreError::WriteBatch {
+            step,
+            source: std::sync::Arc::new(e),
+        }
     }
 }
 
@@ -126,7 +129,7 @@ where
     F: FnOnce(&Connection) -> Result<R, E>,
 {
     if let Err(e) = conn.execute_batch("SAVEPOINT job") {
-        return Err(E::from(batch_error(&e, "savepoint")));
+        return Err(E::from(batch_error(e, "savepoint")));
     }
     let out = f(conn);
     let end = if out.is_ok() {
@@ -135,7 +138,7 @@ where
         "ROLLBACK TO job; RELEASE job"
     };
     if let Err(e) = conn.execute_batch(end) {
-        return Err(E::from(batch_error(&e, "savepoint")));
+        return Err(E::from(batch_error(e, "savepoint")));
     }
     out
 }
@@ -178,7 +181,7 @@ fn run(
         take_disk_full();
         let changes = conn.total_changes();
         let commit_err = match conn.execute_batch("BEGIN IMMEDIATE") {
-            Err(e) => Some(batch_error(&e, "cannot begin the batch")),
+            Err(e) => Some(batch_error(e, "cannot begin the batch")),
             Ok(()) => {
                 let mut rolled_back = false;
                 let mut jobs = std::mem::take(&mut batch).into_iter();
@@ -199,14 +202,14 @@ fn run(
                     Some(if take_disk_full() {
                         StoreError::Full(format!("{why}: database or disk is full"))
                     } else {
-                        StoreError::Backend(why.to_string())
+                        StoreError::BatchRolledBack
                     })
                 } else {
                     match conn.execute_batch("COMMIT") {
                         Ok(()) => None,
                         Err(e) => {
                             let _ = conn.execute_batch("ROLLBACK");
-                            Some(batch_error(&e, "commit failed"))
+                            Some(batch_error(e, "commit failed"))
                         }
                     }
                 }

@@ -162,6 +162,7 @@ impl AuditPage {
 
 /// What a namespace operation can fail with.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum NamespaceError {
     #[error("the namespace already exists")]
     AlreadyExists,

@@ -1,15 +1,89 @@
 //! Storage errors. [`StoreError`] is what any operation can hit (the database failed, the store was
-//! closed); [`TransitionError`] adds the ways a state change can be refused.
+//! closed, a write could not be decided); [`TransitionError`] adds the ways a state change can be
+//! refused.
+//!
+//! Errors that come from the database driver keep it as their [`source`](std::error::Error::source)
+//! ([`StoreError::Backend`]); the cases a backend decides itself are variants of their own, so a
+//! caller matches on them instead of on text. Both enums are `#[non_exhaustive]`: a backend may
+//! learn a new way to fail without breaking its callers.
+
+use std::sync::Arc;
 
 use sundial_core::{TaskId, TaskState};
 use thiserror::Error;
 
+/// The driver's own error, kept as the source of [`StoreError::Backend`]. Shared (`Arc`), not
+/// boxed, because one failed group commit answers every write of its batch with the same error.
+pub type BackendError = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
 /// The database could not do what was asked.
 #[derive(Debug, Clone, Error)]
+#[non_exhaustive]
 pub enum StoreError {
-    /// The backend reported an error (I/O, constraint, SQL).
+    /// The backend's driver reported an error (I/O, constraint, SQL, a worker thread that died);
+    /// the driver's error is the source.
     #[error("store backend error: {0}")]
-    Backend(String),
+    Backend(#[source] BackendError),
+    /// A write batch failed at one of its steps (begin, savepoint, commit); the driver's error is
+    /// the source. Nothing of the batch was applied.
+    #[error("the write batch failed at {step}: {source}")]
+    WriteBatch {
+        step: &'static str,
+        #[source]
+        source: BackendError,
+    },
+    /// The database rolled a whole write batch back by itself (SQLite does on some errors):
+    /// nothing of the batch was applied.
+    #[error("the database rolled the write batch back")]
+    BatchRolledBack,
+    /// A value could not be encoded for storage (JSON of a task's tags, backoff, target, a
+    /// schedule's definition, …); the encoder's error is the source.
+    #[error("cannot encode the {what} for storage: {source}")]
+    Encode {
+        what: &'static str,
+        #[source]
+        source: BackendError,
+    },
+    /// A number does not fit the column that stores it.
+    #[error("the {what} {value} is too large to store")]
+    TooLarge { what: &'static str, value: u128 },
+    /// A statement that must answer a row answered none (an insert or upsert that returned
+    /// nothing, a row that vanished inside its own transaction).
+    #[error("the database answered no row for {what}")]
+    NoRow { what: &'static str },
+    /// A task id of the batch is already in use: nothing of the batch was inserted.
+    #[error("duplicate task id {id}")]
+    DuplicateId { id: TaskId },
+    /// A key Sundial inserts under itself (a schedule's tick, a workflow's task) is held by a
+    /// live task.
+    #[error("the key of an internal task is held by live task {existing}")]
+    InternalKeyTaken { existing: TaskId },
+    /// The live holder of a task's key kept changing while the insert looked for it: nothing of
+    /// the batch was inserted, and a retry may succeed.
+    #[error("the key of task {id} kept changing hands; nothing was inserted")]
+    KeyContended { id: TaskId },
+    /// An insert neither stored a task nor named the holder of its key.
+    #[error("task {id} was neither inserted nor refused")]
+    InsertUndecided { id: TaskId },
+    /// An operator's retry of a finished task changed nothing, for no reason the store can name.
+    #[error("task {id} could not be retried")]
+    RetryRefused { id: TaskId },
+    /// A shard count of zero was proposed.
+    #[error("the shard count must be at least 1")]
+    ZeroShards,
+    /// A workflow id is recorded as taken but names no run.
+    #[error("workflow id {workflow_id:?} is taken but names no run")]
+    WorkflowIdWithoutRun { workflow_id: String },
+    /// A workflow task asked to close its run with the status `running`.
+    #[error("a run cannot close as running")]
+    CloseAsRunning,
+    /// A continue-as-new named another workflow id than the run it continues.
+    #[error("continue-as-new must keep the workflow id")]
+    ContinueAsNewChangesId,
+    /// A grouped write's worker ended without answering (its runtime shut down): whether the
+    /// write committed is unknown, as for a connection lost mid-statement.
+    #[error("the {what} ended without an answer")]
+    NoAnswer { what: &'static str },
     /// A stored row could not be decoded: the data is not what this version expects.
     #[error("stored data is corrupt or from an incompatible version: {0}")]
     Corrupt(String),
@@ -31,8 +105,24 @@ pub enum StoreError {
     LeaseLost { shard: u32 },
 }
 
+impl StoreError {
+    /// `e` as [`StoreError::Backend`], keeping it as the source.
+    pub fn backend(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        StoreError::Backend(Arc::new(e))
+    }
+
+    /// `e`, the encoder's error for `what`, as [`StoreError::Encode`].
+    pub fn encode(what: &'static str, e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        StoreError::Encode {
+            what,
+            source: Arc::new(e),
+        }
+    }
+}
+
 /// A state change that did not happen, and why.
 #[derive(Debug, Clone, Error)]
+#[non_exhaustive]
 pub enum TransitionError {
     #[error("no such task")]
     NotFound,
@@ -47,4 +137,29 @@ pub enum TransitionError {
     KeyTaken { existing: TaskId },
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn a_backend_error_keeps_its_source() {
+        let io = std::io::Error::other("disk on fire");
+        let e = StoreError::backend(io);
+        let source = e.source().expect("the driver's error is the source");
+        assert_eq!(source.to_string(), "disk on fire");
+        assert_eq!(e.to_string(), "store backend error: disk on fire");
+        let t = TransitionError::from(e.clone());
+        assert!(t.source().is_some() || t.to_string().contains("disk on fire"));
+    }
+
+    #[test]
+    fn an_encode_error_names_what_and_keeps_its_source() {
+        let bad = serde_json::from_str::<u8>("x").expect_err("not json");
+        let e = StoreError::encode("tags", bad);
+        assert!(e.to_string().starts_with("cannot encode the tags"));
+        assert!(e.source().is_some());
+    }
 }

@@ -303,6 +303,7 @@ pub struct FirePage {
 
 /// Why a schedule write did not happen.
 #[derive(Debug, Clone, Error)]
+#[non_exhaustive]
 pub enum ScheduleError {
     #[error("no such schedule")]
     NotFound,

@@ -324,6 +324,7 @@ pub struct WorkflowPage {
 
 /// Why a workflow write did not happen.
 #[derive(Debug, Clone, Error)]
+#[non_exhaustive]
 pub enum WorkflowStoreError {
     #[error("no such workflow run")]
     NotFound,

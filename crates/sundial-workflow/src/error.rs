@@ -137,6 +137,13 @@ pub enum Error {
     /// A stored event could not be read.
     #[error("stored history is corrupt: {0}")]
     Corrupt(String),
+    /// An append from outside found the workflow continued as new every time it tried (eight
+    /// runs in a row): nothing was appended.
+    #[error("the workflow kept continuing as new; nothing was appended")]
+    KeptContinuing,
+    /// A remote activity's result could not be recorded in its run's history.
+    #[error("the activity's result was not recorded: {reason}")]
+    ActivityNotRecorded { reason: String },
     #[error(transparent)]
     Sundial(#[from] sundial::Error),
     #[error(transparent)]
@@ -169,9 +176,10 @@ impl From<WorkflowStoreError> for Error {
             WorkflowStoreError::NotRunning { status } => Error::NotRunning { status },
             // Only workflow tasks and marked appends meet these; the public API never should.
             e @ (WorkflowStoreError::Stale { .. } | WorkflowStoreError::Duplicate) => {
-                Error::Store(StoreError::Backend(e.to_string()))
+                Error::Store(StoreError::backend(e))
             }
             WorkflowStoreError::Store(s) => Error::Store(s),
+            other => Error::Store(StoreError::backend(other)),
         }
     }
 }

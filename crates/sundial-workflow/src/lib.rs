@@ -486,9 +486,7 @@ impl Workflows {
                 Err(e) => return Err(e.into()),
             }
         }
-        Err(Error::Store(sundial::StoreError::Backend(
-            "the workflow kept continuing as new".into(),
-        )))
+        Err(Error::KeptContinuing)
     }
 
     /// Sends signal `name` with `input` to the workflow's current run. Signals are buffered in

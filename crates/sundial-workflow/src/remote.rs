@@ -452,7 +452,7 @@ impl Workflows {
                 Some(format!("activity:{}", view.cmd)),
             )
             .await
-            .map_err(|e| Error::Store(sundial::StoreError::Backend(e.message)))?;
+            .map_err(|e| Error::ActivityNotRecorded { reason: e.message })?;
         self.inner.sundial.complete(task.id, exec, None).await?;
         Ok(())
     }

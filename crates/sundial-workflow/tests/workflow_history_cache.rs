@@ -112,7 +112,8 @@ async fn run_steps(cache_events: usize) -> (u64, u64, serde_json::Value) {
     let sundial = Sundial::builder()
         .clock(Arc::new(clock))
         .workflow_store(counting.clone())
-        .with_store(store);
+        .with_store(store)
+        .expect("a valid config");
     let config = WorkflowConfig {
         history_cache_events: cache_events,
         ..WorkflowConfig::default()

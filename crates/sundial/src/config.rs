@@ -1,9 +1,119 @@
 //! Engine settings, with defaults that suit a single process on a small machine.
+//!
+//! [`Config::validate`] refuses contradictory or unusable values with a [`ConfigError`] that names
+//! the fields; the builder calls it before anything opens, so the engine never clamps a value
+//! silently.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use sundial_core::Limits;
+use thiserror::Error;
+
+/// The shortest shard lease the membership arithmetic works with: a node renews every third of
+/// the TTL less up to a tenth of that as jitter, suspects a silent node after half of it, and
+/// PostgreSQL ends a session idle inside a transaction after half of it, which must leave room
+/// for an ordinary fenced write (500 ms).
+pub const MIN_SHARD_LEASE_TTL: Duration = Duration::from_secs(1);
+
+/// A setting that cannot work, alone or with another; the message names the fields.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A count that must be at least 1 is 0.
+    #[error("{field} is 0: it must be at least 1")]
+    Zero { field: &'static str },
+    /// A duration that must be longer than zero is zero.
+    #[error("{field} is zero: it must be longer than that")]
+    ZeroDuration { field: &'static str },
+    /// `shard_lease_ttl` is shorter than [`MIN_SHARD_LEASE_TTL`].
+    #[error(
+        "shard_lease_ttl is {ttl:?}: it must be at least {min:?} (a node renews its leases every third of it, less jitter, and PostgreSQL ends a stalled transaction after half of it)"
+    )]
+    LeaseTtlTooShort { ttl: Duration, min: Duration },
+    /// One queue's concurrency is 0.
+    #[error("queue_concurrency[{queue:?}] is 0: it must be at least 1")]
+    ZeroQueueConcurrency { queue: String },
+    /// One receiver may hold more call slots than the whole node has.
+    #[error(
+        "push_host_concurrency ({host}) is larger than push_concurrency ({node}): one receiver cannot hold more slots than the node has"
+    )]
+    PushHostOverNode { host: usize, node: usize },
+    /// A claim batch larger than the window it claims from.
+    #[error(
+        "claim_batch ({claim_batch}) is larger than window_capacity ({window_capacity}): a turn claims from its window, so the batch can never fill"
+    )]
+    ClaimBatchOverWindow {
+        claim_batch: usize,
+        window_capacity: usize,
+    },
+}
+
+impl Config {
+    /// Checks the settings against each other. Every setting with a floor or a partner is
+    /// checked; the first problem found is returned.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let counts: [(&'static str, usize); 7] = [
+            ("shard_count", self.shard_count as usize),
+            ("window_capacity", self.window_capacity),
+            ("default_concurrency", self.default_concurrency),
+            ("max_poll_batch", self.max_poll_batch),
+            ("claim_batch", self.claim_batch),
+            ("push_concurrency", self.push_concurrency),
+            ("push_host_concurrency", self.push_host_concurrency),
+        ];
+        for (field, n) in counts {
+            if n == 0 {
+                return Err(ConfigError::Zero { field });
+            }
+        }
+        if self.retention.enabled && self.retention.batch == 0 {
+            return Err(ConfigError::Zero {
+                field: "retention.batch",
+            });
+        }
+        let durations: [(&'static str, Duration); 4] = [
+            ("idle_interval", self.idle_interval),
+            ("max_poll_wait", self.max_poll_wait),
+            ("pause_refresh", self.pause_refresh),
+            ("clock_check_interval", self.clock_check_interval),
+        ];
+        for (field, d) in durations {
+            if d.is_zero() {
+                return Err(ConfigError::ZeroDuration { field });
+            }
+        }
+        if self.retention.enabled && self.retention.interval.is_zero() {
+            return Err(ConfigError::ZeroDuration {
+                field: "retention.interval",
+            });
+        }
+        if let Some((queue, _)) = self.queue_concurrency.iter().find(|(_, n)| **n == 0) {
+            return Err(ConfigError::ZeroQueueConcurrency {
+                queue: queue.clone(),
+            });
+        }
+        if self.shard_lease_ttl < MIN_SHARD_LEASE_TTL {
+            return Err(ConfigError::LeaseTtlTooShort {
+                ttl: self.shard_lease_ttl,
+                min: MIN_SHARD_LEASE_TTL,
+            });
+        }
+        if self.push_host_concurrency > self.push_concurrency {
+            return Err(ConfigError::PushHostOverNode {
+                host: self.push_host_concurrency,
+                node: self.push_concurrency,
+            });
+        }
+        if self.claim_batch > self.window_capacity {
+            return Err(ConfigError::ClaimBatchOverWindow {
+                claim_batch: self.claim_batch,
+                window_capacity: self.window_capacity,
+            });
+        }
+        Ok(())
+    }
+}
 
 /// How the engine runs. Every field has a sensible default ([`Config::default`]).
 #[derive(Debug, Clone)]
@@ -34,11 +144,12 @@ pub struct Config {
     /// Tasks moved per claim round trip.
     pub claim_batch: usize,
     pub limits: Limits,
-    /// Several nodes: how long a shard lease lasts without renewal (renewed every third of it). A
-    /// node that stops heartbeating loses its shards within this time.
     /// How long an idempotency key of a create is remembered after its task finished (while
     /// the task is live it always is): a retry within it answers the original task.
     pub idempotency_window: Duration,
+    /// Several nodes: how long a shard lease lasts without renewal (renewed every third of it). A
+    /// node that stops heartbeating loses its shards within this time. At least
+    /// [`MIN_SHARD_LEASE_TTL`].
     pub shard_lease_ttl: Duration,
     /// Several nodes: the largest difference between this node's clock and the database's that
     /// start-up accepts. Smaller differences are corrected (see `clock::OffsetClock`). The same
@@ -128,11 +239,144 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The in-process concurrency of `queue` (at least 1 in a validated config).
     pub fn concurrency(&self, queue: &str) -> usize {
         self.queue_concurrency
             .get(queue)
             .copied()
             .unwrap_or(self.default_concurrency)
-            .max(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_valid() {
+        assert_eq!(Config::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn each_contradiction_is_refused_naming_its_fields() {
+        let cases: Vec<(Config, &str)> = vec![
+            (
+                Config {
+                    shard_count: 0,
+                    ..Config::default()
+                },
+                "shard_count",
+            ),
+            (
+                Config {
+                    max_poll_wait: Duration::ZERO,
+                    ..Config::default()
+                },
+                "max_poll_wait",
+            ),
+            (
+                Config {
+                    idle_interval: Duration::ZERO,
+                    ..Config::default()
+                },
+                "idle_interval",
+            ),
+            (
+                Config {
+                    pause_refresh: Duration::ZERO,
+                    ..Config::default()
+                },
+                "pause_refresh",
+            ),
+            (
+                Config {
+                    window_capacity: 0,
+                    ..Config::default()
+                },
+                "window_capacity",
+            ),
+            (
+                Config {
+                    max_poll_batch: 0,
+                    ..Config::default()
+                },
+                "max_poll_batch",
+            ),
+            (
+                Config {
+                    default_concurrency: 0,
+                    ..Config::default()
+                },
+                "default_concurrency",
+            ),
+            (
+                Config {
+                    queue_concurrency: HashMap::from([("q".to_string(), 0)]),
+                    ..Config::default()
+                },
+                "queue_concurrency[\"q\"]",
+            ),
+            (
+                Config {
+                    shard_lease_ttl: Duration::from_millis(2),
+                    ..Config::default()
+                },
+                "shard_lease_ttl",
+            ),
+            (
+                Config {
+                    push_concurrency: 8,
+                    push_host_concurrency: 9,
+                    ..Config::default()
+                },
+                "push_host_concurrency",
+            ),
+            (
+                Config {
+                    claim_batch: 100,
+                    window_capacity: 10,
+                    ..Config::default()
+                },
+                "claim_batch",
+            ),
+            (
+                Config {
+                    retention: Retention {
+                        batch: 0,
+                        ..Retention::default()
+                    },
+                    ..Config::default()
+                },
+                "retention.batch",
+            ),
+            (
+                Config {
+                    retention: Retention {
+                        interval: Duration::ZERO,
+                        ..Retention::default()
+                    },
+                    ..Config::default()
+                },
+                "retention.interval",
+            ),
+        ];
+        for (config, field) in cases {
+            let e = config.validate().expect_err(field);
+            assert!(e.to_string().contains(field), "{field}: {e}");
+        }
+    }
+
+    #[test]
+    fn retention_settings_do_not_matter_when_it_is_off() {
+        let config = Config {
+            retention: Retention {
+                enabled: false,
+                batch: 0,
+                interval: Duration::ZERO,
+                ..Retention::default()
+            },
+            ..Config::default()
+        };
+        assert_eq!(config.validate(), Ok(()));
     }
 }

@@ -6,6 +6,7 @@ use thiserror::Error;
 
 /// Everything a [`crate::Sundial`] call can fail with.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The task specification was refused; nothing was stored.
     #[error("invalid task: {0}")]
@@ -41,6 +42,9 @@ pub enum Error {
         "this node's clock differs from the database's by {skew_ms} ms (limit {limit_ms} ms): fix the clock (NTP) before starting"
     )]
     ClockSkew { skew_ms: i64, limit_ms: u64 },
+    /// The configuration cannot work; nothing was opened.
+    #[error("invalid configuration: {0}")]
+    Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("cannot open the embedded store: {0}")]
@@ -55,6 +59,8 @@ impl From<TransitionError> for Error {
             TransitionError::StaleExecution { state } => Error::StaleExecution { state },
             TransitionError::KeyTaken { existing } => Error::Duplicate { existing },
             TransitionError::Store(s) => Error::Store(s),
+            // A refusal this build does not know by name: kept whole as the source.
+            other => Error::Store(StoreError::backend(other)),
         }
     }
 }

@@ -51,7 +51,7 @@ use std::time::Duration;
 use sundial_store::Inserted;
 
 pub use clock::SystemClock;
-pub use config::{Config, Retention};
+pub use config::{Config, ConfigError, MIN_SHARD_LEASE_TTL, Retention};
 pub use engine::retention::Purged;
 pub use engine::step::Stepper;
 pub use error::Error;
@@ -170,6 +170,7 @@ impl Builder {
     /// and [`Sundial::config`] shows the count in force. Refused while another process (or
     /// another open store in this one) has the directory open.
     pub async fn open(mut self, dir: impl AsRef<Path>) -> Result<Sundial, Error> {
+        self.config.validate()?;
         let dir = dir.as_ref().to_path_buf();
         let opts = SqliteOptions {
             shard_count: self.config.shard_count,
@@ -178,7 +179,7 @@ impl Builder {
         let at = dir.clone();
         let store = tokio::task::spawn_blocking(move || SqliteStore::open_dir(&at, opts))
             .await
-            .map_err(|e| Error::Store(StoreError::Backend(e.to_string())))??;
+            .map_err(|e| Error::Store(StoreError::backend(e)))??;
         let shards = store.shards();
         if shards.origin == sundial_store_sqlite::ShardCountOrigin::DerivedFromRows {
             tracing::warn!(
@@ -205,22 +206,23 @@ impl Builder {
         let workflows: Arc<dyn WorkflowStore> = store.clone();
         let push: Arc<dyn PushSecretStore> = store.clone();
         let access: Arc<dyn AccessStore> = store.clone();
-        Ok(self
-            .schedule_store(schedules)
+        self.schedule_store(schedules)
             .workflow_store(workflows)
             .push_secret_store(push)
             .access_store(access)
-            .with_store(store))
+            .with_store(store)
     }
     /// Uses an already opened store (any backend), on a single node that runs every shard.
-    pub fn with_store(self, store: Arc<dyn Store>) -> Sundial {
-        Sundial {
+    /// Refuses a [`Config`] that does not [validate](Config::validate).
+    pub fn with_store(self, store: Arc<dyn Store>) -> Result<Sundial, Error> {
+        self.config.validate()?;
+        Ok(Sundial {
             engine: Engine::new(store, self.clock, self.config, placement::Placement::Single),
             schedule_store: self.schedule_store,
             workflow_store: self.workflow_store,
             push_secret_store: self.push_secret_store,
             access_store: self.access_store,
-        }
+        })
     }
 
     /// Joins a cluster of nodes sharing `store` (PostgreSQL): this node runs the shards that
@@ -237,6 +239,7 @@ impl Builder {
         cluster: Arc<dyn Cluster>,
         node: impl Into<String>,
     ) -> Result<Sundial, Error> {
+        self.config.validate()?;
         let node = node.into();
         let stored = cluster.shard_count(self.config.shard_count).await?;
         if stored != self.config.shard_count {
@@ -371,9 +374,7 @@ impl Sundial {
         match out.pop() {
             Some(Scheduled::Created(t)) => Ok(*t),
             Some(Scheduled::Duplicate { existing }) => Err(Error::Duplicate { existing }),
-            None => Err(Error::Store(StoreError::Backend(
-                "insert returned nothing".into(),
-            ))),
+            None => Err(Error::Store(StoreError::NoRow { what: "insert" })),
         }
     }
 

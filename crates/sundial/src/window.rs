@@ -41,7 +41,7 @@ impl Window {
     pub fn new(capacity: usize) -> Self {
         Window {
             entries: BTreeMap::new(),
-            capacity: capacity.max(1),
+            capacity,
             cursor: None,
         }
     }

@@ -80,7 +80,8 @@ async fn a_waiter_refused_just_before_the_holder_finishes_still_runs_at_once() {
     let clock = ManualClock::new(Timestamp(1_700_000_000_000));
     let sundial = Sundial::builder()
         .clock(Arc::new(clock))
-        .with_store(store.clone());
+        .with_store(store.clone())
+        .expect("a valid config");
     sundial.register("x", move |_ctx: TaskContext| {
         let mut go = go_rx.clone();
         async move {

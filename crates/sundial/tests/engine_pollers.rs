@@ -53,7 +53,8 @@ fn setup_with(config: Config) -> Setup {
     let sundial = Sundial::builder()
         .config(config)
         .clock(Arc::new(clock.clone()))
-        .with_store(store);
+        .with_store(store)
+        .expect("a valid config");
     Setup {
         sundial,
         clock,

@@ -53,7 +53,8 @@ async fn a_shard_loop_that_panics_is_restarted() {
             ..Config::default()
         })
         .clock(Arc::new(clock.clone()))
-        .with_store(store.clone());
+        .with_store(store.clone())
+        .expect("a valid config");
     let (tx, mut runs) = mpsc::unbounded_channel();
     sundial.register("k", move |ctx: TaskContext| {
         let tx = tx.clone();
@@ -102,7 +103,8 @@ async fn a_running_engine_restarts_a_panicked_shard_loop() {
             ..Config::default()
         })
         .clock(Arc::new(clock.clone()))
-        .with_store(store.clone());
+        .with_store(store.clone())
+        .expect("a valid config");
     let (tx, mut runs) = mpsc::unbounded_channel();
     sundial.register("k", move |ctx: TaskContext| {
         let tx = tx.clone();

@@ -108,7 +108,8 @@ async fn retried_creates_and_completes_under_ambiguous_commits_apply_once() {
     let clock = ManualClock::new(T0);
     let sundial = Sundial::builder()
         .clock(Arc::new(clock.clone()))
-        .with_store(store.clone());
+        .with_store(store.clone())
+        .expect("a valid config");
     let _running = sundial.start();
     const ORDERS: usize = 300;
     // Create every order, retrying each until it is answered.

@@ -126,7 +126,7 @@ impl Engine {
         placement: Placement,
     ) -> Arc<Self> {
         let single = placement.is_single();
-        let shards = (0..config.shard_count.max(1))
+        let shards = (0..config.shard_count)
             .map(|_| ShardSignal {
                 inbox: Mutex::new(Vec::new()),
                 wake: Notify::new(),
@@ -137,7 +137,7 @@ impl Engine {
                 rescan: AtomicBool::new(false),
             })
             .collect();
-        let push_permits = Arc::new(Semaphore::new(config.push_concurrency.max(1)));
+        let push_permits = Arc::new(Semaphore::new(config.push_concurrency));
         Arc::new(Engine {
             store,
             clock,
@@ -189,7 +189,7 @@ impl Engine {
         };
         hosts
             .entry(host.clone())
-            .or_insert_with(|| Arc::new(Semaphore::new(self.config.push_host_concurrency.max(1))))
+            .or_insert_with(|| Arc::new(Semaphore::new(self.config.push_host_concurrency)))
             .clone()
     }
 

@@ -92,7 +92,7 @@ impl Engine {
         now: Timestamp,
         stores: &RetainedStores,
     ) -> Result<Purged, StoreError> {
-        let batch = self.config.retention.batch.max(1);
+        let batch = self.config.retention.batch;
         let rules = self.retention_rules().await?;
         let mut out = Purged {
             tasks: in_batches(batch, || {
