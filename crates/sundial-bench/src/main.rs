@@ -9,6 +9,7 @@
 //! sundial-bench workflows  # workflow starts/s, steps/s, replay cost, memory with 100,000 asleep
 //! sundial-bench retention  # 1,000 tasks/s for 10 min with a 1-minute retention: size every 30 s
 //! sundial-bench list       # filtered list pages with 10,000,000 tasks stored: latency per filter
+//! sundial-bench ui         # every web UI page's latency with 1,000,000 tasks and 10,000 schedules
 //! ```
 //!
 //! Build in release (`cargo build --release -p sundial-bench`); `bench/kernel.sh` runs the set
@@ -22,6 +23,7 @@ mod ops;
 mod recover;
 mod schedule;
 mod schedules;
+mod ui;
 mod workflows;
 
 use anyhow::Result;
@@ -56,6 +58,8 @@ enum Cmd {
     Retention(ops::RetentionArgs),
     /// Filtered list pages with many tasks stored: latency per filter combination.
     List(ops::ListArgs),
+    /// Every web UI page's latency with a big store (in-process router).
+    Ui(ui::UiArgs),
     /// (internal) the fresh process `workflows` measures the sleepers' memory in.
     #[command(hide = true)]
     WorkflowsAsleepChild(workflows::AsleepChildArgs),
@@ -78,6 +82,7 @@ fn main() -> Result<()> {
             Cmd::Schedules(a) => schedules::run(&cli.common, a).await,
             Cmd::Workflows(a) => workflows::run(&cli.common, a).await,
             Cmd::Retention(a) => ops::retention(&cli.common, a).await,
+            Cmd::Ui(a) => ui::run(&cli.common, a).await,
             Cmd::List(a) => ops::list(&cli.common, a).await,
             Cmd::WorkflowsAsleepChild(a) => workflows::asleep_child(&cli.common, a).await,
             Cmd::RecoverChild(a) => recover::child(&cli.common, a).await,
