@@ -194,7 +194,7 @@ pub async fn run(common: &Common, args: &UiArgs) -> Result<()> {
         "/ui/audit".to_string(),
     ];
     let mut worst = 0u64;
-    println!("  {:<58} {}", "page", "latency");
+    println!("  {:<58} latency", "page");
     for p in &pages {
         let (status, _) = get(&app, p).await?;
         if !status.is_success() {
