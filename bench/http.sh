@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cargo build --release -p sundial-cli >&2
+cargo build --release -p sundial-cli -p sundial-bench >&2
 echo "# Sundial HTTP benchmarks"
 echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"

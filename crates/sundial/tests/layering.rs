@@ -116,3 +116,136 @@ fn push_delivery_sits_between_the_engine_and_the_server() {
         assert!(!push.contains(above), "sundial-push depends on {above}");
     }
 }
+
+/// The workspace's own packages and, for each, the workspace packages it names as normal
+/// (non-dev, non-build) dependencies.
+fn workspace_edges(meta: &serde_json::Value) -> BTreeSet<(String, String)> {
+    let members: BTreeSet<&str> = meta["workspace_members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_str().unwrap())
+        .collect();
+    let packages: Vec<&serde_json::Value> = meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| members.contains(p["id"].as_str().unwrap()))
+        .collect();
+    let names: BTreeSet<&str> = packages
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    let mut edges = BTreeSet::new();
+    for p in &packages {
+        for d in p["dependencies"].as_array().unwrap() {
+            let name = d["name"].as_str().unwrap();
+            if d["kind"].is_null() && names.contains(name) {
+                edges.insert((p["name"].as_str().unwrap().to_string(), name.to_string()));
+            }
+        }
+    }
+    edges
+}
+
+/// Direct normal dependencies of workspace package `krate`.
+fn direct_deps(meta: &serde_json::Value, krate: &str) -> BTreeSet<String> {
+    meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == krate && p["source"].is_null())
+        .unwrap()["dependencies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["kind"].is_null())
+        .map(|d| d["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// ARCHITECTURE.md's code map lists every crate edge, and nothing else: the block between the
+/// `crate-edges` markers, one `crate ─▶ dep, dep` line per crate.
+#[test]
+fn the_code_map_lists_every_crate_edge() {
+    let meta = metadata();
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../ARCHITECTURE.md"
+    ))
+    .unwrap();
+    let start = doc
+        .find("<!-- crate-edges")
+        .expect("ARCHITECTURE.md has the crate-edges block");
+    let end = doc[start..].find("<!-- /crate-edges -->").unwrap() + start;
+    let mut documented = BTreeSet::new();
+    let mut crates_listed = BTreeSet::new();
+    for line in doc[start..end].lines() {
+        let Some((from, to)) = line.split_once('─') else {
+            continue;
+        };
+        let from = from.trim().to_string();
+        let to = to.trim_start_matches(['─', '▶']).trim();
+        crates_listed.insert(from.clone());
+        if to == "(none)" {
+            continue;
+        }
+        for dep in to.split(',') {
+            documented.insert((from.clone(), dep.trim().to_string()));
+        }
+    }
+    let actual = workspace_edges(&meta);
+    let missing: Vec<_> = actual.difference(&documented).collect();
+    let stale: Vec<_> = documented.difference(&actual).collect();
+    assert!(
+        missing.is_empty() && stale.is_empty(),
+        "ARCHITECTURE.md's crate edges differ from Cargo.toml: missing {missing:?}, not real {stale:?}"
+    );
+    let members: BTreeSet<String> = actual.iter().map(|(a, _)| a.clone()).collect();
+    for m in members {
+        assert!(crates_listed.contains(&m), "{m} is not in the code map");
+    }
+}
+
+/// The database driver and the benchmark histograms stay where the code map says: tokio-postgres
+/// under the PostgreSQL store (and the benchmarks, which make and drop schemas), hdrhistogram in
+/// the benchmarks only. The CLI in particular no longer carries either.
+#[test]
+fn tokio_postgres_and_hdrhistogram_stay_where_the_map_says() {
+    let meta = metadata();
+    let members: Vec<String> = workspace_edges(&meta)
+        .into_iter()
+        .flat_map(|(a, b)| [a, b])
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    for m in &members {
+        let deps = direct_deps(&meta, m);
+        if deps.contains("tokio-postgres") {
+            assert!(
+                ["sundial-store-postgres", "sundial-bench"].contains(&m.as_str()),
+                "{m} depends on tokio-postgres directly"
+            );
+        }
+        if deps.contains("hdrhistogram") {
+            assert_eq!(m, "sundial-bench", "{m} depends on hdrhistogram");
+        }
+    }
+    let engine = closure(&meta, "sundial");
+    assert!(
+        !engine.contains("tokio-postgres"),
+        "the engine links tokio-postgres"
+    );
+}
+
+/// The engine and the cluster code meet only through the `ShardHost` trait and the placement:
+/// `cluster.rs` never names the engine's modules, so there is no import cycle.
+#[test]
+fn the_cluster_side_never_reaches_into_the_engine() {
+    let src =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/cluster.rs")).unwrap();
+    assert!(
+        !src.contains("crate::engine") && !src.contains("super::engine"),
+        "cluster.rs imports the engine"
+    );
+}

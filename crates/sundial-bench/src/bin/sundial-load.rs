@@ -1,40 +1,39 @@
 //! `sundial-load`: HTTP load generator for a Sundial server.
 //!
 //! ```text
-//! cargo build --release -p sundial-cli
-//! target/release/sundial-load                 # all scenarios, each on a fresh server it starts
-//! target/release/sundial-load single --duration 20s
-//! target/release/sundial-load --server http://127.0.0.1:7373 lateness --rate 2000
-//! target/release/sundial-load --server-args "--durability normal" lateness
-//! ```
-//!
-//! Scenarios:
-//! - `single`: creates one task per request from `--connections` (64) concurrent connections;
-//!   reports creates/s and request latency. Due times are random over the next 1–25 hours (as in
-//!   the kernel benchmark), so nothing comes due during the run.
-//! - `batch`: creates `--batch-size` (500) tasks per `POST /v1/tasks:batch` from `--connections`
-//!   (8) connections; reports tasks/s.
-//! - `lateness`: schedules `--rate` (2,000) tasks/s for `--duration` (10 s), each due shortly
-//!   after it is created, while `--workers` (4) long-poll workers take them and complete them;
-//!   reports fire lateness (time the worker received the task minus its `run_at`) p50/p99/max.
-//!
-//! - `fires`: creates `--count` (50,000) tasks all due at the same moment, `--lead` (10 s) ahead,
-//!   while `--workers` (4) long-poll workers take and complete them; reports fires/s (tasks
-//!   delivered per second from the due moment until the last one) and their lateness.
-//!
-//! Without `--server` it starts `sundial server` (the binary next to this one) on a fresh
-//! temporary data directory per scenario, and removes it afterwards. With `--database-url` the
-//! servers it starts run on PostgreSQL instead, in a fresh schema per scenario (dropped
-//! afterwards), and `--nodes N` starts N of them on that schema: one cluster. The scenarios then
-//! spread their connections, batches and workers round-robin over the nodes. After each scenario
-//! it prints the servers' memory (VmRSS, VmHWM) and the load average. The load generator shares
-//! the machine with the servers: on a small machine its own CPU use is part of the result.
-//!
-//! ```text
+//! cargo build --release -p sundial-cli -p sundial-bench
+//! target/release/sundial-load lateness                  # the latency targets' scenarios
+//! target/release/sundial-load drain --workers 10
+//! target/release/sundial-load single
 //! target/release/sundial-load --database-url postgres://postgres@127.0.0.1:5432/test lateness
-//! target/release/sundial-load --database-url postgres://postgres@127.0.0.1:5432/test --nodes 3 \
-//!     fires --count 50000 --workers 6
+//! target/release/sundial-load --json-out results.jsonl lateness   # also append the JSON line
 //! ```
+//!
+//! The scenarios of the latency targets (the workloads peer job systems were measured with):
+//! - `lateness`: `--tasks` (20,000) tasks created in batches of `--batch` (1,000) with `run_at`
+//!   uniform over `--from`..`--to` (10–30 s) ahead, while `--workers` (10) workers each poll with
+//!   `max: 1` and complete each task before polling again; lateness = the time a worker receives
+//!   the task minus its `run_at`. `--pending` more tasks wait a day ahead during the run (the
+//!   pending-count axis); the fire rate is `--tasks / (--to - --from)`.
+//! - `drain`: `--tasks` (20,000) tasks due now created with no worker running, then `--workers`
+//!   (10) workers as above start; rate = tasks / (last receive - first receive).
+//! - `single`: `--producers` (10) concurrent producers, one `POST /v1/tasks` each in a loop, for
+//!   `--duration` (15 s) or until `--tasks` creates in all; creates/s and request latency.
+//!
+//! Older scenarios kept for the figures measured with them: `batch` (many tasks per request),
+//! `paced` (a steady rate due shortly after creation, workers taking up to 256 per poll) and
+//! `fires` (many tasks due at one moment). Each scenario prints one JSON line (`{"scenario": …}`)
+//! with its counts, rate and latency percentiles in ms; `--json-out FILE` appends it to FILE,
+//! which `bench/plot.py` draws.
+//!
+//! Without `--server` it starts `sundial server` (the binary next to this one, so build
+//! `sundial-cli` with it) on a fresh temporary data directory per scenario, and removes it
+//! afterwards. With `--database-url` the servers it starts run on PostgreSQL instead, in a fresh
+//! schema per scenario (dropped afterwards), and `--nodes N` starts N of them on that schema: one
+//! cluster. The scenarios then spread their connections, batches and workers round-robin over the
+//! nodes. After each scenario it prints the servers' memory (VmRSS, VmHWM) and the load average.
+//! The load generator shares the machine with the servers: on a small machine its own CPU use is
+//! part of the result.
 #![allow(clippy::disallowed_methods)] // a load generator measures real time: Instant/SystemTime
 
 use std::io::{BufRead, BufReader};
@@ -76,6 +75,9 @@ struct Args {
     /// store's due index, like real timers), or `append`: all one day ahead (keys arrive in order).
     #[arg(long, global = true, value_enum, default_value_t = DueOrder::Random)]
     due: DueOrder,
+    /// Also append each scenario's JSON line to this file.
+    #[arg(long, global = true)]
+    json_out: Option<PathBuf>,
     #[command(subcommand)]
     scenario: Option<Scenario>,
 }
@@ -88,14 +90,46 @@ enum DueOrder {
 
 #[derive(Subcommand, Clone)]
 enum Scenario {
-    /// Every scenario with its defaults.
+    /// `lateness`, `drain` and `single` with their defaults.
     All,
-    /// One task per request.
+    /// Fire lateness: tasks due 10–30 s ahead, workers taking one task per poll.
+    Lateness {
+        #[arg(long, default_value_t = 20_000)]
+        tasks: u64,
+        /// Tasks per create request.
+        #[arg(long, default_value_t = 1_000)]
+        batch: usize,
+        /// The `run_at` window: uniform from this far ahead…
+        #[arg(long, default_value = "10s", value_parser = parse_duration)]
+        from: Duration,
+        /// …to this far ahead.
+        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        to: Duration,
+        #[arg(long, default_value_t = 10)]
+        workers: usize,
+        /// Tasks waiting a day ahead during the run (created first, in batches).
+        #[arg(long, default_value_t = 0)]
+        pending: u64,
+    },
+    /// Drain: tasks due now created with no worker, then workers taking one task per poll.
+    Drain {
+        #[arg(long, default_value_t = 20_000)]
+        tasks: u64,
+        #[arg(long, default_value_t = 10)]
+        workers: usize,
+        /// Tasks per create request.
+        #[arg(long, default_value_t = 1_000)]
+        batch: usize,
+    },
+    /// One task per request from concurrent producers.
     Single {
-        #[arg(long, default_value_t = 64)]
-        connections: usize,
+        #[arg(long, alias = "connections", default_value_t = 10)]
+        producers: usize,
         #[arg(long, default_value = "15s", value_parser = parse_duration)]
         duration: Duration,
+        /// Stop after this many creates in all (0: run for the whole duration).
+        #[arg(long, default_value_t = 0)]
+        tasks: u64,
     },
     /// Many tasks per request.
     Batch {
@@ -106,8 +140,8 @@ enum Scenario {
         #[arg(long, default_value = "15s", value_parser = parse_duration)]
         duration: Duration,
     },
-    /// Fire lateness of tasks delivered to long-poll workers.
-    Lateness {
+    /// A steady rate of tasks due shortly after creation, workers taking up to 256 per poll.
+    Paced {
         /// Tasks due per second.
         #[arg(long, default_value_t = 2_000)]
         rate: u64,
@@ -144,20 +178,23 @@ fn main() -> anyhow::Result<()> {
     println!("machine: {cores} cores (server and load generator share them)");
     let scenarios = match args.scenario.clone().unwrap_or(Scenario::All) {
         Scenario::All => vec![
-            Scenario::Single {
-                connections: 64,
-                duration: Duration::from_secs(15),
-            },
-            Scenario::Batch {
-                connections: 8,
-                batch_size: 500,
-                duration: Duration::from_secs(15),
-            },
             Scenario::Lateness {
-                rate: 2_000,
+                tasks: 20_000,
+                batch: 1_000,
+                from: Duration::from_secs(10),
+                to: Duration::from_secs(30),
+                workers: 10,
+                pending: 0,
+            },
+            Scenario::Drain {
+                tasks: 20_000,
+                workers: 10,
+                batch: 1_000,
+            },
+            Scenario::Single {
+                producers: 10,
                 duration: Duration::from_secs(15),
-                workers: 4,
-                lead: Duration::from_secs(1),
+                tasks: 0,
             },
         ],
         s => vec![s],
@@ -197,18 +234,56 @@ fn main() -> anyhow::Result<()> {
             None => None,
         };
         let scenario_start = Instant::now();
+        let store = match (&args.server, &args.database_url) {
+            (Some(_), _) => "given",
+            (None, Some(_)) => "postgres",
+            (None, None) => "embedded",
+        };
+        let report = Report {
+            store,
+            nodes: urls.len(),
+            json_out: args.json_out.clone(),
+        };
         let result = rt.block_on(async {
             match s {
+                Scenario::Lateness {
+                    tasks,
+                    batch,
+                    from,
+                    to,
+                    workers,
+                    pending,
+                } => {
+                    lateness_window(
+                        &clients,
+                        &report,
+                        LatenessArgs {
+                            tasks,
+                            batch,
+                            from,
+                            to,
+                            workers,
+                            pending,
+                        },
+                    )
+                    .await
+                }
+                Scenario::Drain {
+                    tasks,
+                    workers,
+                    batch,
+                } => drain(&clients, &report, tasks, workers, batch).await,
                 Scenario::Single {
-                    connections,
+                    producers,
                     duration,
-                } => single(&clients, connections, duration, args.due).await,
+                    tasks,
+                } => single(&clients, &report, producers, duration, tasks, args.due).await,
                 Scenario::Batch {
                     connections,
                     batch_size,
                     duration,
                 } => batch(&clients, connections, batch_size, duration, args.due).await,
-                Scenario::Lateness {
+                Scenario::Paced {
                     rate,
                     duration,
                     workers,
@@ -455,14 +530,17 @@ fn ms(us: u64) -> f64 {
 
 async fn single(
     clients: &[Client],
+    report: &Report,
     connections: usize,
     duration: Duration,
+    cap: u64,
     due: DueOrder,
 ) -> anyhow::Result<()> {
     println!(
-        "\n== single: one task per request, {connections} connections over {} node(s), {duration:?}, due times {due:?}",
+        "\n== single: one task per request, {connections} producers over {} node(s), {duration:?}, due times {due:?}",
         clients.len()
     );
+    let started = Arc::new(AtomicU64::new(0));
     let ok = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let latencies = Arc::new(Mutex::new(hist()));
@@ -470,17 +548,21 @@ async fn single(
     let end = start + duration;
     let mut tasks = Vec::new();
     for c in 0..connections {
-        let (client, ok, errors, latencies) = (
+        let (client, ok, errors, latencies, started) = (
             clients[c % clients.len()].clone(),
             ok.clone(),
             errors.clone(),
             latencies.clone(),
+            started.clone(),
         );
         tasks.push(tokio::spawn(async move {
             let mut local = hist();
             let mut n = 0u64;
             let mut seed = 0x9E37_79B9_7F4A_7C15_u64 ^ (c as u64 + 1);
             while Instant::now() < end {
+                if cap > 0 && started.fetch_add(1, Ordering::Relaxed) >= cap {
+                    break;
+                }
                 let req = CreateTask {
                     queue: Some("bench".into()),
                     payload: Some(serde_json::json!({"c": c, "n": n})),
@@ -518,7 +600,15 @@ async fn single(
         ms(l.value_at_quantile(0.99)),
         ms(l.max()),
     );
-    Ok(())
+    report.emit(serde_json::json!({
+        "scenario": "single",
+        "producers": connections,
+        "created": ok,
+        "errors": errors.load(Ordering::Relaxed),
+        "seconds": elapsed,
+        "rate_per_s": ok as f64 / elapsed,
+        "latency_ms": percentiles(&l),
+    }))
 }
 
 async fn batch(
@@ -849,4 +939,319 @@ async fn fires(
         early.load(Ordering::Relaxed),
     );
     Ok(())
+}
+
+/// Where a scenario's JSON line goes: stdout always, and `--json-out` when given.
+struct Report {
+    store: &'static str,
+    nodes: usize,
+    json_out: Option<PathBuf>,
+}
+
+impl Report {
+    fn emit(&self, mut line: serde_json::Value) -> anyhow::Result<()> {
+        if let Some(o) = line.as_object_mut() {
+            o.insert("store".into(), self.store.into());
+            o.insert("nodes".into(), self.nodes.into());
+            o.insert("load_average".into(), loadavg().into());
+        }
+        let text = line.to_string();
+        println!("{text}");
+        if let Some(path) = &self.json_out {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("open {}", path.display()))?;
+            writeln!(f, "{text}").with_context(|| format!("write {}", path.display()))?;
+        }
+        Ok(())
+    }
+}
+
+/// p50/p90/p99/max of a histogram of µs, in ms.
+fn percentiles(h: &Histogram<u64>) -> serde_json::Value {
+    serde_json::json!({
+        "p50": ms(h.value_at_quantile(0.5)),
+        "p90": ms(h.value_at_quantile(0.9)),
+        "p99": ms(h.value_at_quantile(0.99)),
+        "max": ms(h.max()),
+    })
+}
+
+/// Creates `total` tasks of `queue` in batches of `batch` (8 requests at once, round-robin over
+/// the nodes), each due at `due_ms(i)`. Answers how many were created.
+async fn create_all(
+    clients: &[Client],
+    queue: &'static str,
+    total: u64,
+    batch: usize,
+    due_ms: Arc<dyn Fn(u64) -> i64 + Send + Sync>,
+) -> u64 {
+    let next = Arc::new(AtomicU64::new(0));
+    let created = Arc::new(AtomicU64::new(0));
+    let batch = batch.max(1) as u64;
+    let mut creators = Vec::new();
+    for c in 0..8 {
+        let (client, next, created, due_ms) = (
+            clients[c % clients.len()].clone(),
+            next.clone(),
+            created.clone(),
+            due_ms.clone(),
+        );
+        creators.push(tokio::spawn(async move {
+            loop {
+                let from = next.fetch_add(batch, Ordering::Relaxed);
+                if from >= total {
+                    return;
+                }
+                let tasks = (from..total.min(from + batch))
+                    .map(|i| CreateTask {
+                        queue: Some(queue.into()),
+                        run_at: Some(sundial_server::time::format(
+                            sundial::Timestamp::from_millis(due_ms(i)),
+                        )),
+                        ..CreateTask::new("bench.load")
+                    })
+                    .collect();
+                match client.create_batch(&CreateBatch { tasks }).await {
+                    Ok(r) => {
+                        created.fetch_add(r.results.len() as u64, Ordering::Relaxed);
+                    }
+                    Err(e) => eprintln!("create failed: {e}"),
+                }
+            }
+        }));
+    }
+    for c in creators {
+        let _ = c.await;
+    }
+    created.load(Ordering::Relaxed)
+}
+
+/// Workers as the peers' benchmarks run them: each polls with `max: 1` and completes its task
+/// before it polls again. Records lateness (receipt − `run_at`) and the first and last receipt.
+struct OneByOne {
+    handles: Vec<tokio::task::JoinHandle<()>>,
+    lateness: Arc<Mutex<Histogram<u64>>>,
+    early: Arc<AtomicU64>,
+    received: Arc<AtomicU64>,
+    first_us: Arc<AtomicI64>,
+    last_us: Arc<AtomicI64>,
+    done: Arc<AtomicBool>,
+}
+
+impl OneByOne {
+    fn start(clients: &[Client], workers: usize, queue: &'static str) -> OneByOne {
+        let mut p = OneByOne {
+            handles: Vec::new(),
+            lateness: Arc::new(Mutex::new(hist())),
+            early: Arc::new(AtomicU64::new(0)),
+            received: Arc::new(AtomicU64::new(0)),
+            first_us: Arc::new(AtomicI64::new(i64::MAX)),
+            last_us: Arc::new(AtomicI64::new(0)),
+            done: Arc::new(AtomicBool::new(false)),
+        };
+        for w in 0..workers {
+            let (client, lateness, early, received, first_us, last_us, done) = (
+                clients[w % clients.len()].clone(),
+                p.lateness.clone(),
+                p.early.clone(),
+                p.received.clone(),
+                p.first_us.clone(),
+                p.last_us.clone(),
+                p.done.clone(),
+            );
+            p.handles.push(tokio::spawn(async move {
+                let name = format!("load-{w}");
+                let mut local = hist();
+                while !done.load(Ordering::Relaxed) {
+                    let polled = match client
+                        .poll(queue, &name, 1, Duration::from_secs(1), None)
+                        .await
+                    {
+                        Ok(p) => p,
+                        Err(e) => {
+                            eprintln!("poll failed: {e}");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            continue;
+                        }
+                    };
+                    let now = wall_us();
+                    for t in polled.tasks {
+                        first_us.fetch_min(now, Ordering::Relaxed);
+                        last_us.fetch_max(now, Ordering::Relaxed);
+                        let due_us = sundial_server::time::parse(&t.run_at)
+                            .map(|ts| ts.as_millis() * 1_000)
+                            .unwrap_or(now);
+                        let late = now - due_us;
+                        if late < 0 {
+                            early.fetch_add(1, Ordering::Relaxed);
+                        } else {
+                            let _ = local.record((late as u64).max(1));
+                        }
+                        received.fetch_add(1, Ordering::Relaxed);
+                        if let Err(e) = client.complete(t.id, t.execution_id, None).await {
+                            eprintln!("complete failed: {e}");
+                        }
+                    }
+                }
+                let _ = lateness.lock().await.add(&local);
+            }));
+        }
+        p
+    }
+
+    /// Waits until `expected` tasks were received or the wall clock passes `give_up_us`, then
+    /// stops the workers.
+    async fn finish(self, expected: u64, give_up_us: i64) -> anyhow::Result<Histogram<u64>> {
+        while self.received.load(Ordering::Relaxed) < expected && wall_us() < give_up_us {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.done.store(true, Ordering::Relaxed);
+        for h in self.handles {
+            h.await?;
+        }
+        Ok(self.lateness.lock().await.clone())
+    }
+}
+
+struct LatenessArgs {
+    tasks: u64,
+    batch: usize,
+    from: Duration,
+    to: Duration,
+    workers: usize,
+    pending: u64,
+}
+
+/// The issue's lateness workload: `tasks` tasks created in batches with `run_at` uniform over
+/// `from..to` ahead, `workers` workers taking one task per poll.
+async fn lateness_window(
+    clients: &[Client],
+    report: &Report,
+    a: LatenessArgs,
+) -> anyhow::Result<()> {
+    if a.to <= a.from {
+        bail!("--to must be later than --from");
+    }
+    println!(
+        "\n== lateness: {} tasks in batches of {}, run_at uniform {:?}..{:?} ahead, {} workers (max 1 per poll) over {} node(s), {} pending a day ahead",
+        a.tasks,
+        a.batch,
+        a.from,
+        a.to,
+        a.workers,
+        clients.len(),
+        a.pending
+    );
+    if a.pending > 0 {
+        let day_ms = wall_us() / 1_000 + 86_400_000;
+        let n = create_all(
+            clients,
+            "pending",
+            a.pending,
+            a.batch,
+            Arc::new(move |_| day_ms),
+        )
+        .await;
+        println!("{n} pending tasks stored a day ahead");
+    }
+    let workers = OneByOne::start(clients, a.workers, "lateness");
+    let start_ms = wall_us() / 1_000;
+    let (from_ms, span_ms) = (
+        a.from.as_millis() as i64,
+        (a.to - a.from).as_millis() as i64,
+    );
+    let mut seed = 0x2545_F491_4F6C_DD1D_u64;
+    let dues: Arc<Vec<i64>> = Arc::new(
+        (0..a.tasks)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                start_ms + from_ms + (seed % span_ms.max(1) as u64) as i64
+            })
+            .collect(),
+    );
+    let d = dues.clone();
+    let created = create_all(
+        clients,
+        "lateness",
+        a.tasks,
+        a.batch,
+        Arc::new(move |i| d[i as usize]),
+    )
+    .await;
+    let created_in = wall_us() / 1_000 - start_ms;
+    if created_in > from_ms {
+        println!("warning: creating took {created_in} ms, past the window's start");
+    }
+    let (early, received) = (workers.early.clone(), workers.received.clone());
+    let last_due_us = (start_ms + from_ms + span_ms) * 1_000;
+    let l = workers.finish(created, last_due_us + 60_000_000).await?;
+    let got = received.load(Ordering::Relaxed);
+    let rate = a.tasks as f64 / (span_ms as f64 / 1_000.0);
+    println!(
+        "delivered {got}/{created}; lateness p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms; early {}; fire rate {rate:.0}/s",
+        ms(l.value_at_quantile(0.5)),
+        ms(l.value_at_quantile(0.9)),
+        ms(l.value_at_quantile(0.99)),
+        ms(l.max()),
+        early.load(Ordering::Relaxed),
+    );
+    report.emit(serde_json::json!({
+        "scenario": "lateness",
+        "tasks": a.tasks,
+        "created": created,
+        "received": got,
+        "early": early.load(Ordering::Relaxed),
+        "workers": a.workers,
+        "pending": a.pending,
+        "window_s": [a.from.as_secs_f64(), a.to.as_secs_f64()],
+        "fire_rate_per_s": rate,
+        "lateness_ms": percentiles(&l),
+    }))
+}
+
+/// The issue's drain workload: `tasks` due now, created with no worker running; then `workers`
+/// workers (one task per poll); rate = tasks / (last receipt − first receipt).
+async fn drain(
+    clients: &[Client],
+    report: &Report,
+    tasks: u64,
+    workers: usize,
+    batch: usize,
+) -> anyhow::Result<()> {
+    println!(
+        "\n== drain: {tasks} tasks due now, then {workers} workers (max 1 per poll) over {} node(s)",
+        clients.len()
+    );
+    let now_ms = wall_us() / 1_000;
+    let created = create_all(clients, "drain", tasks, batch, Arc::new(move |_| now_ms)).await;
+    println!("{created} tasks created; starting the workers");
+    let w = OneByOne::start(clients, workers, "drain");
+    let (received, first, last, early) = (
+        w.received.clone(),
+        w.first_us.clone(),
+        w.last_us.clone(),
+        w.early.clone(),
+    );
+    let l = w.finish(created, wall_us() + 600_000_000).await?;
+    let got = received.load(Ordering::Relaxed);
+    let secs = (last.load(Ordering::Relaxed) - first.load(Ordering::Relaxed)) as f64 / 1e6;
+    let rate = got as f64 / secs.max(1e-3);
+    println!("received {got}/{created} in {secs:.2}s between first and last = {rate:.0} tasks/s");
+    report.emit(serde_json::json!({
+        "scenario": "drain",
+        "tasks": tasks,
+        "created": created,
+        "received": got,
+        "early": early.load(Ordering::Relaxed),
+        "workers": workers,
+        "seconds": secs,
+        "rate_per_s": rate,
+        "lateness_ms": percentiles(&l),
+    }))
 }
