@@ -1385,6 +1385,16 @@ impl Store for PostgresStore {
         self.ops_attempts(id).await
     }
 
+    async fn record_attempt_response(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        response: sundial_store::AttemptResponse,
+    ) -> Result<bool, StoreError> {
+        self.ops_record_attempt_response(id, execution, response)
+            .await
+    }
+
     async fn retry(
         &self,
         id: TaskId,

@@ -8,8 +8,8 @@
 use deadpool_postgres::GenericClient;
 use sundial_core::{ExecutionId, Task, TaskId, TaskState, Timestamp};
 use sundial_store::{
-    Attempt, AttemptHistory, AttemptOutcome, QueueConfig, QueueSettings, RetentionRules, Selected,
-    StoreError, TaskFilter, TransitionError, prefix_upper_bound,
+    Attempt, AttemptHistory, AttemptOutcome, AttemptResponse, QueueConfig, QueueSettings,
+    RetentionRules, Selected, StoreError, TaskFilter, TransitionError, prefix_upper_bound,
 };
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
@@ -31,6 +31,7 @@ pub(crate) struct OpsSql {
     pub queue_pause: String,
     pub earliest_waiting: String,
     pub attempts: String,
+    pub attempt_response: String,
     pub exists: String,
     pub retry: String,
     pub retry_many: String,
@@ -85,8 +86,12 @@ impl OpsSql {
                  AND state IN ('scheduled', 'ready')"
             ),
             attempts: format!(
-                "SELECT seq, execution_id, worker, started_at, ended_at, outcome, error \
-                 FROM {s}.task_attempts WHERE task_id = $1 ORDER BY seq"
+                "SELECT seq, execution_id, worker, started_at, ended_at, outcome, error, \
+                 status_code, content_type FROM {s}.task_attempts WHERE task_id = $1 ORDER BY seq"
+            ),
+            attempt_response: format!(
+                "UPDATE {s}.task_attempts SET status_code = $3, content_type = $4 \
+                 WHERE task_id = $1 AND execution_id = $2"
             ),
             exists: format!("SELECT state FROM {tasks} WHERE id = $1"),
             retry: format!(
@@ -417,10 +422,43 @@ impl PostgresStore {
                     })
                     .transpose()?,
                 error: col(r, 6)?,
+                status_code: col::<Option<i32>>(r, 7)?
+                    .map(|c| {
+                        u16::try_from(c)
+                            .map_err(|_| StoreError::Corrupt(format!("attempt status code {c}")))
+                    })
+                    .transpose()?,
+                content_type: col(r, 8)?,
             });
         }
         let total = attempts.last().map(|a| a.seq).unwrap_or(0);
         Ok(Some(AttemptHistory { attempts, total }))
+    }
+
+    pub(crate) async fn ops_record_attempt_response(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        response: AttemptResponse,
+    ) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(&self.ops.attempt_response)
+            .await
+            .map_err(pg)?;
+        let n = client
+            .execute(
+                &stmt,
+                &[
+                    &id.0,
+                    &execution.0,
+                    &i32::from(response.status_code),
+                    &response.content_type,
+                ],
+            )
+            .await
+            .map_err(pg)?;
+        Ok(n > 0)
     }
 
     pub(crate) async fn ops_retry(

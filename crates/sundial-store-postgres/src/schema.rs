@@ -423,6 +423,14 @@ CREATE INDEX workflow_runs_closed ON {schema}.workflow_runs (closed_at)
     WHERE closed_at IS NOT NULL;
 "#,
     },
+    Migration {
+        version: 12,
+        name: "the HTTP answer of push attempts",
+        sql: r#"
+ALTER TABLE {schema}.task_attempts ADD COLUMN status_code integer;
+ALTER TABLE {schema}.task_attempts ADD COLUMN content_type text;
+"#,
+    },
 ];
 
 /// The schema version this build writes (the highest migration it knows).

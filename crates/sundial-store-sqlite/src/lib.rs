@@ -1375,6 +1375,17 @@ impl Store for SqliteStore {
         self.read(move |conn| ops::attempts(conn, &id)).await
     }
 
+    async fn record_attempt_response(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        response: sundial_store::AttemptResponse,
+    ) -> Result<bool, StoreError> {
+        self.writer
+            .write(move |conn| ops::record_attempt_response(conn, &id, &execution, &response))
+            .await
+    }
+
     async fn retry(
         &self,
         id: TaskId,

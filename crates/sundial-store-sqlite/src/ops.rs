@@ -7,8 +7,8 @@
 use rusqlite::{Connection, OptionalExtension, params};
 use sundial_core::{ExecutionId, Task, TaskId, TaskState, Timestamp};
 use sundial_store::{
-    Attempt, AttemptHistory, AttemptOutcome, QueueConfig, QueueSettings, RetentionRules, Selected,
-    StoreError, TaskFilter, TransitionError,
+    Attempt, AttemptHistory, AttemptOutcome, AttemptResponse, QueueConfig, QueueSettings,
+    RetentionRules, Selected, StoreError, TaskFilter, TransitionError,
 };
 
 use crate::rows::{self, TASK_COLUMNS};
@@ -118,8 +118,8 @@ pub(crate) fn attempts(
     }
     let mut stmt = conn
         .prepare_cached(
-            "SELECT seq, execution_id, worker, started_at, ended_at, outcome, error \
-             FROM task_attempts WHERE task_id = ?1 ORDER BY seq",
+            "SELECT seq, execution_id, worker, started_at, ended_at, outcome, error, \
+             status_code, content_type FROM task_attempts WHERE task_id = ?1 ORDER BY seq",
         )
         .map_err(backend)?;
     let mut rows = stmt.query(params![id.as_bytes()]).map_err(backend)?;
@@ -147,10 +147,42 @@ pub(crate) fn attempts(
                 })
                 .transpose()?,
             error: r.get(6).map_err(backend)?,
+            status_code: r
+                .get::<_, Option<i64>>(7)
+                .map_err(backend)?
+                .map(|c| {
+                    u16::try_from(c)
+                        .map_err(|_| StoreError::Corrupt(format!("attempt status code {c}")))
+                })
+                .transpose()?,
+            content_type: r.get(8).map_err(backend)?,
         });
     }
     let total = attempts.last().map(|a| a.seq).unwrap_or(0);
     Ok(Some(AttemptHistory { attempts, total }))
+}
+
+pub(crate) fn record_attempt_response(
+    conn: &Connection,
+    id: &TaskId,
+    execution: &ExecutionId,
+    response: &AttemptResponse,
+) -> Result<bool, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(
+            "UPDATE task_attempts SET status_code = ?3, content_type = ?4 \
+             WHERE task_id = ?1 AND execution_id = ?2",
+        )
+        .map_err(backend)?;
+    let n = stmt
+        .execute(params![
+            id.as_bytes(),
+            execution.as_bytes(),
+            i64::from(response.status_code),
+            response.content_type
+        ])
+        .map_err(backend)?;
+    Ok(n > 0)
 }
 
 /// `dead`/`cancelled` → `scheduled`; `None` when the row is not in such a state or its key is

@@ -324,6 +324,11 @@ CREATE INDEX audit_log_target ON audit_log (target, seq) WHERE target IS NOT NUL
     r#"
 CREATE INDEX workflow_runs_closed ON workflow_runs (closed_at) WHERE closed_at IS NOT NULL;
 "#,
+    // 11: the HTTP answer of push attempts (status code and content type).
+    r#"
+ALTER TABLE task_attempts ADD COLUMN status_code INTEGER;
+ALTER TABLE task_attempts ADD COLUMN content_type TEXT;
+"#,
 ];
 
 /// The schema version this build writes.

@@ -47,7 +47,8 @@ fn insert(store: &SqliteStore, tasks: Vec<NewTask>) {
 
 /// Makes the database look as a build before the shard count was recorded left it: version 3,
 /// without what migrations 4 (the store's facts), 5 (operations), 6 (push delivery), 7 (fire
-/// retention), 8 (idempotency), 9 (access) and 10 (workflow run retention) added.
+/// retention), 8 (idempotency), 9 (access), 10 (workflow run retention) and 11 (push attempts'
+/// answers: dropped with `task_attempts`) added.
 fn forget_shard_count(dir: &Path) {
     let conn = rusqlite::Connection::open(dir.join("sundial.db")).unwrap();
     conn.execute_batch(

@@ -278,6 +278,17 @@ impl<H: Hooks> Store for Forwarding<H> {
         let _g = self.enter("attempts", None);
         self.inner.attempts(id).await
     }
+    async fn record_attempt_response(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        response: crate::AttemptResponse,
+    ) -> Result<bool, StoreError> {
+        let _g = self.enter("record_attempt_response", None);
+        self.inner
+            .record_attempt_response(id, execution, response)
+            .await
+    }
     async fn retry(
         &self,
         id: TaskId,

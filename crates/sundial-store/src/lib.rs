@@ -49,8 +49,8 @@ pub use cluster::{Cluster, Fence, Member, Wakeup};
 
 pub use error::{StoreError, TransitionError};
 pub use ops::{
-    Attempt, AttemptHistory, AttemptOutcome, LEASE_EXPIRED_ERROR, QueueConfig, QueueSettings,
-    RetentionOverride, RetentionRules, Selected, prefix_upper_bound,
+    Attempt, AttemptHistory, AttemptOutcome, AttemptResponse, LEASE_EXPIRED_ERROR, QueueConfig,
+    QueueSettings, RetentionOverride, RetentionRules, Selected, prefix_upper_bound,
 };
 pub use push::{PushSecret, PushSecretStore};
 pub use schedules::{
@@ -223,6 +223,15 @@ pub trait Store: Send + Sync + 'static {
     /// The kept attempts of a task, oldest first, and its total attempt count. `None` for an
     /// unknown task.
     async fn attempts(&self, id: TaskId) -> Result<Option<AttemptHistory>, StoreError>;
+
+    /// Keeps the HTTP answer of the attempt of `id` that ran under `execution` on that attempt
+    /// (running or ended). Answers whether such an attempt is kept.
+    async fn record_attempt_response(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        response: AttemptResponse,
+    ) -> Result<bool, StoreError>;
 
     /// `dead` or `cancelled` → `scheduled` due at `due_at`, attempts starting over (`attempt`
     /// = 0); the id, the attempt history and `last_error` stay. Live → `WrongState`. A task whose

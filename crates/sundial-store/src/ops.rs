@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use sundial_core::{ExecutionId, TaskId, TaskState, Timestamp};
+use sundial_core::{ExecutionId, Target, TaskId, TaskState, Timestamp};
 
 /// Per-queue retention overrides, in milliseconds after a task finished. `None` falls back to
 /// the server-wide default for that state.
@@ -31,6 +31,11 @@ impl RetentionOverride {
 #[serde(default)]
 pub struct QueueConfig {
     pub retention: RetentionOverride,
+    /// The queue's default push target: tasks of the queue created without a target of their
+    /// own (and whose kind has no in-process handler) are delivered to it. Read at delivery, so
+    /// a change reaches the tasks already waiting.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<Target>,
 }
 
 /// A queue's stored settings. A queue that was never configured nor paused has none (the
@@ -99,6 +104,18 @@ pub struct Attempt {
     /// `None` while the attempt runs.
     pub outcome: Option<AttemptOutcome>,
     pub error: Option<String>,
+    /// The HTTP status a push attempt's receiver answered (none for handler and worker attempts,
+    /// and for push attempts that got no answer: a timeout or a connection error).
+    pub status_code: Option<u16>,
+    /// The content type of that answer, when it named one.
+    pub content_type: Option<String>,
+}
+
+/// The answer a push attempt got, kept on its attempt ([`crate::Store::record_attempt_response`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptResponse {
+    pub status_code: u16,
+    pub content_type: Option<String>,
 }
 
 impl Attempt {

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use sundial_core::{TaskId, TaskSpec, TaskState, Timestamp};
+use sundial_core::{ExecutionId, TaskId, TaskSpec, TaskState, Timestamp};
 
 use crate::Retry;
 use crate::testkit::{at, counts, get, ids, insert, make, make_ready, ready_claim, start};
@@ -41,6 +41,7 @@ macro_rules! ops_conformance {
             earliest_waiting_covers_scheduled_and_ready
             attempts_record_each_start_and_how_it_ended
             attempts_are_bounded_and_counted
+            attempt_responses_are_kept_on_their_attempt
             retry_revives_dead_and_cancelled_only
             bulk_select_pages_and_changes_only_eligible_tasks
             purge_deletes_only_expired_finished_tasks
@@ -242,6 +243,14 @@ pub async fn queue_settings_round_trip_and_pause_is_idempotent(store: Arc<dyn St
             succeeded_ms: Some(60_000),
             ..Default::default()
         },
+        // The default target round-trips whole (method, headers, timeout, retry statuses).
+        target: Some(
+            sundial_core::Target::new("https://hooks.example.com/q")
+                .method(sundial_core::PushMethod::Put)
+                .header("x-team", "a")
+                .timeout(std::time::Duration::from_secs(5))
+                .retry_statuses(vec![404]),
+        ),
     };
     let q = s
         .put_queue_config("q", config.clone(), at(1))
@@ -251,6 +260,11 @@ pub async fn queue_settings_round_trip_and_pause_is_idempotent(store: Arc<dyn St
     assert!(!q.paused);
     assert_eq!(q.config, config);
     assert_eq!(q.updated_at, at(1));
+    assert_eq!(
+        s.queue_settings("q").await.expect("get").map(|q| q.config),
+        Some(config.clone()),
+        "read back as stored"
+    );
 
     let p = s.set_queue_paused("q", true, at(2)).await.expect("pause");
     assert!(p.paused);
@@ -387,6 +401,59 @@ pub async fn attempts_record_each_start_and_how_it_ended(store: Arc<dyn Store>) 
     let h = s.attempts(u.id).await.expect("attempts").expect("known");
     assert_eq!(h.attempts[0].outcome, Some(AttemptOutcome::Cancelled));
     assert_eq!(h.attempts[0].ended_at, Some(at(9)));
+}
+
+/// A push attempt's HTTP answer (status code, content type) is kept on the attempt that ran
+/// under the given execution id, whether it still runs or has ended, and on no other; an unknown
+/// execution id changes nothing.
+pub async fn attempt_responses_are_kept_on_their_attempt(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let t = insert(s, make(TaskSpec::new("k").max_attempts(5), at(0))).await;
+    let (e1, _) = start(s, t.id, at(0)).await;
+    let answer = |code: u16, ct: Option<&str>| crate::AttemptResponse {
+        status_code: code,
+        content_type: ct.map(str::to_string),
+    };
+    // Recorded while running (the push executor records before the attempt's end is written).
+    assert!(
+        s.record_attempt_response(t.id, e1, answer(503, Some("text/plain")))
+            .await
+            .expect("record")
+    );
+    s.fail(t.id, e1, at(10), "HTTP 503".into(), Retry::At(at(20)))
+        .await
+        .expect("fail");
+    let (e2, _) = start(s, t.id, at(20)).await;
+    s.complete(t.id, e2, at(30), Some("{}".into()))
+        .await
+        .expect("complete");
+    // Recorded after the end, too.
+    assert!(
+        s.record_attempt_response(t.id, e2, answer(200, None))
+            .await
+            .expect("record")
+    );
+    assert!(
+        !s.record_attempt_response(t.id, ExecutionId(uuid::Uuid::new_v4()), answer(204, None))
+            .await
+            .expect("record"),
+        "an unknown execution id is no attempt"
+    );
+    let h = s.attempts(t.id).await.expect("attempts").expect("known");
+    assert_eq!(h.attempts.len(), 2);
+    assert_eq!(h.attempts[0].status_code, Some(503));
+    assert_eq!(h.attempts[0].content_type.as_deref(), Some("text/plain"));
+    assert_eq!(h.attempts[0].outcome, Some(AttemptOutcome::Failed));
+    assert_eq!(h.attempts[1].status_code, Some(200));
+    assert_eq!(h.attempts[1].content_type, None);
+    assert_eq!(h.attempts[1].outcome, Some(AttemptOutcome::Succeeded));
+    // A task without pushes has none.
+    let u = insert(s, make(TaskSpec::new("k"), at(0))).await;
+    let (e, _) = start(s, u.id, at(1)).await;
+    s.complete(u.id, e, at(2), None).await.expect("complete");
+    let h = s.attempts(u.id).await.expect("attempts").expect("known");
+    assert_eq!(h.attempts[0].status_code, None);
+    assert_eq!(h.attempts[0].content_type, None);
 }
 
 /// A task keeps only its latest attempts (100 by default) while `total` counts them all.
