@@ -65,3 +65,55 @@ def test_agrees_with_the_standardwebhooks_package():
     verify_signature(secret, headers(sig=theirs, ts=now, msg_id="msg_1"), payload)
     ours = sign(secret, "msg_2", now, payload)
     standardwebhooks.Webhook(secret).verify(payload, headers(sig=ours, ts=now, msg_id="msg_2"))
+
+
+def test_a_real_push_delivery_verifies_with_the_helper(tmp_path):
+    """The server's own signature, live: a task whose target is a sink on loopback (allowed by
+    ``--push-allow``), the request the sink receives, checked with this client's helper; a
+    tampered body and another secret are refused."""
+    import queue as queue_mod
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import httpx
+
+    from conftest import Server
+
+    received: "queue_mod.Queue" = queue_mod.Queue()
+
+    class Sink(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (the http.server API)
+            body = self.rfile.read(int(self.headers.get("content-length") or 0))
+            received.put((dict(self.headers.items()), body))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    sink = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    port = sink.server_address[1]
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    server = Server(tmp_path / "data", extra_args=["--push-allow", f"127.0.0.1:{port}"]).start()
+    try:
+        added = httpx.post(f"{server.url}/v1/push/secrets", json={}, timeout=10)
+        assert added.status_code == 201, added.text
+        secret = added.json()["secret"]
+        with server.client() as c:
+            task = c.create_task(
+                "remind",
+                payload={"invoice": 7, "text": "ü ✓"},
+                target={"url": f"http://127.0.0.1:{port}/hook"},
+            )
+        headers, body = received.get(timeout=15)
+        assert json.loads(body) == {"invoice": 7, "text": "ü ✓"}
+        assert headers.get("webhook-id") == task.id
+        verify_signature(secret, headers, body)
+        with pytest.raises(InvalidSignature):
+            verify_signature(secret, headers, body + b" ")
+        other = "whsec_" + base64.b64encode(b"x" * 32).decode()
+        with pytest.raises(InvalidSignature):
+            verify_signature(other, headers, body)
+    finally:
+        server.stop()
+        sink.shutdown()

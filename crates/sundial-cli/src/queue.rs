@@ -1,5 +1,5 @@
 //! `sundial queue ...`: list queues with their counts and lateness, pause and resume them, and
-//! set their settings (retention overrides) on a running server.
+//! set their settings (retention overrides, a default push target) on a running server.
 
 use std::process::ExitCode;
 
@@ -33,7 +33,7 @@ enum QueueCommand {
     /// Start the queue's waiting tasks again, in due order.
     Resume { queue: String },
     /// Replace the queue's settings: retention of finished tasks (e.g. 1d, 12h; unset ones
-    /// follow the server's defaults).
+    /// follow the server's defaults) and the default push target (none unless given).
     Set {
         queue: String,
         #[arg(long)]
@@ -42,6 +42,18 @@ enum QueueCommand {
         retention_cancelled: Option<String>,
         #[arg(long)]
         retention_dead: Option<String>,
+        /// Deliver the queue's tasks that have no target of their own by calling this URL.
+        #[arg(long)]
+        target: Option<String>,
+        /// The push call's method (default POST).
+        #[arg(long, requires = "target")]
+        target_method: Option<String>,
+        /// A push call header, name:value (repeatable).
+        #[arg(long, requires = "target")]
+        target_header: Vec<String>,
+        /// The push call's time limit (default 30s).
+        #[arg(long, requires = "target")]
+        target_timeout: Option<String>,
     },
 }
 
@@ -65,13 +77,31 @@ pub async fn run(args: QueueArgs) -> anyhow::Result<ExitCode> {
             retention_succeeded,
             retention_cancelled,
             retention_dead,
+            target,
+            target_method,
+            target_header,
+            target_timeout,
         } => {
+            let mut headers = std::collections::BTreeMap::new();
+            for h in &target_header {
+                let Some((k, v)) = h.split_once(':') else {
+                    anyhow::bail!("--target-header takes name:value, got {h:?}");
+                };
+                headers.insert(k.trim().to_string(), v.trim().to_string());
+            }
             let settings = QueueSettingsView {
                 retention: RetentionView {
                     succeeded: retention_succeeded,
                     cancelled: retention_cancelled,
                     dead: retention_dead,
                 },
+                target: target.map(|url| sundial_server::wire::TargetSpec {
+                    url,
+                    method: target_method,
+                    headers: (!headers.is_empty()).then_some(headers),
+                    timeout: target_timeout,
+                    retry_statuses: None,
+                }),
             };
             client
                 .set_queue(&queue, &settings)
@@ -128,6 +158,14 @@ fn show(q: &QueueView, json: bool) {
                 r.cancelled.as_deref().unwrap_or("default"),
                 r.dead.as_deref().unwrap_or("default"),
             ),
+        ),
+        (
+            "target",
+            q.settings
+                .target
+                .as_ref()
+                .map(|t| format!("{} {}", t.method.as_deref().unwrap_or("POST"), t.url))
+                .unwrap_or_else(|| "-".to_string()),
         ),
     ];
     for (k, v) in rows {

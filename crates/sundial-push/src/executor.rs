@@ -11,9 +11,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
-use sundial::{Clock, ExecutionId, Handler, HandlerError, HandlerFuture, Task, TaskContext};
-use sundial_core::Timestamp;
-use sundial_store::{PushSecret, PushSecretStore, StoreError};
+use sundial::{
+    Clock, ExecutionId, Handler, HandlerError, HandlerFuture, Sundial, Task, TaskContext,
+};
+use sundial_core::{Target, Timestamp};
+use sundial_store::{AttemptResponse, PushSecret, PushSecretStore, StoreError};
 
 use crate::client::{BuildError, CallError, CallRequest, CallResponse, ClientConfig, PushClient};
 use crate::outcome::{Verdict, classify_status, parse_retry_after};
@@ -171,20 +173,45 @@ impl PushExecutor {
         Ok(keys)
     }
 
-    /// Delivers one attempt of `task`.
-    pub async fn deliver(
+    /// Delivers one attempt of `task` to its own target.
+    pub async fn deliver(&self, task: &Task, execution: ExecutionId) -> Delivery {
+        match &task.target {
+            Some(target) => self.deliver_to(target, task, execution).await,
+            None => Delivery {
+                outcome: Err(HandlerError::permanent("the task has no push target")),
+                response: None,
+            },
+        }
+    }
+
+    /// Delivers one attempt of `task` to `target` (its own, its queue's default, or a workflow
+    /// activity's), with the task's payload as the body.
+    pub async fn deliver_to(
         &self,
+        target: &Target,
         task: &Task,
         execution: ExecutionId,
-    ) -> Result<Option<serde_json::Value>, HandlerError> {
-        let Some(target) = &task.target else {
-            return Err(HandlerError::permanent("the task has no push target"));
+    ) -> Delivery {
+        let keys = match self.active_keys().await {
+            Ok(k) => k,
+            Err(e) => {
+                return Delivery {
+                    outcome: Err(HandlerError::retryable(format!(
+                        "cannot read the signing secrets: {e}"
+                    ))),
+                    response: None,
+                };
+            }
         };
-        let keys = self.active_keys().await.map_err(|e| {
-            HandlerError::retryable(format!("cannot read the signing secrets: {e}"))
-        })?;
-        let body = serde_json::to_vec(&task.payload)
-            .map_err(|e| HandlerError::permanent(format!("payload: {e}")))?;
+        let body = match serde_json::to_vec(&task.payload) {
+            Ok(b) => b,
+            Err(e) => {
+                return Delivery {
+                    outcome: Err(HandlerError::permanent(format!("payload: {e}"))),
+                    response: None,
+                };
+            }
+        };
         let started = self.clock.now();
         let timeout = target.call_timeout(task.timeout());
         let req = CallRequest {
@@ -201,45 +228,104 @@ impl PushExecutor {
         let took_ms = self.clock.now().0.saturating_sub(started.0).max(0);
         match outcome {
             Ok(resp) => {
+                let response = Some(AttemptResponse {
+                    status_code: resp.status,
+                    content_type: resp.content_type.clone(),
+                });
                 let retry_after = resp
                     .retry_after
                     .as_deref()
                     .and_then(|v| parse_retry_after(v, self.clock.now().0));
-                match classify_status(resp.status, retry_after, &target.retry_statuses) {
-                    Verdict::Succeeded => Ok(Some(result_json(&resp, took_ms))),
-                    Verdict::Retry { after } => {
-                        let e = HandlerError::retryable(status_error(&resp, took_ms));
-                        Err(match after {
-                            Some(d) => e.retry_after(d),
-                            None => e,
-                        })
-                    }
-                    Verdict::Dead => Err(HandlerError::permanent(status_error(&resp, took_ms))),
-                }
+                let outcome =
+                    match classify_status(resp.status, retry_after, &target.retry_statuses) {
+                        Verdict::Succeeded => Ok(Some(result_json(&resp, took_ms))),
+                        Verdict::Retry { after } => {
+                            let e = HandlerError::retryable(status_error(&resp, took_ms));
+                            Err(match after {
+                                Some(d) => e.retry_after(d),
+                                None => e,
+                            })
+                        }
+                        Verdict::Dead => Err(HandlerError::permanent(status_error(&resp, took_ms))),
+                    };
+                Delivery { outcome, response }
             }
             Err(e) => {
                 let message = format!("{} (after {took_ms}ms)", call_error(&e));
-                if e.is_retryable() {
+                let outcome = if e.is_retryable() {
                     Err(HandlerError::retryable(message))
                 } else {
                     Err(HandlerError::permanent(message))
+                };
+                Delivery {
+                    outcome,
+                    response: None,
                 }
             }
         }
     }
 
-    /// The handler to give the engine.
-    pub fn handler(self: &Arc<Self>) -> Arc<dyn Handler> {
-        Arc::new(PushHandler(self.clone()))
+    /// Keeps a delivery's HTTP answer on its attempt (a failure to keep it is logged: the
+    /// attempt's outcome is recorded either way).
+    pub async fn record(
+        &self,
+        sundial: &Sundial,
+        task: &Task,
+        execution: ExecutionId,
+        d: &Delivery,
+    ) {
+        if let Some(r) = &d.response
+            && let Err(e) = sundial
+                .record_attempt_response(task.id, execution, r.clone())
+                .await
+        {
+            tracing::warn!(task = %task.id, error = %e, "cannot keep the push answer on its attempt");
+        }
+    }
+
+    /// The handler to give the engine ([`Sundial::set_push_handler`]): delivers each attempt
+    /// and keeps its HTTP answer on the attempt through `sundial`.
+    pub fn handler(self: &Arc<Self>, sundial: &Sundial) -> Arc<dyn Handler> {
+        Arc::new(PushHandler {
+            exec: self.clone(),
+            sundial: sundial.clone(),
+        })
     }
 }
 
-struct PushHandler(Arc<PushExecutor>);
+/// One delivery: what the attempt's outcome is, and the receiver's answer when there was one.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The attempt's result (2xx: status, content type, body) or its error.
+    pub outcome: Result<Option<serde_json::Value>, HandlerError>,
+    pub response: Option<AttemptResponse>,
+}
+
+impl Delivery {
+    /// The body of a 2xx answer as a value: JSON when it is JSON, else text, else
+    /// `{"base64": …}` (what a workflow activity with a target returns).
+    pub fn body(&self) -> Option<serde_json::Value> {
+        match &self.outcome {
+            Ok(Some(v)) => v.get("body").cloned(),
+            _ => None,
+        }
+    }
+}
+
+struct PushHandler {
+    exec: Arc<PushExecutor>,
+    sundial: Sundial,
+}
 
 impl Handler for PushHandler {
     fn call(&self, ctx: TaskContext) -> HandlerFuture {
-        let exec = self.0.clone();
-        Box::pin(async move { exec.deliver(&ctx.task, ctx.execution_id).await })
+        let exec = self.exec.clone();
+        let sundial = self.sundial.clone();
+        Box::pin(async move {
+            let d = exec.deliver(&ctx.task, ctx.execution_id).await;
+            exec.record(&sundial, &ctx.task, ctx.execution_id, &d).await;
+            d.outcome
+        })
     }
 }
 

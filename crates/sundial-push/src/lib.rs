@@ -11,6 +11,8 @@
 //! - [`sign`]: `whsec_…` secrets and `v1,` signatures.
 //! - [`client`]: one call: headers, no redirects, no proxies, the body cap and the timeout.
 //! - [`outcome`]: what an answer means for the task.
+//! - [`executor`]: the engine's push handler (a task's own target).
+//! - [`queue`]: queue default targets, served through the worker protocol.
 //!
 //! **Architecture Invariant:** no socket opens to an address the policy refuses; every call is
 //! bounded by its timeout and reads at most [`client::MAX_RESPONSE_BYTES`] of its answer.
@@ -21,6 +23,7 @@ pub mod address;
 pub mod client;
 pub mod executor;
 pub mod outcome;
+pub mod queue;
 pub mod resolve;
 pub mod sign;
 
@@ -28,7 +31,8 @@ pub use address::{AddressClass, AddressPolicy, AllowEntry, AllowEntryError, Refu
 pub use client::{
     CallError, CallRequest, CallResponse, ClientConfig, MAX_RESPONSE_BYTES, PushClient,
 };
-pub use executor::{PushConfig, PushExecutor, SecretAddError};
+pub use executor::{Delivery, PushConfig, PushExecutor, SecretAddError};
 pub use outcome::{Verdict, classify_status, parse_retry_after};
+pub use queue::{PUSH_WORKER, QueuePushConfig};
 pub use resolve::{Lookup, StaticLookup, SystemLookup};
 pub use sign::{SigningKey, signature_header};

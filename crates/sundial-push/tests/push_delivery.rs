@@ -56,7 +56,7 @@ async fn env_with(config: Config) -> Env {
         sundial.clock().clone(),
     )
     .expect("executor");
-    sundial.set_push_handler(exec.handler());
+    sundial.set_push_handler(exec.handler(&sundial));
     let running = Some(sundial.start());
     Env {
         sundial,

@@ -100,6 +100,8 @@ pub struct ServerConfig {
     /// Push delivery: the address policy (`--push-allow`) and client settings. The router
     /// installs the push executor on the `Sundial` when its store keeps push secrets.
     pub push: sundial_push::PushConfig,
+    /// Queue default targets: how often queue settings are read, the poll wait, the batch.
+    pub queue_push: sundial_push::QueuePushConfig,
     /// Who may do what: when tokens are required, and which service routes stay open.
     pub access: access::AccessConfig,
     /// The web UI at `/ui` (on by default).
@@ -116,6 +118,7 @@ impl Default for ServerConfig {
             prometheus: None,
             internal_queue_metrics: false,
             push: sundial_push::PushConfig::default(),
+            queue_push: sundial_push::QueuePushConfig::default(),
             access: access::AccessConfig::default(),
             ui: ui::UiConfig::default(),
         }
@@ -433,7 +436,22 @@ pub fn router(sundial: Sundial, config: ServerConfig) -> Router {
             sundial.clock().clone(),
         ) {
             Ok(exec) => {
-                sundial.set_push_handler(exec.handler());
+                // Activities with an HTTP target are push tasks whose result goes to their
+                // workflow's history: the workflow runtime wraps the handler.
+                let handler = exec.handler(&sundial);
+                sundial.set_push_handler(match &workflows {
+                    Some(w) => w.push_handler(handler),
+                    None => handler,
+                });
+                // Queue default targets: served by pushers on this node's runtime (the router
+                // is built inside one; without one there is nothing to run them on).
+                if tokio::runtime::Handle::try_current().is_ok() {
+                    sundial_push::queue::spawn(
+                        sundial.clone(),
+                        exec.clone(),
+                        config.queue_push.clone(),
+                    );
+                }
                 Some(exec)
             }
             Err(e) => {

@@ -4,7 +4,7 @@
 //! ```text
 //! GET  /v1/queues                 every queue: counts, oldest overdue lateness, paused   200
 //! GET  /v1/queues/{queue}         one queue                                               200 | 404
-//! PUT  /v1/queues/{queue}         set the queue's settings (retention overrides)          200 | 422
+//! PUT  /v1/queues/{queue}         set the queue's settings (retention, default target)    200 | 422
 //! POST /v1/queues/{queue}/pause   no task of the queue starts until resumed               200
 //! POST /v1/queues/{queue}/resume  waiting tasks start again, in due order                 200
 //! GET  /v1/tasks/{id}/attempts    the kept attempts, oldest first, and the total          200 | 404
@@ -33,7 +33,7 @@ use crate::duration::{self, WireDuration};
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{ApiJson, parse_json};
 use crate::time;
-use crate::wire::{StateView, TaskView};
+use crate::wire::{StateView, TargetSpec, TaskView};
 
 /// A queue as an operator sees it.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
@@ -62,6 +62,12 @@ pub struct QueueView {
 pub struct QueueSettingsView {
     #[serde(default)]
     pub retention: RetentionView,
+    /// The queue's default push target, validated like a task's. Tasks of the queue created
+    /// without a target (whose kind has no in-process handler) are delivered to it; it is read
+    /// at delivery, so a change reaches the tasks already waiting, and removing it leaves them
+    /// `ready` for workers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<TargetSpec>,
 }
 
 /// How long finished tasks of the queue are kept (durations such as `"7d"`).
@@ -88,6 +94,9 @@ fn duration_view(ms: Option<u64>) -> Option<String> {
 fn settings_view(s: Option<&QueueSettings>) -> QueueSettingsView {
     let r = s.map(|s| s.config.retention.clone()).unwrap_or_default();
     QueueSettingsView {
+        target: s
+            .and_then(|s| s.config.target.clone())
+            .map(TargetSpec::from_target),
         retention: RetentionView {
             succeeded: duration_view(r.succeeded_ms),
             cancelled: duration_view(r.cancelled_ms),
@@ -137,6 +146,12 @@ pub struct AttemptView {
     pub outcome: Option<String>,
     pub error: Option<String>,
     pub duration_ms: Option<u64>,
+    /// The HTTP status the push receiver answered (push attempts that got an answer only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_code: Option<u16>,
+    /// The content type of that answer, when it named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
 }
 
 impl From<Attempt> for AttemptView {
@@ -150,6 +165,8 @@ impl From<Attempt> for AttemptView {
             outcome: a.outcome.map(|o: AttemptOutcome| o.as_str().to_string()),
             duration_ms: a.duration_ms(),
             error: a.error,
+            status_code: a.status_code,
+            content_type: a.content_type,
         }
     }
 }
@@ -382,7 +399,8 @@ fn retention_ms(field: &str, v: Option<&str>) -> Result<Option<u64>, ApiError> {
 }
 
 /// Set a queue's settings: retention overrides per finished state (absent: the server's
-/// defaults). The whole settings object is replaced; the pause state is not part of it.
+/// defaults) and a default push target. The whole settings object is replaced; the pause state
+/// is not part of it.
 #[utoipa::path(
     put, path = "/v1/queues/{queue}", tag = "queues",
     params(("queue" = String, Path, description = "Queue name")),
@@ -398,17 +416,23 @@ pub async fn put_queue(
     ApiJson(body): ApiJson<QueueSettingsView>,
 ) -> Result<Json<QueueView>, ApiError> {
     let r = &body.retention;
+    let body_has_target = body.target.is_some();
     let config = QueueConfig {
         retention: RetentionOverride {
             succeeded_ms: retention_ms("retention.succeeded", r.succeeded.as_deref())?,
             cancelled_ms: retention_ms("retention.cancelled", r.cancelled.as_deref())?,
             dead_ms: retention_ms("retention.dead", r.dead.as_deref())?,
         },
+        target: body.target.map(TargetSpec::into_target).transpose()?,
     };
     st.sundial
         .configure_queue(&queue, config)
         .await
-        .map_err(|e| ApiError::from(e).with_field("queue"))?;
+        .map_err(|e| match e {
+            // The target is checked like a task's, and the error names its field.
+            e @ sundial::Error::Invalid(_) if body_has_target => ApiError::from(e),
+            e => ApiError::from(e).with_field("queue"),
+        })?;
     queue_view(&st, &queue).await
 }
 

@@ -164,12 +164,15 @@ async fn secrets_are_added_rotated_listed_and_revoked() {
     assert_eq!(s, StatusCode::NOT_FOUND);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_task_with_a_target_is_delivered_through_the_router() {
+/// A loopback sink that answers every request 204 and sends its text (head and body) on.
+async fn sink() -> (
+    std::net::SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     tokio::spawn(async move {
         while let Ok((mut sock, _)) = listener.accept().await {
             let tx = tx.clone();
@@ -204,6 +207,12 @@ async fn a_task_with_a_target_is_delivered_through_the_router() {
             });
         }
     });
+    (addr, rx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_with_a_target_is_delivered_through_the_router() {
+    let (addr, mut rx) = sink().await;
     let dir = tempfile::tempdir().unwrap();
     let sundial = Sundial::open(dir.path()).await.unwrap();
     let app = router(sundial.clone(), config(&[addr.to_string()]));
@@ -241,5 +250,101 @@ async fn a_task_with_a_target_is_delivered_through_the_router() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(done["result"]["status"], 204, "{done}");
+    running.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_default_target_over_http() {
+    let (addr, mut rx) = sink().await;
+    let dir = tempfile::tempdir().unwrap();
+    let sundial = Sundial::open(dir.path()).await.unwrap();
+    let mut cfg = config(&[addr.to_string()]);
+    cfg.queue_push.refresh = Duration::from_millis(100);
+    let app = router(sundial.clone(), cfg);
+    let running = sundial.start();
+    // Validated like a task's target: the error names the field, nothing is stored.
+    for (target, field) in [
+        (json!({"url": "ftp://example.com/"}), "target.url"),
+        (
+            json!({"url": "https://example.com/", "method": "TRACE"}),
+            "target.method",
+        ),
+        (
+            json!({"url": "https://example.com/", "headers": {"webhook-id": "x"}}),
+            "target.headers",
+        ),
+    ] {
+        let (s, body) = call(
+            &app,
+            "PUT",
+            "/v1/queues/hooks",
+            Some(json!({"target": target})),
+        )
+        .await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        assert_eq!(body["error"]["field"], field, "{body}");
+    }
+    let (s, _) = call(&app, "GET", "/v1/queues/hooks", None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "nothing stored");
+
+    let (s, _) = call(&app, "POST", "/v1/push/secrets", Some(json!({}))).await;
+    assert_eq!(s, StatusCode::CREATED);
+    let url = format!("http://{addr}/q");
+    let (s, q) = call(
+        &app,
+        "PUT",
+        "/v1/queues/hooks",
+        Some(json!({"target": {"url": url, "headers": {"X-Team": "a"}, "timeout": "5s"}})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{q}");
+    assert_eq!(q["settings"]["target"]["url"], url);
+    assert_eq!(q["settings"]["target"]["headers"]["x-team"], "a");
+    let (_, list) = call(&app, "GET", "/v1/queues", None).await;
+    let listed = list["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["queue"] == "hooks")
+        .cloned()
+        .unwrap();
+    assert_eq!(listed["settings"]["target"]["timeout"], "5s", "{listed}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let (s, task) = call(
+        &app,
+        "POST",
+        "/v1/tasks",
+        Some(json!({"kind": "remind", "queue": "hooks", "payload": {"n": 2}, "delay": "200ms"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{task}");
+    assert!(task.get("target").is_none_or(Value::is_null), "{task}");
+    let req = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(req.starts_with("POST /q HTTP/1.1"), "{req}");
+    assert!(req.contains("x-team: a"), "{req}");
+    assert!(req.ends_with(r#"{"n":2}"#), "{req}");
+    let id = task["id"].as_str().unwrap();
+    let mut attempts = Value::Null;
+    for _ in 0..200 {
+        let (_, a) = call(&app, "GET", &format!("/v1/tasks/{id}/attempts"), None).await;
+        if a["attempts"][0]["outcome"] == "succeeded" {
+            attempts = a;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(attempts["attempts"][0]["status_code"], 204, "{attempts}");
+    assert_eq!(
+        attempts["attempts"][0]["worker"], "sundial-push",
+        "{attempts}"
+    );
+    assert!(
+        attempts["attempts"][0]["duration_ms"].is_u64(),
+        "{attempts}"
+    );
     running.shutdown(Duration::from_secs(1)).await;
 }

@@ -178,6 +178,7 @@ impl WorkflowContext {
             input: serde_json::to_value(input).map_err(|e| e.to_string()),
             retry: RetryPolicy::default(),
             timeout: sundial::TaskSpec::DEFAULT_TIMEOUT,
+            target: None,
             state: CallState::Init,
             waiter,
             _out: PhantomData,
@@ -249,12 +250,22 @@ pub struct ActivityCall<O> {
     input: Result<Value, String>,
     retry: RetryPolicy,
     timeout: Duration,
+    target: Option<sundial_core::Target>,
     state: CallState,
     waiter: u64,
     _out: PhantomData<fn() -> O>,
 }
 
 impl<O> ActivityCall<O> {
+    /// Makes the activity an HTTP call: Sundial calls `target` (signed, like a push task; the
+    /// input is the JSON body) instead of running activity code, under the retry policy and
+    /// timeout given here (the call's own timeout is at most the activity's). A 2xx answer's
+    /// body is the result (JSON when it is JSON, else a string); 429, 5xx and connection errors
+    /// are retried while the policy allows; other 4xx fail the activity.
+    pub fn target(mut self, target: sundial_core::Target) -> Self {
+        self.target = Some(target);
+        self
+    }
     /// Attempts and backoff (default: [`RetryPolicy::default`]).
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.retry = policy;
@@ -294,6 +305,7 @@ impl<O: DeserializeOwned> Future for ActivityCall<O> {
                 max_attempts: this.retry.max_attempts,
                 timeout_ms: u64::try_from(this.timeout.as_millis()).unwrap_or(u64::MAX),
                 backoff: this.retry.backoff.clone(),
+                target: this.target.clone(),
             };
             match m.issue(ev) {
                 Some(Event::ActivityScheduled { task, .. }) => {

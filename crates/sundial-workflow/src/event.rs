@@ -47,6 +47,10 @@ pub enum Event {
         max_attempts: u32,
         timeout_ms: u64,
         backoff: Backoff,
+        /// An HTTP target: Sundial calls it (the input as the body) instead of running
+        /// activity code; a 2xx answer's body is the result.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        target: Option<sundial_core::Target>,
     },
     ActivityCancelRequested {
         cmd: u32,

@@ -263,6 +263,7 @@ impl Workflows {
             workflows: RwLock::new(HashMap::new()),
             activities: RwLock::new(HashMap::new()),
             running: Mutex::new(HashMap::new()),
+            push: RwLock::new(None),
         });
         let i = inner.clone();
         sundial.register(TIMER_KIND, move |ctx: TaskContext| {
@@ -275,6 +276,29 @@ impl Workflows {
             async move { i.on_child(&ctx.task).await }
         });
         Ok(Workflows { inner })
+    }
+
+    /// Wraps the push handler `push` (the one that calls task targets) so that activities with
+    /// an HTTP target record their result in their workflow's history; give the returned
+    /// handler to [`Sundial::set_push_handler`]. Other push tasks go to `push` unchanged.
+    pub fn push_handler(&self, push: Arc<dyn sundial::Handler>) -> Arc<dyn sundial::Handler> {
+        if let Ok(mut p) = self.inner.push.write() {
+            *p = Some(push.clone());
+        }
+        let i = self.inner.clone();
+        Arc::new(move |ctx: TaskContext| {
+            let i = i.clone();
+            let push = push.clone();
+            async move {
+                if ctx.task.queue == ACTIVITY_QUEUE
+                    && ctx.task.kind.starts_with(ACTIVITY_KIND_PREFIX)
+                {
+                    i.on_activity(ctx).await.map(|()| None)
+                } else {
+                    push.call(ctx).await
+                }
+            }
+        })
     }
 
     /// Registers (or replaces) the workflow function for `workflow_type`. Its input is decoded

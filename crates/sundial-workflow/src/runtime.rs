@@ -26,7 +26,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use sundial::{Backoff, HandlerError, Sundial, Task, TaskContext, TaskId, TaskSpec, Timestamp};
+use sundial::{
+    Backoff, ExecutionId, HandlerError, Sundial, Task, TaskContext, TaskId, TaskSpec, Timestamp,
+};
 use sundial_core::{NewTask, RunId, ValidationError};
 use sundial_store::{
     ACTIVITY_KIND_PREFIX, ACTIVITY_QUEUE, AppendOp, CHILD_KIND, Committed, IdReusePolicy, NewEvent,
@@ -61,6 +63,9 @@ pub(crate) struct Inner {
     pub activities: RwLock<HashMap<String, ActivityFn>>,
     /// In-process activity attempts, to interrupt when the workflow cancels them.
     pub running: Mutex<HashMap<TaskId, watch::Sender<bool>>>,
+    /// The push handler that calls the targets of activities that name one
+    /// (`Workflows::push_handler`).
+    pub push: RwLock<Option<Arc<dyn sundial::Handler>>>,
 }
 
 fn retryable(e: impl std::fmt::Display) -> HandlerError {
@@ -483,6 +488,7 @@ impl Inner {
                     max_attempts,
                     timeout_ms,
                     backoff,
+                    target,
                 } => {
                     let limit = self.sundial.config().limits.max_attempts;
                     let attempts = max_attempts.saturating_add(REPORT_ATTEMPTS).min(limit);
@@ -497,6 +503,12 @@ impl Inner {
                         .max_attempts(attempts)
                         .backoff(backoff.clone())
                         .timeout(Duration::from_millis(*timeout_ms));
+                    // With a target the engine hands each attempt to the push handler (under
+                    // its receiver's slots), which `Workflows::push_handler` wraps.
+                    let spec = match target {
+                        Some(t) => spec.target(t.clone()),
+                        None => spec,
+                    };
                     tasks.push(
                         self.validate(spec, *task, now)
                             .map_err(|e| Error::Invalid {
@@ -715,6 +727,11 @@ impl Inner {
                 )
                 .await;
         }
+        if task.target.is_some() {
+            return self
+                .push_activity(ctx.execution_id, &task, &s, input, marker, max_attempts)
+                .await;
+        }
         let Some(f) = self.activity_fn(&name) else {
             return Err(retryable(format!(
                 "no activity registered for {name:?} in this process"
@@ -750,6 +767,48 @@ impl Inner {
                 attempts: task.attempt,
             },
             Some(Err(e)) => return Err(e),
+        };
+        self.append_marked(s.run, &s.workflow_type, event, Some(marker))
+            .await
+    }
+
+    /// An attempt of an activity with an HTTP target: the push handler calls it with the
+    /// activity's input as the body; a 2xx answer's body is the result, failures follow the
+    /// activity's retry policy like an activity function's errors.
+    async fn push_activity(
+        &self,
+        execution: ExecutionId,
+        task: &Task,
+        s: &Step,
+        input: Value,
+        marker: String,
+        max_attempts: u32,
+    ) -> Result<(), HandlerError> {
+        let push = self.push.read().ok().and_then(|p| p.clone());
+        let Some(push) = push else {
+            return Err(retryable("push delivery is not enabled in this process"));
+        };
+        let mut call = task.clone();
+        call.payload = input;
+        let out = push
+            .call(TaskContext {
+                task: call,
+                execution_id: execution,
+            })
+            .await;
+        let event = match out {
+            Ok(result) => Event::ActivityCompleted {
+                cmd: s.cmd,
+                result: result
+                    .and_then(|r| r.get("body").cloned())
+                    .unwrap_or(Value::Null),
+            },
+            Err(e) if !e.retryable || task.attempt >= max_attempts => Event::ActivityFailed {
+                cmd: s.cmd,
+                error: e.message,
+                attempts: task.attempt,
+            },
+            Err(e) => return Err(e),
         };
         self.append_marked(s.run, &s.workflow_type, event, Some(marker))
             .await

@@ -521,6 +521,7 @@ fn completion_order_inside_a_batch_is_replay_stable() {
                 max_attempts: 5,
                 timeout_ms: 1_000,
                 backoff: Backoff::default(),
+                target: None,
             },
         ));
     }

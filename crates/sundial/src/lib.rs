@@ -65,9 +65,9 @@ pub use sundial_core::{
     is_internal_queue,
 };
 pub use sundial_store::{
-    AccessStore, Attempt, AttemptHistory, AttemptOutcome, Cluster, PushSecret, PushSecretStore,
-    QueueConfig, QueueSettings, RetentionOverride, RetentionRules, ScheduleStore, StateCount,
-    Store, StoreError, TaskFilter, TaskPage, WorkflowStore,
+    AccessStore, Attempt, AttemptHistory, AttemptOutcome, AttemptResponse, Cluster, PushSecret,
+    PushSecretStore, QueueConfig, QueueSettings, RetentionOverride, RetentionRules, ScheduleStore,
+    StateCount, Store, StoreError, TaskFilter, TaskPage, WorkflowStore,
 };
 pub use sundial_store_sqlite::{Durability, SqliteOptions, SqliteStore};
 
@@ -575,6 +575,65 @@ impl Sundial {
             .await
     }
 
+    /// [`Sundial::fail`] with a handler's error: its `retry_after` (a push receiver's
+    /// `Retry-After`) replaces the backoff delay, within the backoff's cap.
+    pub async fn fail_with(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        error: HandlerError,
+    ) -> Result<Task, Error> {
+        self.engine
+            .fail(
+                id,
+                execution,
+                error.message,
+                error.retryable,
+                false,
+                error.retry_after,
+            )
+            .await
+    }
+
+    /// Waits for a call slot of the push receiver `host` (`host:port`) and one of the node's push
+    /// slots: the limits the engine applies to push tasks (`Config::push_host_concurrency`,
+    /// `Config::push_concurrency`), for calls a layer above makes itself (a queue's default
+    /// target). Dropping the slot releases both and wakes shard loops waiting for one.
+    pub async fn push_slot(&self, host: &str) -> Result<PushSlot, Error> {
+        let host_slots = self.engine.push_host(&Arc::from(host));
+        let closed = |_| Error::ShuttingDown;
+        let host_permit = host_slots.acquire_owned().await.map_err(closed)?;
+        let node_permit = self
+            .engine
+            .push_permits()
+            .acquire_owned()
+            .await
+            .map_err(closed)?;
+        Ok(PushSlot {
+            _permits: [host_permit, node_permit],
+            engine: self.engine.clone(),
+        })
+    }
+
+    /// Whether the engine is shutting down (loops of layers above stop taking work).
+    pub fn is_stopping(&self) -> bool {
+        self.engine.is_stopping()
+    }
+
+    /// [`Sundial::push_slot`] without waiting: `None` when either limit is reached.
+    pub fn try_push_slot(&self, host: &str) -> Option<PushSlot> {
+        let host_permit = self
+            .engine
+            .push_host(&Arc::from(host))
+            .try_acquire_owned()
+            .ok()?;
+        let node_permit = self.engine.push_permits().try_acquire_owned().ok()?;
+        Some(PushSlot {
+            _permits: [host_permit, node_permit],
+            engine: self.engine.clone(),
+        })
+    }
+
     /// Takes the engine's loops (shard loops and reaper) to turn them by hand on the engine's
     /// clock instead of running them as tasks: for tests on a [`ManualClock`], which then step
     /// exactly what the engine does at each time (see [`Stepper`]). After this, [`Sundial::start`]
@@ -615,6 +674,18 @@ impl Sundial {
     /// Handler runs under way in this process.
     pub fn in_flight(&self) -> usize {
         self.engine.in_flight()
+    }
+}
+
+/// A push call slot (see [`Sundial::push_slot`]): one of the receiver's and one of the node's.
+pub struct PushSlot {
+    _permits: [tokio::sync::OwnedSemaphorePermit; 2],
+    engine: Arc<Engine>,
+}
+
+impl Drop for PushSlot {
+    fn drop(&mut self) {
+        self.engine.push_slot_released();
     }
 }
 

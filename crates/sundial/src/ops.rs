@@ -13,8 +13,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use sundial_core::{Task, TaskId, TaskState, Timestamp};
-use sundial_store::{AttemptHistory, QueueConfig, QueueSettings, TaskFilter};
+use sundial_core::{ExecutionId, Task, TaskId, TaskState, Timestamp};
+use sundial_store::{AttemptHistory, AttemptResponse, QueueConfig, QueueSettings, TaskFilter};
 
 use crate::engine::retention::Purged;
 use crate::{Error, Sundial};
@@ -136,6 +136,14 @@ impl Sundial {
         config: QueueConfig,
     ) -> Result<QueueSettings, Error> {
         self.check_queue_name(queue)?;
+        let mut config = config;
+        // A queue's default target is checked exactly like a task's (its call timeout is bounded
+        // by each task's own timeout at delivery).
+        config.target = config
+            .target
+            .map(|t| t.validate(self.engine.config.limits.max_timeout))
+            .transpose()
+            .map_err(Error::Invalid)?;
         let now = self.engine.clock.now();
         Ok(self
             .engine
@@ -192,6 +200,21 @@ impl Sundial {
     /// A task's kept attempts (oldest first) and its total attempt count.
     pub async fn attempts(&self, id: TaskId) -> Result<AttemptHistory, Error> {
         self.engine.store.attempts(id).await?.ok_or(Error::NotFound)
+    }
+
+    /// Keeps a push attempt's HTTP answer (status code, content type) on the attempt that ran
+    /// under `execution`. Answers whether that attempt is kept.
+    pub async fn record_attempt_response(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        response: AttemptResponse,
+    ) -> Result<bool, Error> {
+        Ok(self
+            .engine
+            .store
+            .record_attempt_response(id, execution, response)
+            .await?)
     }
 
     /// Makes a dead or cancelled task scheduled again, due at `run_at` (now when `None` or past),

@@ -40,6 +40,7 @@ async fn retention_deletes_finished_tasks_and_never_a_live_one() {
                 succeeded_ms: Some(60_000),
                 ..Default::default()
             },
+            ..Default::default()
         },
     )
     .await

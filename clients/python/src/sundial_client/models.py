@@ -365,6 +365,10 @@ class Attempt(_Model):
     execution_id: Optional[str]
     worker: Optional[str]
     duration_ms: Optional[int]
+    #: The HTTP status a push receiver answered (push attempts that got an answer only).
+    status_code: Optional[int] = None
+    #: The content type of that answer, when it named one.
+    content_type: Optional[str] = None
     extra: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 

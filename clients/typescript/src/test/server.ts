@@ -35,13 +35,25 @@ export class Server {
   url = "";
   readonly log: string[] = [];
 
+  /** `extraArgs` go to `sundial server` after the defaults (e.g. `--push-allow`). */
+  constructor(readonly extraArgs: string[] = []) {}
+
   async start(): Promise<this> {
     const deadline = Date.now() + 20_000;
     for (;;) {
       const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith("SUNDIAL_")));
       const proc = spawn(
         binary(),
-        ["server", "--data-dir", this.dataDir, "--listen", `127.0.0.1:${this.port}`, "--shutdown-grace", "1s"],
+        [
+          "server",
+          "--data-dir",
+          this.dataDir,
+          "--listen",
+          `127.0.0.1:${this.port}`,
+          "--shutdown-grace",
+          "1s",
+          ...this.extraArgs,
+        ],
         { env: { RUST_LOG: "warn", ...env }, stdio: ["ignore", "pipe", "pipe"] },
       );
       this.proc = proc;

@@ -51,3 +51,51 @@ test("agrees with the standardwebhooks package", async () => {
   const ours = await sign(secret, "msg_2", now, payload);
   new Webhook(secret).verify(payload, headers(ours, now, "msg_2"));
 });
+
+test("a real push delivery verifies with the helper, and a tampered body does not", async () => {
+  const { createServer } = await import("node:http");
+  const { Server } = await import("./server.js");
+  const received: Array<{ headers: Record<string, string | string[] | undefined>; body: Buffer }> = [];
+  const sink = createServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on("data", (c: Buffer) => chunks.push(c));
+    req.on("end", () => {
+      received.push({ headers: req.headers, body: Buffer.concat(chunks) });
+      res.writeHead(204).end();
+    });
+  });
+  await new Promise<void>((r) => sink.listen(0, "127.0.0.1", () => r()));
+  const address = sink.address();
+  assert.ok(address && typeof address === "object");
+  const port = address.port;
+  const server = await new Server(["--push-allow", `127.0.0.1:${port}`]).start();
+  try {
+    const added = await fetch(`${server.url}/v1/push/secrets`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: "{}",
+    });
+    assert.equal(added.status, 201);
+    const { secret } = (await added.json()) as { secret: string };
+    const task = await server.client().createTask("remind", {
+      payload: { invoice: 7, text: "ü ✓" },
+      target: { url: `http://127.0.0.1:${port}/hook` },
+    });
+    const deadline = Date.now() + 15_000;
+    while (received.length === 0) {
+      if (Date.now() > deadline) throw new Error("the sink got no request");
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    const { headers, body } = received[0]!;
+    assert.deepEqual(JSON.parse(body.toString("utf8")), { invoice: 7, text: "ü ✓" });
+    assert.equal(headers["webhook-id"], task.id);
+    await verifySignature(secret, headers, new Uint8Array(body));
+    const tampered = new Uint8Array([...body, 0x20]);
+    await assert.rejects(verifySignature(secret, headers, tampered), InvalidSignature);
+    const other = "whsec_" + btoa("x".repeat(32));
+    await assert.rejects(verifySignature(other, headers, new Uint8Array(body)), InvalidSignature);
+  } finally {
+    await server.dispose();
+    sink.close();
+  }
+});

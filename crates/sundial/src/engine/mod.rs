@@ -181,8 +181,18 @@ impl Engine {
         self.push_handler.read().ok().and_then(|h| h.clone())
     }
 
+    pub(crate) fn push_permits(&self) -> Arc<Semaphore> {
+        self.push_permits.clone()
+    }
+
+    /// A push slot taken outside the shard loops was released: loops starved of one look again.
+    pub(crate) fn push_slot_released(&self) {
+        self.permits_released
+            .send_modify(|v| *v = v.wrapping_add(1));
+    }
+
     /// The call slots of one push receiver.
-    fn push_host(&self, host: &Arc<str>) -> Arc<Semaphore> {
+    pub(crate) fn push_host(&self, host: &Arc<str>) -> Arc<Semaphore> {
         let mut hosts = match self.push_hosts.lock() {
             Ok(h) => h,
             Err(p) => p.into_inner(),
