@@ -10,6 +10,7 @@
 //! sundial-bench retention  # 1,000 tasks/s for 10 min with a 1-minute retention: size every 30 s
 //! sundial-bench list       # filtered list pages with 10,000,000 tasks stored: latency per filter
 //! sundial-bench ui         # every web UI page's latency with 1,000,000 tasks and 10,000 schedules
+//! sundial-bench push       # push calls to loopback sinks: lateness at 2,000/s, calls/s, a slow receiver
 //! ```
 //!
 //! Build in release (`cargo build --release -p sundial-bench`); `bench/kernel.sh` runs the set
@@ -20,6 +21,7 @@ mod counting;
 mod fire;
 mod idle;
 mod ops;
+mod push;
 mod recover;
 mod schedule;
 mod schedules;
@@ -60,6 +62,9 @@ enum Cmd {
     List(ops::ListArgs),
     /// Every web UI page's latency with a big store (in-process router).
     Ui(ui::UiArgs),
+    /// Push delivery to loopback sinks: lateness, sustained calls/s, a slow receiver beside a
+    /// fast one (JSON on stdout).
+    Push(push::PushArgs),
     /// (internal) the fresh process `workflows` measures the sleepers' memory in.
     #[command(hide = true)]
     WorkflowsAsleepChild(workflows::AsleepChildArgs),
@@ -84,6 +89,7 @@ fn main() -> Result<()> {
             Cmd::Retention(a) => ops::retention(&cli.common, a).await,
             Cmd::Ui(a) => ui::run(&cli.common, a).await,
             Cmd::List(a) => ops::list(&cli.common, a).await,
+            Cmd::Push(a) => push::run(&cli.common, a).await,
             Cmd::WorkflowsAsleepChild(a) => workflows::asleep_child(&cli.common, a).await,
             Cmd::RecoverChild(a) => recover::child(&cli.common, a).await,
         }

@@ -274,6 +274,34 @@ async fn queues_show_counts_and_pause_is_durable(backend: Backend) {
         None,
         "set replaces the settings"
     );
+    // A default push target from the command line (shown by `queue get`; replaced by the next
+    // `set` like the rest of the settings).
+    let set = json_out(
+        &sundial(
+            &server,
+            &[
+                "queue",
+                "set",
+                "mail",
+                "--target",
+                "https://hooks.example.com/mail",
+                "--target-header",
+                "x-team: a",
+                "--target-timeout",
+                "5s",
+                "--json",
+            ],
+        )
+        .await,
+    );
+    assert_eq!(
+        set["settings"]["target"]["url"],
+        "https://hooks.example.com/mail"
+    );
+    assert_eq!(set["settings"]["target"]["headers"]["x-team"], "a");
+    assert_eq!(set["settings"]["target"]["timeout"], "5s");
+    let got = json_out(&sundial(&server, &["queue", "get", "mail", "--json"]).await);
+    assert_eq!(got["settings"]["target"], set["settings"]["target"]);
 }
 
 async fn dead_tasks_retry_with_their_attempts(backend: Backend) {

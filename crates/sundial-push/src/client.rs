@@ -27,7 +27,8 @@ pub const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 pub struct ClientConfig {
     pub policy: AddressPolicy,
     pub lookup: Arc<dyn Lookup>,
-    /// Idle keep-alive connections kept per host.
+    /// Idle keep-alive connections kept per host (as many as the engine's calls in flight per
+    /// receiver by default, so a busy receiver's connections are reused rather than reopened).
     pub pool_max_idle_per_host: usize,
     /// How long an idle connection is kept.
     pub pool_idle_timeout: Duration,
@@ -38,7 +39,7 @@ impl Default for ClientConfig {
         ClientConfig {
             policy: AddressPolicy::default(),
             lookup: Arc::new(SystemLookup),
-            pool_max_idle_per_host: 32,
+            pool_max_idle_per_host: 64,
             pool_idle_timeout: Duration::from_secs(60),
         }
     }

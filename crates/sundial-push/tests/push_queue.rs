@@ -310,4 +310,17 @@ async fn a_bad_queue_target_is_refused_and_nothing_is_stored() {
         e.sundial.store().queue_settings("q").await.expect("read"),
         None
     );
+    // Sundial's own queues take none (an activity queue with a target would hijack activities).
+    let err = e
+        .sundial
+        .configure_queue(
+            "sundial.activities",
+            QueueConfig {
+                target: Some(Target::new("https://example.com/")),
+                ..QueueConfig::default()
+            },
+        )
+        .await
+        .expect_err("refused");
+    assert!(matches!(err, sundial::Error::Invalid(_)), "{err}");
 }

@@ -311,13 +311,30 @@ mod tests {
             max_attempts: 3,
             timeout_ms: 1_000,
             backoff: Backoff::default(),
+            target: None,
         };
         let s = serde_json::to_string(&e).expect("serialise");
         assert!(
             s.starts_with(r#"{"type":"activity_scheduled","cmd":2"#),
             "{s}"
         );
+        assert!(
+            !s.contains("target"),
+            "no target: not written (older histories read alike)"
+        );
         assert_eq!(serde_json::from_str::<Event>(&s).expect("parse"), e);
+        let with = Event::ActivityScheduled {
+            cmd: 2,
+            name: "charge".into(),
+            input: serde_json::json!({"amount": 5}),
+            task: TaskId::from_bytes([1; 16]),
+            max_attempts: 3,
+            timeout_ms: 1_000,
+            backoff: Backoff::default(),
+            target: Some(sundial_core::Target::new("https://example.com/charge")),
+        };
+        let s = serde_json::to_string(&with).expect("serialise");
+        assert_eq!(serde_json::from_str::<Event>(&s).expect("parse"), with);
         let m: Event =
             serde_json::from_str(r#"{"type":"workflow_task_completed"}"#).expect("parse");
         assert_eq!(

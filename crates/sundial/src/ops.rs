@@ -137,6 +137,13 @@ impl Sundial {
     ) -> Result<QueueSettings, Error> {
         self.check_queue_name(queue)?;
         let mut config = config;
+        // Sundial's own queues (schedule ticks, workflow steps) are never pushed anywhere.
+        if config.target.is_some() && sundial_core::is_internal_queue(queue) {
+            return Err(Error::Invalid(sundial_core::ValidationError::OutOfRange {
+                field: "target",
+                reason: format!("{queue:?} is one of Sundial's own queues and takes no target"),
+            }));
+        }
         // A queue's default target is checked exactly like a task's (its call timeout is bounded
         // by each task's own timeout at delivery).
         config.target = config
