@@ -38,11 +38,21 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     (if m <= 2 { y + 1 } else { y }, m, d)
 }
 
+/// 0000-01-01T00:00:00Z in milliseconds since the epoch: the earliest time RFC 3339 can write.
+const YEAR_0_MS: i64 = -62_167_219_200_000;
+
 /// Parses an RFC 3339 time with an offset.
 pub fn parse(input: &str) -> Result<Timestamp, String> {
     let ts: jiff::Timestamp = input.parse().map_err(|e| {
         format!("invalid time {input:?}: {e}; use RFC 3339 with an offset, e.g. \"2030-01-02T03:04:05Z\"")
     })?;
+    // RFC 3339 has four-digit years; jiff also reads signed six-digit ones (`-000200-04-24`),
+    // which `format` cannot write back, so they are refused here.
+    if ts.as_millisecond() < YEAR_0_MS {
+        return Err(format!(
+            "invalid time {input:?}: the year must be 0000 to 9999, e.g. \"2030-01-02T03:04:05Z\""
+        ));
+    }
     if ts.subsec_nanosecond() % 1_000_000 != 0 {
         return Err(format!(
             "invalid time {input:?}: Sundial keeps milliseconds; drop the finer digits"
@@ -54,6 +64,18 @@ pub fn parse(input: &str) -> Result<Timestamp, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn years_before_0000_are_refused() {
+        // Found by the `rfc3339` fuzz target: accepted, but formatted as "-200-04-24T00:00:00Z",
+        // which does not parse back.
+        let err = parse("-0002000424 00+00").unwrap_err();
+        assert!(err.contains("the year must be 0000 to 9999"), "{err}");
+        assert!(parse("-000001-12-31T23:59:59Z").is_err());
+        let first = parse("0000-01-01T00:00:00Z").unwrap();
+        assert_eq!(first, Timestamp::from_millis(YEAR_0_MS));
+        assert_eq!(parse(&format(first)), Ok(first));
+    }
 
     #[test]
     fn round_trips() {
