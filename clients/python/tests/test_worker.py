@@ -238,3 +238,57 @@ def test_sigterm_lets_running_tasks_finish(client, shared_server, tmp_path: Path
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_worker_runs_the_handler_in_the_tasks_trace(client, shared_server, queue):
+    """A task created with a ``traceparent`` is polled with it (the server exports nothing here, so
+    the context is the caller's, unchanged); the trace hook is entered around the handler in the
+    handler's own thread, and the context the hook leaves on the job goes back with the result."""
+    caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    handler_span = "00-4bf92f3577b34da6a3ce929d0e0e4736-1111222233334444-01"
+    seen = {}
+    sent = []
+
+    class Recording(httpx.AsyncBaseTransport):
+        def __init__(self) -> None:
+            self.inner = httpx.AsyncHTTPTransport()
+
+        async def handle_async_request(self, request):
+            if request.url.path.endswith("/complete"):
+                sent.append(request.headers.get("traceparent"))
+            return await self.inner.handle_async_request(request)
+
+    from contextlib import contextmanager
+
+    @contextmanager
+    def hook(job):
+        seen["hook"] = (job.traceparent, job.tracestate, threading.get_ident())
+        job.traceparent = handler_span
+        yield
+
+    def handler(job):
+        seen["handler"] = (job.traceparent, threading.get_ident())
+        return "ok"
+
+    worker_client = AsyncClient(shared_server.url, transport=Recording())
+    worker = Worker(queue, handler, client=worker_client, poll_wait=1, trace_hook=hook)
+    thread = start_in_thread(worker)
+    try:
+        task = client.create_task("traced", queue=queue, traceparent=caller, tracestate="congo=t61rcWkgMzE")
+        assert task.traceparent == caller and task.tracestate == "congo=t61rcWkgMzE"
+        done = wait_for(lambda: (t := client.get_task(task.id)).finished and t)
+        assert done.state == "succeeded"
+    finally:
+        stop(worker, thread)
+        asyncio.run(worker_client.aclose())
+    assert seen["hook"][:2] == (caller, "congo=t61rcWkgMzE")
+    assert seen["handler"][0] == handler_span, "the handler runs inside the hook"
+    assert seen["hook"][2] == seen["handler"][1], "the hook is entered in the handler's thread"
+    assert sent == [handler_span], "the result is reported from the handler's span"
+
+
+def test_a_malformed_traceparent_is_ignored(client, queue):
+    task = client.create_task("k", queue=queue, traceparent="not-a-traceparent")
+    assert task.traceparent is None
+    (item,) = client.create_tasks([{"kind": "k", "queue": queue}], traceparent="00-" + "0" * 32 + "-" + "1" * 16 + "-01")
+    assert client.get_task(item.id).traceparent is None

@@ -31,6 +31,7 @@ import type {
   TaskFilter,
   TaskOptions,
   Time,
+  TraceHeaders,
   Workflow,
   WorkflowFilter,
   WorkflowStarted,
@@ -149,7 +150,17 @@ type Request = {
   rawBody?: string;
   text?: boolean;
   extraTimeoutMs?: number;
+  /** Headers of this request only. */
+  headers?: Record<string, string>;
 };
+
+/** The trace headers to send (none without a `traceparent`). */
+function traceHeaders(trace?: TraceHeaders): Record<string, string> | undefined {
+  if (!trace?.traceparent) return undefined;
+  return trace.tracestate
+    ? { traceparent: trace.traceparent, tracestate: trace.tracestate }
+    : { traceparent: trace.traceparent };
+}
 
 /** Sundial's HTTP API. */
 export class SundialClient {
@@ -184,7 +195,7 @@ export class SundialClient {
       if (Array.isArray(v)) for (const item of v) url.searchParams.append(k, item);
       else if (v !== undefined) url.searchParams.set(k, String(v));
     }
-    const headers: Record<string, string> = { ...this.headers };
+    const headers: Record<string, string> = { ...this.headers, ...r.headers };
     let body: string | undefined;
     if (r.rawBody !== undefined) {
       body = r.rawBody;
@@ -230,16 +241,27 @@ export class SundialClient {
 
   // tasks
 
-  /** Create a task (`POST /v1/tasks`). Durations are strings or milliseconds. */
-  async createTask(kind: string, options: TaskOptions = {}): Promise<Task> {
-    return (await this.send({ method: "POST", path: "/v1/tasks", body: taskBody(kind, options) })) as Task;
+  /** Create a task (`POST /v1/tasks`). Durations are strings or milliseconds. `trace`: the
+   * caller's W3C trace context, which the task carries to every step that runs it. */
+  async createTask(kind: string, options: TaskOptions = {}, trace?: TraceHeaders): Promise<Task> {
+    return (await this.send({
+      method: "POST",
+      path: "/v1/tasks",
+      body: taskBody(kind, options),
+      headers: traceHeaders(trace),
+    })) as Task;
   }
 
   /** Create many tasks in one transaction (`POST /v1/tasks:batch`): one result per item, in order
    * (`{status: "created", id, state, run_at}` or `{status: "duplicate", existing_id}`). */
-  async createTasks(tasks: Array<{ kind: string } & TaskOptions>): Promise<BatchResult[]> {
+  async createTasks(tasks: Array<{ kind: string } & TaskOptions>, trace?: TraceHeaders): Promise<BatchResult[]> {
     const body: S["CreateBatch"] = { tasks: tasks.map(({ kind, ...o }) => taskBody(kind, o) as S["CreateTask"]) };
-    const r = (await this.send({ method: "POST", path: "/v1/tasks:batch", body })) as S["BatchResponse"];
+    const r = (await this.send({
+      method: "POST",
+      path: "/v1/tasks:batch",
+      body,
+      headers: traceHeaders(trace),
+    })) as S["BatchResponse"];
     return r.results;
   }
 
@@ -342,14 +364,30 @@ export class SundialClient {
     return (await this.send({ method: "POST", path: `/v1/tasks/${seg(id)}/heartbeat`, body })) as Task;
   }
 
-  async complete(id: string, executionId: string, result?: unknown): Promise<Task> {
+  /** Record success; `trace`: the W3C context of the run, continued by the server. */
+  async complete(id: string, executionId: string, result?: unknown, trace?: TraceHeaders): Promise<Task> {
     const body = dropUndefined({ execution_id: executionId, result }) as S["CompleteRequest"];
-    return (await this.send({ method: "POST", path: `/v1/tasks/${seg(id)}/complete`, body })) as Task;
+    return (await this.send({
+      method: "POST",
+      path: `/v1/tasks/${seg(id)}/complete`,
+      body,
+      headers: traceHeaders(trace),
+    })) as Task;
   }
 
-  async fail(id: string, executionId: string, error?: string, options: { retryable?: boolean } = {}): Promise<Task> {
+  async fail(
+    id: string,
+    executionId: string,
+    error?: string,
+    options: { retryable?: boolean; traceparent?: string | null } = {},
+  ): Promise<Task> {
     const body: S["FailRequest"] = dropUndefined({ execution_id: executionId, error, retryable: options.retryable });
-    return (await this.send({ method: "POST", path: `/v1/tasks/${seg(id)}/fail`, body })) as Task;
+    return (await this.send({
+      method: "POST",
+      path: `/v1/tasks/${seg(id)}/fail`,
+      body,
+      headers: traceHeaders({ traceparent: options.traceparent }),
+    })) as Task;
   }
 
   // schedules

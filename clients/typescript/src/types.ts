@@ -65,6 +65,10 @@ export type Attempt = S["AttemptView"];
 export type Queue = S["QueueView"];
 export type BulkResult = S["BulkResponse"];
 
+/** W3C trace context headers: a create's task joins the caller's trace; a worker's complete or
+ * fail is recorded as a child of its run. */
+export type TraceHeaders = { traceparent?: string | null; tracestate?: string | null };
+
 export type PollOptions = { max?: number; wait?: Duration; kinds?: string[] };
 
 /** A schedule to create or the fields to change (`PATCH`); the task template as for tasks. */

@@ -26,11 +26,18 @@ export class Permanent extends Error {
   override name = "Permanent";
 }
 
-/** A task this worker runs: the polled task, and `signal`, aborted once the attempt is lost. */
+/** A task this worker runs: the polled task, and `signal`, aborted once the attempt is lost.
+ * `traceparent` (and `tracestate`) is the W3C trace context the handler runs in (its delivery's,
+ * for a traced task); a trace hook may set it to its own span's, which the worker sends with the
+ * result. */
 export type Job = PolledTask & {
   readonly signal: AbortSignal;
   readonly lost: boolean;
 };
+
+/** Runs the handler (`run`) within a trace: e.g. with OpenTelemetry, starts a span whose parent is
+ * `job.traceparent`, sets `job.traceparent` to that span's, and calls `run` inside it. */
+export type TraceHook = (job: Job, run: () => Promise<unknown>) => Promise<unknown>;
 
 export type Handler = (job: Job) => unknown | Promise<unknown>;
 
@@ -53,6 +60,8 @@ export type WorkerOptions = ClientOptions & {
   handleSignals?: boolean;
   /** Where to say what went wrong (default `console.warn`). */
   log?: (message: string) => void;
+  /** Runs each handler call within the task's trace (no tracing library is needed without it). */
+  traceHook?: TraceHook;
 };
 
 const sleep = (ms: number, signal?: AbortSignal) =>
@@ -199,7 +208,9 @@ export class Worker {
     }, interval);
     let outcome: Outcome;
     try {
-      outcome = { complete: true, result: await this.handler(job) };
+      const run = async () => this.handler(job);
+      const hook = this.options.traceHook;
+      outcome = { complete: true, result: await (hook ? hook(job, run) : run()) };
     } catch (e) {
       if (e instanceof Permanent) outcome = { complete: false, error: e.message || e.name, retryable: false };
       else outcome = { complete: false, error: e instanceof Error ? e.stack ?? e.message : String(e), retryable: true };
@@ -211,18 +222,21 @@ export class Worker {
       this.log(`task ${task.id}: the attempt was taken back; its outcome is dropped`);
       return;
     }
-    await this.report(task, outcome, () => leaseUntil);
+    await this.report(job, outcome, () => leaseUntil);
   }
 
-  private async report(task: PolledTask, outcome: Outcome, leaseUntil: () => number): Promise<void> {
+  private async report(task: Job, outcome: Outcome, leaseUntil: () => number): Promise<void> {
     let backoff = 0;
     for (;;) {
       try {
         if (outcome.complete) {
-          await this.client.complete(task.id, task.execution_id, outcome.result);
+          await this.client.complete(task.id, task.execution_id, outcome.result, { traceparent: task.traceparent });
           this.stats.completed++;
         } else {
-          await this.client.fail(task.id, task.execution_id, outcome.error, { retryable: outcome.retryable });
+          await this.client.fail(task.id, task.execution_id, outcome.error, {
+            retryable: outcome.retryable,
+            traceparent: task.traceparent,
+          });
           this.stats.failed++;
         }
         return;

@@ -20,11 +20,11 @@ mod queue;
 mod schedule;
 mod server;
 mod task;
+mod telemetry;
 mod worker;
 mod workflow;
 
 use clap::{Parser, Subcommand};
-use tracing_subscriber::EnvFilter;
 
 /// The default address of the server; clients use it when given no `--server`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7373";
@@ -67,21 +67,10 @@ enum Command {
     Audit(access::AuditArgs),
 }
 
-fn init_logs(default_level: &str) {
-    use std::io::IsTerminal;
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
-}
-
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // People read task commands' output: only warnings and errors go to the log there.
-    init_logs(match cli.command {
+    let level = match cli.command {
         Command::Task(_)
         | Command::Queue(_)
         | Command::Schedule(_)
@@ -91,7 +80,7 @@ fn main() -> std::process::ExitCode {
         | Command::Namespace(_)
         | Command::Audit(_) => "warn",
         _ => "info",
-    });
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -100,6 +89,17 @@ fn main() -> std::process::ExitCode {
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");
             return std::process::ExitCode::FAILURE;
+        }
+    };
+    let otlp = match &cli.command {
+        Command::Server(args) => args.otlp_endpoint(),
+        _ => None,
+    };
+    let telemetry = match telemetry::init(level, otlp.as_deref(), runtime.handle()) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return std::process::ExitCode::from(2);
         }
     };
     let result = runtime.block_on(async move {
@@ -116,6 +116,7 @@ fn main() -> std::process::ExitCode {
             Command::Audit(args) => access::run_audit(args).await,
         }
     });
+    telemetry.shutdown();
     match result {
         Ok(code) => code,
         Err(e) => {

@@ -38,6 +38,10 @@ pub struct ServerArgs {
     /// Directory of the embedded store (created if missing).
     #[arg(long, env = "SUNDIAL_DATA_DIR", default_value = "./sundial-data")]
     data_dir: PathBuf,
+    /// Export traces over OTLP/HTTP (protobuf) to this collector, e.g. http://127.0.0.1:4318
+    /// (`/v1/traces` is appended unless the URL ends with it). Nothing is exported without it.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
     /// Address to listen on, HOST:PORT (`127.0.0.1:7373`, `localhost:7373`, `[::1]:7373`); a
     /// host name is resolved and the first address that binds is used. Port 0 picks a free port
     /// (the address is printed at start).
@@ -248,6 +252,13 @@ async fn bind(listen: &str) -> anyhow::Result<tokio::net::TcpListener> {
 
 /// The exit status when the settings contradict each other (the message names them).
 pub const EXIT_BAD_CONFIG: u8 = 2;
+
+impl ServerArgs {
+    /// Where traces go, when configured (empty counts as not).
+    pub fn otlp_endpoint(&self) -> Option<String> {
+        self.otlp_endpoint.clone().filter(|e| !e.trim().is_empty())
+    }
+}
 
 pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
     let config = Config {

@@ -16,6 +16,7 @@ pub mod shard;
 pub mod target;
 pub mod task;
 pub mod time;
+pub mod trace;
 
 pub use error::ValidationError;
 pub use id::{ExecutionId, RunId, TaskId, TokenId};
@@ -31,3 +32,4 @@ pub use task::{
     TaskState, check_tags, is_internal_queue,
 };
 pub use time::{Clock, ManualClock, Timestamp};
+pub use trace::TraceContext;

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Backoff, ExecutionId, Target, TaskId, Timestamp, ValidationError};
+use crate::{Backoff, ExecutionId, Target, TaskId, Timestamp, TraceContext, ValidationError};
 
 /// Queues whose name starts with this are Sundial's own (schedule ticks `sundial.schedules`,
 /// workflow tasks `sundial.workflows`, activities `sundial.activities`, timers, child starts):
@@ -194,6 +194,8 @@ pub struct TaskSpec {
     pub tags: Tags,
     /// Deliver by an HTTP call instead of a handler or worker (`sundial-push`).
     pub target: Option<Target>,
+    /// The W3C trace context of the request that created it, continued by every step that runs it.
+    pub trace: Option<TraceContext>,
 }
 
 impl TaskSpec {
@@ -217,7 +219,13 @@ impl TaskSpec {
             exclusive: None,
             tags: Tags::new(),
             target: None,
+            trace: None,
         }
+    }
+    /// Carries `trace` (the creating request's W3C trace context) to the steps that run the task.
+    pub fn trace(mut self, trace: Option<TraceContext>) -> Self {
+        self.trace = trace;
+        self
     }
     /// Delivers the task by calling `target` at its due time.
     pub fn target(mut self, target: Target) -> Self {
@@ -363,6 +371,7 @@ impl TaskSpec {
             exclusive: self.exclusive,
             tags: self.tags,
             target,
+            trace: self.trace,
             created_at: now,
         })
     }
@@ -458,6 +467,7 @@ pub struct NewTask {
     pub exclusive: Option<Exclusive>,
     pub tags: Tags,
     pub target: Option<Target>,
+    pub trace: Option<TraceContext>,
     pub created_at: Timestamp,
 }
 
@@ -489,6 +499,10 @@ pub struct Task {
     /// The HTTP call that delivers it, when it is a push task.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<Target>,
+    /// The W3C trace context it carries: as stored, the creating request's; in a handler's
+    /// [`Task`] or a poll's answer, the context of the step that handed it over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceContext>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     pub started_at: Option<Timestamp>,

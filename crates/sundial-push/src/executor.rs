@@ -220,7 +220,8 @@ impl PushExecutor {
             task_id: task.id.to_string(),
             attempt: task.attempt,
             execution_id: execution.to_string(),
-            traceparent: None,
+            // The run span's context (the engine set it on the handed-over task).
+            traceparent: task.trace.as_ref().map(|c| c.traceparent().to_string()),
             body,
             timeout,
         };

@@ -8,12 +8,16 @@ use axum::Json;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use sundial::trace::Step;
 use sundial::{ExecutionId, Scheduled, TaskId, TaskSpec, TaskState, Timestamp};
+
+use tracing::Instrument;
 
 use crate::AppState;
 use crate::duration;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::ApiJson;
+use crate::trace::{self as tracectx, TraceHeaders};
 use crate::wire::{
     BatchItem, BatchResponse, CompleteRequest, CreateBatch, CreateTask, FailRequest, Health,
     HeartbeatRequest, ListQuery, PollRequest, PollResponse, PolledTask, TaskList, TaskView,
@@ -40,6 +44,10 @@ fn created(task: sundial::Task) -> Response {
 /// Create a task.
 #[utoipa::path(
     post, path = "/v1/tasks", tag = "tasks",
+    params(
+        ("traceparent" = Option<String>, Header, description = "W3C trace context: the task carries it (continued by the span of this request) to every step that runs it; a malformed value is ignored"),
+        ("tracestate" = Option<String>, Header, description = "W3C vendor trace state, kept beside a valid traceparent"),
+    ),
     request_body = CreateTask,
     responses(
         (status = 201, description = "Stored durably", body = TaskView),
@@ -51,6 +59,7 @@ fn created(task: sundial::Task) -> Response {
 )]
 pub async fn create_task(
     State(st): State<AppState>,
+    TraceHeaders(incoming): TraceHeaders,
     ApiJson(body): ApiJson<CreateTask>,
 ) -> Result<Response, ApiError> {
     let idempotency = body
@@ -63,11 +72,20 @@ pub async fn create_task(
             "idempotency_version needs an idempotency_key",
         ));
     }
-    let spec = body.into_spec()?;
+    let span = tracectx::create_span(incoming.as_ref(), 1);
+    let spec = body
+        .into_spec()?
+        .trace(tracectx::stored_context(&span, incoming.as_ref()));
     match idempotency {
-        None => Ok(created(st.sundial.schedule_task(spec).await?)),
+        None => Ok(created(
+            st.sundial.schedule_task(spec).instrument(span).await?,
+        )),
         Some(i) => {
-            let c = st.sundial.create_idempotent(spec, i).await?;
+            let c = st
+                .sundial
+                .create_idempotent(spec, i)
+                .instrument(span)
+                .await?;
             if c.repeat {
                 Ok((StatusCode::OK, Json(TaskView::from(c.task))).into_response())
             } else {
@@ -83,6 +101,10 @@ pub async fn create_task(
 /// held by a live task is reported as `duplicate` and not stored; the others are.
 #[utoipa::path(
     post, path = "/v1/tasks:batch", tag = "tasks",
+    params(
+        ("traceparent" = Option<String>, Header, description = "W3C trace context: every task of the batch carries it (continued by the span of this request) to every step that runs it; a malformed value is ignored"),
+        ("tracestate" = Option<String>, Header, description = "W3C vendor trace state, kept beside a valid traceparent"),
+    ),
     request_body = CreateBatch,
     responses(
         (status = 201, description = "One result per item, in order", body = BatchResponse),
@@ -93,6 +115,7 @@ pub async fn create_task(
 )]
 pub async fn create_batch(
     State(st): State<AppState>,
+    TraceHeaders(incoming): TraceHeaders,
     body: Result<ApiJson<CreateBatch>, ApiError>,
 ) -> Result<Response, ApiError> {
     let ApiJson(body) = body.map_err(|mut e| {
@@ -122,15 +145,22 @@ pub async fn create_batch(
         )
         .at_index(i));
     }
+    let span = tracectx::create_span(incoming.as_ref(), body.tasks.len());
+    let stored = tracectx::stored_context(&span, incoming.as_ref());
     let specs = body
         .tasks
         .into_iter()
         .enumerate()
-        .map(|(i, t)| t.into_spec().map_err(|e| e.at_index(i)))
+        .map(|(i, t)| {
+            t.into_spec()
+                .map(|s| s.trace(stored.clone()))
+                .map_err(|e| e.at_index(i))
+        })
         .collect::<Result<Vec<TaskSpec>, ApiError>>()?;
     let results = st
         .sundial
         .schedule_many(specs)
+        .instrument(span)
         .await?
         .into_iter()
         .map(|r| match r {
@@ -407,7 +437,10 @@ pub async fn heartbeat_task(
 /// Record a successful attempt.
 #[utoipa::path(
     post, path = "/v1/tasks/{id}/complete", tag = "workers",
-    params(("id" = uuid::Uuid, Path, description = "Task id")),
+    params(
+        ("id" = uuid::Uuid, Path, description = "Task id"),
+        ("traceparent" = Option<String>, Header, description = "W3C trace context of the worker's run: this request's span is its child"),
+    ),
     request_body = CompleteRequest,
     responses(
         (status = 200, description = "Succeeded", body = TaskView),
@@ -419,6 +452,7 @@ pub async fn heartbeat_task(
 pub async fn complete_task(
     State(st): State<AppState>,
     Path(id): Path<String>,
+    TraceHeaders(incoming): TraceHeaders,
     ApiJson(body): ApiJson<CompleteRequest>,
 ) -> Result<Json<TaskView>, ApiError> {
     let id = parse_id(&id)?;
@@ -432,10 +466,17 @@ pub async fn complete_task(
             );
         }
     }
-    let task = st
+    let complete = st
         .sundial
-        .complete(id, execution(body.execution_id), body.result)
-        .await?;
+        .complete(id, execution(body.execution_id), body.result);
+    let task = match tracectx::result_span(Step::Complete, incoming.as_ref()) {
+        Some(span) => complete.instrument(span).await?,
+        None => {
+            let task = complete.await?;
+            tracectx::record_result_point(Step::Complete, &task);
+            task
+        }
+    };
     record_duration(&task);
     Ok(Json(TaskView::from(task)))
 }
@@ -464,7 +505,10 @@ fn tail(s: String, max: usize) -> String {
 /// `retryable`), else `dead`.
 #[utoipa::path(
     post, path = "/v1/tasks/{id}/fail", tag = "workers",
-    params(("id" = uuid::Uuid, Path, description = "Task id")),
+    params(
+        ("id" = uuid::Uuid, Path, description = "Task id"),
+        ("traceparent" = Option<String>, Header, description = "W3C trace context of the worker's run: this request's span is its child"),
+    ),
     request_body = FailRequest,
     responses(
         (status = 200, description = "Rescheduled or dead", body = TaskView),
@@ -475,6 +519,7 @@ fn tail(s: String, max: usize) -> String {
 pub async fn fail_task(
     State(st): State<AppState>,
     Path(id): Path<String>,
+    TraceHeaders(incoming): TraceHeaders,
     ApiJson(body): ApiJson<FailRequest>,
 ) -> Result<Json<TaskView>, ApiError> {
     let id = parse_id(&id)?;
@@ -482,15 +527,20 @@ pub async fn fail_task(
         body.error.unwrap_or_else(|| "failed".to_string()),
         MAX_ERROR_BYTES,
     );
-    let task = st
-        .sundial
-        .fail(
-            id,
-            execution(body.execution_id),
-            error,
-            body.retryable.unwrap_or(true),
-        )
-        .await?;
+    let fail = st.sundial.fail(
+        id,
+        execution(body.execution_id),
+        error,
+        body.retryable.unwrap_or(true),
+    );
+    let task = match tracectx::result_span(Step::Fail, incoming.as_ref()) {
+        Some(span) => fail.instrument(span).await?,
+        None => {
+            let task = fail.await?;
+            tracectx::record_result_point(Step::Fail, &task);
+            task
+        }
+    };
     record_duration(&task);
     Ok(Json(TaskView::from(task)))
 }

@@ -59,6 +59,7 @@ pub mod ops;
 pub mod push;
 pub mod schedules;
 pub mod time;
+pub mod trace;
 pub mod ui;
 pub mod wire;
 pub mod workflows;

@@ -383,6 +383,11 @@ pub struct TaskView {
     /// The HTTP call that delivers it, for a push task.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<TargetSpec>,
+    /// The W3C trace context it carries (from the request that created it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
     /// The current (or last) attempt's execution id.
     pub execution_id: Option<Uuid>,
     #[schema(format = DateTime)]
@@ -431,6 +436,12 @@ impl From<Task> for TaskView {
             }),
             tags: t.tags,
             target: t.target.map(TargetSpec::from_target),
+            traceparent: t.trace.as_ref().map(|c| c.traceparent().to_string()),
+            tracestate: t
+                .trace
+                .as_ref()
+                .and_then(|c| c.tracestate())
+                .map(str::to_string),
             execution_id: t.execution_id.map(|e| e.0),
             lease_expires_at: t.lease_expires_at.map(time::format),
             worker: t.worker,
@@ -534,6 +545,13 @@ pub struct PolledTask {
     pub run_at: String,
     /// The attempt's time limit; a heartbeat extends the lease by this much.
     pub timeout: String,
+    /// The W3C trace context to run the attempt in, for a task created with one (the context of
+    /// its delivery to this worker): send it as the `traceparent` of the worker's own span and
+    /// of the complete or fail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
 }
 
 impl PolledTask {
@@ -552,6 +570,12 @@ impl PolledTask {
             lease_expires_at: time::format(t.lease_expires_at?),
             run_at: time::format(t.due_at),
             timeout,
+            traceparent: t.trace.as_ref().map(|c| c.traceparent().to_string()),
+            tracestate: t
+                .trace
+                .as_ref()
+                .and_then(|c| c.tracestate())
+                .map(str::to_string),
         })
     }
 }

@@ -756,7 +756,11 @@ impl PostgresStore {
         let mut ords = Vec::with_capacity(tasks.len());
         let mut tags: Vec<Option<String>> = Vec::with_capacity(tasks.len());
         let mut targets = Vec::with_capacity(tasks.len());
+        let mut traceparents: Vec<Option<&str>> = Vec::with_capacity(tasks.len());
+        let mut tracestates: Vec<Option<&str>> = Vec::with_capacity(tasks.len());
         for (i, t) in tasks.iter().enumerate() {
+            traceparents.push(t.trace.as_ref().map(|c| c.traceparent()));
+            tracestates.push(t.trace.as_ref().and_then(|c| c.tracestate()));
             tags.push(if t.tags.is_empty() {
                 None
             } else {
@@ -811,6 +815,8 @@ impl PostgresStore {
                 &ords,
                 &tags,
                 &targets,
+                &traceparents,
+                &tracestates,
             ],
         )
         .await?;

@@ -3,6 +3,7 @@
 
 use sundial_core::{
     Backoff, Exclusive, ExclusiveMode, ExecutionId, Task, TaskId, TaskState, Timestamp,
+    TraceContext,
 };
 use sundial_store::StoreError;
 use tokio_postgres::Row;
@@ -10,7 +11,7 @@ use tokio_postgres::types::FromSql;
 use uuid::Uuid;
 
 /// The task columns every task query returns, in the order [`task_from_row`] reads them.
-const COLUMNS: [&str; 25] = [
+const COLUMNS: [&str; 27] = [
     "id",
     "shard",
     "queue",
@@ -36,6 +37,8 @@ const COLUMNS: [&str; 25] = [
     "finished_at",
     "tags",
     "target",
+    "traceparent",
+    "tracestate",
 ];
 
 /// The column list qualified with `alias` (`t.id, t.shard, …`): queries that join the task table
@@ -103,6 +106,8 @@ pub fn task_from_row(r: &Row) -> Result<Task, StoreError> {
     let result: Option<String> = col(r, 18)?;
     let tags: Option<String> = col(r, 23)?;
     let target: Option<String> = col(r, 24)?;
+    let traceparent: Option<String> = col(r, 25)?;
+    let tracestate: Option<String> = col(r, 26)?;
     let exclusive = match (ex_key, ex_mode) {
         (None, _) => None,
         (Some(key), Some(mode)) => Some(Exclusive {
@@ -152,6 +157,13 @@ pub fn task_from_row(r: &Row) -> Result<Task, StoreError> {
                 serde_json::from_str(&s).map_err(|e| StoreError::Corrupt(format!("target: {e}")))
             })
             .transpose()?,
+        trace: match traceparent {
+            None => None,
+            Some(tp) => Some(
+                TraceContext::parse(&tp, tracestate.as_deref())
+                    .ok_or_else(|| StoreError::Corrupt(format!("traceparent {tp:?}")))?,
+            ),
+        },
     })
 }
 

@@ -431,6 +431,14 @@ ALTER TABLE {schema}.task_attempts ADD COLUMN status_code integer;
 ALTER TABLE {schema}.task_attempts ADD COLUMN content_type text;
 "#,
     },
+    Migration {
+        version: 13,
+        name: "trace context of tasks",
+        sql: r#"
+ALTER TABLE {schema}.tasks ADD COLUMN traceparent text;
+ALTER TABLE {schema}.tasks ADD COLUMN tracestate text;
+"#,
+    },
 ];
 
 /// The schema version this build writes (the highest migration it knows).

@@ -447,15 +447,17 @@ impl Sql {
             insert: format!(
                 "INSERT INTO {tasks} AS t (id, shard, queue, kind, key, payload, due_at, state, \
                  attempt, max_attempts, backoff, timeout_ms, exclusive_key, exclusive_mode, \
-                 created_at, updated_at, tags, target) \
+                 created_at, updated_at, tags, target, traceparent, tracestate) \
                  SELECT u.id, u.shard, u.queue, u.kind, u.key, u.payload, u.due_at, 'scheduled', 0, \
                  u.max_attempts, u.backoff, u.timeout_ms, u.exclusive_key, u.exclusive_mode, \
-                 u.created_at, u.created_at, u.tags, u.target \
+                 u.created_at, u.created_at, u.tags, u.target, u.traceparent, u.tracestate \
                  FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[], $5::text[], \
                  $6::text[], $7::bigint[], $8::bigint[], $9::text[], $10::bigint[], $11::text[], \
-                 $12::text[], $13::bigint[], $14::bigint[], $15::text[], $16::text[]) \
+                 $12::text[], $13::bigint[], $14::bigint[], $15::text[], $16::text[], \
+                 $17::text[], $18::text[]) \
                  AS u(id, shard, queue, kind, key, payload, due_at, max_attempts, backoff, \
-                 timeout_ms, exclusive_key, exclusive_mode, created_at, ord, tags, target) \
+                 timeout_ms, exclusive_key, exclusive_mode, created_at, ord, tags, target, \
+                 traceparent, tracestate) \
                  ORDER BY u.queue, u.key, u.ord \
                  ON CONFLICT (queue, key) WHERE key IS NOT NULL AND state IN {LIVE} DO NOTHING \
                  RETURNING {c}"

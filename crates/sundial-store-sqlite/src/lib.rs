@@ -570,14 +570,14 @@ fn filtered(
     (sql, args)
 }
 
-/// Rows per multi-row `INSERT` statement (13 parameters each; SQLite allows 32,766).
+/// Rows per multi-row `INSERT` statement (`INSERT_PARAMS` parameters each; SQLite allows 32,766).
 ///
 /// Inserting a batch row by row is quadratic in SQLite here: every statement inside the job's
 /// savepoint opens a statement savepoint that copies the pages it touches into the in-memory
 /// sub-journal again, and releasing it walks that journal from the start. One statement per chunk
 /// keeps both costs per chunk instead of per row.
 const INSERT_CHUNK: usize = 64;
-const INSERT_PARAMS: usize = 15;
+const INSERT_PARAMS: usize = 17;
 
 /// Inserts `tasks` in order; a task whose live `(queue, key)` is already held (by an earlier
 /// task, possibly of the same batch) becomes [`Inserted::Duplicate`].
@@ -606,8 +606,8 @@ fn insert_chunk(
         .map(|i| {
             let p = |n: usize| i * INSERT_PARAMS + n;
             format!(
-                "(?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, 'scheduled', 0, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})",
-                p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9), p(10), p(11), p(12), p(13), p(13), p(14), p(15)
+                "(?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, 'scheduled', 0, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})",
+                p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9), p(10), p(11), p(12), p(13), p(13), p(14), p(15), p(16), p(17)
             )
         })
         .collect::<Vec<_>>()
@@ -617,7 +617,7 @@ fn insert_chunk(
     let sql = format!(
         "INSERT INTO tasks (id, shard, queue, kind, key, payload, due_at, state, attempt, \
          max_attempts, backoff, timeout_ms, exclusive_key, exclusive_mode, created_at, updated_at, \
-         tags, target) VALUES {values} ON CONFLICT DO NOTHING RETURNING {TASK_COLUMNS}"
+         tags, target, traceparent, tracestate) VALUES {values} ON CONFLICT DO NOTHING RETURNING {TASK_COLUMNS}"
     );
     let timeouts: Vec<i64> = chunk.iter().map(|t| t.timeout_ms as i64).collect();
     let tags = chunk
@@ -641,13 +641,22 @@ fn insert_chunk(
         .iter()
         .map(|t| t.exclusive.as_ref().map(|e| rows::mode_str(e.mode)))
         .collect();
-    for (((((t, backoff), timeout), mode), tags), target) in chunk
+    let traceparents: Vec<Option<&str>> = chunk
+        .iter()
+        .map(|t| t.trace.as_ref().map(|c| c.traceparent()))
+        .collect();
+    let tracestates: Vec<Option<&str>> = chunk
+        .iter()
+        .map(|t| t.trace.as_ref().and_then(|c| c.tracestate()))
+        .collect();
+    for (i, (((((t, backoff), timeout), mode), tags), target)) in chunk
         .iter()
         .zip(&backoffs)
         .zip(&timeouts)
         .zip(&modes)
         .zip(&tags)
         .zip(&targets)
+        .enumerate()
     {
         args.push(t.id.as_bytes());
         args.push(&t.shard);
@@ -667,6 +676,8 @@ fn insert_chunk(
         args.push(&t.created_at.0);
         args.push(tags);
         args.push(target);
+        args.push(&traceparents[i]);
+        args.push(&tracestates[i]);
     }
     let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
     let mut rows = stmt.query(args.as_slice()).map_err(backend)?;

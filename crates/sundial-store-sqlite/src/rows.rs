@@ -4,6 +4,7 @@
 use rusqlite::Row;
 use sundial_core::{
     Backoff, Exclusive, ExclusiveMode, ExecutionId, Task, TaskId, TaskState, Timestamp,
+    TraceContext,
 };
 use sundial_store::StoreError;
 
@@ -13,7 +14,7 @@ use crate::backend;
 pub const TASK_COLUMNS: &str = "id, shard, queue, kind, key, payload, due_at, state, attempt, \
     max_attempts, backoff, timeout_ms, exclusive_key, exclusive_mode, execution_id, \
     lease_expires_at, worker, last_error, result, created_at, updated_at, started_at, finished_at, \
-    tags, target";
+    tags, target, traceparent, tracestate";
 
 pub fn parse_state(s: &str) -> Result<TaskState, StoreError> {
     s.parse()
@@ -51,6 +52,8 @@ pub fn task_from_row(r: &Row<'_>) -> Result<Task, StoreError> {
     let result: Option<String> = r.get(18).map_err(backend)?;
     let tags: Option<String> = r.get(23).map_err(backend)?;
     let target: Option<String> = r.get(24).map_err(backend)?;
+    let traceparent: Option<String> = r.get(25).map_err(backend)?;
+    let tracestate: Option<String> = r.get(26).map_err(backend)?;
     let exclusive = match (ex_key, ex_mode.as_deref()) {
         (Some(key), Some("wait")) => Some(Exclusive {
             key,
@@ -105,5 +108,12 @@ pub fn task_from_row(r: &Row<'_>) -> Result<Task, StoreError> {
                 serde_json::from_str(&s).map_err(|e| StoreError::Corrupt(format!("target: {e}")))
             })
             .transpose()?,
+        trace: match traceparent {
+            None => None,
+            Some(tp) => Some(
+                TraceContext::parse(&tp, tracestate.as_deref())
+                    .ok_or_else(|| StoreError::Corrupt(format!("traceparent {tp:?}")))?,
+            ),
+        },
     })
 }

@@ -39,6 +39,8 @@
 //!   runs and their histories.
 //! - `tasks.target` and `push_secrets` (migration 6): a push task's HTTP target as JSON, and the
 //!   signing secrets of push delivery with their expiry (a rotation sets the previous ones').
+//! - `tasks.traceparent`, `tasks.tracestate` (migration 12): the W3C trace context of the request
+//!   that created the task, continued by the steps that run it (NULL when it came with none).
 
 use rusqlite::Connection;
 
@@ -328,6 +330,11 @@ CREATE INDEX workflow_runs_closed ON workflow_runs (closed_at) WHERE closed_at I
     r#"
 ALTER TABLE task_attempts ADD COLUMN status_code INTEGER;
 ALTER TABLE task_attempts ADD COLUMN content_type TEXT;
+"#,
+    // 12: the W3C trace context a task carries from the request that created it (NULL: none).
+    r#"
+ALTER TABLE tasks ADD COLUMN traceparent TEXT;
+ALTER TABLE tasks ADD COLUMN tracestate TEXT;
 "#,
 ];
 

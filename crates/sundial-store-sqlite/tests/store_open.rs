@@ -47,8 +47,8 @@ fn insert(store: &SqliteStore, tasks: Vec<NewTask>) {
 
 /// Makes the database look as a build before the shard count was recorded left it: version 3,
 /// without what migrations 4 (the store's facts), 5 (operations), 6 (push delivery), 7 (fire
-/// retention), 8 (idempotency), 9 (access), 10 (workflow run retention) and 11 (push attempts'
-/// answers: dropped with `task_attempts`) added.
+/// retention), 8 (idempotency), 9 (access), 10 (workflow run retention), 11 (push attempts'
+/// answers: dropped with `task_attempts`) and 12 (trace context) added.
 fn forget_shard_count(dir: &Path) {
     let conn = rusqlite::Connection::open(dir.join("sundial.db")).unwrap();
     conn.execute_batch(
@@ -66,6 +66,7 @@ fn forget_shard_count(dir: &Path) {
          DROP TABLE idempotency;
          DROP TABLE api_tokens; DROP TABLE namespaces; DROP TABLE audit_log;
          DROP INDEX workflow_runs_closed;
+         ALTER TABLE tasks DROP COLUMN traceparent; ALTER TABLE tasks DROP COLUMN tracestate;
          PRAGMA user_version = 3;",
     )
     .unwrap();

@@ -32,7 +32,7 @@ use std::time::Duration;
 use serde_json::json;
 use sundial_core::{
     Backoff, Exclusive, ExclusiveMode, ExecutionId, Limits, NewTask, PushMethod, Target, Task,
-    TaskId, TaskSpec, TaskState, Timestamp,
+    TaskId, TaskSpec, TaskState, Timestamp, TraceContext,
 };
 use uuid::Uuid;
 
@@ -108,6 +108,7 @@ macro_rules! store_conformance {
     ($factory:expr $(,)?) => {
         $crate::store_conformance!(@checks ($factory)
             insert_then_get_round_trips_every_field
+            trace_context_stays_through_every_state_change
             insert_batch_returns_results_in_order
             insert_batch_is_atomic
             duplicate_live_key_is_refused
@@ -467,7 +468,11 @@ pub async fn insert_then_get_round_trips_every_field(store: Arc<dyn Store>) {
                     .header("X-Tenant", "acme")
                     .timeout(Duration::from_secs(5))
                     .retry_statuses(vec![409, 404]),
-            ),
+            )
+            .trace(TraceContext::parse(
+                TRACEPARENT,
+                Some("congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"),
+            )),
         now,
     );
     let expected = Task {
@@ -503,6 +508,7 @@ pub async fn insert_then_get_round_trips_every_field(store: Arc<dyn Store>) {
             timeout_ms: Some(5_000),
             retry_statuses: vec![404, 409],
         }),
+        trace: TraceContext::parse(TRACEPARENT, Some("congo=t61rcWkgMzE,rojo=00f067aa0ba902b7")),
         created_at: now,
         updated_at: now,
         started_at: None,
@@ -534,6 +540,7 @@ pub async fn insert_then_get_round_trips_every_field(store: Arc<dyn Store>) {
         last_error: None,
         result: None,
         target: None,
+        trace: None,
         created_at: at(5),
         updated_at: at(5),
         started_at: None,
@@ -1590,6 +1597,53 @@ pub async fn exclusive_skip_is_cancelled_while_key_runs(store: Arc<dyn Store>) {
 /// `claim_ready` starts ready tasks of the requested queue, oldest id first, each with one of the
 /// request's execution ids, its worker and lease; tasks of other queues and tasks not ready are left
 /// alone, and a task is never handed out by two calls.
+/// A W3C `traceparent` the suite's traced tasks carry.
+pub(crate) const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+/// A task's trace context is written once, with the task, and every later state change keeps it:
+/// readied, claimed by a worker, failed and retried, claimed to run in-process, completed.
+pub async fn trace_context_stays_through_every_state_change(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let trace = TraceContext::parse(TRACEPARENT, Some("vendor=v1"));
+    assert!(trace.is_some());
+    let t = insert(
+        s,
+        make(
+            TaskSpec::new("traced")
+                .queue("traced")
+                .run_at(at(0))
+                .trace(trace.clone()),
+            at(0),
+        ),
+    )
+    .await;
+    assert_eq!(t.trace, trace, "insert's answer");
+    let ready = make_ready(s, t.id, at(1)).await;
+    assert_eq!(ready.trace, trace, "readied");
+    let got = s
+        .claim_ready(ready_claim("traced", 1, "w", at(2)))
+        .await
+        .expect("claim_ready");
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].trace, trace, "claimed by a worker");
+    let exec = got[0].execution_id.expect("running");
+    let failed = s
+        .fail(t.id, exec, at(3), "again".into(), Retry::At(at(3)))
+        .await
+        .expect("fail");
+    assert_eq!(failed.state, TaskState::Scheduled);
+    assert_eq!(failed.trace, trace, "failed and rescheduled");
+    let (exec, running) = start(s, t.id, at(4)).await;
+    assert_eq!(running.trace, trace, "claimed to run");
+    let done = s.complete(t.id, exec, at(5), None).await.expect("complete");
+    assert_eq!(done.trace, trace, "completed");
+    assert_eq!(get(s, t.id).await.trace, trace, "read back");
+    // A task without one stays without one.
+    let plain = insert(s, make(TaskSpec::new("plain").run_at(at(0)), at(0))).await;
+    assert_eq!(plain.trace, None);
+    assert_eq!(get(s, plain.id).await.trace, None);
+}
+
 pub async fn claim_ready_takes_ready_tasks_in_id_order(store: Arc<dyn Store>) {
     let s = store.as_ref();
     // Each with its own timeout: a claimed task's lease is `now` plus its timeout.

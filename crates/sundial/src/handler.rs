@@ -23,6 +23,13 @@ impl TaskContext {
     pub fn attempt(&self) -> u32 {
         self.task.attempt
     }
+    /// The W3C trace context this run continues, for a task created with one: the context of its
+    /// `sundial.task.run` span when an OpenTelemetry layer is installed (the handler also runs
+    /// inside that span, so its own `tracing` spans are children of it), else the task's stored
+    /// context. Pass [`sundial_core::TraceContext::traceparent`] on in outgoing calls.
+    pub fn trace(&self) -> Option<&sundial_core::TraceContext> {
+        self.task.trace.as_ref()
+    }
 }
 
 /// Why a handler run failed. Retryable by default; [`HandlerError::permanent`] sends the task

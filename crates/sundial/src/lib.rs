@@ -42,6 +42,7 @@ mod handler;
 mod ops;
 mod placement;
 mod series;
+pub mod trace;
 mod window;
 
 use std::path::Path;
@@ -61,8 +62,8 @@ pub use series::register_queue_metrics;
 pub use sundial_core::Tags;
 pub use sundial_core::{
     Backoff, Clock, Due, Exclusive, ExclusiveMode, ExecutionId, INTERNAL_QUEUE_PREFIX, Limits,
-    ManualClock, PushMethod, Target, Task, TaskId, TaskSpec, TaskState, Timestamp, ValidationError,
-    is_internal_queue,
+    ManualClock, PushMethod, Target, Task, TaskId, TaskSpec, TaskState, Timestamp, TraceContext,
+    ValidationError, is_internal_queue,
 };
 pub use sundial_store::{
     AccessStore, Attempt, AttemptHistory, AttemptOutcome, AttemptResponse, Cluster, PushSecret,
@@ -398,6 +399,7 @@ impl Sundial {
         }
         idempotency.validate()?;
         let fingerprint = spec_fingerprint(&spec);
+        let spec = with_current_trace(spec, &mut None);
         let now = self.engine.clock.now();
         let cfg = &self.engine.config;
         let task = spec.validate(
@@ -453,9 +455,10 @@ impl Sundial {
         let now = self.engine.clock.now();
         let cfg = &self.engine.config;
         let mut rows = Vec::with_capacity(specs.len());
+        let mut current = None;
         for (index, spec) in specs.into_iter().enumerate() {
             let id = TaskId(uuid::Uuid::now_v7());
-            let row = spec
+            let row = with_current_trace(spec, &mut current)
                 .validate(id, now, cfg.shard_count, &cfg.limits)
                 .map_err(|error| Error::InvalidBatchItem { index, error })?;
             rows.push(row);
@@ -515,7 +518,9 @@ impl Sundial {
     // ---- Worker protocol (remote workers; see sundial-server) ---------------------------------
 
     /// Waits up to `wait` for ready tasks of `queue` and hands out up to `max`, each `running` under
-    /// a fresh execution id with a lease of its own timeout.
+    /// a fresh execution id with a lease of its own timeout. A traced task's `trace` is the context
+    /// of its delivery (the `sundial.task.deliver` span when an OpenTelemetry layer is installed,
+    /// else the stored context): the worker continues the trace from there.
     pub async fn poll(
         &self,
         queue: &str,
@@ -763,6 +768,19 @@ pub struct Created {
     /// The key was remembered for this very request: `task` is the one the first call created,
     /// and nothing was stored now.
     pub repeat: bool,
+}
+
+/// A spec without a trace context of its own takes the current span's, when that span belongs to
+/// an OpenTelemetry trace: a task created inside a traced request or job continues its trace.
+/// `current` caches the lookup across a batch.
+fn with_current_trace(spec: TaskSpec, current: &mut Option<Option<TraceContext>>) -> TaskSpec {
+    if spec.trace.is_some() {
+        return spec;
+    }
+    let trace = current
+        .get_or_insert_with(|| trace::span_trace(&tracing::Span::current()))
+        .clone();
+    spec.trace(trace)
 }
 
 /// A digest of everything a create asks for (not the idempotency key and version): equal for a

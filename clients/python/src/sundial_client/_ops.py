@@ -142,11 +142,30 @@ def task_body(
     return body
 
 
-def create_task(body: Dict[str, Any]) -> Op:
-    return Op("POST", "/v1/tasks", body=body, has_body=True, parse=m.Task.from_dict)
+def trace_headers(traceparent: Optional[str], tracestate: Optional[str] = None) -> Optional[Dict[str, str]]:
+    """The W3C trace context headers of a request (none without a ``traceparent``)."""
+    if not traceparent:
+        return None
+    h = {"traceparent": traceparent}
+    if tracestate:
+        h["tracestate"] = tracestate
+    return h
 
 
-def create_tasks(tasks: Iterable[Union[Mapping[str, Any]]]) -> Op:
+def create_task(body: Dict[str, Any], traceparent: Optional[str] = None, tracestate: Optional[str] = None) -> Op:
+    return Op(
+        "POST",
+        "/v1/tasks",
+        body=body,
+        has_body=True,
+        parse=m.Task.from_dict,
+        headers=trace_headers(traceparent, tracestate),
+    )
+
+
+def create_tasks(
+    tasks: Iterable[Union[Mapping[str, Any]]], traceparent: Optional[str] = None, tracestate: Optional[str] = None
+) -> Op:
     items = []
     for t in tasks:
         t = dict(t)
@@ -158,6 +177,7 @@ def create_tasks(tasks: Iterable[Union[Mapping[str, Any]]]) -> Op:
         body={"tasks": items},
         has_body=True,
         parse=lambda d: [m.batch_result(r) for r in d["results"]],
+        headers=trace_headers(traceparent, tracestate),
     )
 
 
@@ -298,23 +318,31 @@ def heartbeat(task_id: str, execution_id: str) -> Op:
     )
 
 
-def complete(task_id: str, execution_id: str, result: Any = None) -> Op:
+def complete(task_id: str, execution_id: str, result: Any = None, traceparent: Optional[str] = None) -> Op:
     return Op(
         "POST",
         f"/v1/tasks/{_seg(task_id)}/complete",
         body=_drop_none({"execution_id": execution_id, "result": result}),
         has_body=True,
         parse=m.Task.from_dict,
+        headers=trace_headers(traceparent),
     )
 
 
-def fail(task_id: str, execution_id: str, error: Optional[str] = None, retryable: Optional[bool] = None) -> Op:
+def fail(
+    task_id: str,
+    execution_id: str,
+    error: Optional[str] = None,
+    retryable: Optional[bool] = None,
+    traceparent: Optional[str] = None,
+) -> Op:
     return Op(
         "POST",
         f"/v1/tasks/{_seg(task_id)}/fail",
         body=_drop_none({"execution_id": execution_id, "error": error, "retryable": retryable}),
         has_body=True,
         parse=m.Task.from_dict,
+        headers=trace_headers(traceparent),
     )
 
 

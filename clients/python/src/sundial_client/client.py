@@ -104,13 +104,17 @@ class _Methods:
         timeout: Optional[Duration] = None,
         exclusive: Any = None,
         tags: Optional[Mapping[str, str]] = None,
+        traceparent: Optional[str] = None,
+        tracestate: Optional[str] = None,
         **extra: Any,
     ) -> Any:
         """Create a task (``POST /v1/tasks``) and return the stored :class:`~sundial_client.Task`.
 
         ``delay`` and ``timeout`` take seconds, a ``timedelta`` or a wire string (``"30s"``);
         ``run_at`` a datetime or an RFC 3339 string; ``exclusive`` a key or ``{"key", "mode"}``.
-        Further keyword arguments are sent as they are (fields newer than this client)."""
+        ``traceparent`` (and ``tracestate``), W3C trace context headers, make the task part of the
+        caller's trace. Further keyword arguments are sent as they are (fields newer than this
+        client)."""
         body = ops.task_body(
             kind,
             queue=queue,
@@ -125,13 +129,20 @@ class _Methods:
             tags=tags,
             **extra,
         )
-        return self._run(ops.create_task(body))
+        return self._run(ops.create_task(body, traceparent, tracestate))
 
-    def create_tasks(self, tasks: Iterable[Mapping[str, Any]]) -> Any:
+    def create_tasks(
+        self,
+        tasks: Iterable[Mapping[str, Any]],
+        *,
+        traceparent: Optional[str] = None,
+        tracestate: Optional[str] = None,
+    ) -> Any:
         """Create many tasks in one transaction (``POST /v1/tasks:batch``). Each item takes the
         arguments of :meth:`create_task` as a dict. Returns one ``BatchCreated`` or
-        ``BatchDuplicate`` per item, in order."""
-        return self._run(ops.create_tasks(tasks))
+        ``BatchDuplicate`` per item, in order. ``traceparent``: as for :meth:`create_task`, for
+        every task of the batch."""
+        return self._run(ops.create_tasks(tasks, traceparent, tracestate))
 
     def get_task(self, task_id: str) -> Any:
         return self._run(ops.get_task(task_id))
@@ -209,13 +220,22 @@ class _Methods:
     def heartbeat(self, task_id: str, execution_id: str) -> Any:
         return self._run(ops.heartbeat(task_id, execution_id))
 
-    def complete(self, task_id: str, execution_id: str, result: Any = None) -> Any:
-        return self._run(ops.complete(task_id, execution_id, result))
+    def complete(
+        self, task_id: str, execution_id: str, result: Any = None, *, traceparent: Optional[str] = None
+    ) -> Any:
+        """Record success; ``traceparent``: the W3C context of the run, continued by the server."""
+        return self._run(ops.complete(task_id, execution_id, result, traceparent))
 
     def fail(
-        self, task_id: str, execution_id: str, error: Optional[str] = None, *, retryable: Optional[bool] = None
+        self,
+        task_id: str,
+        execution_id: str,
+        error: Optional[str] = None,
+        *,
+        retryable: Optional[bool] = None,
+        traceparent: Optional[str] = None,
     ) -> Any:
-        return self._run(ops.fail(task_id, execution_id, error, retryable))
+        return self._run(ops.fail(task_id, execution_id, error, retryable, traceparent))
 
     # schedules
 

@@ -200,6 +200,9 @@ class Task(_Model):
     finished_at: Optional[_dt.datetime]
     #: String tags given at create (``GET /v1/tasks?tag=k:v`` finds them).
     tags: Dict[str, str] = field(default_factory=dict)
+    #: The W3C trace context it carries from the request that created it.
+    traceparent: Optional[str] = None
+    tracestate: Optional[str] = None
     extra: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -252,6 +255,9 @@ class PolledTask(_Model):
     lease_expires_at: _dt.datetime
     run_at: _dt.datetime
     timeout: str
+    #: The W3C trace context to run the attempt in (its delivery's), for a traced task.
+    traceparent: Optional[str] = None
+    tracestate: Optional[str] = None
     extra: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 

@@ -19,6 +19,15 @@ Failure handling:
 
 Handlers may be plain functions (run in a thread pool of ``concurrency`` threads) or coroutine
 functions (run on the worker's event loop). Both receive a :class:`Job`.
+
+Traces: a task created with a W3C ``traceparent`` is polled with the context of its delivery
+(``job.traceparent``, ``job.tracestate``). The handler runs with it (pass it on in its own calls),
+and the worker sends ``job.traceparent`` with the complete or fail, so the server's record of the
+result joins the trace. ``trace_hook`` (optional, no tracing library needed otherwise) is a
+function ``hook(job)`` returning a context manager entered around the handler, in the thread (or
+task) the handler runs in: with OpenTelemetry it starts a span whose parent is
+``job.traceparent``, and sets ``job.traceparent`` to that span's context so the result is
+recorded as its child (see the package README).
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Optional, Sequence, Set
+from typing import Any, Callable, ContextManager, Optional, Sequence, Set
 
 from .client import AsyncClient
 from .errors import ApiError, ConnectionFailed, Conflict, InternalError, NotFound, RateLimited, Unavailable
@@ -56,6 +65,10 @@ class Job:
 
     def __init__(self, task: PolledTask) -> None:
         self.task = task
+        #: The W3C trace context the handler runs in (the task's delivery, for a traced task); a
+        #: trace hook may set it to its own span's, which the worker then sends with the result.
+        self.traceparent: Optional[str] = task.traceparent
+        self.tracestate: Optional[str] = task.tracestate
         self._lost = threading.Event()
 
     @property
@@ -97,6 +110,7 @@ class Worker:
         heartbeat_interval: Optional[float] = None,
         max_backoff: float = 10.0,
         handle_signals: bool = True,
+        trace_hook: Optional[Callable[[Job], ContextManager[Any]]] = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -109,6 +123,7 @@ class Worker:
         self.heartbeat_interval = heartbeat_interval
         self.max_backoff = max_backoff
         self.handle_signals = handle_signals
+        self.trace_hook = trace_hook
         self._url = url
         self._token = token
         self._client = client
@@ -230,10 +245,21 @@ class Worker:
     # --- one task ------------------------------------------------------------------------------
 
     async def _call_handler(self, executor: ThreadPoolExecutor, job: Job) -> Any:
+        hook = self.trace_hook
         if inspect.iscoroutinefunction(self.handler):
-            return await self.handler(job)
+            if hook is None:
+                return await self.handler(job)
+            with hook(job):
+                return await self.handler(job)
         loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(executor, self.handler, job)
+
+        def call() -> Any:
+            if hook is None:
+                return self.handler(job)
+            with hook(job):
+                return self.handler(job)
+
+        result = await loop.run_in_executor(executor, call)
         if inspect.isawaitable(result):
             result = await result
         return result
@@ -279,10 +305,18 @@ class Worker:
         while True:
             try:
                 if outcome[0] == "complete":
-                    await client.complete(job.task.id, job.task.execution_id, outcome[1])
+                    await client.complete(
+                        job.task.id, job.task.execution_id, outcome[1], traceparent=job.traceparent
+                    )
                     self.completed += 1
                 else:
-                    await client.fail(job.task.id, job.task.execution_id, outcome[1], retryable=outcome[2])
+                    await client.fail(
+                        job.task.id,
+                        job.task.execution_id,
+                        outcome[1],
+                        retryable=outcome[2],
+                        traceparent=job.traceparent,
+                    )
                     self.failed += 1
                 return
             except (Conflict, NotFound) as e:

@@ -263,3 +263,56 @@ console.log("stopped");
   assert.equal(done.state, "succeeded");
   assert.equal(done.result, "finished after SIGTERM");
 });
+
+test("runs the handler in the task's trace and reports from the hook's span", async () => {
+  // The server exports nothing here: the polled context is the caller's, unchanged.
+  const queue = uniqueQueue();
+  const caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  const handlerSpan = "00-4bf92f3577b34da6a3ce929d0e0e4736-1111222233334444-01";
+  const seen: Record<string, unknown> = {};
+  const sent: Array<string | null> = [];
+  const recording: typeof fetch = async (input, init) => {
+    if (String(input).endsWith("/complete")) {
+      sent.push(new Headers(init?.headers).get("traceparent"));
+    }
+    return fetch(input, init);
+  };
+  const worker = new Worker(
+    queue,
+    (job: Job) => {
+      seen.handler = job.traceparent;
+      return "ok";
+    },
+    {
+      url: server.url,
+      fetch: recording,
+      pollWaitMs: 1000,
+      ...quiet,
+      traceHook: async (job, run) => {
+        seen.hook = [job.traceparent, job.tracestate];
+        job.traceparent = handlerSpan;
+        return run();
+      },
+    },
+  );
+  const running = worker.run();
+  try {
+    const t = await c.createTask("traced", { queue }, { traceparent: caller, tracestate: "congo=t61rcWkgMzE" });
+    assert.equal(t.traceparent, caller);
+    assert.equal(t.tracestate, "congo=t61rcWkgMzE");
+    const done = await waitFor(async () => ((x) => finished(x.state) && x)(await c.getTask(t.id)));
+    assert.equal(done.state, "succeeded");
+  } finally {
+    worker.stop();
+    await running;
+  }
+  assert.deepEqual(seen.hook, [caller, "congo=t61rcWkgMzE"]);
+  assert.equal(seen.handler, handlerSpan, "the handler runs inside the hook");
+  assert.deepEqual(sent, [handlerSpan], "the result is reported from the hook's span");
+});
+
+test("a malformed traceparent is ignored", async () => {
+  const queue = uniqueQueue();
+  const t = await c.createTask("k", { queue }, { traceparent: "not-a-traceparent" });
+  assert.equal(t.traceparent, undefined);
+});

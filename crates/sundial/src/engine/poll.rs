@@ -10,6 +10,7 @@ use sundial_store::ReadyClaim;
 
 use super::Engine;
 use crate::Error;
+use crate::trace::{self, Step};
 
 /// A poll woken this long after its deadline claims nothing more (see `Engine::poll`).
 const POLL_OVERSLEEP_MS: i64 = 250;
@@ -94,8 +95,13 @@ impl Engine {
     }
 
     async fn claim_ready(&self, claim: ReadyClaim) -> Result<Vec<Task>, Error> {
-        let tasks = self.store.claim_ready(claim).await?;
-        for t in &tasks {
+        let mut tasks = self.store.claim_ready(claim).await?;
+        for t in &mut tasks {
+            if t.trace.is_some() {
+                // The worker continues the trace from its delivery.
+                let deliver = trace::task_span(Step::Deliver, t);
+                t.trace = trace::handed_on(&deliver, t.trace.as_ref());
+            }
             if let Some(until) = t.lease_expires_at {
                 self.lease_granted(until);
             }

@@ -14,26 +14,36 @@ use sundial_core::{ExecutionId, Task, TaskId, TaskState};
 use sundial_store::Retry;
 use tokio::sync::OwnedSemaphorePermit;
 
+use tracing::Instrument;
+
 use super::{Engine, wait_true};
 use crate::Error;
 use crate::handler::{Handler, HandlerError, TaskContext};
+use crate::trace::{self, Step};
 
 impl Engine {
     /// Runs a started task on its handler (resolved with the claim's batch) under the permits
     /// taken for it (its queue's; for a push task, its receiver's and the node's push slot), and
-    /// records the result.
+    /// records the result. A traced task runs inside a `sundial.task.run` span, a child of its
+    /// `fire` span, and its handler sees that span's context in `ctx.task.trace`.
     pub(super) fn spawn_run(
         self: &Arc<Self>,
-        task: Task,
+        mut task: Task,
         handler: Arc<dyn Handler>,
         permit: Vec<OwnedSemaphorePermit>,
+        fire: tracing::Span,
     ) {
         let Some(execution) = task.execution_id else {
             return;
         };
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         let engine = self.clone();
-        tokio::spawn(async move {
+        let run_span = trace::child_span(Step::Run, &task, &fire);
+        drop(fire);
+        if task.trace.is_some() {
+            task.trace = trace::handed_on(&run_span, task.trace.as_ref());
+        }
+        let run = async move {
             let started = engine.clock.now();
             metrics::histogram!("sundial_fire_lateness_seconds", "queue" => task.queue.clone(), "target" => "handler")
                 .record(started.since(task.became_due_at()).as_secs_f64());
@@ -67,21 +77,29 @@ impl Engine {
                 .permits_released
                 .send_modify(|v| *v = v.wrapping_add(1));
             let res = match outcome {
-                Ok(result) => engine
-                    .complete(task.id, execution, result)
-                    .await
-                    .map(|_| ()),
-                Err(e) => engine
-                    .fail(
-                        task.id,
-                        execution,
-                        e.message,
-                        e.retryable,
-                        interrupted,
-                        e.retry_after,
-                    )
-                    .await
-                    .map(|_| ()),
+                Ok(result) => {
+                    let span = trace::child_span(Step::Complete, &task, &tracing::Span::current());
+                    engine
+                        .complete(task.id, execution, result)
+                        .instrument(span)
+                        .await
+                        .map(|_| ())
+                }
+                Err(e) => {
+                    let span = trace::child_span(Step::Fail, &task, &tracing::Span::current());
+                    engine
+                        .fail(
+                            task.id,
+                            execution,
+                            e.message,
+                            e.retryable,
+                            interrupted,
+                            e.retry_after,
+                        )
+                        .instrument(span)
+                        .await
+                        .map(|_| ())
+                }
             };
             if let Err(e) = res {
                 tracing::debug!(id = %task.id, error = %e, "result not recorded");
@@ -89,7 +107,8 @@ impl Engine {
             if engine.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
                 engine.drained.notify_waiters();
             }
-        });
+        };
+        tokio::spawn(run.instrument(run_span));
     }
 
     /// Records success of an attempt (in-process or remote).

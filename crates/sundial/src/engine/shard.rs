@@ -24,6 +24,8 @@ use std::time::Duration;
 use futures::FutureExt;
 use sundial_core::{ExecutionId, Timestamp};
 use sundial_store::{ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey};
+
+use crate::trace::{self, Step};
 use tokio::sync::{OwnedSemaphorePermit, watch};
 
 use super::{Engine, LeaseLost, Owner, QueueState, changed_or_never};
@@ -336,10 +338,14 @@ impl ShardLoop {
                         engine.lease_granted(until);
                     }
                     if let Some((handler, permit)) = b.run {
-                        engine.spawn_run(*task, handler, permit);
+                        let fire = trace::task_span(Step::Fire, &task);
+                        engine.spawn_run(*task, handler, permit, fire);
                     }
                 }
                 ClaimOutcome::Readied(task) => {
+                    // Ready for workers: the fire is one point of the trace; the poll that takes
+                    // the task delivers it (`sundial.task.deliver`).
+                    drop(trace::task_span(Step::Fire, &task).entered());
                     metrics::histogram!("sundial_fire_lateness_seconds", "queue" => task.queue.clone(), "target" => "ready")
                         .record(now.since(task.became_due_at()).as_secs_f64());
                     readied_queues.insert(b.meta.queue.clone());
