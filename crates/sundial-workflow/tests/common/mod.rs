@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sundial::{Config, ManualClock, Running, Sundial, TaskFilter, TaskState, Timestamp};
+use sundial::{Config, ManualClock, Retention, Running, Sundial, TaskFilter, TaskState, Timestamp};
 use sundial_workflow::{
     StartWorkflow, WorkflowConfig, WorkflowEvent, WorkflowRun, WorkflowStatus, Workflows,
 };
@@ -32,8 +32,18 @@ pub async fn harness(setup: impl FnOnce(&Workflows)) -> Harness {
 pub async fn harness_with(config: WorkflowConfig, setup: impl FnOnce(&Workflows)) -> Harness {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(T0);
+    // These tests move the clock on by days and then read closed runs' histories, so retention
+    // (which deletes runs 7 days after they close) is off here; it has tests of its own
+    // (`crates/sundial/tests/retention.rs`, the stores' conformance suites).
+    let engine = Config {
+        retention: Retention {
+            enabled: false,
+            ..Retention::default()
+        },
+        ..Config::default()
+    };
     let sundial = Sundial::builder()
-        .config(Config::default())
+        .config(engine)
         .clock(Arc::new(clock.clone()))
         .open(dir.path())
         .await
