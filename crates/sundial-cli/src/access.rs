@@ -194,7 +194,7 @@ fn report(e: ErrorBody) -> ExitCode {
 
 fn print_json<T: serde::Serialize>(v: &T) {
     if let Ok(s) = serde_json::to_string_pretty(v) {
-        println!("{s}");
+        outln!("{s}");
     }
 }
 
@@ -204,7 +204,7 @@ fn print_token_line(t: &TokenView) {
     } else {
         "live"
     };
-    println!(
+    outln!(
         "{}  {:<20} {:<9} {:<16} {:<8} {}",
         t.id,
         t.name,
@@ -219,7 +219,7 @@ fn print_created(c: &CreatedToken, json_out: bool) {
     if json_out {
         print_json(c);
     } else {
-        println!("{}", c.token);
+        outln!("{}", c.token);
         eprintln!(
             "token {} ({}, scope {}): shown once, keep it safe",
             c.view.id, c.view.name, c.view.scope
@@ -369,7 +369,7 @@ pub async fn run_namespace(args: NamespaceArgs) -> anyhow::Result<ExitCode> {
                     if args.json {
                         print_json(&v);
                     } else {
-                        println!("{}", v["name"].as_str().unwrap_or_default());
+                        outln!("{}", v["name"].as_str().unwrap_or_default());
                     }
                     Ok(ExitCode::SUCCESS)
                 }
@@ -387,7 +387,7 @@ pub async fn run_namespace(args: NamespaceArgs) -> anyhow::Result<ExitCode> {
             Ok(list) => {
                 for n in &list.namespaces {
                     let quota = |v: Option<String>| v.unwrap_or_else(|| "-".to_string());
-                    println!(
+                    outln!(
                         "{:<24} live<={:<10} creates/s<={}",
                         n.name,
                         quota(n.max_live_tasks.map(|v| v.to_string())),
@@ -425,7 +425,7 @@ pub async fn run_audit(args: AuditArgs) -> anyhow::Result<ExitCode> {
         }
         Ok(list) => {
             for r in &list.records {
-                println!(
+                outln!(
                     "{:>6}  {}  {:<16} {:<10} {} {} -> {}",
                     r.seq,
                     r.at,

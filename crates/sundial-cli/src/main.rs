@@ -13,8 +13,9 @@
 //! sundial audit [--namespace --actor --action --target] the audit log (admin)
 //! ```
 
-mod access;
+#[macro_use]
 mod output;
+mod access;
 mod push;
 mod queue;
 mod schedule;

@@ -1,8 +1,46 @@
 //! What every command prints the same way: tables (columns as wide as their widest cell) and the
 //! server's errors (`error: STATUS CODE: [FIELD: ]MESSAGE`, on stderr; with `--json`, the error
-//! body itself).
+//! body itself). Everything for stdout goes through `out!`/`outln!`: a reader that went away
+//! (`sundial task ls | head -1`) ends the process quietly, as it ends other Unix tools.
 
+use std::io::Write;
 use sundial_server::ErrorBody;
+
+/// The exit status of a process whose stdout's reader went away: 128 + SIGPIPE (13), what a shell
+/// reports for a tool that SIGPIPE ended.
+pub const BROKEN_PIPE_STATUS: i32 = 141;
+
+/// Writes to stdout, flushed. A broken pipe (the reader closed its end) ends the process at once with
+/// [`BROKEN_PIPE_STATUS`] and no message; any other write error is reported on stderr and ends the
+/// process with status 1 (`print!` would panic on either).
+pub fn write_stdout(args: std::fmt::Arguments<'_>) {
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(args).and_then(|()| out.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(BROKEN_PIPE_STATUS);
+        }
+        drop(out);
+        eprintln!("error: cannot write to stdout: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// `print!` that ends the process quietly on a broken pipe instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::output::write_stdout(format_args!($($arg)*))
+    };
+}
+
+/// `println!` that ends the process quietly on a broken pipe instead of panicking.
+macro_rules! outln {
+    () => {
+        $crate::output::write_stdout(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::output::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
 
 /// A fixed-width table: a header row, then one row per entry; the last column is not padded.
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
@@ -65,7 +103,7 @@ pub fn report(status: u16, body: &ErrorBody, json: bool) {
 /// Prints a value as pretty JSON on stdout.
 pub fn print_json<T: serde::Serialize>(v: &T) {
     match serde_json::to_string_pretty(v) {
-        Ok(s) => println!("{s}"),
+        Ok(s) => outln!("{s}"),
         Err(e) => eprintln!("error: cannot print JSON: {e}"),
     }
 }

@@ -88,17 +88,20 @@ fn show(s: &SecretView, json: bool) {
     if json {
         crate::task::print_json(s);
     } else {
-        println!("{}  {}", s.id, s.secret);
+        outln!("{}  {}", s.id, s.secret);
     }
 }
 
 fn table(secrets: &[SecretView]) {
-    println!(
+    outln!(
         "{:<40} {:<14} {:<8} {:<25} EXPIRES",
-        "ID", "SECRET", "ACTIVE", "CREATED"
+        "ID",
+        "SECRET",
+        "ACTIVE",
+        "CREATED"
     );
     for s in secrets {
-        println!(
+        outln!(
             "{:<40} {:<14} {:<8} {:<25} {}",
             s.id,
             s.secret,

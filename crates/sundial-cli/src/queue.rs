@@ -66,7 +66,7 @@ pub async fn run(args: QueueArgs) -> anyhow::Result<ExitCode> {
             if json {
                 crate::task::print_json(&l);
             } else {
-                print!("{}", queue_table(&l.queues));
+                out!("{}", queue_table(&l.queues));
             }
         }),
         QueueCommand::Get { queue } => client.queue(&queue).await.map(|q| show(&q, json)),
@@ -169,7 +169,7 @@ fn show(q: &QueueView, json: bool) {
         ),
     ];
     for (k, v) in rows {
-        println!("{k:<11} {v}");
+        outln!("{k:<11} {v}");
     }
 }
 

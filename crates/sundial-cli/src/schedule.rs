@@ -303,22 +303,24 @@ fn print_schedule(s: &ScheduleView) {
         .map(|c| format!("cron {c:?}"))
         .or_else(|| s.every.as_ref().map(|e| format!("every {e}")))
         .unwrap_or_default();
-    println!("id        {}", s.id);
-    println!("spec      {what} in {}", s.timezone);
-    println!("task      {} (queue {})", s.task.kind, s.task.queue);
-    println!("overlap   {}", s.overlap);
+    outln!("id        {}", s.id);
+    outln!("spec      {what} in {}", s.timezone);
+    outln!("task      {} (queue {})", s.task.kind, s.task.queue);
+    outln!("overlap   {}", s.overlap);
     match &s.note {
-        Some(n) => println!("paused    {} ({n})", s.paused),
-        None => println!("paused    {}", s.paused),
+        Some(n) => outln!("paused    {} ({n})", s.paused),
+        None => outln!("paused    {}", s.paused),
     }
-    println!(
+    outln!(
         "fires     {} fired, {} skipped, {} missed",
-        s.counts.fired, s.counts.skipped, s.counts.missed
+        s.counts.fired,
+        s.counts.skipped,
+        s.counts.missed
     );
-    println!("next      {}", s.next_fires.join(", "));
+    outln!("next      {}", s.next_fires.join(", "));
     if let Some(last) = &s.last_fires {
         for f in last {
-            println!("last      {} {} ({})", f.nominal_time, f.outcome, f.reason);
+            outln!("last      {} {} ({})", f.nominal_time, f.outcome, f.reason);
         }
     }
 }
@@ -416,12 +418,12 @@ pub async fn run(args: ScheduleArgs) -> anyhow::Result<ExitCode> {
                             ]
                         })
                         .collect();
-                    print!(
+                    out!(
                         "{}",
                         output::table(&["ID", "SPEC", "TIMEZONE", "PAUSED", "NEXT"], &rows)
                     );
                     if let Some(c) = list.next_cursor {
-                        println!("next cursor: {c}");
+                        outln!("next cursor: {c}");
                     }
                 }
                 Err(e) => return fail(e),
@@ -433,7 +435,7 @@ pub async fn run(args: ScheduleArgs) -> anyhow::Result<ExitCode> {
                 Ok(v) if json_out => output::print_json(&v),
                 Ok(v) => {
                     let list: FireList = serde_json::from_value(v)?;
-                    print!("{}", fire_table(&list.fires));
+                    out!("{}", fire_table(&list.fires));
                 }
                 Err(e) => return fail(e),
             }
@@ -446,7 +448,7 @@ pub async fn run(args: ScheduleArgs) -> anyhow::Result<ExitCode> {
                 Ok(v) if json_out => output::print_json(&v),
                 Ok(v) => {
                     let f: FireView = serde_json::from_value(v)?;
-                    print!("{}", fire_table(std::slice::from_ref(&f)));
+                    out!("{}", fire_table(std::slice::from_ref(&f)));
                 }
                 Err(e) => return fail(e),
             }
@@ -468,9 +470,9 @@ pub async fn run(args: ScheduleArgs) -> anyhow::Result<ExitCode> {
                 Ok(v) if json_out => output::print_json(&v),
                 Ok(v) => {
                     let b: BackfillResponse = serde_json::from_value(v)?;
-                    print!("{}", fire_table(&b.fires));
+                    out!("{}", fire_table(&b.fires));
                     if !b.already_recorded.is_empty() {
-                        println!(
+                        outln!(
                             "already recorded (left alone): {}",
                             b.already_recorded.join(", ")
                         );
@@ -485,7 +487,7 @@ pub async fn run(args: ScheduleArgs) -> anyhow::Result<ExitCode> {
                 .await?
             {
                 Ok(_) if json_out => output::print_json(&json!({"id": id, "deleted": true})),
-                Ok(_) => println!("deleted {id}"),
+                Ok(_) => outln!("deleted {id}"),
                 Err(e) => return fail(e),
             }
         }

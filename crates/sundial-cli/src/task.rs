@@ -315,7 +315,7 @@ pub async fn run(args: TaskArgs) -> anyhow::Result<ExitCode> {
             let quiet = a.quiet;
             client.create(&req).await.map(|t| {
                 if quiet {
-                    println!("{}", t.id);
+                    outln!("{}", t.id);
                 } else {
                     show_task(&t, json)
                 }
@@ -354,9 +354,9 @@ pub async fn run(args: TaskArgs) -> anyhow::Result<ExitCode> {
                 if json {
                     print_json(&page);
                 } else {
-                    print!("{}", task_table(&page.tasks));
+                    out!("{}", task_table(&page.tasks));
                     if let Some(c) = page.next_cursor {
-                        println!("next cursor: {c}");
+                        outln!("next cursor: {c}");
                     }
                 }
             })
@@ -386,9 +386,9 @@ fn show_bulk(verb: &str, r: &BulkResponse, json: bool) {
     if json {
         print_json(r);
     } else if r.dry_run {
-        println!("{} matching (dry run, nothing changed)", r.matched);
+        outln!("{} matching (dry run, nothing changed)", r.matched);
     } else {
-        println!("{} {verb} ({} matching)", r.changed, r.matched);
+        outln!("{} {verb} ({} matching)", r.changed, r.matched);
     }
 }
 
@@ -398,12 +398,16 @@ fn show_attempts(a: &AttemptList, json: bool) {
         return;
     }
     let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".to_string());
-    println!(
+    outln!(
         "{:<5} {:<26} {:<14} {:<10} {:<12} ERROR",
-        "SEQ", "STARTED AT", "OUTCOME", "DURATION", "WORKER"
+        "SEQ",
+        "STARTED AT",
+        "OUTCOME",
+        "DURATION",
+        "WORKER"
     );
     for t in &a.attempts {
-        println!(
+        outln!(
             "{:<5} {:<26} {:<14} {:<10} {:<12} {}",
             t.seq,
             t.started_at,
@@ -416,7 +420,7 @@ fn show_attempts(a: &AttemptList, json: bool) {
         );
     }
     if a.total > a.attempts.len() as u64 {
-        println!(
+        outln!(
             "({} attempts in all; the oldest are no longer kept)",
             a.total
         );
@@ -465,7 +469,7 @@ fn show_task(t: &TaskView, json: bool) {
         ("finished at", opt(&t.finished_at)),
     ];
     for (k, v) in rows {
-        println!("{k:<12} {v}");
+        outln!("{k:<12} {v}");
     }
 }
 

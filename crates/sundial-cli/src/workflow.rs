@@ -155,7 +155,7 @@ fn report(status: StatusCode, e: ErrorBody, id: Option<&str>, json: bool) -> Exi
 
 fn show(v: &Value) {
     if let Ok(s) = serde_json::to_string_pretty(v) {
-        println!("{s}");
+        outln!("{s}");
     }
 }
 
@@ -168,55 +168,62 @@ fn time_ms(ms: Option<i64>) -> String {
 }
 
 fn print_workflow(w: &WorkflowView) {
-    println!("id              {}", w.id);
-    println!("run             {}", w.run_id);
-    println!("type            {}", w.workflow_type);
-    println!("status          {}", w.status);
+    outln!("id              {}", w.id);
+    outln!("run             {}", w.run_id);
+    outln!("type            {}", w.workflow_type);
+    outln!("status          {}", w.status);
     if let Some(r) = &w.result {
-        println!("result          {r}");
+        outln!("result          {r}");
     }
     if let Some(e) = &w.error {
-        println!("error           {e}");
+        outln!("error           {e}");
     }
-    println!("history         {} events", w.history_length);
+    outln!("history         {} events", w.history_length);
     if let Some(p) = &w.parent_id {
-        println!("parent          {p}");
+        outln!("parent          {p}");
     }
     if let Some(r) = &w.continued_from {
-        println!("continued from  {r}");
+        outln!("continued from  {r}");
     }
     if let Some(r) = &w.continued_to {
-        println!("continued to    {r}");
+        outln!("continued to    {r}");
     }
-    println!("created         {}", w.created_at);
-    println!("updated         {}", w.updated_at);
+    outln!("created         {}", w.created_at);
+    outln!("updated         {}", w.updated_at);
     if let Some(c) = &w.closed_at {
-        println!("closed          {c}");
+        outln!("closed          {c}");
     }
 }
 
 fn print_list(list: &WorkflowList) {
-    println!(
+    outln!(
         "{:<36} {:<20} {:<17} {:>7}  CREATED",
-        "ID", "TYPE", "STATUS", "EVENTS"
+        "ID",
+        "TYPE",
+        "STATUS",
+        "EVENTS"
     );
     for w in &list.workflows {
-        println!(
+        outln!(
             "{:<36} {:<20} {:<17} {:>7}  {}",
-            w.id, w.workflow_type, w.status, w.history_length, w.created_at
+            w.id,
+            w.workflow_type,
+            w.status,
+            w.history_length,
+            w.created_at
         );
     }
     if let Some(c) = &list.next_cursor {
-        println!("next cursor: {c}");
+        outln!("next cursor: {c}");
     }
 }
 
 /// One line per event: number, time, type, and the event's other fields as JSON.
 fn print_history(v: &Value) {
     if let (Some(id), Some(run)) = (v["workflow_id"].as_str(), v["run_id"].as_str()) {
-        println!("workflow {id}, run {run}");
+        outln!("workflow {id}, run {run}");
     }
-    println!("{:>5}  {:<24}  {:<26} DETAILS", "SEQ", "TIME", "TYPE");
+    outln!("{:>5}  {:<24}  {:<26} DETAILS", "SEQ", "TIME", "TYPE");
     let events = v["events"].as_array().map(Vec::as_slice).unwrap_or(&[]);
     for e in events {
         let mut rest = e.as_object().cloned().unwrap_or_default();
@@ -234,7 +241,7 @@ fn print_history(v: &Value) {
             Value::Object(rest).to_string()
         };
         let line = format!("{seq:>5}  {:<24}  {kind:<26} {details}", time_ms(at));
-        println!("{}", line.trim_end());
+        outln!("{}", line.trim_end());
     }
 }
 
@@ -275,7 +282,7 @@ pub async fn run(args: WorkflowArgs) -> anyhow::Result<ExitCode> {
                 Ok(v) => {
                     let s: StartResponse =
                         serde_json::from_value(v).context("unexpected response")?;
-                    println!("started {} (run {}, {})", s.id, s.run_id, s.status);
+                    outln!("started {} (run {}, {})", s.id, s.run_id, s.status);
                 }
                 Err((status, e)) => return Ok(report(status, e, None, json_out)),
             }
@@ -288,7 +295,7 @@ pub async fn run(args: WorkflowArgs) -> anyhow::Result<ExitCode> {
             let path = format!("/v1/workflows/{}/signals/{}", segment(&id), segment(&name));
             match api.send(Method::POST, &path, &[], Some(body)).await? {
                 Ok(_) if json_out => show(&json!({"id": id, "signal": name, "accepted": true})),
-                Ok(_) => println!("signal {name} sent to {id}"),
+                Ok(_) => outln!("signal {name} sent to {id}"),
                 Err((status, e)) => return Ok(report(status, e, Some(&id), json_out)),
             }
         }
@@ -299,7 +306,7 @@ pub async fn run(args: WorkflowArgs) -> anyhow::Result<ExitCode> {
                 .await?
             {
                 Ok(_) if json_out => show(&json!({"id": id, "cancel_requested": true})),
-                Ok(_) => println!("cancel requested for {id}"),
+                Ok(_) => outln!("cancel requested for {id}"),
                 Err((status, e)) => return Ok(report(status, e, Some(&id), json_out)),
             }
         }

@@ -307,3 +307,43 @@ async fn schedule_commands_take_every_field_and_print_tables() {
     assert_eq!(bf.matches("backfill").count(), 3, "{bf}");
     assert!(!bf.contains("skipped"), "{bf}");
 }
+
+/// `sundial task ls | head -1`: the reader goes away before the command writes. The command ends
+/// quietly with 141 (128 + SIGPIPE, what a shell reports for a tool SIGPIPE ended), no panic
+/// message, whatever it was printing (a table, JSON, one line).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stdout_ends_commands_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    for i in 0..3 {
+        ok(&sundial(&server, &["task", "add", &format!("k{i}"), "--quiet"]).await);
+    }
+    let cases: [&[&str]; 5] = [
+        &["task", "ls"],
+        &["task", "ls", "--json"],
+        &["queue", "ls"],
+        &["schedule", "ls"],
+        &["task", "add", "k", "--quiet"],
+    ];
+    for args in cases {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        // Spawned, not `output()`: tokio's `output()` would replace stdout with a pipe of its own.
+        let child = tokio::process::Command::new(BIN)
+            .args(args)
+            .env("SUNDIAL_SERVER", &server.url)
+            .env("RUST_LOG", "warn")
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("run sundial");
+        let out = child.wait_with_output();
+        let o = tokio::time::timeout(Duration::from_secs(60), out)
+            .await
+            .expect("the command finished")
+            .expect("wait for sundial");
+        assert_eq!(o.status.code(), Some(141), "{args:?}: {}", stderr(&o));
+        assert_eq!(stderr(&o), "", "{args:?}");
+    }
+}
