@@ -633,6 +633,52 @@ fn request_id(req: &Request) -> String {
 }
 
 /// The middleware (installed with `route_layer`, so the route's template is known).
+/// The methods a route template of the OpenAPI document has (`HEAD` wherever `GET` is), or
+/// `None` for a route the document does not describe.
+pub fn allowed_methods(route: &str) -> Option<&'static [Method]> {
+    static ROUTES: std::sync::OnceLock<HashMap<String, Vec<Method>>> = std::sync::OnceLock::new();
+    let routes = ROUTES.get_or_init(|| {
+        let mut routes = HashMap::new();
+        for (path, item) in crate::openapi().paths.paths {
+            let mut methods = Vec::new();
+            if item.get.is_some() {
+                methods.extend([Method::GET, Method::HEAD]);
+            }
+            for (op, m) in [
+                (&item.post, Method::POST),
+                (&item.put, Method::PUT),
+                (&item.patch, Method::PATCH),
+                (&item.delete, Method::DELETE),
+            ] {
+                if op.is_some() {
+                    methods.push(m);
+                }
+            }
+            routes.insert(path, methods);
+        }
+        routes
+    });
+    routes.get(route).map(Vec::as_slice)
+}
+
+fn method_not_allowed(allowed: &[Method]) -> Response {
+    let allow = allowed
+        .iter()
+        .map(Method::as_str)
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut resp = ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "method not allowed on this route",
+    )
+    .into_response();
+    if let Ok(v) = HeaderValue::from_str(&allow) {
+        resp.headers_mut().insert(header::ALLOW, v);
+    }
+    resp
+}
+
 pub async fn access_layer(State(access): State<Access>, mut req: Request, next: Next) -> Response {
     let method = req.method().clone();
     let route = req
@@ -646,6 +692,13 @@ pub async fn access_layer(State(access): State<Access>, mut req: Request, next: 
     let audited = guard::is_mutating(&method);
 
     let mut actor = Actor::Anonymous;
+    // A method the route does not have is `405` with `Allow`, before anything else: the
+    // cross-site guard would otherwise answer a bodiless `TRACE` with `415`.
+    if let Some(allowed) = allowed_methods(&route)
+        && !allowed.contains(&method)
+    {
+        return method_not_allowed(allowed);
+    }
     let need = requirement(&method, &route, access.config());
     let resp = if let Some(err) = guard::cross_site_refusal(&req) {
         err.into_response()

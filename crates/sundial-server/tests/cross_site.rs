@@ -188,3 +188,58 @@ async fn writes_without_json_are_415_and_store_nothing() {
     assert_eq!(st, StatusCode::OK, "{b}");
     assert_eq!(b["state"], "cancelled");
 }
+
+/// A method a route does not have is `405` with an `Allow` header naming the ones it has, whatever
+/// the request carries: a bodiless `TRACE` with neither JSON nor a token is not a cross-site write
+/// to refuse with `415`, it is a method the route lacks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn methods_a_route_lacks_are_405_with_allow() {
+    let dir = tempfile::tempdir().unwrap();
+    let sundial = Sundial::open(dir.path()).await.unwrap();
+    let app = sundial_server::router(sundial, ServerConfig::default());
+    let doc = serde_json::to_value(sundial_server::openapi()).unwrap();
+    let mut checked = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        let has: Vec<String> = item
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|m| m.to_ascii_uppercase())
+            .collect();
+        let concrete = path
+            .replace("{id}", "0190a4c8-0000-7000-8000-000000000000")
+            .replace("{task}", "0190a4c8-0000-7000-8000-000000000000")
+            .replace("{queue}", "q")
+            .replace("{name}", "sig");
+        for method in ["TRACE", "GET", "POST", "PUT", "PATCH", "DELETE"] {
+            if has.iter().any(|m| m == method) {
+                continue;
+            }
+            for headers in [&[][..], &[("content-type", "application/json")][..]] {
+                let mut req = Request::builder().method(method).uri(&concrete);
+                for (k, v) in headers {
+                    req = req.header(*k, *v);
+                }
+                let resp = app
+                    .clone()
+                    .oneshot(req.body(Body::empty()).unwrap())
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    resp.status(),
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "{method} {path} {headers:?}"
+                );
+                let allow = resp.headers()["allow"].to_str().unwrap().to_string();
+                for m in &has {
+                    assert!(allow.split(',').any(|a| a == m), "{path}: {allow}");
+                }
+                let bytes = to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+                let body: Value = serde_json::from_slice(&bytes).unwrap();
+                assert_eq!(body["error"]["code"], "method_not_allowed", "{path}");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 100, "{checked}");
+}
