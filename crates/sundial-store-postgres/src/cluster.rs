@@ -44,9 +44,10 @@ const SUBSCRIBER_BUFFER: usize = 8_192;
 /// How often the LISTEN connection is checked, and how long a check may take.
 const PING_EVERY: Duration = Duration::from_secs(15);
 const PING_TIMEOUT: Duration = Duration::from_secs(10);
-/// Reconnect backoff of the LISTEN connection.
+/// Reconnect backoff of the LISTEN connection (capped at a second, so cross-node wake-ups flow
+/// again within about a second of the database accepting connections).
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 impl PostgresStore {
     /// Checks `fence` inside `tx`: the shard's `range_id`, read with a share lock held to the end

@@ -32,9 +32,13 @@ use super::{Engine, LeaseLost, Owner, QueueState, changed_or_never};
 use crate::handler::Handler;
 use crate::window::{Meta, Window};
 
-/// First pause after a failed scan or a panic; doubled on each repeat up to its cap.
+/// First pause after a failed store call or a panic; doubled on each repeat up to its cap.
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
-const SCAN_BACKOFF_CAP: Duration = Duration::from_secs(5);
+/// The longest pause between tries while the store fails (a scan, a claim, the paused queues).
+/// It bounds how late dispatch resumes once the database is back: a loop that backed off for
+/// longer would leave overdue tasks waiting that long after the outage ended. One try a second
+/// per shard while the database is down is cheap.
+const STORE_BACKOFF_CAP: Duration = Duration::from_secs(1);
 const RESTART_BACKOFF_CAP: Duration = Duration::from_secs(30);
 
 /// One shard's loop state. Dropping it loses nothing: the window is a cache of the store.
@@ -53,7 +57,9 @@ pub(crate) struct ShardLoop {
     /// best effort). It runs whether or not the window is empty: a steady load keeps the window
     /// busy and would otherwise hide such a task behind the cursor for as long as the load lasts.
     rescan_at: Timestamp,
-    scan_backoff: Duration,
+    /// The pause before the next try after a failed store call; back to [`FIRST_BACKOFF`] after
+    /// a call that succeeds.
+    store_backoff: Duration,
     /// Whether the last turn left due entries behind for want of a concurrency permit.
     starved: bool,
 }
@@ -74,7 +80,7 @@ impl ShardLoop {
             queues: HashMap::new(),
             shard_label: shard.to_string(),
             rescan_at,
-            scan_backoff: FIRST_BACKOFF,
+            store_backoff: FIRST_BACKOFF,
             starved: false,
         }
     }
@@ -121,8 +127,7 @@ impl ShardLoop {
             && let Err(e) = engine.refresh_paused().await
         {
             tracing::warn!(shard = self.shard, error = %e, "reading the paused queues failed; retrying");
-            let retry = now.saturating_add(self.scan_backoff);
-            self.scan_backoff = (self.scan_backoff * 2).min(SCAN_BACKOFF_CAP);
+            let retry = self.backoff_from(now);
             signal.gate.store(retry.0, Ordering::Release);
             return Ok(retry);
         }
@@ -156,12 +161,10 @@ impl ShardLoop {
                     let names = &mut self.names;
                     self.window
                         .absorb_scan(rows, horizon, limit, &mut |s| intern(names, s));
-                    self.scan_backoff = FIRST_BACKOFF;
                 }
                 Err(e) => {
                     tracing::warn!(shard = self.shard, error = %e, "scan failed; retrying");
-                    let retry = now.saturating_add(self.scan_backoff);
-                    self.scan_backoff = (self.scan_backoff * 2).min(SCAN_BACKOFF_CAP);
+                    let retry = self.backoff_from(now);
                     signal.gate.store(retry.0, Ordering::Release);
                     return Ok(retry);
                 }
@@ -173,7 +176,20 @@ impl ShardLoop {
         self.take_inbox();
 
         // 3. Claim what is due.
-        self.starved = self.claim_due(now).await?;
+        match self.claim_due(now).await? {
+            ClaimPass::Done { starved } => {
+                self.starved = starved;
+                self.store_backoff = FIRST_BACKOFF;
+            }
+            ClaimPass::StoreFailed => {
+                // The entries stay in the window; try again after the backoff, never at once (a
+                // claim that fails at once again would spin while the database is down).
+                self.starved = false;
+                let retry = self.backoff_from(now);
+                signal.gate.store(retry.0, Ordering::Release);
+                return Ok(retry);
+            }
+        }
         metrics::gauge!("sundial_shard_window_tasks", "shard" => self.shard_label.clone())
             .set(self.window.len() as f64);
 
@@ -210,9 +226,15 @@ impl ShardLoop {
         Ok(gate)
     }
 
-    /// Claims and dispatches every due entry it can, in one store call. Returns whether some due
-    /// entries had to stay because their queue had no free concurrency permit.
-    async fn claim_due(&mut self, now: Timestamp) -> Result<bool, LeaseLost> {
+    /// When to try the store again after a failed call at `now`; doubles the next pause.
+    fn backoff_from(&mut self, now: Timestamp) -> Timestamp {
+        let retry = now.saturating_add(self.store_backoff);
+        self.store_backoff = (self.store_backoff * 2).min(STORE_BACKOFF_CAP);
+        retry
+    }
+
+    /// Claims and dispatches every due entry it can, in one store call.
+    async fn claim_due(&mut self, now: Timestamp) -> Result<ClaimPass, LeaseLost> {
         let engine = self.engine.clone();
         let mut starved = false;
         let mut starved_queues: HashSet<Arc<str>> = HashSet::new();
@@ -312,7 +334,7 @@ impl ShardLoop {
             self.window.remove(key);
         }
         if batch.is_empty() {
-            return Ok(starved);
+            return Ok(ClaimPass::Done { starved });
         }
         let claims: Vec<DueClaim> = batch.iter().map(|b| b.claim).collect();
         for b in &batch {
@@ -327,7 +349,7 @@ impl ShardLoop {
                 for b in batch {
                     self.window.insert(b.key, b.meta);
                 }
-                return Ok(starved);
+                return Ok(ClaimPass::StoreFailed);
             }
         };
         let mut readied_queues: HashSet<Arc<str>> = HashSet::new();
@@ -386,8 +408,17 @@ impl ShardLoop {
         for q in readied_queues {
             engine.ready_changed(&q);
         }
-        Ok(starved)
+        Ok(ClaimPass::Done { starved })
     }
+}
+
+/// What one claim pass of a turn came to.
+enum ClaimPass {
+    /// The claim went through (or nothing was due). `starved`: some due entries stayed because
+    /// their queue (or push receiver) had no free concurrency permit.
+    Done { starved: bool },
+    /// The store refused the claim with an error: every entry stays in the window.
+    StoreFailed,
 }
 
 /// One due entry on its way into a claim.
