@@ -63,17 +63,8 @@ where
 
 /// Parses `bytes` as JSON into `T`, classifying errors as described in the module doc.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    // The fast path: plain serde_json. Only a body that fails is parsed again, tracking the path
-    // to name the field (and batch index) at fault.
-    match serde_json::from_slice(bytes) {
-        Ok(v) => Ok(v),
-        Err(_) => parse_json_with_path(bytes),
-    }
-}
-
-fn parse_json_with_path<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    // Every request body of the API is an object: say so plainly for an array (a batch sent as
-    // a bare list), instead of serde's view of a struct read from a sequence.
+    // Every request body of the API is an object: refuse an array (a batch sent as a bare list)
+    // plainly. serde would read a struct whose fields are all optional from `[null, null]`.
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[')
         && serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok()
     {
@@ -83,6 +74,28 @@ fn parse_json_with_path<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError
             "the body must be a JSON object ({...}), not an array",
         ));
     }
+    // The fast path: plain serde_json. Only a body that fails is parsed again, tracking the path
+    // to name the field (and batch index) at fault.
+    match serde_json::from_slice(bytes) {
+        Ok(v) => Ok(v),
+        Err(_) => parse_json_with_path(bytes),
+    }
+}
+
+/// For a field holding a struct: accept only a JSON object (serde's derive would also read a
+/// struct from an array of its fields, so `[null, null]` would pass as all-absent).
+pub fn object_only<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: DeserializeOwned,
+{
+    use serde::Deserialize;
+    use serde::de::Error;
+    let map = serde_json::Map::<String, serde_json::Value>::deserialize(d)?;
+    serde_json::from_value(serde_json::Value::Object(map)).map_err(D::Error::custom)
+}
+
+fn parse_json_with_path<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();

@@ -60,7 +60,7 @@ pub struct QueueView {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct QueueSettingsView {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::extract::object_only")]
     pub retention: RetentionView,
     /// The queue's default push target, validated like a task's. Tasks of the queue created
     /// without a target (whose kind has no in-process handler) are delivered to it; it is read

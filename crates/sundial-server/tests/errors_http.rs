@@ -73,6 +73,28 @@ async fn errors_name_the_field_and_the_form() {
         "{b}"
     );
 
+    // serde reads a struct from an array of its fields: `[null, null]` would pass as an empty
+    // rotation, and as a queue's retention with nothing set. Both are refused.
+    let (st, b) = call(&app, "POST", "/v1/push/secrets:rotate", "[null, null]").await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
+    let (st, b) = call(
+        &app,
+        "PUT",
+        "/v1/queues/q",
+        r#"{"retention": [null, null]}"#,
+    )
+    .await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
+    assert_eq!(b["error"]["field"], "retention", "{b}");
+    let (st, b) = call(
+        &app,
+        "PUT",
+        "/v1/queues/q",
+        r#"{"retention": {"dead": "3d"}}"#,
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{b}");
+
     // A duplicate key: the one code for "already exists".
     let (st, _) = call(
         &app,
