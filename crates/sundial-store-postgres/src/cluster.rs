@@ -259,6 +259,7 @@ fn encode_one(w: &Wakeup) -> String {
             ]),
         },
         Wakeup::Ready { queue } => serde_json::json!(["r", queue]),
+        Wakeup::Membership => serde_json::json!(["m"]),
     };
     v.to_string()
 }
@@ -338,6 +339,7 @@ fn decode_one(line: &str) -> Option<Wakeup> {
                 queue: queue.as_str()?.to_string(),
             })
         }
+        "m" if v.len() == 1 => Some(Wakeup::Membership),
         _ => None,
     }
 }
@@ -482,6 +484,7 @@ mod tests {
                 queue: "emails".to_string(),
             },
             due(0, -5, "ünïcode"),
+            Wakeup::Membership,
         ];
         let payloads = encode(&ws);
         assert_eq!(payloads.len(), 1);

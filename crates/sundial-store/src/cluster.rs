@@ -39,6 +39,10 @@ pub enum Wakeup {
     Due { shard: u32, entry: DueEntry },
     /// Tasks of `queue` became ready for workers.
     Ready { queue: String },
+    /// A node joined or left the membership: the others look at the shard placement now rather
+    /// than at their next turn (a clean shutdown hands its shards over at once, a newcomer gets
+    /// its share without waiting a third of the lease TTL).
+    Membership,
 }
 
 /// A live node as the membership records it: its name and the `now` of its last heartbeat. A node

@@ -11,7 +11,12 @@
 //!   take over without waiting for the TTL.
 //! - **publisher**: batches this node's wake-ups (a due time for a shard run elsewhere, tasks made
 //!   ready) and sends them through the store, outside any task transaction.
-//! - **subscriber**: hands other nodes' wake-ups to the local shard loops and pollers.
+//! - **subscriber**: hands other nodes' wake-ups to the local shard loops and pollers, and a
+//!   membership wake-up (a node joined or left) to the membership loop, which then turns at once.
+//!   A node announces itself after its first heartbeat, a hand-over after releasing the shards
+//!   another should run, and its leave after releasing everything, so a clean shutdown hands its
+//!   shards over within one look instead of at the others' next turn (up to a third of the TTL
+//!   later), and a newcomer gets its share as soon.
 //!
 //! Fail-over is bounded by the lease TTL plus one look: the membership loop does not only turn
 //! every third of the TTL, it also wakes at the instant another node's last heartbeat plus the
@@ -144,6 +149,8 @@ pub(crate) struct ClusterNode {
     owned: Mutex<HashMap<u32, OwnedShard>>,
     outbox: mpsc::UnboundedSender<Wakeup>,
     outbox_rx: Mutex<Option<mpsc::UnboundedReceiver<Wakeup>>>,
+    /// Another node joined or left ([`Wakeup::Membership`]): the membership loop turns now.
+    look_again: tokio::sync::Notify,
 }
 
 struct OwnedShard {
@@ -171,6 +178,7 @@ impl ClusterNode {
             owned: Mutex::new(HashMap::new()),
             outbox,
             outbox_rx: Mutex::new(Some(rx)),
+            look_again: tokio::sync::Notify::new(),
         }
     }
 
@@ -321,6 +329,8 @@ async fn membership_loop(engine: Arc<dyn ShardHost>, node: &ClusterNode) {
     let mut refused = false;
     // When the others' heartbeats say the view changes next (see `view`).
     let mut next_change: Option<Timestamp> = None;
+    // Whether the others were told that this node joined (after its first heartbeat).
+    let mut announced = false;
     loop {
         if *stopping.borrow() {
             break;
@@ -339,6 +349,8 @@ async fn membership_loop(engine: Arc<dyn ShardHost>, node: &ClusterNode) {
                         hand_back(&engine, node).await;
                     }
                     refused = true;
+                    // Rejoining is announced again.
+                    announced = false;
                 }
                 Err(e) => tracing::warn!(error = %e, "clock check failed"),
             }
@@ -358,6 +370,11 @@ async fn membership_loop(engine: Arc<dyn ShardHost>, node: &ClusterNode) {
                 .await
             {
                 Ok(members) => {
+                    if !announced {
+                        // The others hand over this node's share at their next look: make it now.
+                        node.publish(Wakeup::Membership);
+                        announced = true;
+                    }
                     let view = view(&members, &node.node, now, ttl);
                     next_change = view.next_change;
                     let live = &view.live;
@@ -397,6 +414,7 @@ async fn membership_loop(engine: Arc<dyn ShardHost>, node: &ClusterNode) {
         }
         tokio::select! {
             _ = engine.clock().sleep_until(next) => {}
+            _ = node.look_again.notified() => {}
             _ = stopping.changed() => {}
         }
     }
@@ -424,6 +442,11 @@ async fn hand_back(engine: &Arc<dyn ShardHost>, node: &ClusterNode) {
     }
     if let Err(e) = node.cluster.leave(&node.node).await {
         tracing::warn!(error = %e, "leave failed");
+    }
+    // Sent directly: the publisher loop stops with the engine. Without it the others would take
+    // the released shards only at their next turn, up to a third of the lease TTL later.
+    if let Err(e) = node.cluster.publish(vec![Wakeup::Membership]).await {
+        tracing::debug!(error = %e, "publishing the leave failed (costs fail-over time only)");
     }
 }
 
@@ -456,6 +479,7 @@ async fn rebalance(
         .lock()
         .map(|o| o.keys().copied().collect())
         .unwrap_or_default();
+    let mut handed_over = false;
     for shard in held {
         let finished = node
             .owned
@@ -473,10 +497,15 @@ async fn rebalance(
         engine.shard_left(shard);
         if !finished {
             tracing::info!(shard, "handing shard over");
-            if let Err(e) = node.cluster.release_shard(s.fence, &node.node).await {
-                tracing::warn!(shard, error = %e, "release failed");
+            match node.cluster.release_shard(s.fence, &node.node).await {
+                Ok(()) => handed_over = true,
+                Err(e) => tracing::warn!(shard, error = %e, "release failed"),
             }
         }
+    }
+    if handed_over {
+        // The node waiting for these shards takes them at its next look: make that now.
+        node.publish(Wakeup::Membership);
     }
     // Take or renew what rendezvous gives this node: one call for all of them.
     let mut wanted: Vec<u32> = wanted.into_iter().collect();
@@ -575,9 +604,11 @@ async fn publisher_loop(engine: Arc<dyn ShardHost>, node: &ClusterNode) {
         }
         // Coalesce: one ready wake-up per queue.
         let mut queues = HashSet::new();
+        let mut membership = false;
         batch.retain(|w| match w {
             Wakeup::Ready { queue } => queues.insert(queue.clone()),
             Wakeup::Due { .. } => true,
+            Wakeup::Membership => !std::mem::replace(&mut membership, true),
         });
         if let Err(e) = node.cluster.publish(batch).await {
             tracing::debug!(error = %e, "publish failed (costs latency only)");
@@ -606,6 +637,7 @@ async fn subscriber_loop(engine: Arc<dyn ShardHost>, node: &ClusterNode) {
             _ = stopping.changed() => None,
         };
         match next {
+            Some(Wakeup::Membership) => node.look_again.notify_one(),
             Some(w) => engine.deliver(w),
             None => break,
         }

@@ -757,7 +757,7 @@ async fn wake_ups_for_tasks_due_after_the_next_rescan_are_not_published() {
             .iter()
             .filter_map(|w| match w {
                 Wakeup::Due { entry, .. } => Some(entry.key.id),
-                Wakeup::Ready { .. } => None,
+                Wakeup::Ready { .. } | Wakeup::Membership => None,
             })
             .collect()
     };
@@ -1017,4 +1017,73 @@ async fn a_node_stopped_right_after_another_died_does_not_hold_up_the_dead_ones_
     );
     c.pause[a].send_replace(false);
     c.pause[b].send_replace(false);
+}
+
+/// A node that shuts down cleanly tells the others as it leaves: they take its shards at once,
+/// not at their next turn (up to a third of the lease TTL later). The clock stands still
+/// throughout, so only that wake-up can move the survivor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_shutdown_hands_its_shards_over_without_waiting_for_the_others_next_turn() {
+    let mut c = cluster(2).await;
+    wait_balanced(&c).await;
+    let before = c.nodes[0].0.owned_shards().len();
+    assert!(before < 16, "both nodes run shards");
+    let (_leaving, running) = c.nodes.remove(1);
+    running.shutdown(Duration::from_secs(5)).await;
+    // Real time only: the manual clock is not advanced.
+    let mut owned = 0;
+    for _ in 0..250 {
+        owned = c.nodes[0].0.owned_shards().len();
+        if owned == 16 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        owned, 16,
+        "the survivor took the leaving node's shards without its clock moving"
+    );
+}
+
+/// A node that joins announces itself, so the nodes already running hand over its share at once
+/// rather than at their next turn. The clock stands still after the newcomer's start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_gets_its_share_without_waiting_for_the_others_next_turn() {
+    let c = cluster(1).await;
+    wait_owned(&c, 16).await;
+    // The membership model of the first node, shared with a second one joining now.
+    let lose = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (_ptx, prx) = tokio::sync::watch::channel(false);
+    let mc = Arc::new(MemoryCluster {
+        store: c.store.clone(),
+        clock: c.clock.clone(),
+        skew_ms: Arc::default(),
+        model: c.model.clone(),
+        paused: prx,
+        lose_wakeups: lose,
+        calls: Arc::default(),
+    });
+    let newcomer = Sundial::builder()
+        .config(config())
+        .clock(Arc::new(c.clock.clone()))
+        .join_cluster(node_store(&mc), mc, "node-1".to_string())
+        .await
+        .unwrap();
+    let running = newcomer.start();
+    let mut owned = (0, 0);
+    for _ in 0..250 {
+        owned = (
+            c.nodes[0].0.owned_shards().len(),
+            newcomer.owned_shards().len(),
+        );
+        if owned.1 > 0 && owned.0 + owned.1 == 16 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        owned.1 > 0 && owned.0 + owned.1 == 16,
+        "the newcomer got its share without the clock moving: {owned:?}"
+    );
+    running.shutdown(Duration::from_secs(5)).await;
 }

@@ -489,6 +489,8 @@ impl ShardHost for Engine {
         match wakeup {
             Wakeup::Due { shard, entry } => self.notify_local(shard, entry),
             Wakeup::Ready { queue } => self.wake_pollers(&queue),
+            // Handled by the membership loop (the subscriber hands it there).
+            Wakeup::Membership => {}
         }
     }
 }
