@@ -14,7 +14,7 @@ use futures::stream::BoxStream;
 use hdrhistogram::Histogram;
 use sundial_core::Timestamp;
 use sundial_store::forwarding::{Call, Forwarding, Hooks};
-use sundial_store::{Cluster, Fence, Member, Store, StoreError, Wakeup};
+use sundial_store::{Cluster, ClusterState, Fence, Member, Store, StoreError, Wakeup};
 
 /// Whether a method only reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -265,6 +265,11 @@ impl Cluster for CountingCluster {
     async fn shard_count(&self, proposed: u32) -> Result<u32, StoreError> {
         let _t = self.count(Method::ShardCount, None);
         self.inner.shard_count(proposed).await
+    }
+
+    async fn cluster_state(&self) -> Result<ClusterState, StoreError> {
+        // Operators' read: not a call the engine makes, so not counted.
+        self.inner.cluster_state().await
     }
 
     async fn heartbeat(

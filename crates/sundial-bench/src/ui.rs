@@ -1,6 +1,10 @@
 //! `sundial-bench ui`: every web UI page's time with a big store (by default 1,000,000 tasks and
 //! 10,000 schedules), served in-process by the router the binary serves (no socket, auth off),
-//! so the figure is the page's own work: its store queries and its rendering.
+//! so the figure is the page's own work: its store queries and its rendering. The pages include
+//! the overview (queues, lateness, the workers seen: the dead tasks below are polled by a named
+//! worker), the dead letters grouped by queue and error across every dead task (whose errors
+//! share a first line and differ after it, as traces do), and the schedule search by an id
+//! fragment that matches one schedule, every one, or none.
 
 use std::time::Duration;
 
@@ -45,6 +49,33 @@ async fn get(app: &axum::Router, path: &str) -> Result<(StatusCode, String)> {
     Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
 }
 
+/// The embedded store in `dir`, or with `--database-url` one node on PostgreSQL with its
+/// schedule and workflow tables (as `sundial server` opens it), so that the overview shows the
+/// nodes and their shards and every page runs PostgreSQL's queries.
+async fn open(common: &Common, dir: &DataDir) -> Result<sundial::Sundial> {
+    let Some(url) = &common.database_url else {
+        return common.open(dir.path(), common.config()).await;
+    };
+    let store = std::sync::Arc::new(
+        sundial_store_postgres::PostgresStore::connect(
+            url,
+            sundial_store_postgres::PostgresOptions {
+                schema: common.database_schema.clone(),
+                ..sundial_store_postgres::PostgresOptions::default()
+            },
+        )
+        .await
+        .context("connect to PostgreSQL")?,
+    );
+    sundial::Sundial::builder()
+        .config(common.config())
+        .schedule_store(store.clone())
+        .workflow_store(store.clone())
+        .join_cluster(store.clone(), store, "ui-bench")
+        .await
+        .context("join the cluster")
+}
+
 pub async fn run(common: &Common, args: &UiArgs) -> Result<()> {
     let dir = DataDir::new(common)?;
     println!(
@@ -55,7 +86,7 @@ pub async fn run(common: &Common, args: &UiArgs) -> Result<()> {
         args.runs,
         dir.path().display()
     );
-    let s = common.open(dir.path(), common.config()).await?;
+    let s = open(common, &dir).await?;
     let app = sundial_server::router(s.clone(), sundial_server::ServerConfig::default());
     let schedules = Schedules::attach(&s).context("schedules")?;
     let running = s.start();
@@ -127,7 +158,8 @@ pub async fn run(common: &Common, args: &UiArgs) -> Result<()> {
                 let exec = t
                     .execution_id
                     .context("a polled task has an execution id")?;
-                let error = format!("card declined: code {}", failed % 7);
+                // Seven groups by first line; every error differs after it.
+                let error = format!("card declined: code {}\nrequest {failed}", failed % 7);
                 s.fail(t.id, exec, error, false).await?;
                 failed += 1;
             }
@@ -188,6 +220,7 @@ pub async fn run(common: &Common, args: &UiArgs) -> Result<()> {
         "/ui/schedules".to_string(),
         format!("/ui/schedules?q={:05}", last),
         "/ui/schedules?q=no-such-fragment".to_string(),
+        "/ui/schedules?q=nightly&paused=false".to_string(),
         "/ui/schedules?paused=true".to_string(),
         format!("/ui/schedule?id=tenant-{last:05}-nightly-sync"),
         "/ui/workflows".to_string(),

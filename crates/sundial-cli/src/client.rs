@@ -8,7 +8,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sundial_server::ErrorBody;
 use sundial_server::ops::{
-    AttemptList, BulkRequest, BulkResponse, QueueList, QueueSettingsView, QueueView, RetryRequest,
+    AttemptList, BulkRequest, BulkResponse, ClusterStatus, QueueList, QueueSettingsView, QueueView,
+    RetryRequest, WorkerList,
 };
 use sundial_server::wire::{
     BatchResponse, CompleteRequest, CreateBatch, CreateTask, FailRequest, HeartbeatRequest,
@@ -244,6 +245,16 @@ impl Client {
 
     pub async fn queues(&self) -> Result<QueueList, ClientError> {
         self.get_json("/v1/queues").await
+    }
+
+    /// The workers that polled the server's node recently.
+    pub async fn workers(&self) -> Result<WorkerList, ClientError> {
+        self.get_json("/v1/workers").await
+    }
+
+    /// The nodes sharing the server's store, with their heartbeats and shards.
+    pub async fn cluster(&self) -> Result<ClusterStatus, ClientError> {
+        self.get_json("/v1/cluster").await
     }
 
     pub async fn queue(&self, queue: &str) -> Result<QueueView, ClientError> {

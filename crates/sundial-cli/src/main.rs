@@ -48,7 +48,7 @@ enum Command {
     Server(server::ServerArgs),
     /// Create, inspect, cancel and trigger tasks on a running server.
     Task(task::TaskArgs),
-    /// List queues, pause and resume them, set their retention.
+    /// List queues, pause and resume them, set their retention; the workers seen and the nodes.
     Queue(queue::QueueArgs),
     /// Run a command once per task of a queue (a remote worker); --help tells what the command
     /// gets and what its exit status does.

@@ -1,12 +1,13 @@
-//! `sundial queue ...`: list queues with their counts and lateness, pause and resume them, and
-//! set their settings (retention overrides, a default push target) on a running server.
+//! `sundial queue ...`: list queues with their counts and lateness, pause and resume them, set
+//! their settings (retention overrides, a default push target), list the workers that polled,
+//! and show the nodes sharing the store with their shards, on a running server.
 
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use sundial_cli::{Client, ClientError};
-use sundial_server::ops::{QueueSettingsView, QueueView, RetentionView};
+use sundial_server::ops::{ClusterStatus, QueueSettingsView, QueueView, RetentionView, WorkerList};
 
 #[derive(Args, Debug)]
 pub struct QueueArgs {
@@ -28,6 +29,10 @@ enum QueueCommand {
     Ls,
     /// One queue.
     Get { queue: String },
+    /// The workers that polled the server's node in the last 15 minutes, by name and queue.
+    Workers,
+    /// The nodes sharing the store (PostgreSQL): last heartbeat and the shards each holds.
+    Nodes,
     /// Stop starting the queue's tasks (durable; creates are still accepted).
     Pause { queue: String },
     /// Start the queue's waiting tasks again, in due order.
@@ -70,6 +75,20 @@ pub async fn run(args: QueueArgs) -> anyhow::Result<ExitCode> {
             }
         }),
         QueueCommand::Get { queue } => client.queue(&queue).await.map(|q| show(&q, json)),
+        QueueCommand::Workers => client.workers().await.map(|l| {
+            if json {
+                crate::task::print_json(&l);
+            } else {
+                print!("{}", worker_table(&l));
+            }
+        }),
+        QueueCommand::Nodes => client.cluster().await.map(|c| {
+            if json {
+                crate::task::print_json(&c);
+            } else {
+                print!("{}", node_table(&c));
+            }
+        }),
         QueueCommand::Pause { queue } => client.pause_queue(&queue).await.map(|q| show(&q, json)),
         QueueCommand::Resume { queue } => client.resume_queue(&queue).await.map(|q| show(&q, json)),
         QueueCommand::Set {
@@ -194,4 +213,60 @@ pub fn queue_table(queues: &[QueueView]) -> String {
         ));
     }
     out
+}
+
+/// A fixed-width table of the workers seen.
+pub fn worker_table(l: &WorkerList) -> String {
+    let mut out = format!(
+        "{:<24} {:<24} {:<24} {:>8}\n",
+        "WORKER", "QUEUE", "LAST SEEN", "POLLS"
+    );
+    for w in &l.workers {
+        out.push_str(&format!(
+            "{:<24} {:<24} {:<24} {:>8}\n",
+            w.worker.as_deref().unwrap_or("-"),
+            w.queue,
+            w.last_seen_at,
+            w.polls
+        ));
+    }
+    out
+}
+
+/// The nodes and their shards, or a line saying there is one node.
+pub fn node_table(c: &ClusterStatus) -> String {
+    if !c.clustered {
+        return format!("single node: it runs all {} shards\n", c.shard_count);
+    }
+    let mut out = format!(
+        "{:<32} {:<5} {:<24}  SHARDS\n",
+        "NODE", "LIVE", "LAST HEARTBEAT"
+    );
+    for n in &c.nodes {
+        out.push_str(&format!(
+            "{:<32} {:<5} {:<24}  {}\n",
+            n.node,
+            if n.live { "yes" } else { "no" },
+            n.last_heartbeat_at.as_deref().unwrap_or("-"),
+            shard_list(&n.shards)
+        ));
+    }
+    if !c.unowned_shards.is_empty() {
+        out.push_str(&format!(
+            "unowned shards: {}\n",
+            shard_list(&c.unowned_shards)
+        ));
+    }
+    out
+}
+
+fn shard_list(shards: &[u32]) -> String {
+    if shards.is_empty() {
+        return "-".to_string();
+    }
+    shards
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }

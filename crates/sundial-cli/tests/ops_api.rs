@@ -574,6 +574,66 @@ async fn a_pause_holds_on_every_node() {
         ids.len(),
         "every task was handed out after the resume"
     );
+
+    // The nodes and their shards, through the API, the CLI and the overview; and the workers
+    // each node saw.
+    let nodes = json_out(&sundial(&a, &["queue", "nodes", "--json"]).await);
+    assert_eq!(nodes["clustered"], true, "{nodes}");
+    assert_eq!(nodes["node"], "a", "{nodes}");
+    let listed: Vec<&str> = nodes["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, ["a", "b"], "{nodes}");
+    let held: usize = nodes["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["shards"].as_array().unwrap().len())
+        .sum();
+    assert_eq!(
+        held + nodes["unowned_shards"].as_array().unwrap().len(),
+        8,
+        "{nodes}"
+    );
+    let table = sundial(&b, &["queue", "nodes"]).await;
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("LAST HEARTBEAT") && table.contains("yes"),
+        "{table}"
+    );
+    let workers = json_out(&sundial(&a, &["queue", "workers", "--json"]).await);
+    let seen: Vec<(&str, &str)> = workers["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| (w["worker"].as_str().unwrap(), w["queue"].as_str().unwrap()))
+        .collect();
+    assert!(
+        seen.contains(&("wa", "held")) && seen.contains(&("w", "held")),
+        "{workers}"
+    );
+    assert!(
+        !seen.contains(&("wb", "held")),
+        "b's pollers are b's: {workers}"
+    );
+    let http = sundial_cli::http_client_builder().build().unwrap();
+    let page = http
+        .get(format!("{}/ui", a.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("Nodes and the shards they hold"), "{page}");
+    assert!(
+        page.contains("(this node)") && page.contains(">b<"),
+        "{page}"
+    );
+    assert!(page.contains(">wa<"), "{page}");
 }
 
 macro_rules! both_backends {

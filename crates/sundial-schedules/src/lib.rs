@@ -295,6 +295,22 @@ impl Schedules {
             .await?)
     }
 
+    /// Schedules whose id contains `fragment` (and paused or not, when `paused` is given), in
+    /// id order after `after`, at most `limit` (1 to 1,000): one store query.
+    pub async fn search(
+        &self,
+        fragment: &str,
+        paused: Option<bool>,
+        after: Option<&ScheduleId>,
+        limit: usize,
+    ) -> Result<SchedulePage, Error> {
+        Ok(self
+            .inner
+            .store
+            .search_schedules(fragment, paused, after, limit.clamp(1, 1_000))
+            .await?)
+    }
+
     /// Replaces the definition and re-arms: the next fire is the first fire time of the new
     /// definition strictly after now. The pause state is kept.
     pub async fn update(&self, id: &ScheduleId, def: ScheduleDef) -> Result<Schedule, Error> {

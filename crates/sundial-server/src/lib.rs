@@ -22,6 +22,8 @@
 //! GET  /v1/queues[/{queue}]       counts, lateness, paused            200 | 404
 //! PUT  /v1/queues/{queue}         queue settings (retention)          200 | 422
 //! POST /v1/queues/{queue}/pause   pause (durable); …/resume resumes   200 | 422
+//! GET  /v1/workers                workers that polled this node       200
+//! GET  /v1/cluster                nodes, heartbeats, shards           200
 //! GET  /v1/push/secrets           push signing secrets (masked)       200
 //! POST /v1/push/secrets[:rotate]  add, or rotate with an overlap      201 | 422
 //! DELETE /v1/push/secrets/{id}    stop a secret signing               200 | 404
@@ -303,6 +305,8 @@ fn api_router(batch_body_limit: usize) -> OpenApiRouter<AppState> {
         .routes(routes!(ops::retry_task))
         .routes(routes!(ops::cancel_matching))
         .routes(routes!(ops::retry_matching))
+        .routes(routes!(ops::list_workers))
+        .routes(routes!(ops::cluster_status))
         .routes(routes!(api::healthz))
         .routes(routes!(api::metrics))
 }

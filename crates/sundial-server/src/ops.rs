@@ -11,6 +11,8 @@
 //! POST /v1/tasks/{id}/retry       dead or cancelled → scheduled (now or `run_at`)         200 | 404 409
 //! POST /v1/tasks:cancel           cancel every live task matching a filter                200 | 422
 //! POST /v1/tasks:retry            retry every dead or cancelled task matching a filter    200 | 422
+//! GET  /v1/workers                the workers that polled this node recently, by queue    200
+//! GET  /v1/cluster                the nodes, their heartbeats and shards (several nodes)  200
 //! ```
 
 use std::collections::BTreeMap;
@@ -339,6 +341,122 @@ fn not_found_queue(queue: &str) -> ApiError {
     ApiError::not_found(format!(
         "no such queue: {queue:?} has no tasks and no settings"
     ))
+}
+
+/// A worker that polled a queue of this node.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct WorkerView {
+    /// The name the worker polled with (`worker` in the poll body); absent when it gave none.
+    pub worker: Option<String>,
+    pub queue: String,
+    /// When its last poll of the queue began.
+    #[schema(format = DateTime)]
+    pub last_seen_at: String,
+    /// Its polls of the queue since this node started remembering it.
+    pub polls: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct WorkerList {
+    /// The most recent first. Per node and in memory: a worker polling another node is in that
+    /// node's list, and a restart forgets; at most 1,000 worker and queue pairs are kept (the
+    /// one seen longest ago makes room).
+    pub workers: Vec<WorkerView>,
+}
+
+/// The workers that polled this node in the last 15 minutes.
+#[utoipa::path(
+    get, path = "/v1/workers", tag = "queues",
+    responses((status = 200, description = "Workers by name and queue, the most recent first", body = WorkerList))
+)]
+pub async fn list_workers(State(st): State<AppState>) -> Result<Json<WorkerList>, ApiError> {
+    Ok(Json(workers_seen(&st.sundial)))
+}
+
+/// How far back "recently" reaches for the workers seen.
+pub const WORKERS_RECENT: Duration = Duration::from_secs(15 * 60);
+
+/// The workers that polled this node within [`WORKERS_RECENT`].
+pub fn workers_seen(s: &sundial::Sundial) -> WorkerList {
+    let since = s.clock().now().0 - WORKERS_RECENT.as_millis() as i64;
+    WorkerList {
+        workers: s
+            .workers_seen(Timestamp(since))
+            .into_iter()
+            .map(|w| WorkerView {
+                worker: w.worker,
+                queue: w.queue,
+                last_seen_at: time::format(w.last_seen),
+                polls: w.polls,
+            })
+            .collect(),
+    }
+}
+
+/// A node of the cluster.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct NodeStatusView {
+    pub node: String,
+    /// Its last heartbeat; absent when it has left the membership but a lease of its has not
+    /// ended yet.
+    #[schema(format = DateTime)]
+    pub last_heartbeat_at: Option<String>,
+    /// Heard from within the shard-lease TTL.
+    pub live: bool,
+    /// The shards whose lease it holds now.
+    pub shards: Vec<u32>,
+}
+
+/// The membership and the shard leases, as the store records them.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+pub struct ClusterStatus {
+    /// `false` on a single node (which runs every shard; `nodes` is then empty).
+    pub clustered: bool,
+    /// The node that answered.
+    pub node: Option<String>,
+    pub shard_count: u32,
+    /// Every node with a membership row or a lease not yet ended, by name.
+    pub nodes: Vec<NodeStatusView>,
+    /// Shards that no node holds now (free, released or expired).
+    pub unowned_shards: Vec<u32>,
+}
+
+/// The nodes sharing the store, their last heartbeats and the shards each holds.
+#[utoipa::path(
+    get, path = "/v1/cluster", tag = "queues",
+    responses((status = 200, description = "The cluster's nodes and shards (`clustered: false` on a single node)", body = ClusterStatus))
+)]
+pub async fn cluster_status(State(st): State<AppState>) -> Result<Json<ClusterStatus>, ApiError> {
+    Ok(Json(cluster_of(&st.sundial).await?))
+}
+
+/// [`ClusterStatus`] of `s` (one read of the membership and lease tables on several nodes).
+pub async fn cluster_of(s: &sundial::Sundial) -> Result<ClusterStatus, ApiError> {
+    Ok(match s.cluster_view().await? {
+        None => ClusterStatus {
+            clustered: false,
+            node: None,
+            shard_count: s.config().shard_count,
+            nodes: Vec::new(),
+            unowned_shards: Vec::new(),
+        },
+        Some(v) => ClusterStatus {
+            clustered: true,
+            node: Some(v.node),
+            shard_count: v.shard_count,
+            nodes: v
+                .nodes
+                .into_iter()
+                .map(|n| NodeStatusView {
+                    node: n.node,
+                    last_heartbeat_at: n.last_seen.map(time::format),
+                    live: n.live,
+                    shards: n.shards,
+                })
+                .collect(),
+            unowned_shards: v.unowned,
+        },
+    })
 }
 
 /// List every queue.

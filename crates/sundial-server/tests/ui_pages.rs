@@ -517,3 +517,139 @@ async fn with_auth_on_a_session_decides_what_is_shown_and_done() {
         "a revoked token's session is over"
     );
 }
+
+/// The overview names the workers that polled and, on a single node, says so; the dead letters
+/// group every dead task by queue and error, beyond the page of tasks listed.
+#[tokio::test]
+async fn the_overview_shows_workers_and_the_dead_letters_group_the_whole_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let sundial = Sundial::open(dir.path()).await.unwrap();
+    let app = router(sundial.clone(), ServerConfig::default());
+
+    let r = get(&app, "/ui", None).await;
+    assert!(
+        r.body.contains("No worker has polled this node"),
+        "{}",
+        r.body
+    );
+    assert!(r.body.contains("Single node"), "{}", r.body);
+    let cluster = api(&app, "GET", "/v1/cluster", Value::Null, None).await;
+    assert_eq!(cluster["clustered"], json!(false));
+
+    // 130 tasks that die with one of two errors (more than the dead page lists at once), and 5
+    // of another queue.
+    let mut stepper = sundial.stepper();
+    for (queue, n) in [("emails", 130), ("reports", 5)] {
+        for _ in 0..n {
+            api(
+                &app,
+                "POST",
+                "/v1/tasks",
+                json!({"kind": "mail", "queue": queue, "max_attempts": 1}),
+                None,
+            )
+            .await;
+        }
+    }
+    stepper.settle().await;
+    let mut failed = 0;
+    loop {
+        let got = api(
+            &app,
+            "POST",
+            "/v1/queues/emails/poll",
+            json!({"worker": "mailer-7", "max": 100, "wait": "0s"}),
+            None,
+        )
+        .await;
+        let got2 = api(
+            &app,
+            "POST",
+            "/v1/queues/reports/poll",
+            json!({"worker": "reporter-1", "max": 100, "wait": "0s"}),
+            None,
+        )
+        .await;
+        let tasks: Vec<Value> = got["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .chain(got2["tasks"].as_array().unwrap())
+            .cloned()
+            .collect();
+        if tasks.is_empty() {
+            break;
+        }
+        for t in tasks {
+            let error = if t["queue"] == "reports" {
+                "disk full".to_string()
+            } else if failed % 3 == 0 {
+                format!("smtp 550: mailbox unavailable\nat attempt {failed}")
+            } else {
+                "timeout".to_string()
+            };
+            failed += 1;
+            api(
+                &app,
+                "POST",
+                &format!("/v1/tasks/{}/fail", t["id"].as_str().unwrap()),
+                json!({"execution_id": t["execution_id"], "error": error, "retryable": false}),
+                None,
+            )
+            .await;
+        }
+    }
+    assert_eq!(failed, 135);
+
+    // The workers that polled, on the overview and through the API.
+    let r = get(&app, "/ui", None).await;
+    assert!(r.body.contains("mailer-7"), "{}", r.body);
+    assert!(r.body.contains("reporter-1"), "{}", r.body);
+    let workers = api(&app, "GET", "/v1/workers", Value::Null, None).await;
+    let names: Vec<&str> = workers["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["worker"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"mailer-7") && names.contains(&"reporter-1"),
+        "{workers}"
+    );
+
+    // Dead letters: the groups count every dead task, not the 100 of a page.
+    let r = get(&app, "/ui/dead", None).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let row = |queue: &str, error: &str, n: u64| {
+        format!(
+            "<td><a href=\"/ui/dead?queue={queue}\">{queue}</a></td><td class=\"err\">{error}</td><td class=\"num\">{n}</td>"
+        )
+    };
+    assert!(r.body.contains(&row("emails", "timeout", 86)), "{}", r.body);
+    assert!(
+        r.body
+            .contains(&row("emails", "smtp 550: mailbox unavailable", 44)),
+        "{}",
+        r.body
+    );
+    assert!(
+        r.body.contains(&row("reports", "disk full", 5)),
+        "{}",
+        r.body
+    );
+    let r = get(&app, "/ui/dead?queue=reports", None).await;
+    assert!(r.body.contains(&row("reports", "disk full", 5)));
+    assert!(!r.body.contains(&row("emails", "timeout", 86)));
+    // The bulk retry of a group's queue counts every dead task of it.
+    let r = get(
+        &app,
+        "/ui/tasks/bulk?action=retry&state=dead&queue=emails",
+        None,
+    )
+    .await;
+    assert!(
+        r.body.contains("<strong id=\"matched\">130</strong>"),
+        "{}",
+        r.body
+    );
+}

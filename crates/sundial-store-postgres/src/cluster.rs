@@ -30,7 +30,9 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use sundial_core::{TaskId, Timestamp};
-use sundial_store::{Cluster, DueEntry, DueKey, Fence, Member, StoreError, Wakeup};
+use sundial_store::{
+    Cluster, ClusterState, DueEntry, DueKey, Fence, Member, ShardLease, StoreError, Wakeup,
+};
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, NoTls};
 
@@ -114,6 +116,35 @@ impl Cluster for PostgresStore {
             })
         })
         .collect()
+    }
+
+    async fn cluster_state(&self) -> Result<ClusterState, StoreError> {
+        let client = self.client().await?;
+        let members = query(&client, &self.sql.cluster.members, &[])
+            .await?
+            .iter()
+            .map(|r| {
+                Ok(Member {
+                    node: col(r, 0)?,
+                    last_seen: Timestamp(col(r, 1)?),
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let leases = query(&client, &self.sql.cluster.leases, &[])
+            .await?
+            .iter()
+            .map(|r| {
+                let shard: i64 = col(r, 0)?;
+                Ok(ShardLease {
+                    shard: u32::try_from(shard)
+                        .map_err(|_| StoreError::Corrupt(format!("shard {shard} out of range")))?,
+                    owner: col(r, 1)?,
+                    expires_at: Timestamp(col(r, 2)?),
+                    range_id: col(r, 3)?,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        Ok(ClusterState { members, leases })
     }
 
     async fn leave(&self, node: &str) -> Result<(), StoreError> {

@@ -170,7 +170,7 @@ use async_trait::async_trait;
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, PoolError, Runtime};
 use sundial_core::{ExclusiveMode, ExecutionId, NewTask, Task, TaskId, Timestamp};
 use sundial_store::{
-    AttemptHistory, ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Fence,
+    AttemptHistory, ClaimOutcome, ClaimTarget, DeadGroup, DueClaim, DueEntry, DueKey, Fence,
     IdempotencyDecision, IdempotentCreate, IdempotentOutcome, Inserted, QueueConfig, QueueSettings,
     ReadyClaim, RetentionRules, Retry, Selected, StateCount, Store, StoreError, TaskFilter,
     TaskPage, TransitionError, idempotency_decision, idempotency_remembered,
@@ -1352,6 +1352,33 @@ impl Store for PostgresStore {
                     state: rows::parse_state(&state)?,
                     count: u64::try_from(n)
                         .map_err(|_| StoreError::Corrupt(format!("negative task count {n}")))?,
+                })
+            })
+            .collect()
+    }
+
+    async fn dead_groups(
+        &self,
+        queue: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DeadGroup>, StoreError> {
+        let client = self.client().await?;
+        let rows = query(
+            &client,
+            &self.sql.dead_groups,
+            &[&queue, &limit_param(limit)],
+        )
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let n: i64 = col(r, 2)?;
+                let newest: uuid::Uuid = col(r, 3)?;
+                Ok(DeadGroup {
+                    queue: col(r, 0)?,
+                    error: col(r, 1)?,
+                    count: u64::try_from(n)
+                        .map_err(|_| StoreError::Corrupt(format!("negative task count {n}")))?,
+                    newest: TaskId(newest),
                 })
             })
             .collect()

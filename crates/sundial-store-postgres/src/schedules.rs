@@ -455,6 +455,33 @@ impl ScheduleStore for PostgresStore {
             .await
     }
 
+    async fn search_schedules(
+        &self,
+        fragment: &str,
+        paused: Option<bool>,
+        after: Option<&ScheduleId>,
+        limit: usize,
+    ) -> Result<SchedulePage, StoreError> {
+        let after = after.map_or("", |a| a.as_str());
+        let client = self.client().await?;
+        let rows = query(
+            &client,
+            &self.sql.schedules.search,
+            &[
+                &after,
+                &limit_param(limit.saturating_add(1)),
+                &fragment,
+                &paused,
+            ],
+        )
+        .await?;
+        let schedules = rows
+            .iter()
+            .map(schedule_from_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(SchedulePage::from_overfetched(schedules, limit))
+    }
+
     async fn update_schedule(
         &self,
         id: &ScheduleId,

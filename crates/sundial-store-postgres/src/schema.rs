@@ -439,6 +439,16 @@ ALTER TABLE {schema}.tasks ADD COLUMN traceparent text;
 ALTER TABLE {schema}.tasks ADD COLUMN tracestate text;
 "#,
     },
+    Migration {
+        version: 14,
+        name: "the dead letters by queue and error group",
+        // The error group is `sundial_store::error_group`: the error's first line, at most 200
+        // characters. `sql::ERROR_GROUP_SQL` repeats the expression for the queries.
+        sql: r#"
+CREATE INDEX tasks_dead_error ON {schema}.tasks
+    (queue, (left(split_part(last_error, E'\n', 1), 200)), id) WHERE state = 'dead';
+"#,
+    },
 ];
 
 /// The schema version this build writes (the highest migration it knows).
@@ -662,6 +672,12 @@ mod tests {
                 .sql
                 .contains(sundial_store::LEASE_EXPIRED_ERROR)
         );
+    }
+
+    #[test]
+    fn the_dead_letter_index_is_the_queries_expression() {
+        let m = MIGRATIONS.iter().find(|m| m.version == 14).map(|m| m.sql);
+        assert!(m.is_some_and(|sql| sql.contains(crate::sql::ERROR_GROUP_SQL)));
     }
 
     #[test]

@@ -13,6 +13,11 @@ use crate::schema::SchemaName;
 /// Live states: the ones that hold a business key.
 const LIVE: &str = "('scheduled', 'ready', 'running')";
 
+/// `sundial_store::error_group` of `last_error` in SQL: its first line, at most
+/// `sundial_store::ERROR_GROUP_CHARS` characters; the expression of the index
+/// `tasks_dead_error` (migration 14).
+pub(crate) const ERROR_GROUP_SQL: &str = "left(split_part(last_error, E'\\n', 1), 200)";
+
 pub(crate) struct Sql {
     pub tasks: String,
     pub get: String,
@@ -55,6 +60,9 @@ pub(crate) struct Sql {
     pub fold_counts: String,
     pub insert_tags: String,
     pub count_by_state: String,
+    /// The dead tasks by queue and error group, over `tasks_dead_error` (`$1` a queue or NULL,
+    /// `$2` the limit).
+    pub dead_groups: String,
     /// The task columns qualified with `t.`, for `list`.
     pub columns: String,
     pub cluster: ClusterSql,
@@ -69,6 +77,10 @@ pub(crate) struct ClusterSql {
     pub shard_count: String,
     pub heartbeat: String,
     pub leave: String,
+    /// Every node row, by name (operators' read).
+    pub members: String,
+    /// Every shard lease row, by shard (operators' read).
+    pub leases: String,
     pub acquire: String,
     /// `acquire` for several shards in one statement (rows in shard order).
     pub acquire_many: String,
@@ -93,6 +105,8 @@ pub(crate) struct ScheduleSql {
     pub lock: String,
     pub create: String,
     pub list: String,
+    /// Schedules whose id contains `$3` (and paused as `$4`, when not NULL) after `$1`.
+    pub search: String,
     pub set_arm: String,
     pub update_def: String,
     pub after_fire: String,
@@ -262,6 +276,12 @@ impl ClusterSql {
                  ORDER BY 1"
             ),
             leave: format!("DELETE FROM {s}.nodes WHERE node = $1"),
+            members: format!(
+                "SELECT node, heartbeat_at FROM {s}.nodes ORDER BY node COLLATE \"C\""
+            ),
+            leases: format!(
+                "SELECT shard, owner, expires_at, range_id FROM {s}.shard_leases ORDER BY shard"
+            ),
             // One statement decides: a new row, or an update whose WHERE is evaluated on the
             // latest version of the row under its lock (so of two acquirers one wins). The
             // fencing number moves whenever the holder changes (a released lease has no holder,
@@ -337,6 +357,12 @@ impl ScheduleSql {
                  VALUES ($1, $2, $3, $4, $5, $5) ON CONFLICT (id) DO NOTHING RETURNING {sc}"
             ),
             list: format!("SELECT {sc} FROM {schedules} WHERE id > $1 ORDER BY id LIMIT $2"),
+            // `strpos` compares bytes (case-sensitive), as `str::contains` does; the walk of
+            // the primary key stops at the limit's matches.
+            search: format!(
+                "SELECT {sc} FROM {schedules} WHERE id > $1 AND strpos(id, $3) > 0 \
+                 AND ($4::boolean IS NULL OR paused = $4) ORDER BY id LIMIT $2"
+            ),
             set_arm: format!(
                 "UPDATE {schedules} SET next_fire_at = $2, armed_tick = $3 WHERE id = $1 \
                  RETURNING {sc}"
@@ -614,6 +640,14 @@ impl Sql {
             count_by_state: format!(
                 "SELECT queue, state, sum(n)::bigint FROM {s}.task_counts \
                  GROUP BY queue, state HAVING sum(n) <> 0 ORDER BY queue, state"
+            ),
+            dead_groups: format!(
+                "SELECT queue, g, n, newest FROM (SELECT queue, {g} AS g, count(*)::bigint AS n, \
+                 max(id::text COLLATE \"C\")::uuid AS newest \
+                 FROM {tasks} WHERE state = 'dead' AND ($1::text IS NULL OR queue = $1) \
+                 GROUP BY queue, {g}) d \
+                 ORDER BY n DESC, queue COLLATE \"C\", g IS NOT NULL, g COLLATE \"C\" LIMIT $2",
+                g = ERROR_GROUP_SQL
             ),
             insert_tags: format!(
                 "INSERT INTO {s}.task_tags (key, value, task_id) \

@@ -169,6 +169,64 @@ async fn heartbeats_and_the_live_set() {
     assert_eq!(beat("a", t(4_100), t(0)).await.unwrap(), ["a", "c"]);
 }
 
+/// `cluster_state` reads every node row by name and every lease row by shard as they stand:
+/// heartbeats, holders, expiries and fencing numbers, a released lease without an owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_state_reads_the_membership_and_the_leases() {
+    let Some((s, _guard)) = fresh_postgres().await else {
+        return;
+    };
+    let t = Timestamp;
+    assert_eq!(
+        s.cluster_state().await.unwrap(),
+        sundial_store::ClusterState::default()
+    );
+    Cluster::heartbeat(&*s, "b", t(1_000), t(0)).await.unwrap();
+    Cluster::heartbeat(&*s, "a", t(2_000), t(0)).await.unwrap();
+    let a0 = s
+        .acquire_shard(0, "a", t(2_000), t(12_000))
+        .await
+        .unwrap()
+        .unwrap();
+    let b1 = s
+        .acquire_shard(1, "b", t(1_000), t(11_000))
+        .await
+        .unwrap()
+        .unwrap();
+    s.release_shard(b1, "b").await.unwrap();
+    let state = s.cluster_state().await.unwrap();
+    assert_eq!(
+        state.members,
+        vec![
+            sundial_store::Member {
+                node: "a".into(),
+                last_seen: t(2_000)
+            },
+            sundial_store::Member {
+                node: "b".into(),
+                last_seen: t(1_000)
+            },
+        ]
+    );
+    assert_eq!(
+        state.leases,
+        vec![
+            sundial_store::ShardLease {
+                shard: 0,
+                owner: Some("a".into()),
+                expires_at: t(12_000),
+                range_id: a0.range_id,
+            },
+            sundial_store::ShardLease {
+                shard: 1,
+                owner: None,
+                expires_at: t(0),
+                range_id: b1.range_id + 1,
+            },
+        ]
+    );
+}
+
 /// Acquire a free shard, renew it (same fence), be refused while another node holds it (also at
 /// the exact expiry), take it over after expiry (higher fence); shards are independent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -34,7 +34,7 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 use sundial_core::{ExecutionId, NewTask, Task, TaskId, TaskState, Timestamp};
 use sundial_store::{
-    AttemptHistory, ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, Fence,
+    AttemptHistory, ClaimOutcome, ClaimTarget, DeadGroup, DueClaim, DueEntry, DueKey, Fence,
     IdempotencyDecision, IdempotentCreate, IdempotentOutcome, Inserted, QueueConfig, QueueSettings,
     ReadyClaim, RetentionRules, Retry, Selected, StateCount, Store, StoreError, TaskFilter,
     TaskPage, TransitionError, idempotency_decision, idempotency_remembered,
@@ -1340,6 +1340,16 @@ impl Store for SqliteStore {
             Ok(out)
         })
         .await
+    }
+
+    async fn dead_groups(
+        &self,
+        queue: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DeadGroup>, StoreError> {
+        let queue = queue.map(str::to_string);
+        self.read(move |conn| ops::dead_groups(conn, queue.as_deref(), limit))
+            .await
     }
 
     async fn queue_settings(&self, queue: &str) -> Result<Option<QueueSettings>, StoreError> {

@@ -7,8 +7,8 @@
 use rusqlite::{Connection, OptionalExtension, params};
 use sundial_core::{ExecutionId, Task, TaskId, TaskState, Timestamp};
 use sundial_store::{
-    Attempt, AttemptHistory, AttemptOutcome, AttemptResponse, QueueConfig, QueueSettings,
-    RetentionRules, Selected, StoreError, TaskFilter, TransitionError,
+    Attempt, AttemptHistory, AttemptOutcome, AttemptResponse, DeadGroup, QueueConfig,
+    QueueSettings, RetentionRules, Selected, StoreError, TaskFilter, TransitionError,
 };
 
 use crate::rows::{self, TASK_COLUMNS};
@@ -370,4 +370,39 @@ pub(crate) fn purge_tasks(
         left = left.saturating_sub(n);
     }
     Ok(deleted)
+}
+
+/// [`sundial_store::error_group`] of `last_error` in SQL: its first line, at most
+/// [`sundial_store::ERROR_GROUP_CHARS`] characters. The expression of the index
+/// `tasks_dead_error` (migration 13), repeated here to the letter so that queries use it.
+pub(crate) const ERROR_GROUP_SQL: &str = "substr(last_error, 1, CASE WHEN instr(last_error, char(10)) > 0 THEN min(instr(last_error, char(10)) - 1, 200) ELSE 200 END)";
+
+/// [`sundial_store::Store::dead_groups`]: one aggregate over the partial index
+/// `tasks_dead_error` (named, so a plan that would read the table fails instead).
+pub(crate) fn dead_groups(
+    conn: &Connection,
+    queue: Option<&str>,
+    limit: usize,
+) -> Result<Vec<DeadGroup>, StoreError> {
+    let sql = format!(
+        "SELECT queue, {g} AS g, count(*) AS n, max(id) FROM tasks INDEXED BY tasks_dead_error \
+         WHERE state = 'dead' AND (?1 IS NULL OR queue = ?1) GROUP BY queue, {g} \
+         ORDER BY n DESC, queue, g IS NOT NULL, g LIMIT ?2",
+        g = ERROR_GROUP_SQL
+    );
+    let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
+    let mut found = stmt
+        .query(params![queue, limit.min(i64::MAX as usize) as i64])
+        .map_err(backend)?;
+    let mut out = Vec::new();
+    while let Some(r) = found.next().map_err(backend)? {
+        let newest: Vec<u8> = r.get(3).map_err(backend)?;
+        out.push(DeadGroup {
+            queue: r.get(0).map_err(backend)?,
+            error: r.get(1).map_err(backend)?,
+            count: r.get::<_, i64>(2).map_err(backend)? as u64,
+            newest: rows::task_id(&newest)?,
+        });
+    }
+    Ok(out)
 }

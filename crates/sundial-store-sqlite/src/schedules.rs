@@ -425,6 +425,40 @@ impl ScheduleStore for SqliteStore {
         .await
     }
 
+    async fn search_schedules(
+        &self,
+        fragment: &str,
+        paused: Option<bool>,
+        after: Option<&ScheduleId>,
+        limit: usize,
+    ) -> Result<SchedulePage, StoreError> {
+        let after = after.map(|a| a.as_str().to_string()).unwrap_or_default();
+        let fragment = fragment.to_string();
+        self.read(move |conn| {
+            // `instr` compares bytes (case-sensitive), as `str::contains` does; the walk of the
+            // primary key stops at `limit + 1` matches.
+            let sql = format!(
+                "SELECT {SCHEDULE_COLUMNS} FROM schedules WHERE id > ?1 AND instr(id, ?3) > 0 \
+                 AND (?4 IS NULL OR paused = ?4) ORDER BY id LIMIT ?2"
+            );
+            let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
+            let mut rows = stmt
+                .query(params![
+                    after,
+                    limit.saturating_add(1) as i64,
+                    fragment,
+                    paused
+                ])
+                .map_err(backend)?;
+            let mut schedules = Vec::new();
+            while let Some(r) = rows.next().map_err(backend)? {
+                schedules.push(schedule_from_row(r)?);
+            }
+            Ok(SchedulePage::from_overfetched(schedules, limit))
+        })
+        .await
+    }
+
     async fn update_schedule(
         &self,
         id: &ScheduleId,

@@ -336,6 +336,13 @@ ALTER TABLE task_attempts ADD COLUMN content_type TEXT;
 ALTER TABLE tasks ADD COLUMN traceparent TEXT;
 ALTER TABLE tasks ADD COLUMN tracestate TEXT;
 "#,
+    // 13: the dead letters by queue and error group (the error's first line, at most 200
+    // characters: `sundial_store::error_group`). `ops::ERROR_GROUP_SQL` repeats the expression,
+    // which a query must do to the letter for SQLite to use the index.
+    r#"
+CREATE INDEX tasks_dead_error ON tasks (queue, substr(last_error, 1, CASE WHEN instr(last_error, char(10)) > 0 THEN min(instr(last_error, char(10)) - 1, 200) ELSE 200 END), id)
+    WHERE state = 'dead';
+"#,
 ];
 
 /// The schema version this build writes.
@@ -364,5 +371,13 @@ mod tests {
     #[test]
     fn the_attempt_trigger_knows_the_lease_expiry_error() {
         assert!(super::MIGRATIONS[4].contains(sundial_store::LEASE_EXPIRED_ERROR));
+    }
+
+    #[test]
+    fn the_dead_letter_index_is_the_queries_expression() {
+        assert!(super::MIGRATIONS[12].contains(crate::ops::ERROR_GROUP_SQL));
+        assert!(
+            crate::ops::ERROR_GROUP_SQL.contains(&sundial_store::ERROR_GROUP_CHARS.to_string())
+        );
     }
 }

@@ -54,6 +54,25 @@ pub struct Member {
     pub last_seen: Timestamp,
 }
 
+/// A shard's lease row as it stands: its holder (`None` once released), when the lease ends and
+/// its fencing number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardLease {
+    pub shard: u32,
+    pub owner: Option<String>,
+    pub expires_at: Timestamp,
+    pub range_id: i64,
+}
+
+/// The membership and the shard leases as the store holds them, for operators: every node row
+/// (live or not: the reader compares `last_seen` with its own time) sorted by name, and every
+/// lease row sorted by shard.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterState {
+    pub members: Vec<Member>,
+    pub leases: Vec<ShardLease>,
+}
+
 /// What a store must offer for several nodes to share it.
 #[async_trait]
 pub trait Cluster: Send + Sync + 'static {
@@ -69,6 +88,10 @@ pub trait Cluster: Send + Sync + 'static {
         now: Timestamp,
         live_since: Timestamp,
     ) -> Result<Vec<Member>, StoreError>;
+
+    /// Reads every node row and every shard lease (for operators; it writes nothing, takes no
+    /// lock and decides nothing: a lease it shows may change the next moment).
+    async fn cluster_state(&self) -> Result<ClusterState, StoreError>;
 
     /// Removes `node` from the membership (clean shutdown).
     async fn leave(&self, node: &str) -> Result<(), StoreError>;

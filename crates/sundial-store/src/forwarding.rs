@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use sundial_core::{ExecutionId, NewTask, Task, TaskId, Timestamp};
 
 use crate::{
-    AttemptHistory, ClaimOutcome, DueClaim, DueEntry, DueKey, Fence, IdempotentCreate,
+    AttemptHistory, ClaimOutcome, DeadGroup, DueClaim, DueEntry, DueKey, Fence, IdempotentCreate,
     IdempotentOutcome, Inserted, QueueConfig, QueueSettings, ReadyClaim, RetentionRules, Retry,
     Selected, StateCount, Store, StoreError, TaskFilter, TaskPage, TransitionError,
 };
@@ -243,6 +243,14 @@ impl<H: Hooks> Store for Forwarding<H> {
     }
     fn condition(&self) -> Option<String> {
         self.inner.condition()
+    }
+    async fn dead_groups(
+        &self,
+        queue: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DeadGroup>, StoreError> {
+        let _g = self.enter("dead_groups", None);
+        self.inner.dead_groups(queue, limit).await
     }
     async fn queue_settings(&self, queue: &str) -> Result<Option<QueueSettings>, StoreError> {
         let _g = self.enter("queue_settings", None);

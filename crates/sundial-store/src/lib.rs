@@ -45,7 +45,7 @@ pub use access::{
     AccessStore, AuditFilter, AuditPage, AuditRecord, Namespace, NamespaceError, NewAuditRecord,
     NewToken, Scope, TokenRecord,
 };
-pub use cluster::{Cluster, Fence, Member, Wakeup};
+pub use cluster::{Cluster, ClusterState, Fence, Member, ShardLease, Wakeup};
 
 pub use error::{StoreError, TransitionError};
 pub use ops::{
@@ -59,9 +59,9 @@ pub use schedules::{
     ScheduleStore, TICK_KIND, TICK_QUEUE,
 };
 pub use types::{
-    ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, IdempotencyDecision, IdempotentCreate,
-    IdempotentOutcome, Inserted, ReadyClaim, Retry, StateCount, TaskFilter, TaskPage,
-    idempotency_decision, idempotency_remembered,
+    ClaimOutcome, ClaimTarget, DeadGroup, DueClaim, DueEntry, DueKey, ERROR_GROUP_CHARS,
+    IdempotencyDecision, IdempotentCreate, IdempotentOutcome, Inserted, ReadyClaim, Retry,
+    StateCount, TaskFilter, TaskPage, error_group, idempotency_decision, idempotency_remembered,
 };
 pub use workflows::{
     ACTIVITY_KIND_PREFIX, ACTIVITY_QUEUE, AppendOp, Appended, CHILD_KIND, Committed, HistoryEvent,
@@ -193,6 +193,16 @@ pub trait Store: Send + Sync + 'static {
     async fn count_by_state(&self) -> Result<Vec<StateCount>, StoreError>;
 
     // ---- Operations: queues, attempts, bulk actions, retention --------------------------------
+
+    /// The dead tasks grouped by queue and error group ([`error_group`] of the last error),
+    /// the largest groups first (ties by queue, then error, no error first), at most `limit`
+    /// groups; with `queue`, only that queue's. One aggregate over an index of the dead tasks
+    /// by `(queue, error group)`, never a read of the task rows.
+    async fn dead_groups(
+        &self,
+        queue: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DeadGroup>, StoreError>;
 
     /// The stored settings of `queue`, if it has any.
     async fn queue_settings(&self, queue: &str) -> Result<Option<QueueSettings>, StoreError>;

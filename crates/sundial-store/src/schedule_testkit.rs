@@ -97,6 +97,7 @@ macro_rules! schedule_store_conformance {
     ($factory:expr $(,)?) => {
         $crate::schedule_store_conformance!(@checks ($factory)
             schedule_create_get_list_round_trip
+            schedule_search_finds_id_fragments_in_id_order
             schedule_fire_records_task_and_arms_next
             schedule_repeated_fire_is_a_no_op
             schedule_failed_fire_stores_nothing
@@ -221,6 +222,91 @@ async fn state(tasks: &dyn Store, id: TaskId) -> TaskState {
         .expect("get")
         .unwrap_or_else(|| panic!("task {id} should exist"))
         .state
+}
+
+/// `search_schedules` keeps the schedules whose id contains the fragment (case-sensitive, any
+/// position) and, when asked, those paused or not, in id order after
+/// the cursor, a page at a time.
+pub async fn schedule_search_finds_id_fragments_in_id_order(
+    _tasks: Arc<dyn Store>,
+    schedules: Arc<dyn ScheduleStore>,
+) {
+    let s = schedules.as_ref();
+    let ids = [
+        "nightly-a",
+        "b-nightly",
+        "c-NIGHTLY",
+        "hourly",
+        "nightly_z",
+        "u.nightly",
+        "zz",
+    ];
+    for (i, id) in ids.iter().enumerate() {
+        s.create_schedule(NewSchedule {
+            id: sid(id),
+            def: def(),
+            paused: i % 2 == 1,
+            note: None,
+            arm: None,
+            now: at(0),
+        })
+        .await
+        .expect("create");
+    }
+    let names = |p: &crate::SchedulePage| -> Vec<String> {
+        p.schedules
+            .iter()
+            .map(|s| s.id.as_str().to_string())
+            .collect()
+    };
+    let all = s
+        .search_schedules("nightly", None, None, 100)
+        .await
+        .expect("search");
+    assert_eq!(
+        names(&all),
+        ["b-nightly", "nightly-a", "nightly_z", "u.nightly"]
+    );
+    assert_eq!(all.next_cursor, None);
+    let first = s
+        .search_schedules("nightly", None, None, 2)
+        .await
+        .expect("search");
+    assert_eq!(names(&first), ["b-nightly", "nightly-a"]);
+    let cursor = first.next_cursor.clone().expect("more");
+    let rest = s
+        .search_schedules("nightly", None, Some(&cursor), 2)
+        .await
+        .expect("search");
+    assert_eq!(names(&rest), ["nightly_z", "u.nightly"]);
+    assert_eq!(rest.next_cursor, None);
+    // Paused: ids 1, 3, 5 of the list above.
+    let paused = s
+        .search_schedules("", Some(true), None, 100)
+        .await
+        .expect("search");
+    assert_eq!(names(&paused), ["b-nightly", "hourly", "u.nightly"]);
+    let running = s
+        .search_schedules("nightly", Some(false), None, 100)
+        .await
+        .expect("search");
+    assert_eq!(names(&running), ["nightly-a", "nightly_z"]);
+    let dot = s
+        .search_schedules(".", None, None, 100)
+        .await
+        .expect("search");
+    assert_eq!(names(&dot), ["u.nightly"]);
+    // Wildcards of LIKE are plain characters here.
+    let none = s
+        .search_schedules("%", None, None, 100)
+        .await
+        .expect("search");
+    assert!(none.schedules.is_empty());
+    let underscore = s
+        .search_schedules("_", None, None, 100)
+        .await
+        .expect("search");
+    assert_eq!(names(&underscore), ["nightly_z"]);
 }
 
 /// Create, get and list: every field round-trips; ids are unique; pages have no gaps.

@@ -334,6 +334,38 @@ pub trait ScheduleStore: Send + Sync + 'static {
         limit: usize,
     ) -> Result<SchedulePage, StoreError>;
 
+    /// Schedules whose id contains `fragment` (byte for byte; an empty fragment matches every
+    /// id) and, when `paused` is given, that are paused or not as it says, in id order strictly
+    /// after `after`, at most `limit`: the search by a fragment of the id. One statement that
+    /// stops at `limit` matches; no index serves a substring, so it walks the ids until then.
+    /// The default pages through [`ScheduleStore::list_schedules`] (the reference the backends'
+    /// queries follow); backends override it with one query.
+    async fn search_schedules(
+        &self,
+        fragment: &str,
+        paused: Option<bool>,
+        after: Option<&ScheduleId>,
+        limit: usize,
+    ) -> Result<SchedulePage, StoreError> {
+        let mut after = after.cloned();
+        let mut found = Vec::new();
+        loop {
+            let page = self.list_schedules(after.as_ref(), 500).await?;
+            for s in page.schedules {
+                if s.id.as_str().contains(fragment) && paused.is_none_or(|p| s.paused == p) {
+                    found.push(s);
+                    if found.len() > limit {
+                        return Ok(SchedulePage::from_overfetched(found, limit));
+                    }
+                }
+            }
+            match page.next_cursor {
+                Some(c) => after = Some(c),
+                None => return Ok(SchedulePage::from_overfetched(found, limit)),
+            }
+        }
+    }
+
     /// Replaces the definition and changes the arming, atomically.
     async fn update_schedule(
         &self,

@@ -151,6 +151,7 @@ macro_rules! store_conformance {
             expire_leases_honours_limit
             next_lease_expiry_is_earliest_running_lease
             count_by_state_follows_transitions
+            dead_groups_count_every_dead_task_by_queue_and_error
             list_filters_newest_first
             list_can_leave_out_internal_queues
             list_paginates_without_gaps_or_duplicates
@@ -2439,6 +2440,83 @@ pub async fn next_lease_expiry_is_earliest_running_lease(store: Arc<dyn Store>) 
 // ---------------------------------------------------------------------------------------------
 // Counting and listing
 // ---------------------------------------------------------------------------------------------
+
+/// `dead_groups` counts every dead task (and only dead ones) by queue and error group (the
+/// error's first line, at most 200 characters, counted in characters), largest first, ties by
+/// queue then error; names each group's newest task; honours the queue and the limit; and
+/// follows a retry out of the dead state.
+pub async fn dead_groups_count_every_dead_task_by_queue_and_error(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    async fn dead(s: &dyn Store, queue: &str, error: &str) -> Task {
+        let t = insert(s, due_task(queue, "k", 0)).await;
+        let (exec, _) = start(s, t.id, at(0)).await;
+        let d = s
+            .fail(t.id, exec, at(10), error.to_string(), Retry::Never)
+            .await
+            .expect("fail");
+        assert_eq!(d.state, TaskState::Dead);
+        d
+    }
+    let long_x = "x".repeat(250);
+    let long_x2 = format!("{}y", "x".repeat(200));
+    let accents = "é".repeat(250);
+    let a1 = dead(s, "a", "boom\ntrace 1").await;
+    let _a2 = dead(s, "a", "boom\ntrace 2").await;
+    let a_other = dead(s, "a", "other").await;
+    let _b1 = dead(s, "b", &long_x).await;
+    let b_acc = dead(s, "b", &accents).await;
+    let b2 = dead(s, "b", &long_x2).await;
+    let a3 = dead(s, "a", "boom").await;
+    // Not dead: a failure with a retry left, a cancelled task.
+    let t = insert(s, due_task("a", "k", 0)).await;
+    let (exec, _) = start(s, t.id, at(0)).await;
+    s.fail(t.id, exec, at(10), "boom".into(), Retry::At(at(1_000)))
+        .await
+        .expect("fail with retry");
+    let c = insert(s, due_task("a", "k", 0)).await;
+    s.cancel(c.id, at(5)).await.expect("cancel");
+
+    let row = |q: &str, e: &str, n: u64, newest: TaskId| crate::DeadGroup {
+        queue: q.to_string(),
+        error: Some(e.to_string()),
+        count: n,
+        newest,
+    };
+    let all = s.dead_groups(None, 100).await.expect("dead_groups");
+    let x200 = "x".repeat(200);
+    let acc200 = "é".repeat(200);
+    assert_eq!(crate::error_group(&long_x), x200);
+    assert_eq!(crate::error_group(&accents), acc200);
+    assert_eq!(
+        all,
+        vec![
+            row("a", "boom", 3, a3.id),
+            row("b", &x200, 2, b2.id),
+            row("a", "other", 1, a_other.id),
+            row("b", &acc200, 1, b_acc.id),
+        ]
+    );
+    assert_eq!(
+        s.dead_groups(None, 2).await.expect("dead_groups"),
+        all[..2].to_vec()
+    );
+    assert_eq!(
+        s.dead_groups(Some("b"), 100).await.expect("dead_groups"),
+        vec![all[1].clone(), all[3].clone()]
+    );
+    assert!(
+        s.dead_groups(Some("none"), 100)
+            .await
+            .expect("dead_groups")
+            .is_empty()
+    );
+    // A retried task leaves its group; the group's newest is recomputed.
+    s.retry(a3.id, at(2_000), at(20)).await.expect("retry");
+    let after = s.dead_groups(Some("a"), 100).await.expect("dead_groups");
+    assert_eq!(after[0].count, 2);
+    assert!(after[0].newest > a1.id);
+    assert_ne!(after[0].newest, a3.id);
+}
 
 /// `count_by_state` counts tasks per queue and state, and the counts follow every transition
 /// (duplicates and refused changes count nothing); states without tasks may be left out or be zero.

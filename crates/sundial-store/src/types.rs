@@ -250,6 +250,35 @@ pub struct TaskPage {
     pub next_cursor: Option<TaskId>,
 }
 
+/// How many characters of a dead task's error name its dead-letter group (see [`error_group`]).
+pub const ERROR_GROUP_CHARS: usize = 200;
+
+/// The group a dead task's last error puts it in on the dead letters: the error's first line,
+/// cut at [`ERROR_GROUP_CHARS`] characters, so that errors differing only in a trace or a long
+/// tail land together. The stores compute the same in SQL (and index it).
+pub fn error_group(error: &str) -> String {
+    error
+        .split('\n')
+        .next()
+        .unwrap_or_default()
+        .chars()
+        .take(ERROR_GROUP_CHARS)
+        .collect()
+}
+
+/// The dead tasks of one queue whose last errors fall in one group ([`error_group`]): a row of
+/// the dead letters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadGroup {
+    pub queue: String,
+    /// The group's error ([`error_group`] of the last error); `None` for tasks that died with
+    /// no error recorded.
+    pub error: Option<String>,
+    pub count: u64,
+    /// The group's newest task (largest id), to show as an example.
+    pub newest: TaskId,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateCount {
     pub queue: String,

@@ -77,6 +77,88 @@ pub(crate) trait ShardHost: Send + Sync + 'static {
     fn deliver(&self, wakeup: Wakeup);
 }
 
+/// The cluster as the store records it, seen from one node at one time (see
+/// `Sundial::cluster_view`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterView {
+    /// The node asking.
+    pub node: String,
+    pub shard_count: u32,
+    /// When the view was read (the node's clock, corrected to the database's).
+    pub now: Timestamp,
+    /// Every node with a membership row or a valid lease, by name.
+    pub nodes: Vec<NodeView>,
+    /// Shards without a valid lease now (free, released or expired): no node runs them until
+    /// one acquires them.
+    pub unowned: Vec<u32>,
+}
+
+/// One node of a [`ClusterView`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeView {
+    pub node: String,
+    /// Its last heartbeat (`None`: it has left the membership but still holds a lease).
+    pub last_seen: Option<Timestamp>,
+    /// Heard from within the shard-lease TTL.
+    pub live: bool,
+    /// The shards whose lease it holds and that have not ended, in order.
+    pub shards: Vec<u32>,
+}
+
+/// Builds the [`ClusterView`] of `state` for `me` at `now`.
+pub(crate) fn cluster_view(
+    state: &sundial_store::ClusterState,
+    me: &str,
+    shard_count: u32,
+    now: Timestamp,
+    ttl: Duration,
+) -> ClusterView {
+    let ttl_ms = ttl.as_millis() as i64;
+    let mut nodes: std::collections::BTreeMap<String, NodeView> = state
+        .members
+        .iter()
+        .map(|m| {
+            (
+                m.node.clone(),
+                NodeView {
+                    node: m.node.clone(),
+                    last_seen: Some(m.last_seen),
+                    live: now.0.saturating_sub(m.last_seen.0) <= ttl_ms,
+                    shards: Vec::new(),
+                },
+            )
+        })
+        .collect();
+    let mut owned = HashSet::new();
+    for l in &state.leases {
+        let Some(owner) = l.owner.as_ref().filter(|_| l.expires_at >= now) else {
+            continue;
+        };
+        owned.insert(l.shard);
+        nodes
+            .entry(owner.clone())
+            .or_insert_with(|| NodeView {
+                node: owner.clone(),
+                last_seen: None,
+                live: false,
+                shards: Vec::new(),
+            })
+            .shards
+            .push(l.shard);
+    }
+    let mut nodes: Vec<NodeView> = nodes.into_values().collect();
+    for n in &mut nodes {
+        n.shards.sort_unstable();
+    }
+    ClusterView {
+        node: me.to_string(),
+        shard_count,
+        now,
+        nodes,
+        unowned: (0..shard_count).filter(|s| !owned.contains(s)).collect(),
+    }
+}
+
 /// Offsets beyond this are logged as a warning (at join and at every later check).
 pub(crate) const WARN_SKEW_MS: u64 = 50;
 
@@ -241,6 +323,18 @@ impl ClusterNode {
         let mut v: Vec<u32> = self.fences().iter().map(|f| f.shard).collect();
         v.sort_unstable();
         v
+    }
+
+    /// The membership and the leases as the store records them, seen from this node now.
+    pub async fn view(&self, shard_count: u32) -> Result<ClusterView, StoreError> {
+        let state = self.cluster.cluster_state().await?;
+        Ok(cluster_view(
+            &state,
+            &self.node,
+            shard_count,
+            self.clock.now(),
+            self.lease_ttl,
+        ))
     }
 
     /// Expires task leases in the shards this node owns (fenced, shard by shard).
@@ -641,5 +735,56 @@ async fn subscriber_loop(engine: Arc<dyn ShardHost>, node: &ClusterNode) {
             Some(w) => engine.deliver(w),
             None => break,
         }
+    }
+}
+
+#[cfg(test)]
+mod view_tests {
+    use super::*;
+    use sundial_store::{ClusterState, ShardLease};
+
+    #[test]
+    fn the_view_names_each_nodes_valid_leases_and_the_unowned_shards() {
+        let lease = |shard, owner: Option<&str>, until| ShardLease {
+            shard,
+            owner: owner.map(str::to_string),
+            expires_at: Timestamp(until),
+            range_id: 1,
+        };
+        let state = ClusterState {
+            members: vec![
+                Member {
+                    node: "a".into(),
+                    last_seen: Timestamp(9_000),
+                },
+                Member {
+                    node: "b".into(),
+                    last_seen: Timestamp(1_000),
+                },
+            ],
+            leases: vec![
+                lease(0, Some("a"), 20_000),
+                lease(1, Some("b"), 5_000),
+                lease(2, None, 0),
+                lease(3, Some("gone"), 20_000),
+                lease(4, Some("a"), 20_000),
+            ],
+        };
+        let v = cluster_view(&state, "a", 6, Timestamp(10_000), Duration::from_secs(5));
+        assert_eq!(v.node, "a");
+        let rows: Vec<_> = v
+            .nodes
+            .iter()
+            .map(|n| (n.node.as_str(), n.last_seen, n.live, n.shards.clone()))
+            .collect();
+        assert_eq!(
+            rows,
+            vec![
+                ("a", Some(Timestamp(9_000)), true, vec![0, 4]),
+                ("b", Some(Timestamp(1_000)), false, vec![]),
+                ("gone", None, false, vec![3]),
+            ]
+        );
+        assert_eq!(v.unowned, vec![1, 2, 5], "expired, released, never leased");
     }
 }

@@ -52,8 +52,10 @@ use std::time::Duration;
 use sundial_store::Inserted;
 
 pub use clock::SystemClock;
+pub use cluster::{ClusterView, NodeView};
 pub use config::{Config, ConfigError, MIN_SHARD_LEASE_TTL, Retention};
 pub use engine::retention::Purged;
+pub use engine::seen::{MAX_SEEN, WorkerSeen};
 pub use engine::step::Stepper;
 pub use error::Error;
 pub use handler::{Handler, HandlerError, HandlerFuture, TaskContext};
@@ -674,6 +676,23 @@ impl Sundial {
     /// With several nodes: the shards this node runs now (empty on a single node).
     pub fn owned_shards(&self) -> Vec<u32> {
         self.engine.placement.owned_shards()
+    }
+
+    /// With several nodes: every node of the membership with its last heartbeat and the shards
+    /// it holds, and the shards nobody holds, as the store records them now (one read of the
+    /// membership and lease tables). `None` on a single node.
+    pub async fn cluster_view(&self) -> Result<Option<ClusterView>, Error> {
+        Ok(self
+            .engine
+            .placement
+            .cluster_view(self.engine.config.shard_count)
+            .await?)
+    }
+
+    /// The workers that polled this node at or after `since` (by name and queue, with their
+    /// last poll's time), the most recent first; at most [`MAX_SEEN`] pairs are remembered.
+    pub fn workers_seen(&self, since: Timestamp) -> Vec<WorkerSeen> {
+        self.engine.seen.since(since)
     }
 
     /// Handler runs under way in this process.

@@ -14,7 +14,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use sundial_core::{ExecutionId, Task, TaskId, TaskState, Timestamp};
-use sundial_store::{AttemptHistory, AttemptResponse, QueueConfig, QueueSettings, TaskFilter};
+use sundial_store::{
+    AttemptHistory, AttemptResponse, DeadGroup, QueueConfig, QueueSettings, TaskFilter,
+};
 
 use crate::engine::retention::Purged;
 use crate::{Error, Sundial};
@@ -58,6 +60,17 @@ enum BulkAction {
 }
 
 impl Sundial {
+    /// The dead tasks grouped by queue and error group (the last error's first line, at most
+    /// 200 characters), the largest groups first, at most `limit` groups (of `queue`, when
+    /// given): one aggregate query over an index of the dead tasks.
+    pub async fn dead_groups(
+        &self,
+        queue: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DeadGroup>, Error> {
+        Ok(self.engine.store.dead_groups(queue, limit).await?)
+    }
+
     /// Every queue that has tasks or stored settings, by name.
     pub async fn queues(&self) -> Result<Vec<QueueInfo>, Error> {
         let store = &self.engine.store;

@@ -180,6 +180,17 @@ impl Placement {
         }
     }
 
+    /// The cluster as the store records it (`None` on a single node).
+    pub(crate) async fn cluster_view(
+        &self,
+        shard_count: u32,
+    ) -> Result<Option<crate::cluster::ClusterView>, StoreError> {
+        match self {
+            Placement::Single => Ok(None),
+            Placement::Cluster(n) => n.view(shard_count).await.map(Some),
+        }
+    }
+
     /// The shards this node runs now (empty on a single node, which runs all).
     pub(crate) fn owned_shards(&self) -> Vec<u32> {
         match self {

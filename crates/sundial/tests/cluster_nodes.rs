@@ -19,7 +19,10 @@ use common::intercept::{Intercept, Intercepted};
 use common::*;
 use futures::stream::BoxStream;
 use sundial::{Clock, Config, ManualClock, Sundial, TaskSpec, TaskState, Timestamp};
-use sundial_store::{ClaimOutcome, Cluster, DueClaim, Fence, Member, Store, StoreError, Wakeup};
+use sundial_store::{
+    ClaimOutcome, Cluster, ClusterState, DueClaim, Fence, Member, ShardLease, Store, StoreError,
+    Wakeup,
+};
 
 #[derive(Default)]
 struct Model {
@@ -160,6 +163,32 @@ impl Cluster for MemoryCluster {
             .unwrap()
             .shard_count
             .get_or_insert(proposed))
+    }
+    async fn cluster_state(&self) -> Result<ClusterState, StoreError> {
+        self.gate().await;
+        let m = self.model.lock().unwrap();
+        let mut leases: Vec<ShardLease> = m
+            .leases
+            .iter()
+            .map(|(shard, (owner, until, range_id))| ShardLease {
+                shard: *shard,
+                owner: Some(owner.clone()),
+                expires_at: *until,
+                range_id: *range_id,
+            })
+            .collect();
+        leases.sort_by_key(|l| l.shard);
+        Ok(ClusterState {
+            members: m
+                .nodes
+                .iter()
+                .map(|(node, t)| Member {
+                    node: node.clone(),
+                    last_seen: *t,
+                })
+                .collect(),
+            leases,
+        })
     }
     async fn heartbeat(
         &self,

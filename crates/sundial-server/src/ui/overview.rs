@@ -1,6 +1,8 @@
 //! The overview: every queue with its counts by state (maintained counters), what is due but
 //! not started, whether it is paused, fire lateness percentiles from this server's own
-//! histograms, and the shards this node runs. Also the queue pause and resume posts.
+//! histograms, the workers that polled this node recently (in memory), and the shards: this
+//! node's on a single node, and on several every node with its last heartbeat and the shards it
+//! holds (one read of the membership and lease tables). Also the queue pause and resume posts.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
@@ -182,9 +184,32 @@ struct QueueRow {
     lateness: Percentiles,
 }
 
+struct WorkerRow {
+    worker: String,
+    queue: String,
+    href: String,
+    last_seen: String,
+    last_seen_full: String,
+    polls: u64,
+}
+
+struct NodeRow {
+    node: String,
+    this: bool,
+    live: bool,
+    heartbeat: String,
+    heartbeat_full: String,
+    shards: String,
+    count: usize,
+}
+
 #[derive(Template)]
 #[template(path = "ui/overview.html")]
 struct OverviewPage {
+    workers: Vec<WorkerRow>,
+    workers_window: String,
+    nodes: Option<Vec<NodeRow>>,
+    unowned: String,
     chrome: Chrome,
     states: Vec<&'static str>,
     queues: Vec<QueueRow>,
@@ -346,25 +371,61 @@ async fn overview(
         ))
     });
     let owned = s.owned_shards();
-    let shards = if owned.is_empty() {
-        format!(
+    let view = s.cluster_view().await?;
+    let shards = match &view {
+        None => format!(
             "Single node: this server runs all {} shards.",
             s.config().shard_count
-        )
-    } else {
-        format!(
-            "Several nodes: this node runs {} of {} shards ({}).",
+        ),
+        Some(v) => format!(
+            "Several nodes: this node ({}) runs {} of {} shards.",
+            v.node,
             owned.len(),
-            s.config().shard_count,
-            owned
-                .iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
+            v.shard_count
+        ),
     };
+    let unowned = view
+        .as_ref()
+        .map(|v| join_shards(&v.unowned))
+        .unwrap_or_default();
+    let nodes = view.map(|v| {
+        v.nodes
+            .into_iter()
+            .map(|n| NodeRow {
+                this: n.node == v.node,
+                live: n.live,
+                heartbeat: n
+                    .last_seen
+                    .map(|t| fmt::relative(t, now))
+                    .unwrap_or_else(|| "left".into()),
+                heartbeat_full: n.last_seen.map(fmt::rfc3339).unwrap_or_default(),
+                count: n.shards.len(),
+                shards: join_shards(&n.shards),
+                node: n.node,
+            })
+            .collect()
+    });
+    // In memory, this node's pollers only.
+    let workers = s
+        .workers_seen(Timestamp(
+            now.0 - crate::ops::WORKERS_RECENT.as_millis() as i64,
+        ))
+        .into_iter()
+        .map(|w| WorkerRow {
+            worker: w.worker.unwrap_or_else(|| "(unnamed)".into()),
+            href: format!("/ui/tasks?queue={}", enc(&w.queue)),
+            queue: w.queue,
+            last_seen: fmt::relative(w.last_seen, now),
+            last_seen_full: fmt::rfc3339(w.last_seen),
+            polls: w.polls,
+        })
+        .collect();
     let t = OverviewPage {
         chrome: Chrome::new(v, "overview", "Overview").notice(notice),
+        workers,
+        workers_window: fmt::short(crate::ops::WORKERS_RECENT),
+        nodes,
+        unowned,
         states: TaskState::ALL.iter().map(|s| s.as_str()).collect(),
         queues,
         show_internal,
@@ -378,6 +439,18 @@ async fn overview(
         workflows: st.workflows.is_some(),
     };
     Ok(render(v, &t))
+}
+
+/// `0, 3, 7` (or `none`).
+fn join_shards(shards: &[u32]) -> String {
+    if shards.is_empty() {
+        return "none".to_string();
+    }
+    shards
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// `POST /ui/queues/{queue}/{pause|resume}`.

@@ -635,9 +635,15 @@ struct DeadQueue {
     retry_href: String,
 }
 
+/// Error groups shown on the dead letters.
+const GROUPS: usize = 100;
+
 struct ErrorGroup {
+    queue: String,
+    queue_href: String,
+    retry_href: String,
     error: String,
-    count: usize,
+    count: u64,
     example: String,
 }
 
@@ -653,8 +659,8 @@ struct DeadPage {
     retry_href: String,
 }
 
-/// `GET /ui/dead?queue=&cursor=`: dead tasks by queue (from the counters) and, for a page of
-/// them, by error.
+/// `GET /ui/dead?queue=&cursor=`: dead tasks by queue (from the counters), by queue and error
+/// across the store (one aggregate query), and a page of them.
 pub(crate) async fn dead(
     State(st): State<UiState>,
     headers: HeaderMap,
@@ -702,22 +708,23 @@ async fn dead_page(st: &UiState, v: &Viewer, q: &Fields) -> Result<Response, UiE
     }
     let page = crate::api::query_tasks(&st.app, &api).await?;
     let now = s.clock().now();
-    let mut groups: BTreeMap<String, ErrorGroup> = BTreeMap::new();
-    for t in &page.tasks {
-        let e = t
-            .last_error
-            .as_deref()
-            .map(fmt::first_line)
-            .unwrap_or_else(|| "(no error recorded)".into());
-        let g = groups.entry(e.clone()).or_insert(ErrorGroup {
-            error: e,
-            count: 0,
-            example: t.id.to_string(),
-        });
-        g.count += 1;
-    }
-    let mut groups: Vec<ErrorGroup> = groups.into_values().collect();
-    groups.sort_by_key(|g| std::cmp::Reverse(g.count));
+    // Across the whole store (or the queue): one aggregate over the index of dead tasks.
+    let groups = s
+        .dead_groups((!queue.is_empty()).then_some(queue.as_str()), GROUPS)
+        .await?
+        .into_iter()
+        .map(|g| ErrorGroup {
+            retry_href: format!(
+                "/ui/tasks/bulk?action=retry&state=dead&queue={}",
+                enc(&g.queue)
+            ),
+            queue_href: format!("/ui/dead?queue={}", enc(&g.queue)),
+            queue: g.queue,
+            error: g.error.unwrap_or_else(|| "(no error recorded)".into()),
+            count: g.count,
+            example: g.newest.to_string(),
+        })
+        .collect();
     let next = page.next_cursor.map(|c| {
         let qp = if queue.is_empty() {
             String::new()

@@ -44,6 +44,7 @@ mod poll;
 pub(crate) mod reaper;
 pub(crate) mod retention;
 mod run;
+pub(crate) mod seen;
 pub(crate) mod shard;
 pub(crate) mod step;
 
@@ -82,6 +83,8 @@ pub(crate) struct Engine {
     pub(crate) placement: Placement,
     /// Queues whose tasks are held back (see [`pause`]).
     pub(crate) paused: pause::PausedQueues,
+    /// The workers that polled this node (see [`seen`]).
+    pub(crate) seen: seen::SeenWorkers,
 }
 
 pub(crate) struct QueueState {
@@ -162,6 +165,7 @@ impl Engine {
             started: AtomicBool::new(false),
             placement,
             paused: pause::PausedQueues::default(),
+            seen: seen::SeenWorkers::default(),
         })
     }
 

@@ -29,6 +29,7 @@ impl Engine {
         let wait = wait.min(self.config.max_poll_wait);
         let q = self.queue(queue);
         let start = self.clock.now();
+        self.seen.record(worker.as_deref(), queue, start);
         let deadline = start.saturating_add(wait);
         let mut stopping = self.stopping.subscribe();
         let ready = if kinds.is_some() {
