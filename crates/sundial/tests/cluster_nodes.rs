@@ -811,7 +811,13 @@ async fn wake_ups_for_tasks_due_after_the_next_rescan_are_not_published() {
         }
     }
     assert!(!near.is_empty() && !far.is_empty());
-    settle().await;
+    // The publisher loop sends in batches: wait for the near ones; the far ones would have gone
+    // in the same batches.
+    until("the near tasks are announced", || {
+        let sent = published(&c);
+        near.iter().all(|id| sent[before..].contains(id))
+    })
+    .await;
     let sent = published(&c);
     let sent = &sent[before..];
     for id in &near {
@@ -928,7 +934,8 @@ async fn a_node_alone_publishes_no_ready_wake_ups() {
         .unwrap();
     run_for(&alone.clock, Duration::from_secs(1)).await;
     wait_state(&alone.nodes[0].0, id, TaskState::Ready).await;
-    settle().await;
+    // An absence has no event to wait for: watch the publisher for a short while.
+    tokio::time::sleep(ABSENCE_WATCH).await;
     assert_eq!(readies(&alone, 0), 0);
     // Another node turns up: the lone node's next heartbeat tells it about the queue whose
     // ready work it did not announce.
@@ -939,14 +946,15 @@ async fn a_node_alone_publishes_no_ready_wake_ups() {
         .nodes
         .insert("newcomer".to_string(), alone.clock.now());
     run_for(&alone.clock, Duration::from_secs(4)).await;
-    settle().await;
-    let told = alone.calls[0]
-        .published
-        .lock()
-        .unwrap()
-        .iter()
-        .any(|w| matches!(w, Wakeup::Ready { queue } if queue == "default"));
-    assert!(told, "the newcomer hears of the ready queue");
+    until("the newcomer hears of the ready queue", || {
+        alone.calls[0]
+            .published
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|w| matches!(w, Wakeup::Ready { queue } if queue == "default"))
+    })
+    .await;
 
     let two = cluster(2).await;
     wait_balanced(&two).await;
@@ -958,11 +966,26 @@ async fn a_node_alone_publishes_no_ready_wake_ups() {
         .unwrap();
     run_for(&two.clock, Duration::from_secs(1)).await;
     wait_state(&two.nodes[0].0, id, TaskState::Ready).await;
-    settle().await;
-    assert!(
-        readies(&two, 0) + readies(&two, 1) > 0,
-        "the other node's pollers are told"
-    );
+    until("the other node's pollers are told", || {
+        readies(&two, 0) + readies(&two, 1) > 0
+    })
+    .await;
+}
+
+/// How long a check that something is not published watches for it (real time: the loops here
+/// are the cluster's own background tasks).
+const ABSENCE_WATCH: Duration = Duration::from_millis(150);
+
+/// Waits (bounded, real time) until `cond` holds: the cluster's background loops act on their
+/// own, so a test waits for what it expects them to do.
+async fn until(what: &str, cond: impl Fn() -> bool) {
+    for _ in 0..1_000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting: {what}");
 }
 
 /// Advances the clock by `step` and lets the loops run.

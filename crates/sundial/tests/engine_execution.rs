@@ -24,7 +24,7 @@ fn no_jitter(initial_s: u64, factor: f64) -> Backoff {
 async fn retries_follow_the_backoff_then_dead_keeps_the_error() {
     let h = harness().await;
     let mut runs = record(&h, "k", |a| Err(format!("boom {a}")));
-    let _engine = h.sundial.start();
+    let mut stepper = h.sundial.stepper();
     let id = h
         .sundial
         .schedule(
@@ -34,25 +34,28 @@ async fn retries_follow_the_backoff_then_dead_keeps_the_error() {
         )
         .await
         .unwrap();
+    stepper.settle().await;
     let r1 = next_run(&mut runs).await;
     assert_eq!((r1.attempt, r1.at), (1, T0));
     let t = wait_state(&h.sundial, id, TaskState::Scheduled).await;
     assert_eq!(t.due_at, Timestamp(T0.0 + 5_000));
-    settle().await;
     h.clock.advance(Duration::from_millis(4_999));
+    stepper.settle().await;
     no_run(&mut runs).await;
     h.clock.advance(Duration::from_millis(1));
+    stepper.settle().await;
     let r2 = next_run(&mut runs).await;
     assert_eq!((r2.attempt, r2.at), (2, Timestamp(T0.0 + 5_000)));
     let t = wait_state(&h.sundial, id, TaskState::Scheduled).await;
     assert_eq!(t.due_at, Timestamp(T0.0 + 5_000 + 25_000));
-    settle().await;
     h.clock.advance(Duration::from_secs(25));
+    stepper.settle().await;
     assert_eq!(next_run(&mut runs).await.attempt, 3);
     let t = wait_state(&h.sundial, id, TaskState::Dead).await;
     assert_eq!(t.last_error.as_deref(), Some("boom 3"));
     assert_eq!(t.attempt, 3);
     h.clock.advance(Duration::from_secs(3600));
+    stepper.settle().await;
     no_run(&mut runs).await;
 }
 
@@ -121,7 +124,7 @@ async fn a_hung_attempt_times_out_and_is_retried() {
                 Ok::<(), String>(())
             }
         });
-    let _engine = h.sundial.start();
+    let mut stepper = h.sundial.stepper();
     let id = h
         .sundial
         .schedule(
@@ -131,12 +134,14 @@ async fn a_hung_attempt_times_out_and_is_retried() {
         )
         .await
         .unwrap();
+    // One turn starts the attempt (settling would wait for a run that hangs).
+    stepper.turn().await;
     wait_state(&h.sundial, id, TaskState::Running).await;
     h.clock.advance(Duration::from_secs(10));
     let t = wait_state(&h.sundial, id, TaskState::Scheduled).await;
     assert!(t.last_error.unwrap().contains("timed out"));
-    settle().await;
     h.clock.advance(Duration::from_secs(1));
+    stepper.settle().await;
     let t = wait_state(&h.sundial, id, TaskState::Succeeded).await;
     assert_eq!(t.attempt, 2);
 }
@@ -146,12 +151,13 @@ async fn an_expired_lease_puts_the_task_back_and_it_runs_again() {
     // A worker takes the task and disappears: after its lease (the task's timeout) the reaper
     // makes it due again, and this time an in-process handler runs it.
     let h = harness().await;
-    let _engine = h.sundial.start();
+    let mut stepper = h.sundial.stepper();
     let id = h
         .sundial
         .schedule(TaskSpec::new("remote").timeout(Duration::from_secs(30)))
         .await
         .unwrap();
+    stepper.settle().await;
     wait_state(&h.sundial, id, TaskState::Ready).await;
     let got = h
         .sundial
@@ -162,10 +168,12 @@ async fn an_expired_lease_puts_the_task_back_and_it_runs_again() {
     let lost_exec = got[0].execution_id.unwrap();
     assert_eq!(got[0].lease_expires_at, Some(Timestamp(T0.0 + 30_000)));
     let mut runs = record(&h, "remote", |_| Ok(()));
-    settle().await;
+    stepper.settle().await;
     h.clock.advance(Duration::from_millis(30_000));
+    stepper.settle().await;
     no_run(&mut runs).await;
     h.clock.advance(Duration::from_millis(1));
+    stepper.settle().await;
     let r = next_run(&mut runs).await;
     assert_eq!((r.id, r.attempt), (id, 2));
     // The vanished worker's late answer is refused.
@@ -180,7 +188,7 @@ async fn an_expired_lease_puts_the_task_back_and_it_runs_again() {
 async fn cancel_wins() {
     let h = harness().await;
     let mut runs = record(&h, "k", |_| Ok(()));
-    let _engine = h.sundial.start();
+    let mut stepper = h.sundial.stepper();
     // Many tasks due at the same instant; cancel half of them right as they come due.
     let mut ids = Vec::new();
     for _ in 0..200 {
@@ -191,7 +199,7 @@ async fn cancel_wins() {
                 .unwrap(),
         );
     }
-    settle().await;
+    stepper.settle().await;
     // Cancelled before they are due: these must never run.
     let early: Vec<_> = ids.split_off(150);
     for id in &early {
@@ -214,9 +222,12 @@ async fn cancel_wins() {
         cancelled
     });
     h.clock.advance(Duration::from_secs(1));
-    let cancelled = canceller.await.unwrap();
+    // The engine turns while the cancels go on; once it has settled every run is recorded.
+    let (cancelled, _) = tokio::join!(canceller, stepper.settle());
+    let cancelled = cancelled.unwrap();
+    stepper.settle().await;
     let mut seen = std::collections::HashMap::new();
-    while let Ok(Some(r)) = tokio::time::timeout(Duration::from_millis(500), runs.recv()).await {
+    while let Ok(r) = runs.try_recv() {
         seen.insert(r.id, r.attempt);
     }
     let mut before_start = 0;
@@ -267,20 +278,22 @@ async fn cancel_of_a_running_attempt_refuses_its_result() {
                 Ok::<(), String>(())
             }
         });
-    let _engine = h.sundial.start();
+    let mut stepper = h.sundial.stepper();
     let id = h
         .sundial
         .schedule(TaskSpec::new("slow").max_attempts(5))
         .await
         .unwrap();
+    // One turn starts the attempt, which waits for `go`.
+    stepper.turn().await;
     wait_state(&h.sundial, id, TaskState::Running).await;
     h.sundial.cancel(id).await.unwrap();
     go_tx.send_replace(true);
-    settle().await;
+    stepper.settle().await;
     let t = h.sundial.get(id).await.unwrap().unwrap();
     assert_eq!(t.state, TaskState::Cancelled);
     h.clock.advance(Duration::from_secs(3600));
-    settle().await;
+    stepper.settle().await;
     assert_eq!(h.sundial.get(id).await.unwrap().unwrap().attempt, 1);
 }
 
@@ -288,15 +301,16 @@ async fn cancel_of_a_running_attempt_refuses_its_result() {
 async fn trigger_runs_a_scheduled_task_now() {
     let h = harness().await;
     let mut runs = record(&h, "k", |_| Ok(()));
-    let _engine = h.sundial.start();
+    let mut stepper = h.sundial.stepper();
     let id = h
         .sundial
         .schedule(TaskSpec::new("k").delay(Duration::from_secs(86_400)))
         .await
         .unwrap();
-    settle().await;
+    stepper.settle().await;
     let t = h.sundial.trigger(id).await.unwrap();
     assert_eq!(t.due_at, T0);
+    stepper.settle().await;
     let r = next_run(&mut runs).await;
     assert_eq!((r.id, r.at), (id, T0));
     wait_state(&h.sundial, id, TaskState::Succeeded).await;
@@ -527,16 +541,18 @@ async fn unknown_kinds_wait_ready_for_a_worker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_poll_is_woken_when_work_arrives() {
     let h = harness().await;
-    let _engine = h.sundial.start();
+    let mut stepper = h.sundial.stepper();
     let s = h.sundial.clone();
     let poll =
         tokio::spawn(async move { s.poll("q", None, None, 1, Duration::from_secs(30)).await });
-    settle().await;
+    // The poll is parked on the clock (nothing else sleeps on it with a stepped engine).
+    parked(&h.clock, 1).await;
     let id = h
         .sundial
         .schedule(TaskSpec::new("w").queue("q"))
         .await
         .unwrap();
+    stepper.settle().await;
     let got = tokio::time::timeout(Duration::from_secs(10), poll)
         .await
         .unwrap()
@@ -591,23 +607,24 @@ async fn shutdown_deadline_interrupts_and_reschedules() {
             std::future::pending::<()>().await;
             Ok::<(), String>(())
         });
-    let engine = h.sundial.start();
+    let mut stepper = h.sundial.stepper();
     let id = h.sundial.schedule(TaskSpec::new("stuck")).await.unwrap();
+    // One turn starts the attempt (it never ends on its own).
+    stepper.turn().await;
     wait_state(&h.sundial, id, TaskState::Running).await;
+    // With the loops stepped, `start` only serves the shutdown.
+    let engine = h.sundial.start();
     let c = h.clock.clone();
     let mut stopper = tokio::spawn(async move { engine.shutdown(Duration::from_secs(5)).await });
-    // The deadline is armed once the shard loops have stopped, which on a loaded machine may be
-    // after a first advance: keep moving time in 5 s steps until the shutdown returns.
-    let mut left = None;
-    for _ in 0..20 {
-        settle().await;
-        c.advance(Duration::from_secs(5));
-        if let Ok(r) = tokio::time::timeout(Duration::from_millis(500), &mut stopper).await {
-            left = Some(r.unwrap());
-            break;
-        }
-    }
-    assert_eq!(left, Some(0), "shutdown did not return");
+    // Once the drain's deadline is parked on the clock (beside the hung attempt's timeout),
+    // moving time past it interrupts the attempt.
+    parked(&c, 2).await;
+    c.advance(Duration::from_secs(5));
+    let left = tokio::time::timeout(Duration::from_secs(10), &mut stopper)
+        .await
+        .expect("shutdown returns")
+        .unwrap();
+    assert_eq!(left, 0);
     let t = h.sundial.get(id).await.unwrap().unwrap();
     assert_eq!(t.state, TaskState::Scheduled);
     assert_eq!(t.last_error.as_deref(), Some("interrupted by shutdown"));

@@ -63,8 +63,33 @@ fn setup_with(config: Config) -> Setup {
     }
 }
 
+/// How many 5 ms looks the checks that something does not happen take (real time, 150 ms in
+/// all: an absence has no event to wait for).
+const WATCH: usize = 30;
+
+/// Asserts that `claim_ready` is called no more than `at_most` times in all during [`WATCH`].
+async fn claims_stay_at_most(s: &Setup, at_most: usize) {
+    for _ in 0..WATCH {
+        let n = s.claims.load(Ordering::SeqCst);
+        assert!(n <= at_most, "{n} claims, expected at most {at_most}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Asserts that none of `waiting` returns during [`WATCH`].
+async fn still_waiting(waiting: &[tokio::task::JoinHandle<Vec<Task>>]) {
+    for _ in 0..WATCH {
+        assert!(
+            waiting.iter().all(|h| !h.is_finished()),
+            "a poller returned"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Starts `n` pollers on `queue` (each taking up to `max`, of `kinds` when given) and waits
-/// until every one has made its first claim and is waiting.
+/// until every one has made its first claim and is parked on the clock (the engine is stepped,
+/// so nothing else sleeps on it).
 async fn pollers(
     s: &Setup,
     n: usize,
@@ -72,6 +97,7 @@ async fn pollers(
     kinds: Option<Vec<String>>,
 ) -> Vec<tokio::task::JoinHandle<Vec<Task>>> {
     let before = s.claims.load(Ordering::SeqCst);
+    let parked_before = s.clock.sleepers();
     let handles = (0..n)
         .map(|_| {
             let sundial = s.sundial.clone();
@@ -91,14 +117,14 @@ async fn pollers(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert_eq!(s.claims.load(Ordering::SeqCst), before + n);
-    settle().await;
+    parked(&s.clock, parked_before + n).await;
     handles
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ready_task_wakes_one_waiting_poller_not_all_of_them() {
     let s = setup();
-    let _engine = s.sundial.start();
+    let mut stepper = s.sundial.stepper();
     // Each takes up to two, so the one woken takes less than a full batch and wakes no other.
     let mut waiting = pollers(&s, 8, 2, None).await;
     let before = s.claims.load(Ordering::SeqCst);
@@ -107,6 +133,7 @@ async fn a_ready_task_wakes_one_waiting_poller_not_all_of_them() {
         .schedule(TaskSpec::new("w").queue("q"))
         .await
         .unwrap();
+    stepper.settle().await;
     // Exactly one poller returns with the task.
     let mut got = None;
     for _ in 0..1_000 {
@@ -119,10 +146,10 @@ async fn a_ready_task_wakes_one_waiting_poller_not_all_of_them() {
     let got = got.expect("a poller got the task");
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].id, id);
-    settle().await;
     // One claim for one ready task (before, every waiting poller claimed: eight).
+    claims_stay_at_most(&s, before + 1).await;
     assert_eq!(s.claims.load(Ordering::SeqCst) - before, 1);
-    assert!(waiting.iter().all(|h| !h.is_finished()));
+    still_waiting(&waiting).await;
     for h in waiting {
         h.abort();
     }
@@ -135,15 +162,16 @@ async fn a_poller_that_took_a_full_batch_wakes_the_next() {
         shard_count: 1,
         ..Config::default()
     });
-    let _engine = s.sundial.start();
+    let mut stepper = s.sundial.stepper();
     let waiting = pollers(&s, 3, 2, None).await;
     let due = Timestamp(T0.0 + 1_000);
     let specs = (0..6)
         .map(|_| TaskSpec::new("w").queue("q").run_at(due))
         .collect();
     s.sundial.schedule_many(specs).await.unwrap();
-    settle().await;
+    stepper.settle().await;
     s.clock.advance(Duration::from_secs(1));
+    stepper.settle().await;
     // Three pollers taking two each all get theirs: the first woken took a full batch and woke
     // the next, and so on.
     let mut total = 0;
@@ -161,7 +189,7 @@ async fn a_poller_that_took_a_full_batch_wakes_the_next() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pollers_restricted_to_kinds_are_all_woken() {
     let s = setup();
-    let _engine = s.sundial.start();
+    let mut stepper = s.sundial.stepper();
     let mut a = pollers(&s, 2, 1, Some(vec!["a".to_string()])).await;
     let b = pollers(&s, 1, 1, Some(vec!["b".to_string()])).await;
     let id = s
@@ -169,13 +197,13 @@ async fn pollers_restricted_to_kinds_are_all_woken() {
         .schedule(TaskSpec::new("b").queue("q"))
         .await
         .unwrap();
+    stepper.settle().await;
     let got = tokio::time::timeout(Duration::from_secs(10), b.into_iter().next().unwrap())
         .await
         .expect("the poller of kind b is woken")
         .unwrap();
     assert_eq!(got[0].id, id);
-    settle().await;
-    assert!(a.iter().all(|h| !h.is_finished()));
+    still_waiting(&a).await;
     for h in a.drain(..) {
         h.abort();
     }
@@ -187,7 +215,7 @@ async fn pollers_restricted_to_kinds_are_all_woken() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_poll_woken_long_past_its_deadline_claims_nothing() {
     let s = setup();
-    let _running = s.sundial.start();
+    let mut stepper = s.sundial.stepper();
     let mut waiting = pollers(&s, 1, 8, None).await;
     let before = s.claims.load(Ordering::SeqCst);
     // Work that falls due while the process is "stopped".
@@ -198,6 +226,7 @@ async fn a_poll_woken_long_past_its_deadline_claims_nothing() {
         .unwrap();
     // The stop ends 60 s in: the poll's 30 s deadline passed long ago.
     s.clock.advance(Duration::from_secs(60));
+    stepper.settle().await;
     let got = waiting.pop().unwrap().await.unwrap();
     assert!(got.is_empty(), "{got:?}");
     assert_eq!(

@@ -1,4 +1,5 @@
-//! Due-time behaviour on a manual clock: never early, due order, notify pulls the gate in.
+//! Due-time behaviour on a manual clock, the engine stepped: never early, due order, notify pulls
+//! the gate in.
 
 mod common;
 
@@ -11,16 +12,18 @@ use sundial::{TaskSpec, Timestamp};
 async fn never_early_then_on_time() {
     let h = harness().await;
     let mut runs = record(&h, "k", |_| Ok(()));
-    let _engine = h.sundial.start();
+    let mut stepper = h.sundial.stepper();
     let id = h
         .sundial
         .schedule(TaskSpec::new("k").delay(Duration::from_secs(60)))
         .await
         .unwrap();
-    settle().await;
+    stepper.settle().await;
     h.clock.advance(Duration::from_millis(59_999));
+    stepper.settle().await;
     no_run(&mut runs).await;
     h.clock.advance(Duration::from_millis(1));
+    stepper.settle().await;
     let r = next_run(&mut runs).await;
     assert_eq!(r.id, id);
     assert!(r.at >= r.due, "started {:?} before due {:?}", r.at, r.due);
@@ -36,7 +39,7 @@ async fn fires_in_due_order() {
     };
     let h = harness_with(cfg).await;
     let mut runs = record(&h, "k", |_| Ok(()));
-    let _engine = h.sundial.start();
+    let mut stepper = h.sundial.stepper();
     let mut ids = Vec::new();
     for secs in [50u64, 10, 40, 20, 30] {
         let id = h
@@ -47,8 +50,9 @@ async fn fires_in_due_order() {
         ids.push((secs, id));
     }
     ids.sort();
-    settle().await;
+    stepper.settle().await;
     h.clock.advance(Duration::from_secs(100));
+    stepper.settle().await;
     for (_, id) in ids {
         assert_eq!(next_run(&mut runs).await.id, id);
     }
@@ -58,19 +62,20 @@ async fn fires_in_due_order() {
 async fn an_earlier_task_pulls_the_gate_in() {
     let h = harness().await;
     let mut runs = record(&h, "k", |_| Ok(()));
-    let _engine = h.sundial.start();
+    let mut stepper = h.sundial.stepper();
     h.sundial
         .schedule(TaskSpec::new("k").delay(Duration::from_secs(3600)))
         .await
         .unwrap();
-    settle().await;
+    stepper.settle().await;
     let early = h
         .sundial
         .schedule(TaskSpec::new("k").delay(Duration::from_secs(10)))
         .await
         .unwrap();
-    settle().await;
+    stepper.settle().await;
     h.clock.advance(Duration::from_secs(10));
+    stepper.settle().await;
     assert_eq!(next_run(&mut runs).await.id, early);
     no_run(&mut runs).await;
 }
@@ -79,17 +84,17 @@ async fn an_earlier_task_pulls_the_gate_in() {
 async fn tasks_beyond_the_lookahead_are_found_later() {
     let h = harness().await;
     let mut runs = record(&h, "k", |_| Ok(()));
-    let _engine = h.sundial.start();
+    let mut stepper = h.sundial.stepper();
     let id = h
         .sundial
         .schedule(TaskSpec::new("k").delay(Duration::from_secs(86_400)))
         .await
         .unwrap();
-    settle().await;
+    stepper.settle().await;
     // Move in steps, as real time would, across many idle intervals.
     for _ in 0..48 {
         h.clock.advance(Duration::from_secs(1_800));
-        settle().await;
+        stepper.settle().await;
     }
     let r = next_run(&mut runs).await;
     assert_eq!(r.id, id);

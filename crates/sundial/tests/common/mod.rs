@@ -102,7 +102,18 @@ pub async fn wait_state(s: &Sundial, id: TaskId, state: TaskState) -> Task {
     panic!("task {id} did not reach {state}: {t:?}");
 }
 
-/// Lets the engine settle on the current time: a few short real-time yields.
-pub async fn settle() {
-    tokio::time::sleep(Duration::from_millis(50)).await;
+/// Waits (bounded) until at least `n` sleepers are parked on the manual clock: with a stepped
+/// engine nothing else sleeps on it, so this says a long poll (or a shutdown's deadline) is
+/// armed.
+pub async fn parked(clock: &ManualClock, n: usize) {
+    for _ in 0..10_000 {
+        if clock.sleepers() >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!(
+        "{n} sleepers did not park on the clock: {}",
+        clock.sleepers()
+    );
 }
