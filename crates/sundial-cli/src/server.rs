@@ -122,6 +122,11 @@ pub struct ServerArgs {
     /// Push delivery: calls under way at once to one receiver (host:port).
     #[arg(long, env = "SUNDIAL_PUSH_HOST_CONCURRENCY", default_value_t = 64)]
     push_host_concurrency: usize,
+    /// Push delivery: how long before its due time a push task is claimed (its attempt recorded
+    /// as started), so the claim's commit does not delay the call; the call still goes out at
+    /// the due time. At most 5s (the look-ahead); 0s claims at the due time.
+    #[arg(long, env = "SUNDIAL_PUSH_CLAIM_LEAD", default_value = "50ms", value_parser = parse_duration)]
+    push_claim_lead: Duration,
     /// `auto`: tokens are required on a non-loopback address, and on loopback as soon as any
     /// token exists. `required`: always, loopback included.
     #[arg(long, env = "SUNDIAL_AUTH", value_enum, default_value_t = AuthArg::Auto)]
@@ -277,6 +282,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         },
         push_concurrency: args.push_concurrency,
         push_host_concurrency: args.push_host_concurrency,
+        push_claim_lead: args.push_claim_lead,
         idempotency_window: args.idempotency_window,
         ..Config::default()
     };

@@ -324,6 +324,10 @@ impl Handler for PushHandler {
         let sundial = self.sundial.clone();
         Box::pin(async move {
             let d = exec.deliver(&ctx.task, ctx.execution_id).await;
+            // The call is over: its slots go to the next due call now, not after the answer is
+            // kept on the attempt (a durable write; holding a receiver's slots through it would
+            // cap that receiver at `slots / commit latency` calls a second).
+            ctx.slots.release();
             exec.record(&sundial, &ctx.task, ctx.execution_id, &d).await;
             d.outcome
         })

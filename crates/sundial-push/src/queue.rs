@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sundial::{Sundial, Target, Task};
+use sundial::{PushSlot, Sundial, Target, Task};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -165,19 +165,26 @@ async fn serve(
             let sundial = sundial.clone();
             let exec = exec.clone();
             let target = current.clone();
-            tokio::spawn(async move {
-                deliver(&sundial, &exec, &target, task).await;
-                drop(slot);
-            });
+            tokio::spawn(deliver(sundial, exec, target, task, slot));
         }
     }
 }
 
-async fn deliver(sundial: &Sundial, exec: &PushExecutor, target: &Target, task: Task) {
+/// One call under `slot`, which is released as soon as the call is over: keeping the answer
+/// and the outcome (durable writes) does not hold the receiver's slots.
+async fn deliver(
+    sundial: Sundial,
+    exec: Arc<PushExecutor>,
+    target: Target,
+    task: Task,
+    slot: PushSlot,
+) {
     let Some(execution) = task.execution_id else {
         return;
     };
-    let d = exec.deliver_to(target, &task, execution).await;
+    let d = exec.deliver_to(&target, &task, execution).await;
+    drop(slot);
+    let sundial = &sundial;
     exec.record(sundial, &task, execution, &d).await;
     let res = match d.outcome {
         Ok(result) => sundial.complete(task.id, execution, result).await,

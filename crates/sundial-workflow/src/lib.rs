@@ -412,6 +412,7 @@ impl Workflows {
             i.on_activity(TaskContext {
                 task: t.clone(),
                 execution_id: exec,
+                slots: Default::default(),
             })
             .await
         };

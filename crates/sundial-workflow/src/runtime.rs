@@ -794,6 +794,7 @@ impl Inner {
             .call(TaskContext {
                 task: call,
                 execution_id: execution,
+                slots: Default::default(),
             })
             .await;
         let event = match out {

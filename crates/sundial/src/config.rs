@@ -47,6 +47,11 @@ pub enum ConfigError {
         claim_batch: usize,
         window_capacity: usize,
     },
+    /// Push tasks claimed earlier than the window looks ahead.
+    #[error(
+        "push_claim_lead ({lead:?}) is longer than lookahead ({lookahead:?}): a task is claimed from the window, which holds only what is due within the look-ahead"
+    )]
+    PushLeadOverLookahead { lead: Duration, lookahead: Duration },
 }
 
 impl Config {
@@ -111,6 +116,12 @@ impl Config {
                 window_capacity: self.window_capacity,
             });
         }
+        if self.push_claim_lead > self.lookahead {
+            return Err(ConfigError::PushLeadOverLookahead {
+                lead: self.push_claim_lead,
+                lookahead: self.lookahead,
+            });
+        }
         Ok(())
     }
 }
@@ -171,6 +182,11 @@ pub struct Config {
     /// receiver holds at most this many of the node's call slots; the rest of its due tasks
     /// wait in the store while other receivers' calls go out on time.
     pub push_host_concurrency: usize,
+    /// Push delivery: how long before its due time a push task may be claimed. The claim (the
+    /// attempt recorded as started, durably) then no longer delays the call: the call waits for
+    /// the due time and goes out then, never before. Zero claims at the due time. At most the
+    /// look-ahead; a task claimed early holds its receiver's slot from its claim.
+    pub push_claim_lead: Duration,
 }
 
 /// How long finished work is kept before it is deleted, and how the deleting runs. Task
@@ -234,6 +250,7 @@ impl Default for Config {
             retention: Retention::default(),
             push_concurrency: 1_024,
             push_host_concurrency: 64,
+            push_claim_lead: Duration::from_millis(50),
         }
     }
 }
@@ -338,6 +355,14 @@ mod tests {
                     ..Config::default()
                 },
                 "claim_batch",
+            ),
+            (
+                Config {
+                    push_claim_lead: Duration::from_secs(6),
+                    lookahead: Duration::from_secs(5),
+                    ..Config::default()
+                },
+                "push_claim_lead",
             ),
             (
                 Config {

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 use sundial_core::{ExecutionId, Task};
@@ -14,6 +15,8 @@ pub struct TaskContext {
     pub task: Task,
     /// This attempt's id. Effects keyed by it happen once even when a task runs more than once.
     pub execution_id: ExecutionId,
+    /// The concurrency slots this run holds (see [`RunSlots`]).
+    pub slots: RunSlots,
 }
 
 impl TaskContext {
@@ -29,6 +32,65 @@ impl TaskContext {
     /// context. Pass [`sundial_core::TraceContext::traceparent`] on in outgoing calls.
     pub fn trace(&self) -> Option<&sundial_core::TraceContext> {
         self.task.trace.as_ref()
+    }
+}
+
+/// The concurrency slots an in-process run holds: its queue's permit or, for a push task, its
+/// receiver's call slot and one of the node's push slots. The engine releases them when the
+/// handler returns, before it records the attempt's outcome. A handler whose work is done before
+/// it returns (a push call that has its answer and only keeps it on the attempt) may release
+/// them earlier with [`RunSlots::release`], so the next due task does not wait for that
+/// bookkeeping. Empty (releasing nothing) for runs the engine does not limit.
+#[derive(Clone, Default)]
+pub struct RunSlots(Option<Arc<SlotsInner>>);
+
+struct SlotsInner {
+    permits: Mutex<Vec<tokio::sync::OwnedSemaphorePermit>>,
+    on_release: Box<dyn Fn() + Send + Sync>,
+}
+
+impl RunSlots {
+    /// Slots holding `permits`; `on_release` runs once, when they are released.
+    pub(crate) fn new(
+        permits: Vec<tokio::sync::OwnedSemaphorePermit>,
+        on_release: impl Fn() + Send + Sync + 'static,
+    ) -> Self {
+        RunSlots(Some(Arc::new(SlotsInner {
+            permits: Mutex::new(permits),
+            on_release: Box::new(on_release),
+        })))
+    }
+
+    /// Releases the slots now (idempotent): the engine may start the next task that waits for
+    /// them while this handler finishes.
+    pub fn release(&self) {
+        let Some(inner) = &self.0 else {
+            return;
+        };
+        let permits = match inner.permits.lock() {
+            Ok(mut p) => std::mem::take(&mut *p),
+            Err(p) => std::mem::take(&mut *p.into_inner()),
+        };
+        if !permits.is_empty() {
+            drop(permits);
+            (inner.on_release)();
+        }
+    }
+
+    /// Whether slots are still held.
+    pub fn held(&self) -> bool {
+        self.0.as_ref().is_some_and(|i| match i.permits.lock() {
+            Ok(p) => !p.is_empty(),
+            Err(p) => !p.into_inner().is_empty(),
+        })
+    }
+}
+
+impl fmt::Debug for RunSlots {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunSlots")
+            .field("held", &self.held())
+            .finish()
     }
 }
 

@@ -18,7 +18,7 @@ use tracing::Instrument;
 
 use super::{Engine, wait_true};
 use crate::Error;
-use crate::handler::{Handler, HandlerError, TaskContext};
+use crate::handler::{Handler, HandlerError, RunSlots, TaskContext};
 use crate::trace::{self, Step};
 
 impl Engine {
@@ -43,7 +43,27 @@ impl Engine {
         if task.trace.is_some() {
             task.trace = trace::handed_on(&run_span, task.trace.as_ref());
         }
+        let release = engine.clone();
+        let slots = RunSlots::new(permit, move || {
+            release
+                .permits_released
+                .send_modify(|v| *v = v.wrapping_add(1));
+        });
         let run = async move {
+            let mut aborting = engine.aborting.subscribe();
+            // A push task may be claimed a little before it is due (`Config::push_claim_lead`):
+            // its attempt is durable before the call, and the call still goes out at the due
+            // time, never before.
+            // The wait is bounded by the lead, should the clock have stepped back since the claim.
+            let now = engine.clock.now();
+            let due = task
+                .due_at
+                .min(now.saturating_add(engine.config.push_claim_lead));
+            let woke_early = now < due
+                && tokio::select! {
+                    _ = engine.clock.sleep_until(due) => false,
+                    _ = wait_true(&mut aborting) => true,
+                };
             let started = engine.clock.now();
             metrics::histogram!("sundial_fire_lateness_seconds", "queue" => task.queue.clone(), "target" => "handler")
                 .record(started.since(task.became_due_at()).as_secs_f64());
@@ -51,18 +71,23 @@ impl Engine {
             let ctx = TaskContext {
                 task: task.clone(),
                 execution_id: execution,
+                slots: slots.clone(),
             };
-            let mut aborting = engine.aborting.subscribe();
-            let run = std::panic::AssertUnwindSafe(handler.call(ctx)).catch_unwind();
-            let outcome: Result<Option<serde_json::Value>, HandlerError> = tokio::select! {
-                r = run => match r {
-                    Ok(r) => r,
-                    Err(_) => Err(HandlerError::retryable("handler panicked")),
-                },
-                _ = engine.clock.sleep_until(deadline) => Err(HandlerError::retryable(format!(
-                    "timed out after {}ms", task.timeout_ms
-                ))),
-                _ = wait_true(&mut aborting) => Err(HandlerError::retryable("interrupted by shutdown")),
+            let outcome: Result<Option<serde_json::Value>, HandlerError> = if woke_early {
+                // Shutdown came before the due time: the handler never ran.
+                Err(HandlerError::retryable("interrupted by shutdown"))
+            } else {
+                let run = std::panic::AssertUnwindSafe(handler.call(ctx)).catch_unwind();
+                tokio::select! {
+                    r = run => match r {
+                        Ok(r) => r,
+                        Err(_) => Err(HandlerError::retryable("handler panicked")),
+                    },
+                    _ = engine.clock.sleep_until(deadline) => Err(HandlerError::retryable(format!(
+                        "timed out after {}ms", task.timeout_ms
+                    ))),
+                    _ = wait_true(&mut aborting) => Err(HandlerError::retryable("interrupted by shutdown")),
+                }
             };
             let finished = engine.clock.now();
             metrics::histogram!("sundial_task_duration_seconds", "queue" => task.queue.clone())
@@ -72,10 +97,8 @@ impl Engine {
             // permit on before recording the result. Holding it through that write would tie
             // fire throughput to write latency (at most `permits / write latency` tasks a second,
             // which a busy disk or CPU pushes below the due rate, so lateness snowballs).
-            drop(permit);
-            engine
-                .permits_released
-                .send_modify(|v| *v = v.wrapping_add(1));
+            // (A handler may have released them already: see `RunSlots`.)
+            slots.release();
             let res = match outcome {
                 Ok(result) => {
                     let span = trace::child_span(Step::Complete, &task, &tracing::Span::current());

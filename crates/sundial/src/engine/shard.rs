@@ -16,7 +16,7 @@
 //! This module never decides *whether* a claim is allowed: the store does, conditionally, and a
 //! refused claim is dropped.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -175,11 +175,12 @@ impl ShardLoop {
         // Anything that arrived while scanning.
         self.take_inbox();
 
-        // 3. Claim what is due.
-        match self.claim_due(now).await? {
-            ClaimPass::Done { starved } => {
-                self.starved = starved;
+        // 3. Claim what is due (push tasks up to their claim lead ahead).
+        let lead = self.push_lead();
+        let claimed = match self.claim_due(now, lead).await? {
+            ClaimPass::Done(claimed) => {
                 self.store_backoff = FIRST_BACKOFF;
+                claimed
             }
             ClaimPass::StoreFailed => {
                 // The entries stay in the window; try again after the backoff, never at once (a
@@ -189,17 +190,29 @@ impl ShardLoop {
                 signal.gate.store(retry.0, Ordering::Release);
                 return Ok(retry);
             }
-        }
+        };
+        self.starved = claimed.starved;
         metrics::gauge!("sundial_shard_window_tasks", "shard" => self.shard_label.clone())
             .set(self.window.len() as f64);
 
-        // 4. Arm the gate: the earliest entry, the next refill, or the idle backstop.
+        // 4. Arm the gate: the earliest entry (a push task: its lead before that), the next
+        //    refill, or the idle backstop.
         let first = if self.starved {
             self.window.first_due_after(now)
         } else {
             self.window.first_due()
         };
         let mut gate = first.unwrap_or(Timestamp::MAX);
+        if !lead.is_zero() {
+            if claimed.full {
+                // The batch filled up: more may be claimable now.
+                gate = now;
+            } else if let Some(next) = self.window.first_due_after(now.saturating_add(lead)) {
+                // Entries due within the lead that are still here are not push tasks (they wait
+                // for their own due time, `first`) or wait for a slot (`starved`).
+                gate = gate.min(Timestamp(next.0.saturating_sub(lead.as_millis() as i64)));
+            }
+        }
         if self.window.is_empty() {
             match engine
                 .store
@@ -233,8 +246,22 @@ impl ShardLoop {
         retry
     }
 
-    /// Claims and dispatches every due entry it can, in one store call.
-    async fn claim_due(&mut self, now: Timestamp) -> Result<ClaimPass, LeaseLost> {
+    /// How long before their due time push tasks are claimed: the configured lead when push
+    /// delivery runs in this process (bounded by the look-ahead), else zero.
+    fn push_lead(&self) -> Duration {
+        if self.engine.push_handler().is_some() {
+            self.engine
+                .config
+                .push_claim_lead
+                .min(self.engine.config.lookahead)
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// Claims and dispatches every due entry it can: entries due by `now`, and push entries due
+    /// by `now + lead` (their runs wait for the due time before calling).
+    async fn claim_due(&mut self, now: Timestamp, lead: Duration) -> Result<ClaimPass, LeaseLost> {
         let engine = self.engine.clone();
         let mut starved = false;
         let mut starved_queues: HashSet<Arc<str>> = HashSet::new();
@@ -248,9 +275,19 @@ impl ShardLoop {
         let paused = engine.paused.snapshot();
         let mut held_back: Vec<DueKey> = Vec::new();
         // Bounded walk: entries of starved queues are skipped, but not without limit.
-        for (key, meta) in self.window.due(now).take(claim_batch.saturating_mul(4)) {
+        let mut full = false;
+        for (key, meta) in self
+            .window
+            .due(now.saturating_add(lead))
+            .take(claim_batch.saturating_mul(4))
+        {
             if batch.len() >= claim_batch {
+                full = true;
                 break;
+            }
+            // Within the lead but not yet due: only push tasks are claimed ahead.
+            if key.due_at > now && meta.push_host.is_none() {
+                continue;
             }
             if !paused.is_empty() && paused.contains(&*meta.queue) {
                 // Stays scheduled in the store; a resume rescans the shard from the front.
@@ -260,18 +297,28 @@ impl ShardLoop {
             if starved_queues.contains(&meta.queue) {
                 continue;
             }
+            // A task claimed ahead runs from its due time: its lease counts from then.
             let run = RunClaim {
                 execution: ExecutionId(uuid::Uuid::now_v7()),
                 lease_until: now
+                    .max(key.due_at)
                     .saturating_add(Duration::from_millis(meta.timeout_ms))
                     .saturating_add(engine.config.lease_grace),
             };
             // A push task runs on the push handler under its receiver's slot and one of the
             // node's push slots (not its queue's permits): a receiver that is slow or down holds
             // only its own slots, and its other due tasks stay here while others' go out.
-            if let Some(host) = &meta.push_host
-                && let Some(handler) = push_handler.get_or_insert_with(|| engine.push_handler())
-            {
+            let push = match &meta.push_host {
+                Some(host) => push_handler
+                    .get_or_insert_with(|| engine.push_handler())
+                    .as_ref()
+                    .map(|h| (host, h)),
+                None => None,
+            };
+            if key.due_at > now && push.is_none() {
+                continue;
+            }
+            if let Some((host, handler)) = push {
                 if full_hosts.contains(host) || push_full {
                     starved = true;
                     continue;
@@ -291,6 +338,7 @@ impl ShardLoop {
                     key: *key,
                     meta: meta.clone(),
                     claim: run.claim(key.id),
+                    starts_at: now.max(key.due_at),
                     run: Some((handler.clone(), vec![host_permit, node_permit])),
                 });
                 continue;
@@ -307,6 +355,7 @@ impl ShardLoop {
                         id: key.id,
                         target: ClaimTarget::Ready,
                     },
+                    starts_at: now,
                     run: None,
                 });
                 continue;
@@ -321,6 +370,7 @@ impl ShardLoop {
                         key: *key,
                         meta: meta.clone(),
                         claim: run.claim(key.id),
+                        starts_at: now,
                         run: Some((handler, vec![permit])),
                     });
                 }
@@ -334,26 +384,63 @@ impl ShardLoop {
             self.window.remove(key);
         }
         if batch.is_empty() {
-            return Ok(ClaimPass::Done { starved });
+            return Ok(ClaimPass::Done(Claimed { starved, full }));
         }
-        let claims: Vec<DueClaim> = batch.iter().map(|b| b.claim).collect();
         for b in &batch {
             self.window.remove(&b.key);
         }
+        // One store call per start time: the entries due by now start now; a push task claimed
+        // ahead starts (is recorded as started, and is called) at its due time, which the store
+        // checks against and records. The calls run together (one group commit, typically).
+        let mut groups: BTreeMap<Timestamp, Vec<Pending>> = BTreeMap::new();
+        for b in batch {
+            groups.entry(b.starts_at).or_default().push(b);
+        }
         let releases_before = engine.exclusive_releases.load(Ordering::SeqCst);
-        let outcomes = match engine.claim(self.owner, claims, now).await {
-            Ok(o) => o,
-            Err(super::ClaimError::LeaseLost) => return Err(LeaseLost),
-            Err(super::ClaimError::Store(e)) => {
-                tracing::warn!(shard = self.shard, error = %e, "claim failed; entries stay in the window");
-                for b in batch {
-                    self.window.insert(b.key, b.meta);
+        let answers = futures::future::join_all(groups.iter().map(|(at, group)| {
+            let claims: Vec<DueClaim> = group.iter().map(|b| b.claim).collect();
+            engine.claim(self.owner, claims, *at)
+        }))
+        .await;
+        let mut claimed: Vec<(Pending, ClaimOutcome)> = Vec::new();
+        let mut lease_lost = false;
+        let mut store_failed = false;
+        for ((_, group), answer) in groups.into_iter().zip(answers) {
+            match answer {
+                Ok(outcomes) => claimed.extend(group.into_iter().zip(outcomes)),
+                Err(super::ClaimError::LeaseLost) => lease_lost = true,
+                Err(super::ClaimError::Store(e)) => {
+                    tracing::warn!(shard = self.shard, error = %e, "claim failed; entries stay in the window");
+                    store_failed = true;
+                    for b in group {
+                        self.window.insert(b.key, b.meta);
+                    }
                 }
-                return Ok(ClaimPass::StoreFailed);
             }
-        };
+        }
+        // What the calls that went through started runs (its attempts are durable), whatever
+        // became of the others.
+        self.dispatch(claimed, now, releases_before);
+        if lease_lost {
+            return Err(LeaseLost);
+        }
+        if store_failed {
+            return Ok(ClaimPass::StoreFailed);
+        }
+        Ok(ClaimPass::Done(Claimed { starved, full }))
+    }
+
+    /// Runs what a claim started, wakes the pollers of what it readied, and keeps what waits
+    /// for an exclusive key.
+    fn dispatch(
+        &mut self,
+        claimed: Vec<(Pending, ClaimOutcome)>,
+        now: Timestamp,
+        releases_before: u64,
+    ) {
+        let engine = self.engine.clone();
         let mut readied_queues: HashSet<Arc<str>> = HashSet::new();
-        for (b, outcome) in batch.into_iter().zip(outcomes) {
+        for (b, outcome) in claimed {
             match outcome {
                 ClaimOutcome::Started(task) => {
                     if let Some(until) = task.lease_expires_at {
@@ -408,17 +495,24 @@ impl ShardLoop {
         for q in readied_queues {
             engine.ready_changed(&q);
         }
-        Ok(ClaimPass::Done { starved })
     }
 }
 
 /// What one claim pass of a turn came to.
 enum ClaimPass {
-    /// The claim went through (or nothing was due). `starved`: some due entries stayed because
-    /// their queue (or push receiver) had no free concurrency permit.
-    Done { starved: bool },
-    /// The store refused the claim with an error: every entry stays in the window.
+    /// The claims went through (or nothing was due).
+    Done(Claimed),
+    /// The store refused a claim with an error: its entries stay in the window (what the
+    /// turn's other claim calls started runs).
     StoreFailed,
+}
+
+/// What a turn's claim left behind.
+struct Claimed {
+    /// Due entries stayed because their queue (or push receiver) had no free permit.
+    starved: bool,
+    /// The batch filled up before the due entries ran out.
+    full: bool,
 }
 
 /// One due entry on its way into a claim.
@@ -444,6 +538,8 @@ struct Pending {
     key: DueKey,
     meta: Meta,
     claim: DueClaim,
+    /// When the attempt starts: now, or a push task's due time when it is claimed ahead.
+    starts_at: Timestamp,
     /// For a `Run` claim: the handler resolved for the batch and the queue permit taken for it.
     run: Option<(Arc<dyn Handler>, Vec<OwnedSemaphorePermit>)>,
 }

@@ -1,0 +1,162 @@
+//! Push tasks in the engine, on a manual clock: claimed up to the claim lead before their due
+//! time but run (called) at the due time, never before; a run that releases its slots early
+//! lets the next call to the same receiver start while it finishes.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use sundial::{Config, Target, TaskSpec, TaskState};
+use tokio::sync::{Notify, mpsc};
+
+/// Sets a push handler that reports each call (with the clock's time) and then, when
+/// `release_then_hold`, releases its slots and waits for `hold` before it returns.
+fn push_handler(
+    h: &Harness,
+    release_then_hold: Option<Arc<Notify>>,
+) -> mpsc::UnboundedReceiver<Run> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let clock = h.clock.clone();
+    h.sundial
+        .set_push_handler(Arc::new(move |ctx: sundial::TaskContext| {
+            let tx = tx.clone();
+            let at = sundial::Clock::now(&clock);
+            let hold = release_then_hold.clone();
+            async move {
+                let _ = tx.send(Run {
+                    id: ctx.task.id,
+                    attempt: ctx.task.attempt,
+                    at,
+                    due: ctx.task.due_at,
+                });
+                if let Some(hold) = hold {
+                    ctx.slots.release();
+                    assert!(!ctx.slots.held());
+                    hold.notified().await;
+                }
+                Ok::<(), sundial::HandlerError>(())
+            }
+        }));
+    rx
+}
+
+fn push_spec(delay: Duration) -> TaskSpec {
+    TaskSpec::new("hook")
+        .delay(delay)
+        .target(Target::new("http://127.0.0.1:9/hook"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_task_is_claimed_within_its_lead_and_called_at_its_due_time() {
+    let h = harness_with(Config {
+        push_claim_lead: Duration::from_millis(100),
+        ..Config::default()
+    })
+    .await;
+    let mut calls = push_handler(&h, None);
+    let _engine = h.sundial.start();
+    let plain = record(&h, "plain", |_| Ok(()));
+    let id = h
+        .sundial
+        .schedule(push_spec(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let other = h
+        .sundial
+        .schedule(TaskSpec::new("plain").delay(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    settle().await;
+    h.clock.advance(Duration::from_millis(59_899));
+    settle().await;
+    assert_eq!(
+        h.sundial.get(id).await.unwrap().unwrap().state,
+        TaskState::Scheduled
+    );
+    // Within the lead: the attempt is recorded as started, the call waits for the due time.
+    h.clock.advance(Duration::from_millis(50));
+    let running = wait_state(&h.sundial, id, TaskState::Running).await;
+    assert_eq!(running.attempt, 1);
+    assert_eq!(
+        running.started_at,
+        Some(running.due_at),
+        "recorded as starting at its due time"
+    );
+    let lease = running.lease_expires_at.expect("lease");
+    assert!(
+        lease.0 >= running.due_at.0 + running.timeout_ms as i64,
+        "the lease counts from the due time"
+    );
+    no_run(&mut calls).await;
+    // A task without a target is not claimed ahead.
+    assert_eq!(
+        h.sundial.get(other).await.unwrap().unwrap().state,
+        TaskState::Scheduled
+    );
+    let mut plain = plain;
+    no_run(&mut plain).await;
+    h.clock.advance(Duration::from_millis(51));
+    let r = next_run(&mut calls).await;
+    assert_eq!(r.id, id);
+    assert!(r.at >= r.due, "called {:?} before due {:?}", r.at, r.due);
+    assert_eq!(next_run(&mut plain).await.id, other);
+    wait_state(&h.sundial, id, TaskState::Succeeded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_lead_a_push_task_is_claimed_at_its_due_time() {
+    let h = harness_with(Config {
+        push_claim_lead: Duration::ZERO,
+        ..Config::default()
+    })
+    .await;
+    let mut calls = push_handler(&h, None);
+    let _engine = h.sundial.start();
+    let id = h
+        .sundial
+        .schedule(push_spec(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    settle().await;
+    h.clock.advance(Duration::from_millis(59_999));
+    settle().await;
+    assert_eq!(
+        h.sundial.get(id).await.unwrap().unwrap().state,
+        TaskState::Scheduled
+    );
+    h.clock.advance(Duration::from_millis(1));
+    assert_eq!(next_run(&mut calls).await.id, id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_slots_let_the_next_call_to_the_receiver_start() {
+    // One slot per receiver: the second call can start only once the first released it.
+    let h = harness_with(Config {
+        push_host_concurrency: 1,
+        ..Config::default()
+    })
+    .await;
+    let hold = Arc::new(Notify::new());
+    let mut calls = push_handler(&h, Some(hold.clone()));
+    let _engine = h.sundial.start();
+    let a = h
+        .sundial
+        .schedule(push_spec(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    let b = h
+        .sundial
+        .schedule(push_spec(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    settle().await;
+    h.clock.advance(Duration::from_secs(10));
+    let mut seen = vec![next_run(&mut calls).await.id, next_run(&mut calls).await.id];
+    seen.sort();
+    let mut want = vec![a, b];
+    want.sort();
+    assert_eq!(seen, want);
+    hold.notify_waiters();
+}
