@@ -13,6 +13,9 @@
 //! 3. `slow`: `--fast-rate` calls/s to the fast sink for `--secs`, alone and then beside
 //!    `--slow-rate` calls/s to a receiver that takes 1 s per call: the fast sink's p99 both ways.
 //!
+//! The lateness and throughput phases also give the process's CPU time per call (user + system,
+//! from `/proc/self/stat`, sink and producer included), beside the wall-clock figures.
+//!
 //! The summary is one JSON object on stdout (progress goes to stderr).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -28,7 +31,7 @@ use sundial_push::{AddressPolicy, ClientConfig, PushConfig, PushExecutor};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::common::{Common, DataDir, Stopwatch, histogram, sleep_until};
+use crate::common::{Common, DataDir, Stopwatch, cpu_seconds, histogram, sleep_until};
 
 #[derive(Debug, Clone, Args)]
 pub struct PushArgs {
@@ -59,6 +62,9 @@ pub struct PushArgs {
     /// The engine's calls in flight per node (`--push-concurrency`).
     #[arg(long, default_value_t = Config::default().push_concurrency)]
     pub concurrency: usize,
+    /// How long before its due time a push task is claimed (`--push-claim-lead`), ms.
+    #[arg(long, default_value_t = Config::default().push_claim_lead.as_millis() as u64)]
+    pub claim_lead_ms: u64,
     /// Run only these phases (comma separated: lateness, throughput, slow).
     #[arg(
         long,
@@ -226,6 +232,7 @@ async fn open(common: &Common, args: &PushArgs, sinks: &[&Sink]) -> Result<(Sund
     let config = Config {
         push_host_concurrency: args.host_concurrency,
         push_concurrency: args.concurrency,
+        push_claim_lead: Duration::from_millis(args.claim_lead_ms),
         ..common.config()
     };
     let sundial = common.open(&sub, config).await?;
@@ -290,6 +297,47 @@ async fn produce(
     Ok(min_margin)
 }
 
+/// Process CPU time (user + system, all threads: engine, SQLite writer, HTTP client, and the
+/// in-process sink and producer) over a phase, per call: a figure a busy machine does not skew the
+/// way it skews wall-clock times. Linux `/proc/self/stat`, 10 ms ticks (so meaningful over runs
+/// of many calls); the SQLite writer and checkpoint threads are also shown alone.
+struct CpuMeter {
+    process: f64,
+    sqlite: f64,
+}
+
+impl CpuMeter {
+    fn start() -> Self {
+        let (process, sqlite) = cpu_seconds("sundial-sqlite");
+        CpuMeter { process, sqlite }
+    }
+
+    fn per_call(&self, calls: u64) -> Value {
+        let (process, sqlite) = cpu_seconds("sundial-sqlite");
+        let (p, w) = (process - self.process, sqlite - self.sqlite);
+        let per = |s: f64| s * 1e6 / calls.max(1) as f64;
+        eprintln!(
+            "  cpu: {p:.2}s process ({:.1} us/call), {w:.2}s SQLite threads ({:.1} us/call)",
+            per(p),
+            per(w)
+        );
+        json!({
+            "process_seconds": p,
+            "process_us_per_call": per(p),
+            "sqlite_threads_seconds": w,
+            "sqlite_threads_us_per_call": per(w),
+        })
+    }
+}
+
+/// Waits (bounded) until no handler run is under way, so outcome writes are counted.
+async fn wait_idle(sundial: &Sundial) {
+    let start = Stopwatch::start();
+    while sundial.in_flight() > 0 && start.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn wait_received(sink: &Sink, n: u64, limit: Duration, label: &str) -> Result<()> {
     let start = Stopwatch::start();
     let mut last_report = Duration::ZERO;
@@ -313,6 +361,7 @@ async fn lateness(common: &Common, args: &PushArgs) -> Result<Value> {
     eprintln!("push lateness: {} calls/s for {}s", args.rate, args.secs);
     let base = sundial.clock().now().0 + args.lead_ms + 1_000;
     let streams = [(sink.url(), args.rate)];
+    let cpu = CpuMeter::start();
     let margin = produce(
         &sundial,
         &streams,
@@ -329,12 +378,17 @@ async fn lateness(common: &Common, args: &PushArgs) -> Result<Value> {
         "lateness",
     )
     .await?;
+    // Outcomes still being written count too.
+    wait_idle(&sundial).await;
+    let cpu = cpu.per_call(args.rate * args.secs);
     running.shutdown(Duration::from_secs(5)).await;
     Ok(json!({
         "rate": args.rate,
         "secs": args.secs,
+        "claim_lead_ms": args.claim_lead_ms,
         "producer_min_margin_ms": margin,
         "sink": sink.summary(),
+        "cpu": cpu,
     }))
 }
 
@@ -360,9 +414,12 @@ async fn throughput(common: &Common, args: &PushArgs) -> Result<Value> {
         left -= n;
     }
     let started_us = wall_us();
+    let cpu = CpuMeter::start();
     let running = sundial.start();
     wait_received(&sink, args.burst, Duration::from_secs(600), "throughput").await?;
     let last_us = sink.stats.last_us.load(Ordering::Relaxed) as i64;
+    wait_idle(&sundial).await;
+    let cpu = cpu.per_call(args.burst);
     running.shutdown(Duration::from_secs(5)).await;
     let secs = ((last_us - started_us).max(1)) as f64 / 1e6;
     Ok(json!({
@@ -371,6 +428,7 @@ async fn throughput(common: &Common, args: &PushArgs) -> Result<Value> {
         "calls_per_second": args.burst as f64 / secs,
         "connections": sink.stats.connections.load(Ordering::Relaxed),
         "host_concurrency": args.host_concurrency,
+        "cpu": cpu,
     }))
 }
 
