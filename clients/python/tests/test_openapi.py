@@ -42,6 +42,7 @@ MODELS = [
     m.WorkflowStarted,
     m.Attempt,
     m.Queue,
+    m.PushSecret,
     m.BulkResult,
 ]
 
@@ -151,6 +152,9 @@ REQUESTS = [
     ("NoteRequest", ("note",)),
     ("BulkRequest", ops.BULK_FIELDS),
     ("RetryRequest", ops.RETRY_FIELDS),
+    ("QueueSettingsView", ops.QUEUE_SETTINGS_FIELDS),
+    ("AddSecret", ops.ADD_SECRET_FIELDS),
+    ("RotateSecret", ops.ROTATE_SECRET_FIELDS),
 ]
 
 
@@ -198,6 +202,11 @@ def test_every_route_the_client_calls_exists():
         ops.list_queues(),
         ops.get_queue("q"),
         ops.pause_queue("q"),
+        ops.set_queue_settings("q", {"target": {"url": "https://example.com/hook"}}),
+        ops.list_push_secrets(),
+        ops.add_push_secret(),
+        ops.rotate_push_secret(overlap="1h"),
+        ops.revoke_push_secret("ps_x"),
         ops.resume_queue("q"),
         ops.poll("q", "w"),
         ops.heartbeat("x", "e"),

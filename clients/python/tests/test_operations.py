@@ -1,10 +1,16 @@
-"""Tags and search, attempts, retrying, bulk actions and queues (pause and resume)."""
+"""Tags and search, attempts, retrying, bulk actions, queues (pause and resume, settings with a
+default push target) and the push signing secrets."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import datetime as dt
 
-from sundial_client import Attempt, BulkResult, Queue
+import pytest
+
+from sundial_client import AsyncClient, Attempt, BulkResult, PushSecret, Queue
+from sundial_client.errors import Invalid, NotFound
 
 
 def test_tags_are_stored_and_searched(client, queue):
@@ -46,3 +52,73 @@ def test_queues_pause_and_resume(client, queue):
     assert any(q.queue == queue for q in client.list_queues())
     resumed = client.resume_queue(queue)
     assert not resumed.paused and resumed.counts.get("scheduled") == 1
+
+
+def test_task_with_a_push_target(client, queue):
+    t = client.create_task(
+        "invoice.remind",
+        queue=queue,
+        delay=3600,
+        target={"url": "https://hooks.example.com/remind", "headers": {"x-tenant": "acme"}, "timeout": 10},
+    )
+    assert t.target["url"] == "https://hooks.example.com/remind"
+    assert t.target["headers"] == {"x-tenant": "acme"}
+    assert client.get_task(t.id).target["url"] == "https://hooks.example.com/remind"
+    plain = client.create_task("k", queue=queue, delay=3600, target="https://hooks.example.com/p")
+    assert plain.target["url"] == "https://hooks.example.com/p"
+    assert client.create_task("k", queue=queue, delay=3600).target is None
+    with pytest.raises(Invalid):
+        client.create_task("k", queue=queue, target="ftp://example.com/x")
+
+
+def test_queue_default_push_target(client, queue):
+    target = {"url": "https://hooks.example.com/q", "headers": {"x-tenant": "acme"}, "timeout": "5s"}
+    q = client.set_queue_settings(queue, target=target)
+    assert isinstance(q, Queue) and q.queue == queue
+    assert q.settings["target"]["url"] == target["url"]
+    assert q.settings["target"]["headers"] == {"x-tenant": "acme"}
+    assert client.get_queue(queue).settings["target"]["url"] == target["url"]
+    # The whole settings object is replaced: no target clears it.
+    cleared = client.set_queue_settings(queue, retention={"succeeded": "1h"})
+    assert cleared.settings.get("target") is None
+    assert cleared.settings["retention"]["succeeded"] == "1h"
+    with pytest.raises(Invalid):
+        client.set_queue_settings(queue, target={"url": "ftp://example.com/x"})
+
+
+def test_push_secrets_add_list_rotate_revoke(server):
+    with server.client() as c:
+        added = c.add_push_secret()
+        assert isinstance(added, PushSecret) and added.secret.startswith("whsec_") and added.active
+        assert not added.secret.endswith("…")
+        listed = c.list_push_secrets()
+        assert [s.id for s in listed] == [added.id]
+        assert listed[0].secret.endswith("…") and listed[0].active
+        rotated = c.rotate_push_secret(overlap="0s")
+        assert rotated.active and rotated.id != added.id
+        by_id = {s.id: s for s in c.list_push_secrets()}
+        assert by_id[rotated.id].active and not by_id[added.id].active
+        mine = "whsec_" + base64.b64encode(b"k" * 32).decode()
+        assert c.add_push_secret(mine).secret == mine
+        with pytest.raises(Invalid):
+            c.add_push_secret("not-a-secret")
+        after = c.revoke_push_secret(rotated.id)
+        assert not {s.id: s for s in after}[rotated.id].active
+        with pytest.raises(NotFound):
+            c.revoke_push_secret("ps_missing")
+
+
+def test_push_secrets_async(server):
+    async def go():
+        async with AsyncClient(server.url) as c:
+            added = await c.add_push_secret()
+            assert added.secret.startswith("whsec_")
+            assert [s.id for s in await c.list_push_secrets()] == [added.id]
+            rotated = await c.rotate_push_secret(overlap=0)
+            assert rotated.id != added.id
+            revoked = await c.revoke_push_secret(rotated.id)
+            assert not {s.id: s for s in revoked}[rotated.id].active
+            q = await c.set_queue_settings("hooks", target={"url": "https://hooks.example.com/a"})
+            assert q.settings["target"]["url"] == "https://hooks.example.com/a"
+
+    asyncio.run(go())

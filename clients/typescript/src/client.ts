@@ -14,7 +14,9 @@ import type {
   BackfillResult,
   BulkFilter,
   BulkResult,
+  PushSecret,
   Queue,
+  QueueSettings,
   BatchResult,
   CreateTaskBody,
   Duration,
@@ -337,6 +339,45 @@ export class SundialClient {
 
   async resumeQueue(queue: string): Promise<Queue> {
     return (await this.send({ method: "POST", path: `/v1/queues/${seg(queue)}/resume` })) as Queue;
+  }
+
+  /**
+   * Replace a queue's settings: its default push `target` (tasks of the queue created without a
+   * target are delivered to it) and its `retention` overrides. The whole settings object is
+   * replaced: a field left out is cleared (no `target` removes the default target).
+   */
+  async setQueueSettings(queue: string, settings: QueueSettings): Promise<Queue> {
+    return (await this.send({ method: "PUT", path: `/v1/queues/${seg(queue)}`, body: settings })) as Queue;
+  }
+
+  // push signing secrets (admin)
+
+  /** Every signing secret, oldest first, masked, with whether it signs now. */
+  async listPushSecrets(): Promise<PushSecret[]> {
+    return ((await this.send({ method: "GET", path: "/v1/push/secrets" })) as S["SecretList"]).secrets;
+  }
+
+  /** Add a signing secret (`whsec_…`; generated when not given): in full in the answer, this once. */
+  async addPushSecret(secret?: string): Promise<PushSecret> {
+    const body = secret === undefined ? {} : { secret };
+    return (await this.send({ method: "POST", path: "/v1/push/secrets", body })) as PushSecret;
+  }
+
+  /**
+   * Add a secret; the other active ones stop signing after `overlap` (server default `"24h"`; 0
+   * stops them at once). Both signatures are sent meanwhile.
+   */
+  async rotatePushSecret(options: { secret?: string; overlap?: Duration } = {}): Promise<PushSecret> {
+    const body: S["RotateSecret"] = {};
+    if (options.secret !== undefined) body.secret = options.secret;
+    if (options.overlap !== undefined) body.overlap = formatDuration(options.overlap);
+    return (await this.send({ method: "POST", path: "/v1/push/secrets:rotate", body })) as PushSecret;
+  }
+
+  /** Stop a secret signing now; answers the secrets as {@link listPushSecrets} does. */
+  async revokePushSecret(id: string): Promise<PushSecret[]> {
+    return ((await this.send({ method: "DELETE", path: `/v1/push/secrets/${seg(id)}` })) as S["SecretList"])
+      .secrets;
   }
 
   // the worker protocol (the Worker uses these)

@@ -63,6 +63,10 @@ export type BulkFilter = Omit<TaskFilter, "key" | "limit"> & { dry_run?: boolean
 
 export type Attempt = S["AttemptView"];
 export type Queue = S["QueueView"];
+/** A queue's settings: its default push target and retention overrides. */
+export type QueueSettings = S["QueueSettingsView"];
+/** A push signing secret (`whsec_…`): in full only in the answer that created it. */
+export type PushSecret = S["SecretView"];
 export type BulkResult = S["BulkResponse"];
 
 /** W3C trace context headers: a create's task joins the caller's trace; a worker's complete or

@@ -171,9 +171,12 @@ impl Client {
         &self,
         id: &str,
     ) -> Result<sundial_server::push::SecretList, ClientError> {
+        // A bodiless write still says it speaks JSON: the server refuses, with 415, writes a
+        // browser could send cross-site without a token.
         let resp = self
             .http
-            .delete(self.url(&format!("/v1/push/secrets/{id}")))
+            .delete(self.url(&format!("/v1/push/secrets/{}", segment(id))))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
             .send()
             .await?;
         Self::decode(resp).await

@@ -184,6 +184,19 @@ struct Fields {
     /// schedule: `schedule:<id>@<fire time>`).
     #[arg(long, value_name = "KEY")]
     exclusive: Option<String>,
+    /// Deliver each fire's task by calling this URL at its due time (push delivery) instead of
+    /// a worker.
+    #[arg(long)]
+    target: Option<String>,
+    /// The push call's method (default POST).
+    #[arg(long, requires = "target")]
+    target_method: Option<String>,
+    /// A push call header, name:value (repeatable).
+    #[arg(long, requires = "target")]
+    target_header: Vec<String>,
+    /// The push call's time limit (default 30s).
+    #[arg(long, requires = "target")]
+    target_timeout: Option<String>,
 }
 
 impl Fields {
@@ -202,7 +215,8 @@ impl Fields {
             || payload.is_some()
             || self.max_attempts.is_some()
             || self.timeout.is_some()
-            || self.exclusive.is_some();
+            || self.exclusive.is_some()
+            || self.target.is_some();
         if task_flag {
             let mut task = json!({});
             if let Some(k) = kind {
@@ -222,6 +236,26 @@ impl Fields {
             }
             if let Some(k) = self.exclusive {
                 task["exclusive"] = json!({ "key": k });
+            }
+            if let Some(url) = self.target {
+                let mut target = json!({ "url": url });
+                if let Some(m) = self.target_method {
+                    target["method"] = json!(m);
+                }
+                let mut headers = serde_json::Map::new();
+                for h in &self.target_header {
+                    let Some((k, v)) = h.split_once(':') else {
+                        anyhow::bail!("--target-header takes name:value, got {h:?}");
+                    };
+                    headers.insert(k.trim().to_string(), json!(v.trim()));
+                }
+                if !headers.is_empty() {
+                    target["headers"] = Value::Object(headers);
+                }
+                if let Some(t) = self.target_timeout {
+                    target["timeout"] = json!(t);
+                }
+                task["target"] = target;
             }
             body["task"] = task;
         }

@@ -636,6 +636,92 @@ async fn a_pause_holds_on_every_node() {
     assert!(page.contains(">wa<"), "{page}");
 }
 
+/// Every push action from the command line: the signing secrets (add, ls, rotate, revoke), a
+/// task with a target, a schedule whose tasks have one (a queue's default target is above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_commands() {
+    let Some(storage) = Storage::new(Backend::Embedded) else {
+        return;
+    };
+    let server = Server::start_on(&storage);
+    let added = json_out(&sundial(&server, &["push", "secret", "add", "--json"]).await);
+    let first = added["id"].as_str().expect("id").to_string();
+    assert!(added["secret"].as_str().unwrap().starts_with("whsec_"));
+    let listed = json_out(&sundial(&server, &["push", "secret", "ls", "--json"]).await);
+    assert_eq!(listed["secrets"][0]["id"], json!(first));
+    assert_eq!(listed["secrets"][0]["active"], json!(true));
+    let rotated = json_out(
+        &sundial(
+            &server,
+            &["push", "secret", "rotate", "--overlap", "0s", "--json"],
+        )
+        .await,
+    );
+    let second = rotated["id"].as_str().expect("id").to_string();
+    let listed = json_out(&sundial(&server, &["push", "secret", "ls", "--json"]).await);
+    let active = |l: &Value, id: &str| {
+        l["secrets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == id)
+            .map(|s| s["active"].clone())
+    };
+    assert_eq!(active(&listed, &first), Some(json!(false)));
+    assert_eq!(active(&listed, &second), Some(json!(true)));
+    let revoked =
+        json_out(&sundial(&server, &["push", "secret", "revoke", &second, "--json"]).await);
+    assert_eq!(active(&revoked, &second), Some(json!(false)));
+
+    let task = json_out(
+        &sundial(
+            &server,
+            &[
+                "task",
+                "add",
+                "invoice.remind",
+                "--delay",
+                "1h",
+                "--target",
+                "https://hooks.example.com/remind",
+                "--target-header",
+                "x-tenant: acme",
+                "--json",
+            ],
+        )
+        .await,
+    );
+    assert_eq!(task["target"]["url"], "https://hooks.example.com/remind");
+    assert_eq!(task["target"]["headers"]["x-tenant"], "acme");
+
+    let schedule = json_out(
+        &sundial(
+            &server,
+            &[
+                "schedule",
+                "add",
+                "report.daily",
+                "--cron",
+                "0 9 * * *",
+                "--target",
+                "https://hooks.example.com/report",
+                "--target-method",
+                "PUT",
+                "--target-timeout",
+                "10s",
+                "--json",
+            ],
+        )
+        .await,
+    );
+    assert_eq!(
+        schedule["task"]["target"]["url"],
+        "https://hooks.example.com/report"
+    );
+    assert_eq!(schedule["task"]["target"]["method"], "PUT");
+    assert_eq!(schedule["task"]["target"]["timeout"], "10s");
+}
+
 macro_rules! both_backends {
     ($($name:ident),* $(,)?) => {$(
         mod $name {

@@ -62,6 +62,7 @@ CREATE_TASK_FIELDS: Tuple[str, ...] = (
     "timeout",
     "exclusive",
     "tags",
+    "target",
 )
 BACKOFF_FIELDS: Tuple[str, ...] = ("initial", "factor", "max", "jitter")
 EXCLUSIVE_FIELDS: Tuple[str, ...] = ("key", "mode")
@@ -110,6 +111,7 @@ def task_body(
     timeout: Optional[Duration] = None,
     exclusive: Union[None, str, Mapping[str, Any]] = None,
     tags: Optional[Mapping[str, str]] = None,
+    target: Union[None, str, Mapping[str, Any]] = None,
     **extra: Any,
 ) -> Dict[str, Any]:
     """The ``CreateTask`` body. ``extra`` passes fields this client does not know yet."""
@@ -122,6 +124,10 @@ def task_body(
         }
     if isinstance(exclusive, str):
         exclusive = {"key": exclusive}
+    if isinstance(target, str):
+        target = {"url": target}
+    elif target is not None:
+        target = {k: (m.format_duration(v) if k == "timeout" else v) for k, v in target.items() if v is not None}
     body.update(
         _drop_none(
             {
@@ -135,6 +141,7 @@ def task_body(
                 "timeout": None if timeout is None else m.format_duration(timeout),
                 "exclusive": None if exclusive is None else dict(exclusive),
                 "tags": None if tags is None else dict(tags),
+                "target": target,
             }
         )
     )
@@ -273,6 +280,45 @@ def pause_queue(queue: str) -> Op:
 
 def resume_queue(queue: str) -> Op:
     return Op("POST", f"/v1/queues/{_seg(queue)}/resume", parse=m.Queue.from_dict)
+
+
+QUEUE_SETTINGS_FIELDS: Tuple[str, ...] = ("retention", "target")
+
+
+def set_queue_settings(queue: str, settings: Mapping[str, Any]) -> Op:
+    """``PUT /v1/queues/{queue}``: the whole settings object is replaced (absent fields are
+    cleared); the pause state is not part of it."""
+    return Op(
+        "PUT", f"/v1/queues/{_seg(queue)}", body=_drop_none(settings), has_body=True, parse=m.Queue.from_dict
+    )
+
+
+# --- push signing secrets (admin) ---------------------------------------------------------------
+
+ADD_SECRET_FIELDS: Tuple[str, ...] = ("secret",)
+ROTATE_SECRET_FIELDS: Tuple[str, ...] = ("secret", "overlap")
+
+
+def _secrets(d: Mapping[str, Any]) -> List[m.PushSecret]:
+    return [m.PushSecret.from_dict(s) for s in d["secrets"]]
+
+
+def list_push_secrets() -> Op:
+    return Op("GET", "/v1/push/secrets", parse=_secrets)
+
+
+def add_push_secret(secret: Optional[str] = None) -> Op:
+    body = _drop_none({"secret": secret})
+    return Op("POST", "/v1/push/secrets", body=body, has_body=True, parse=m.PushSecret.from_dict)
+
+
+def rotate_push_secret(secret: Optional[str] = None, overlap: Optional[Duration] = None) -> Op:
+    body = _drop_none({"secret": secret, "overlap": None if overlap is None else m.format_duration(overlap)})
+    return Op("POST", "/v1/push/secrets:rotate", body=body, has_body=True, parse=m.PushSecret.from_dict)
+
+
+def revoke_push_secret(secret_id: str) -> Op:
+    return Op("DELETE", f"/v1/push/secrets/{_seg(secret_id)}", parse=_secrets)
 
 
 # --- the worker protocol -----------------------------------------------------------------------

@@ -104,6 +104,7 @@ class _Methods:
         timeout: Optional[Duration] = None,
         exclusive: Any = None,
         tags: Optional[Mapping[str, str]] = None,
+        target: Any = None,
         traceparent: Optional[str] = None,
         tracestate: Optional[str] = None,
         **extra: Any,
@@ -111,7 +112,9 @@ class _Methods:
         """Create a task (``POST /v1/tasks``) and return the stored :class:`~sundial_client.Task`.
 
         ``delay`` and ``timeout`` take seconds, a ``timedelta`` or a wire string (``"30s"``);
-        ``run_at`` a datetime or an RFC 3339 string; ``exclusive`` a key or ``{"key", "mode"}``.
+        ``run_at`` a datetime or an RFC 3339 string; ``exclusive`` a key or ``{"key", "mode"}``;
+        ``target`` a URL or ``{"url", "method", "headers", "timeout"}``: Sundial calls it at the
+        due time (push delivery) instead of handing the task to a worker.
         ``traceparent`` (and ``tracestate``), W3C trace context headers, make the task part of the
         caller's trace. Further keyword arguments are sent as they are (fields newer than this
         client)."""
@@ -127,6 +130,7 @@ class _Methods:
             timeout=timeout,
             exclusive=exclusive,
             tags=tags,
+            target=target,
             **extra,
         )
         return self._run(ops.create_task(body, traceparent, tracestate))
@@ -202,6 +206,39 @@ class _Methods:
 
     def resume_queue(self, queue: str) -> Any:
         return self._run(ops.resume_queue(queue))
+
+    def set_queue_settings(
+        self,
+        queue: str,
+        *,
+        target: Optional[Mapping[str, Any]] = None,
+        retention: Optional[Mapping[str, Any]] = None,
+    ) -> Any:
+        """Replace a queue's settings: its default push ``target`` (``{"url": …, "method"?,
+        "headers"?, "timeout"?}``; tasks of the queue created without a target are delivered to
+        it) and its ``retention`` overrides. The whole settings object is replaced: a field left
+        out is cleared (``target=None`` removes the default target). Answers the :class:`Queue`."""
+        return self._run(ops.set_queue_settings(queue, {"target": target, "retention": retention}))
+
+    # push signing secrets (admin)
+
+    def list_push_secrets(self) -> Any:
+        """Every signing secret, oldest first, masked, with whether it signs now."""
+        return self._run(ops.list_push_secrets())
+
+    def add_push_secret(self, secret: Optional[str] = None) -> Any:
+        """Add a signing secret (``whsec_…``; generated when not given). The answer holds it in
+        full, this once."""
+        return self._run(ops.add_push_secret(secret))
+
+    def rotate_push_secret(self, secret: Optional[str] = None, *, overlap: Optional[Duration] = None) -> Any:
+        """Add a secret; the other active ones stop signing after ``overlap`` (server default
+        ``24h``; ``0`` stops them at once). Both signatures are sent meanwhile."""
+        return self._run(ops.rotate_push_secret(secret, overlap))
+
+    def revoke_push_secret(self, secret_id: str) -> Any:
+        """Stop a secret signing now; answers the secrets as :meth:`list_push_secrets` does."""
+        return self._run(ops.revoke_push_secret(secret_id))
 
     # the worker protocol (the Worker uses these; they are here for custom loops)
 

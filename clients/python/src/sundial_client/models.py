@@ -203,6 +203,8 @@ class Task(_Model):
     #: The W3C trace context it carries from the request that created it.
     traceparent: Optional[str] = None
     tracestate: Optional[str] = None
+    #: The HTTP target Sundial calls at the due time (push delivery), when it has one.
+    target: Optional[Dict[str, Any]] = None
     extra: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -279,6 +281,8 @@ class TaskTemplate(_Model):
     payload: Any
     max_attempts: int
     timeout: str
+    #: The push target of the tasks, when they have one.
+    target: Optional[Dict[str, Any]] = None
     extra: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -391,6 +395,22 @@ class Queue(_Model):
     lateness: Optional[str] = None
     lateness_ms: Optional[int] = None
     paused_changed_at: Optional[_dt.datetime] = None
+    extra: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class PushSecret(_Model):
+    """A push signing secret (``whsec_…``). ``secret`` is in full only in the answer that created
+    it; listings show its first characters and ``…``."""
+
+    __schema__ = "SecretView"
+    id: str
+    secret: str
+    created_at: _dt.datetime
+    #: Whether calls are signed with it now.
+    active: bool
+    #: When it stops signing (``None``: until rotated or revoked).
+    expires_at: Optional[_dt.datetime] = None
     extra: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 

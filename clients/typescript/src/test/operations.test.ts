@@ -1,9 +1,10 @@
-// Tags and search, attempts, retrying, bulk actions and queues (pause and resume).
+// Tags and search, attempts, retrying, bulk actions, queues (pause and resume, settings with a
+// default push target) and the push signing secrets.
 
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 
-import { SundialClient, Unavailable } from "../index.js";
+import { Invalid, NotFound, SundialClient, Unavailable } from "../index.js";
 import { Server, uniqueQueue } from "./server.js";
 
 let server: Server;
@@ -61,6 +62,50 @@ test("queues pause and resume", async () => {
   const resumed = await c.resumeQueue(queue);
   assert.equal(resumed.paused, false);
   assert.equal(resumed.counts.scheduled, 1);
+});
+
+test("a queue's default push target is set and cleared", async () => {
+  const queue = uniqueQueue();
+  const target = { url: "https://hooks.example.com/q", headers: { "x-tenant": "acme" }, timeout: "5s" };
+  const q = await c.setQueueSettings(queue, { target });
+  assert.equal(q.queue, queue);
+  assert.equal(q.settings.target?.url, target.url);
+  assert.deepEqual(q.settings.target?.headers, { "x-tenant": "acme" });
+  assert.equal((await c.getQueue(queue)).settings.target?.url, target.url);
+  // The whole settings object is replaced: no target clears it.
+  const cleared = await c.setQueueSettings(queue, { retention: { succeeded: "1h" } });
+  assert.equal(cleared.settings.target ?? null, null);
+  assert.equal(cleared.settings.retention?.succeeded, "1h");
+  await assert.rejects(c.setQueueSettings(queue, { target: { url: "ftp://example.com/x" } }), Invalid);
+});
+
+test("push secrets are added, listed, rotated and revoked", async () => {
+  // A server of its own: the secrets are the whole server's.
+  const own = await new Server().start();
+  try {
+    const oc = own.client();
+    const added = await oc.addPushSecret();
+    assert.ok(added.secret.startsWith("whsec_") && !added.secret.endsWith("…") && added.active);
+    const listed = await oc.listPushSecrets();
+    assert.deepEqual(
+      listed.map((s) => s.id),
+      [added.id],
+    );
+    assert.ok(listed[0]?.secret.endsWith("…") && listed[0]?.active);
+    const rotated = await oc.rotatePushSecret({ overlap: 0 });
+    assert.notEqual(rotated.id, added.id);
+    const byId = new Map((await oc.listPushSecrets()).map((s) => [s.id, s]));
+    assert.equal(byId.get(rotated.id)?.active, true);
+    assert.equal(byId.get(added.id)?.active, false);
+    const mine = "whsec_" + Buffer.from("k".repeat(32)).toString("base64");
+    assert.equal((await oc.addPushSecret(mine)).secret, mine);
+    await assert.rejects(oc.addPushSecret("not-a-secret"), Invalid);
+    const after = await oc.revokePushSecret(rotated.id);
+    assert.equal(after.find((s) => s.id === rotated.id)?.active, false);
+    await assert.rejects(oc.revokePushSecret("ps_missing"), NotFound);
+  } finally {
+    await own.dispose();
+  }
 });
 
 test("Retry-After is kept on the error", async () => {
