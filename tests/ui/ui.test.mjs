@@ -230,6 +230,51 @@ run("retry a dead task", async () => {
   assert.ok(["scheduled", "ready"].includes(again.state), again.state);
 });
 
+run("the overview shows a worker that polled", async () => {
+  await ok("POST", "/v1/queues/inbox/poll", { worker: "ui-test-worker-9", wait: "0s" });
+  await page.goto(base + "/ui");
+  const workers = page.getByRole("table", { name: "Workers seen recently" });
+  await workers.getByRole("rowheader", { name: "ui-test-worker-9" }).waitFor();
+  const row = workers.getByRole("row").filter({ hasText: "ui-test-worker-9" });
+  assert.match(await row.innerText(), /inbox/);
+  const seen = await ok("GET", "/v1/workers");
+  assert.ok(
+    seen.workers.some((w) => w.worker === "ui-test-worker-9" && w.queue === "inbox"),
+    JSON.stringify(seen),
+  );
+});
+
+run("dead letters are grouped by queue and error", async () => {
+  const ids = [];
+  for (let i = 0; i < 3; i++) {
+    ids.push((await ok("POST", "/v1/tasks", { kind: "settle", queue: "billing", max_attempts: 1 })).id);
+  }
+  const polled = [];
+  await eventually("the three billing tasks are polled", async () => {
+    const r = await ok("POST", "/v1/queues/billing/poll", { worker: "w3", max: 3, wait: "1s" });
+    polled.push(...r.tasks);
+    return polled.length >= 3;
+  });
+  const errors = ["gateway timeout\nrequest 1", "gateway timeout\nrequest 2", "bad card"];
+  for (const [i, t] of polled.entries()) {
+    await ok("POST", `/v1/tasks/${t.id}/fail`, {
+      execution_id: t.execution_id,
+      error: errors[i],
+      retryable: false,
+    });
+  }
+  await page.goto(base + "/ui/dead");
+  const groups = page.locator("table.dead-groups");
+  const timeout = groups.getByRole("row").filter({ hasText: "gateway timeout" });
+  await timeout.waitFor();
+  assert.match(await timeout.innerText(), /billing\s+gateway timeout\s+2\b/);
+  const bad = groups.getByRole("row").filter({ hasText: "bad card" });
+  assert.match(await bad.innerText(), /billing\s+bad card\s+1\b/);
+  await page.getByRole("link", { name: "Retry the dead tasks of billing" }).first().click();
+  await page.locator("#matched").waitFor();
+  assert.equal(await page.locator("#matched").innerText(), "3");
+});
+
 run("pause a queue: a due task waits; resume: it runs", async () => {
   await ok("POST", "/v1/tasks", { kind: "warmup", queue: "reports" });
   await page.goto(base + "/ui");
@@ -325,8 +370,16 @@ run("follow a workflow's history to completion", async () => {
       }
     }
   })();
-  await page.goto(base + "/ui/workflow?id=onboard-acme");
-  await page.getByText("timer 0").waitFor();
+  // The page shows the history as it was when loaded: reload until the worker's first step
+  // (the timer) is in it.
+  await eventually(
+    "the timer is in the history",
+    async () => {
+      await page.goto(base + "/ui/workflow?id=onboard-acme");
+      return (await page.getByText("timer 0").count()) > 0;
+    },
+    20_000,
+  );
   await page.getByLabel("Signal").fill("approved");
   await page.getByLabel("Input (JSON)").fill('{"by": "ops"}');
   await page.getByRole("button", { name: "Send signal" }).click();
