@@ -1,6 +1,6 @@
-//! Push tasks in the engine, on a manual clock: claimed up to the claim lead before their due
-//! time but run (called) at the due time, never before; a run that releases its slots early
-//! lets the next call to the same receiver start while it finishes.
+//! Push tasks in the engine, on a manual clock, the engine stepped: claimed up to the claim lead
+//! before their due time but run (called) at the due time, never before; a run that releases its
+//! slots early lets the next call to the same receiver start while it finishes.
 
 mod common;
 
@@ -56,8 +56,8 @@ async fn a_push_task_is_claimed_within_its_lead_and_called_at_its_due_time() {
     })
     .await;
     let mut calls = push_handler(&h, None);
-    let _engine = h.sundial.start();
-    let plain = record(&h, "plain", |_| Ok(()));
+    let mut plain = record(&h, "plain", |_| Ok(()));
+    let mut stepper = h.sundial.stepper();
     let id = h
         .sundial
         .schedule(push_spec(Duration::from_secs(60)))
@@ -68,15 +68,17 @@ async fn a_push_task_is_claimed_within_its_lead_and_called_at_its_due_time() {
         .schedule(TaskSpec::new("plain").delay(Duration::from_secs(60)))
         .await
         .unwrap();
-    settle().await;
+    stepper.settle().await;
     h.clock.advance(Duration::from_millis(59_899));
-    settle().await;
+    stepper.settle().await;
     assert_eq!(
         h.sundial.get(id).await.unwrap().unwrap().state,
         TaskState::Scheduled
     );
-    // Within the lead: the attempt is recorded as started, the call waits for the due time.
+    // Within the lead: the attempt is recorded as started, the call waits for the due time (its
+    // run sleeps on the clock). One turn: settling would wait for that run.
     h.clock.advance(Duration::from_millis(50));
+    stepper.turn().await;
     let running = wait_state(&h.sundial, id, TaskState::Running).await;
     assert_eq!(running.attempt, 1);
     assert_eq!(
@@ -89,15 +91,16 @@ async fn a_push_task_is_claimed_within_its_lead_and_called_at_its_due_time() {
         lease.0 >= running.due_at.0 + running.timeout_ms as i64,
         "the lease counts from the due time"
     );
+    parked(&h.clock, 1).await;
     no_run(&mut calls).await;
     // A task without a target is not claimed ahead.
     assert_eq!(
         h.sundial.get(other).await.unwrap().unwrap().state,
         TaskState::Scheduled
     );
-    let mut plain = plain;
     no_run(&mut plain).await;
     h.clock.advance(Duration::from_millis(51));
+    stepper.settle().await;
     let r = next_run(&mut calls).await;
     assert_eq!(r.id, id);
     assert!(r.at >= r.due, "called {:?} before due {:?}", r.at, r.due);
@@ -113,20 +116,21 @@ async fn with_no_lead_a_push_task_is_claimed_at_its_due_time() {
     })
     .await;
     let mut calls = push_handler(&h, None);
-    let _engine = h.sundial.start();
+    let mut stepper = h.sundial.stepper();
     let id = h
         .sundial
         .schedule(push_spec(Duration::from_secs(60)))
         .await
         .unwrap();
-    settle().await;
+    stepper.settle().await;
     h.clock.advance(Duration::from_millis(59_999));
-    settle().await;
+    stepper.settle().await;
     assert_eq!(
         h.sundial.get(id).await.unwrap().unwrap().state,
         TaskState::Scheduled
     );
     h.clock.advance(Duration::from_millis(1));
+    stepper.settle().await;
     assert_eq!(next_run(&mut calls).await.id, id);
 }
 
@@ -140,7 +144,7 @@ async fn released_slots_let_the_next_call_to_the_receiver_start() {
     .await;
     let hold = Arc::new(Notify::new());
     let mut calls = push_handler(&h, Some(hold.clone()));
-    let _engine = h.sundial.start();
+    let mut stepper = h.sundial.stepper();
     let a = h
         .sundial
         .schedule(push_spec(Duration::from_secs(10)))
@@ -151,9 +155,15 @@ async fn released_slots_let_the_next_call_to_the_receiver_start() {
         .schedule(push_spec(Duration::from_secs(10)))
         .await
         .unwrap();
-    settle().await;
+    stepper.settle().await;
     h.clock.advance(Duration::from_secs(10));
-    let mut seen = vec![next_run(&mut calls).await.id, next_run(&mut calls).await.id];
+    // The handlers hang: one turn each (settling would wait for them). The first turn claims
+    // one task (one slot); the second claims the other only if the first run released its slot
+    // while its handler still runs.
+    stepper.turn().await;
+    let first = next_run(&mut calls).await.id;
+    stepper.turn().await;
+    let mut seen = vec![first, next_run(&mut calls).await.id];
     seen.sort();
     let mut want = vec![a, b];
     want.sort();
