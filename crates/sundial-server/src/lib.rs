@@ -52,6 +52,7 @@
 pub mod access;
 pub mod admin;
 pub mod api;
+mod constraints;
 pub mod duration;
 pub mod error;
 pub mod extract;
@@ -320,6 +321,8 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     doc.merge(push::openapi());
     doc.merge(admin::openapi());
     document_common_errors(&mut doc);
+    // The server's field checks as JSON Schema keywords.
+    constraints::apply(&mut doc);
     doc
 }
 
