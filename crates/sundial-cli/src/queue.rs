@@ -79,14 +79,14 @@ pub async fn run(args: QueueArgs) -> anyhow::Result<ExitCode> {
             if json {
                 crate::task::print_json(&l);
             } else {
-                print!("{}", worker_table(&l));
+                out!("{}", worker_table(&l));
             }
         }),
         QueueCommand::Nodes => client.cluster().await.map(|c| {
             if json {
                 crate::task::print_json(&c);
             } else {
-                print!("{}", node_table(&c));
+                out!("{}", node_table(&c));
             }
         }),
         QueueCommand::Pause { queue } => client.pause_queue(&queue).await.map(|q| show(&q, json)),
