@@ -73,6 +73,10 @@ struct CreateTokenArgs {
     /// With --bootstrap and --database-url: the schema.
     #[arg(long, env = "SUNDIAL_DATABASE_SCHEMA", default_value = "sundial")]
     database_schema: String,
+    /// With --bootstrap on a data directory that does not exist yet: the shard count the new
+    /// store records for good (as `sundial server --shards`).
+    #[arg(long, env = "SUNDIAL_SHARDS", default_value_t = crate::server::DEFAULT_SHARDS)]
+    shards: u32,
 }
 
 #[derive(Args, Debug)]
@@ -307,7 +311,15 @@ async fn bootstrap(c: CreateTokenArgs, json_out: bool) -> anyhow::Result<ExitCod
             (Arc::new(store), sundial::Clock::now(&sundial::SystemClock))
         }
         None => {
-            let sundial = Sundial::open(&c.data_dir)
+            // A bootstrap may create the store: with the server's shard count, not the
+            // library's default, which the store would keep for good.
+            let config = sundial::Config {
+                shard_count: c.shards,
+                ..sundial::Config::default()
+            };
+            let sundial = Sundial::builder()
+                .config(config)
+                .open(&c.data_dir)
                 .await
                 .with_context(|| format!("cannot open the store in {}", c.data_dir.display()))?;
             let now = sundial.clock().now();

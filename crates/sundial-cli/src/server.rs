@@ -77,7 +77,7 @@ pub struct ServerArgs {
     /// data directory, PostgreSQL in the schema). A store keeps its count for good: a different
     /// value on a later start is ignored with a warning, and the server runs with the stored
     /// count (a store from a build that did not record it gets one derived from its tasks).
-    #[arg(long, env = "SUNDIAL_SHARDS", default_value_t = 16)]
+    #[arg(long, env = "SUNDIAL_SHARDS", default_value_t = DEFAULT_SHARDS)]
     shards: u32,
     /// Also count Sundial's own queues (`sundial.schedules`, `sundial.workflows`,
     /// `sundial.activities`, …) in the `sundial_tasks` gauge.
@@ -264,6 +264,9 @@ impl ServerArgs {
         self.otlp_endpoint.clone().filter(|e| !e.trim().is_empty())
     }
 }
+
+/// The shard count a new store gets unless `--shards` says otherwise.
+pub const DEFAULT_SHARDS: u32 = 16;
 
 pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
     let config = Config {

@@ -194,3 +194,33 @@ async fn a_revoked_token_is_refused_on_every_node_within_a_second() {
     println!("revocation refused on both nodes after {refused:?} ms");
     drop((a, b));
 }
+
+/// A bootstrap on a data directory that does not exist yet creates the store: with the server's
+/// shard count (16, or --shards), which the store keeps for good. It used to get the library's
+/// default, so the server started on it warned that its 16 shards were ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bootstrap_creates_the_store_with_the_servers_shard_count() {
+    for (extra, want) in [(None, 16), (Some("8"), 8)] {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let data_s = data.to_str().unwrap();
+        let mut args = vec![
+            "token",
+            "create",
+            "--bootstrap",
+            "--name",
+            "root",
+            "--scope",
+            "admin",
+            "--data-dir",
+            data_s,
+        ];
+        if let Some(n) = extra {
+            args.extend(["--shards", n]);
+        }
+        let (ok, _, err) = sundial(&args, &[]);
+        assert!(ok, "{err}");
+        let store = sundial::Sundial::open(&data).await.unwrap();
+        assert_eq!(store.config().shard_count, want, "{extra:?}");
+    }
+}
