@@ -159,7 +159,7 @@ impl PushExecutor {
             match SigningKey::parse(&s.secret) {
                 Ok(k) => keys.push(k),
                 Err(e) => {
-                    return Err(StoreError::Corrupt(format!("push secret {}: {e}", s.id)));
+                    return Err(StoreError::corrupt_from(format!("push secret {}", s.id), e));
                 }
             }
         }

@@ -222,7 +222,7 @@ impl From<Error> for ApiError {
                 "unavailable",
                 "the store is closed",
             ),
-            Error::Store(StoreError::Unavailable(why)) => {
+            Error::Store(StoreError::Unavailable { source: why }) => {
                 tracing::warn!(error = %why, "request refused: the database is unavailable");
                 ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -230,7 +230,11 @@ impl From<Error> for ApiError {
                     format!("the database is unavailable for now ({why}); retry"),
                 )
             }
-            Error::Store(StoreError::Full(why)) => {
+            Error::Store(StoreError::Full { step, source }) => {
+                let why = match step {
+                    Some(step) => format!("{step}: {source}"),
+                    None => source.to_string(),
+                };
                 tracing::warn!(error = %why, "write refused: the store's disk is full");
                 ApiError::new(
                     StatusCode::INSUFFICIENT_STORAGE,
@@ -264,13 +268,14 @@ mod tests {
 
     #[test]
     fn a_full_disk_is_insufficient_storage() {
-        let api = ApiError::from(Error::Store(StoreError::Full(
-            "database or disk is full".into(),
-        )));
+        let api = ApiError::from(Error::Store(StoreError::full(std::io::Error::other(
+            "database or disk is full",
+        ))));
         assert_eq!(api.status, StatusCode::INSUFFICIENT_STORAGE);
         assert_eq!(api.detail.code, "insufficient_storage");
         assert!(
-            api.detail.message.contains("disk is full"),
+            api.detail.message.contains("disk is full")
+                && api.detail.message.contains("(database or disk is full)"),
             "{}",
             api.detail.message
         );
@@ -321,7 +326,9 @@ mod tests {
                 "internal",
             ),
             (
-                Error::Store(StoreError::Unavailable("connection refused".into())),
+                Error::Store(StoreError::unavailable(std::io::Error::other(
+                    "connection refused",
+                ))),
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
             ),
@@ -336,7 +343,9 @@ mod tests {
     #[test]
     fn unavailable_answers_carry_retry_after() {
         for e in [
-            Error::Store(StoreError::Unavailable("connection refused".into())),
+            Error::Store(StoreError::unavailable(std::io::Error::other(
+                "connection refused",
+            ))),
             Error::Store(StoreError::Closed),
             Error::ShuttingDown,
         ] {

@@ -24,7 +24,7 @@ const AUDIT_COLUMNS: &str =
     "seq, at, actor_id, actor, namespace, action, target, request_id, status";
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(format!("{what}: {e}"))
+    StoreError::corrupt(format!("{what}: {e}"))
 }
 
 fn token_from_row(r: &Row) -> Result<TokenRecord, StoreError> {

@@ -87,12 +87,12 @@ impl Cluster for PostgresStore {
         .await?;
         let row = query_opt(&client, &self.sql.cluster.shard_count, &[])
             .await?
-            .ok_or_else(|| StoreError::Corrupt("cluster_meta has no shard count".to_string()))?;
+            .ok_or_else(|| StoreError::corrupt("cluster_meta has no shard count"))?;
         let n: i64 = col(&row, 0)?;
         u32::try_from(n)
             .ok()
             .filter(|n| *n >= 1)
-            .ok_or_else(|| StoreError::Corrupt(format!("shard count {n} is out of range")))
+            .ok_or_else(|| StoreError::corrupt(format!("shard count {n} is out of range")))
     }
 
     async fn heartbeat(
@@ -137,7 +137,7 @@ impl Cluster for PostgresStore {
                 let shard: i64 = col(r, 0)?;
                 Ok(ShardLease {
                     shard: u32::try_from(shard)
-                        .map_err(|_| StoreError::Corrupt(format!("shard {shard} out of range")))?,
+                        .map_err(|_| StoreError::corrupt(format!("shard {shard} out of range")))?,
                     owner: col(r, 1)?,
                     expires_at: Timestamp(col(r, 2)?),
                     range_id: col(r, 3)?,
@@ -200,7 +200,7 @@ impl Cluster for PostgresStore {
         for r in &rows {
             let shard: i64 = col(r, 0)?;
             let shard = u32::try_from(shard)
-                .map_err(|_| StoreError::Corrupt(format!("shard {shard} is out of range")))?;
+                .map_err(|_| StoreError::corrupt(format!("shard {shard} is out of range")))?;
             got.insert(
                 shard,
                 Fence {

@@ -250,7 +250,7 @@ fn is_unavailable(e: &tokio_postgres::Error) -> bool {
 
 fn pg(e: tokio_postgres::Error) -> StoreError {
     if is_unavailable(&e) {
-        StoreError::Unavailable(e.to_string())
+        StoreError::unavailable(e)
     } else {
         StoreError::backend(e)
     }
@@ -260,9 +260,9 @@ fn pool_error(e: PoolError) -> StoreError {
     match e {
         PoolError::Closed => StoreError::Closed,
         PoolError::Backend(e) => pg(e),
-        PoolError::Timeout(_) => {
-            StoreError::Unavailable("no database connection could be had in time".to_string())
-        }
+        PoolError::Timeout(_) => StoreError::unavailable(sundial_store::Reason(
+            "no database connection could be had in time",
+        )),
         other => StoreError::backend(PostgresError::Pool(other.to_string())),
     }
 }
@@ -558,7 +558,7 @@ impl PostgresStore {
             let exclusive = match (key, mode) {
                 (Some(k), Some(m)) => Some((k, rows::parse_mode(&m)?)),
                 (Some(_), None) => {
-                    return Err(StoreError::Corrupt(format!(
+                    return Err(StoreError::corrupt(format!(
                         "task {id}: exclusive key without a mode"
                     )));
                 }
@@ -909,7 +909,7 @@ fn due_entry(r: &Row) -> Result<DueEntry, StoreError> {
         queue: col(r, 2)?,
         kind: col(r, 3)?,
         timeout_ms: u64::try_from(timeout)
-            .map_err(|_| StoreError::Corrupt(format!("timeout_ms {timeout} is negative")))?,
+            .map_err(|_| StoreError::corrupt(format!("timeout_ms {timeout} is negative")))?,
         push_host: col::<Option<String>>(r, 5)?.and_then(|u| sundial_core::authority(&u)),
     })
 }
@@ -1351,7 +1351,7 @@ impl Store for PostgresStore {
                     queue: col(r, 0)?,
                     state: rows::parse_state(&state)?,
                     count: u64::try_from(n)
-                        .map_err(|_| StoreError::Corrupt(format!("negative task count {n}")))?,
+                        .map_err(|_| StoreError::corrupt(format!("negative task count {n}")))?,
                 })
             })
             .collect()
@@ -1377,7 +1377,7 @@ impl Store for PostgresStore {
                     queue: col(r, 0)?,
                     error: col(r, 1)?,
                     count: u64::try_from(n)
-                        .map_err(|_| StoreError::Corrupt(format!("negative task count {n}")))?,
+                        .map_err(|_| StoreError::corrupt(format!("negative task count {n}")))?,
                     newest: TaskId(newest),
                 })
             })

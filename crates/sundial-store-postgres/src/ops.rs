@@ -134,7 +134,7 @@ fn queue_from_row(r: &Row) -> Result<QueueSettings, StoreError> {
         paused: col(r, 1)?,
         paused_changed_at: col::<Option<i64>>(r, 2)?.map(Timestamp),
         config: serde_json::from_str(&config)
-            .map_err(|e| StoreError::Corrupt(format!("queue config: {e}")))?,
+            .map_err(|e| StoreError::corrupt_from("queue config", e))?,
         updated_at: Timestamp(col(r, 4)?),
     })
 }
@@ -410,7 +410,7 @@ impl PostgresStore {
             attempts.push(Attempt {
                 task_id: id,
                 seq: u64::try_from(seq)
-                    .map_err(|_| StoreError::Corrupt(format!("attempt seq {seq}")))?,
+                    .map_err(|_| StoreError::corrupt(format!("attempt seq {seq}")))?,
                 execution_id: col::<Option<Uuid>>(r, 1)?.map(ExecutionId),
                 worker: col(r, 2)?,
                 started_at: Timestamp(col(r, 3)?),
@@ -418,14 +418,14 @@ impl PostgresStore {
                 outcome: outcome
                     .map(|o| {
                         AttemptOutcome::parse(&o)
-                            .ok_or_else(|| StoreError::Corrupt(format!("attempt outcome {o:?}")))
+                            .ok_or_else(|| StoreError::corrupt(format!("attempt outcome {o:?}")))
                     })
                     .transpose()?,
                 error: col(r, 6)?,
                 status_code: col::<Option<i32>>(r, 7)?
                     .map(|c| {
                         u16::try_from(c)
-                            .map_err(|_| StoreError::Corrupt(format!("attempt status code {c}")))
+                            .map_err(|_| StoreError::corrupt(format!("attempt status code {c}")))
                     })
                     .transpose()?,
                 content_type: col(r, 8)?,

@@ -53,7 +53,7 @@ pub fn task_columns(alias: &str) -> String {
 
 pub fn parse_state(s: &str) -> Result<TaskState, StoreError> {
     s.parse()
-        .map_err(|_| StoreError::Corrupt(format!("unknown task state {s:?}")))
+        .map_err(|_| StoreError::corrupt(format!("unknown task state {s:?}")))
 }
 
 pub fn mode_str(m: ExclusiveMode) -> &'static str {
@@ -67,7 +67,7 @@ pub fn parse_mode(s: &str) -> Result<ExclusiveMode, StoreError> {
     match s {
         "wait" => Ok(ExclusiveMode::Wait),
         "skip" => Ok(ExclusiveMode::Skip),
-        other => Err(StoreError::Corrupt(format!(
+        other => Err(StoreError::corrupt(format!(
             "unknown exclusive mode {other:?}"
         ))),
     }
@@ -77,17 +77,17 @@ pub fn parse_mode(s: &str) -> Result<ExclusiveMode, StoreError> {
 /// corrupt data, not a backend failure.
 pub fn col<'a, T: FromSql<'a>>(r: &'a Row, idx: usize) -> Result<T, StoreError> {
     r.try_get(idx)
-        .map_err(|e| StoreError::Corrupt(format!("column {idx}: {e}")))
+        .map_err(|e| StoreError::corrupt_from(format!("column {idx}"), e))
 }
 
 /// A `bigint` column that holds a `u32`.
 pub fn col_u32(r: &Row, idx: usize, what: &str) -> Result<u32, StoreError> {
     let v: i64 = col(r, idx)?;
-    u32::try_from(v).map_err(|_| StoreError::Corrupt(format!("{what} {v} is out of range")))
+    u32::try_from(v).map_err(|_| StoreError::corrupt(format!("{what} {v} is out of range")))
 }
 
 fn json(s: &str, what: &str) -> Result<serde_json::Value, StoreError> {
-    serde_json::from_str(s).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
+    serde_json::from_str(s).map_err(|e| StoreError::corrupt_from(what, e))
 }
 
 fn time(v: Option<i64>) -> Option<Timestamp> {
@@ -115,13 +115,13 @@ pub fn task_from_row(r: &Row) -> Result<Task, StoreError> {
             mode: parse_mode(&mode)?,
         }),
         (Some(_), None) => {
-            return Err(StoreError::Corrupt(
+            return Err(StoreError::corrupt(
                 "exclusive key without a mode".to_string(),
             ));
         }
     };
     let backoff: Backoff =
-        serde_json::from_str(&backoff).map_err(|e| StoreError::Corrupt(format!("backoff: {e}")))?;
+        serde_json::from_str(&backoff).map_err(|e| StoreError::corrupt_from("backoff", e))?;
     Ok(Task {
         id: TaskId(id),
         shard: col_u32(r, 1, "shard")?,
@@ -135,7 +135,7 @@ pub fn task_from_row(r: &Row) -> Result<Task, StoreError> {
         max_attempts: col_u32(r, 9, "max_attempts")?,
         backoff,
         timeout_ms: u64::try_from(timeout_ms)
-            .map_err(|_| StoreError::Corrupt(format!("timeout_ms {timeout_ms} is negative")))?,
+            .map_err(|_| StoreError::corrupt(format!("timeout_ms {timeout_ms} is negative")))?,
         exclusive,
         execution_id: exec.map(ExecutionId),
         lease_expires_at: time(col(r, 15)?),
@@ -148,20 +148,16 @@ pub fn task_from_row(r: &Row) -> Result<Task, StoreError> {
         finished_at: time(col(r, 22)?),
         tags: match tags {
             None => Default::default(),
-            Some(s) => {
-                serde_json::from_str(&s).map_err(|e| StoreError::Corrupt(format!("tags: {e}")))?
-            }
+            Some(s) => serde_json::from_str(&s).map_err(|e| StoreError::corrupt_from("tags", e))?,
         },
         target: target
-            .map(|s| {
-                serde_json::from_str(&s).map_err(|e| StoreError::Corrupt(format!("target: {e}")))
-            })
+            .map(|s| serde_json::from_str(&s).map_err(|e| StoreError::corrupt_from("target", e)))
             .transpose()?,
         trace: match traceparent {
             None => None,
             Some(tp) => Some(
                 TraceContext::parse(&tp, tracestate.as_deref())
-                    .ok_or_else(|| StoreError::Corrupt(format!("traceparent {tp:?}")))?,
+                    .ok_or_else(|| StoreError::corrupt(format!("traceparent {tp:?}")))?,
             ),
         },
     })

@@ -32,7 +32,7 @@ use crate::rows::{col, col_u32, parse_state};
 use crate::{PostgresStore, limit_param, pg, query, query_opt};
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(format!("{what}: {e}"))
+    StoreError::corrupt(format!("{what}: {e}"))
 }
 
 fn schedule_id(s: String) -> Result<ScheduleId, StoreError> {

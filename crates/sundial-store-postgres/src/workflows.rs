@@ -32,7 +32,7 @@ use crate::rows::col;
 use crate::{PostgresStore, limit_param, pg, query, query_opt};
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(format!("{what}: {e}"))
+    StoreError::corrupt(format!("{what}: {e}"))
 }
 
 fn count(v: i64, what: &str) -> Result<u64, StoreError> {

@@ -17,7 +17,7 @@ const TOKEN_COLUMNS: &str =
     "id, name, scope, namespace, secret_hash, created_at, expires_at, revoked_at";
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(format!("{what}: {e}"))
+    StoreError::corrupt(format!("{what}: {e}"))
 }
 
 fn token_id(b: &[u8]) -> Result<TokenId, StoreError> {

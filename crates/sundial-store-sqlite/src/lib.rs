@@ -89,7 +89,7 @@ impl From<SqliteError> for StoreError {
 pub(crate) fn backend(e: rusqlite::Error) -> StoreError {
     if is_disk_full(&e) {
         writer::note_disk_full();
-        StoreError::Full(e.to_string())
+        StoreError::full(e)
     } else {
         StoreError::backend(e)
     }

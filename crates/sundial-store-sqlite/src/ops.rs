@@ -23,7 +23,7 @@ fn queue_from_row(r: &rusqlite::Row<'_>) -> Result<QueueSettings, StoreError> {
         paused: r.get::<_, i64>(1).map_err(backend)? != 0,
         paused_changed_at: r.get::<_, Option<i64>>(2).map_err(backend)?.map(Timestamp),
         config: serde_json::from_str(&config)
-            .map_err(|e| StoreError::Corrupt(format!("queue config: {e}")))?,
+            .map_err(|e| StoreError::corrupt_from("queue config", e))?,
         updated_at: Timestamp(r.get(4).map_err(backend)?),
     })
 }
@@ -134,7 +134,7 @@ pub(crate) fn attempts(
                 .map(|b| {
                     <[u8; 16]>::try_from(b.as_slice())
                         .map(ExecutionId::from_bytes)
-                        .map_err(|_| StoreError::Corrupt("attempt execution id".into()))
+                        .map_err(|_| StoreError::corrupt("attempt execution id"))
                 })
                 .transpose()?,
             worker: r.get(2).map_err(backend)?,
@@ -143,7 +143,7 @@ pub(crate) fn attempts(
             outcome: outcome
                 .map(|o| {
                     AttemptOutcome::parse(&o)
-                        .ok_or_else(|| StoreError::Corrupt(format!("attempt outcome {o:?}")))
+                        .ok_or_else(|| StoreError::corrupt(format!("attempt outcome {o:?}")))
                 })
                 .transpose()?,
             error: r.get(6).map_err(backend)?,
@@ -152,7 +152,7 @@ pub(crate) fn attempts(
                 .map_err(backend)?
                 .map(|c| {
                     u16::try_from(c)
-                        .map_err(|_| StoreError::Corrupt(format!("attempt status code {c}")))
+                        .map_err(|_| StoreError::corrupt(format!("attempt status code {c}")))
                 })
                 .transpose()?,
             content_type: r.get(8).map_err(backend)?,

@@ -18,7 +18,7 @@ pub const TASK_COLUMNS: &str = "id, shard, queue, kind, key, payload, due_at, st
 
 pub fn parse_state(s: &str) -> Result<TaskState, StoreError> {
     s.parse()
-        .map_err(|_| StoreError::Corrupt(format!("unknown task state {s:?}")))
+        .map_err(|_| StoreError::corrupt(format!("unknown task state {s:?}")))
 }
 
 pub fn mode_str(m: ExclusiveMode) -> &'static str {
@@ -30,7 +30,7 @@ pub fn mode_str(m: ExclusiveMode) -> &'static str {
 
 fn uuid16(b: &[u8], what: &str) -> Result<[u8; 16], StoreError> {
     b.try_into()
-        .map_err(|_| StoreError::Corrupt(format!("{what} is {} bytes, expected 16", b.len())))
+        .map_err(|_| StoreError::corrupt(format!("{what} is {} bytes, expected 16", b.len())))
 }
 
 pub fn task_id(b: &[u8]) -> Result<TaskId, StoreError> {
@@ -38,7 +38,7 @@ pub fn task_id(b: &[u8]) -> Result<TaskId, StoreError> {
 }
 
 fn json(s: &str, what: &str) -> Result<serde_json::Value, StoreError> {
-    serde_json::from_str(s).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
+    serde_json::from_str(s).map_err(|e| StoreError::corrupt_from(what, e))
 }
 
 pub fn task_from_row(r: &Row<'_>) -> Result<Task, StoreError> {
@@ -65,13 +65,13 @@ pub fn task_from_row(r: &Row<'_>) -> Result<Task, StoreError> {
         }),
         (None, _) => None,
         (Some(_), other) => {
-            return Err(StoreError::Corrupt(format!(
+            return Err(StoreError::corrupt(format!(
                 "unknown exclusive mode {other:?}"
             )));
         }
     };
     let backoff: Backoff =
-        serde_json::from_str(&backoff).map_err(|e| StoreError::Corrupt(format!("backoff: {e}")))?;
+        serde_json::from_str(&backoff).map_err(|e| StoreError::corrupt_from("backoff", e))?;
     Ok(Task {
         id: task_id(&id)?,
         shard: r.get(1).map_err(backend)?,
@@ -99,20 +99,16 @@ pub fn task_from_row(r: &Row<'_>) -> Result<Task, StoreError> {
         finished_at: r.get::<_, Option<i64>>(22).map_err(backend)?.map(Timestamp),
         tags: match tags {
             None => Default::default(),
-            Some(s) => {
-                serde_json::from_str(&s).map_err(|e| StoreError::Corrupt(format!("tags: {e}")))?
-            }
+            Some(s) => serde_json::from_str(&s).map_err(|e| StoreError::corrupt_from("tags", e))?,
         },
         target: target
-            .map(|s| {
-                serde_json::from_str(&s).map_err(|e| StoreError::Corrupt(format!("target: {e}")))
-            })
+            .map(|s| serde_json::from_str(&s).map_err(|e| StoreError::corrupt_from("target", e)))
             .transpose()?,
         trace: match traceparent {
             None => None,
             Some(tp) => Some(
                 TraceContext::parse(&tp, tracestate.as_deref())
-                    .ok_or_else(|| StoreError::Corrupt(format!("traceparent {tp:?}")))?,
+                    .ok_or_else(|| StoreError::corrupt(format!("traceparent {tp:?}")))?,
             ),
         },
     })

@@ -26,7 +26,7 @@ const FIRE_COLUMNS: &str =
     "schedule_id, nominal_at, outcome, reason, task_id, count, through, recorded_at";
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(format!("{what}: {e}"))
+    StoreError::corrupt(format!("{what}: {e}"))
 }
 
 fn schedule_id(s: String) -> Result<ScheduleId, StoreError> {

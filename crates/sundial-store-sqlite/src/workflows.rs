@@ -23,7 +23,7 @@ const RUN_COLUMNS: &str = "r.run_id, r.workflow_id, r.workflow_type, r.input, r.
     r.continued_from, r.continued_to, r.created_at, r.updated_at, r.closed_at";
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(format!("{what}: {e}"))
+    StoreError::corrupt(format!("{what}: {e}"))
 }
 
 fn run_id(b: &[u8]) -> Result<RunId, StoreError> {

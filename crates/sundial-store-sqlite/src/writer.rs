@@ -56,7 +56,7 @@ fn take_disk_full() -> bool {
 /// A batch-level rusqlite error as a [`StoreError`].
 fn batch_error(e: rusqlite::Error, step: &'static str) -> StoreError {
     if crate::is_disk_full(&e) {
-        StoreError::Full(format!("{step}: {e}"))
+        StoreError::full_at(step, e)
     } else {
         StoreError::WriteBatch {
             step,
@@ -198,9 +198,11 @@ fn run(
                 // The jobs not run are answered with the batch's error below.
                 batch.extend(jobs);
                 if rolled_back {
-                    let why = "the database rolled the batch back";
                     Some(if take_disk_full() {
-                        StoreError::Full(format!("{why}: database or disk is full"))
+                        StoreError::full_at(
+                            "the database rolled the batch back",
+                            sundial_store::Reason("database or disk is full"),
+                        )
                     } else {
                         StoreError::BatchRolledBack
                     })
@@ -217,10 +219,13 @@ fn run(
         };
         // The store's condition, for health reports: set while writes hit a full disk, cleared
         // by the first commit that writes something again.
-        let full = take_disk_full() || matches!(commit_err, Some(StoreError::Full(_)));
+        let full = take_disk_full() || matches!(commit_err, Some(StoreError::Full { .. }));
         if let Ok(mut c) = condition.lock() {
-            if let Some(StoreError::Full(why)) = &commit_err {
-                *c = Some(format!("disk full: {why}"));
+            if let Some(StoreError::Full { step, source }) = &commit_err {
+                *c = Some(match step {
+                    Some(step) => format!("disk full: {step}: {source}"),
+                    None => format!("disk full: {source}"),
+                });
             } else if full {
                 *c = Some("disk full: database or disk is full".to_string());
             } else if commit_err.is_none() && conn.total_changes() > changes {

@@ -84,28 +84,105 @@ pub enum StoreError {
     /// write committed is unknown, as for a connection lost mid-statement.
     #[error("the {what} ended without an answer")]
     NoAnswer { what: &'static str },
-    /// A stored row could not be decoded: the data is not what this version expects.
-    #[error("stored data is corrupt or from an incompatible version: {0}")]
-    Corrupt(String),
+    /// A stored row could not be decoded: the data is not what this version expects. `what`
+    /// names the value (a column, a JSON field, a count out of range); the decoder's error, when
+    /// there is one, is the source.
+    #[error("stored data is corrupt or from an incompatible version: {what}{}", because(.source))]
+    Corrupt {
+        what: String,
+        #[source]
+        source: Option<BackendError>,
+    },
     /// The store has been closed or its worker stopped.
     #[error("store is closed")]
     Closed,
     /// The database cannot be reached for now (it is down or restarting, a connection broke, no
     /// connection could be had in time). Nothing of the call was applied, or (a connection lost
     /// mid-commit) it is unknown whether it was: retry later, and make the retry safe to repeat.
-    #[error("the database is unavailable: {0}")]
-    Unavailable(String),
+    /// The driver's error (or a [`Reason`] the store names itself) is the source.
+    #[error("the database is unavailable: {source}")]
+    Unavailable {
+        #[source]
+        source: BackendError,
+    },
     /// The store's disk is full: nothing of the call was applied (or, for a write that shared a
     /// commit with the one that hit the limit, it is unknown whether it was). Reads keep working;
     /// writes succeed again once space is freed.
-    #[error("the store's disk is full: {0}")]
-    Full(String),
+    /// `step` names the batch step that hit the limit when it was not a statement of its own
+    /// (a commit); the driver's error (or a [`Reason`]) is the source.
+    #[error("the store's disk is full: {}{source}", step_of(.step))]
+    Full {
+        step: Option<&'static str>,
+        #[source]
+        source: BackendError,
+    },
     /// A write under a shard lease was refused because the lease is held by another owner.
     #[error("lease lost: shard {shard} is owned elsewhere")]
     LeaseLost { shard: u32 },
 }
 
+/// A cause the store names itself, kept as the source of an error where no driver error is at
+/// hand (no connection could be had in time, the database rolled a batch back for a full disk).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[error("{0}")]
+pub struct Reason(pub &'static str);
+
+fn because(source: &Option<BackendError>) -> String {
+    source
+        .as_ref()
+        .map(|s| format!(": {s}"))
+        .unwrap_or_default()
+}
+
+fn step_of(step: &Option<&'static str>) -> String {
+    step.map(|s| format!("{s}: ")).unwrap_or_default()
+}
+
 impl StoreError {
+    /// `e` (the driver's error, or a [`Reason`]) as [`StoreError::Unavailable`], keeping it as
+    /// the source.
+    pub fn unavailable(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        StoreError::Unavailable {
+            source: Arc::new(e),
+        }
+    }
+
+    /// `e` as [`StoreError::Full`] for a statement that hit the limit, keeping it as the source.
+    pub fn full(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        StoreError::Full {
+            step: None,
+            source: Arc::new(e),
+        }
+    }
+
+    /// `e` as [`StoreError::Full`] for the batch step `step` (a commit) that hit the limit.
+    pub fn full_at(step: &'static str, e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        StoreError::Full {
+            step: Some(step),
+            source: Arc::new(e),
+        }
+    }
+
+    /// [`StoreError::Corrupt`] for the value `what`, with no decoder error to keep.
+    pub fn corrupt(what: impl Into<String>) -> Self {
+        StoreError::Corrupt {
+            what: what.into(),
+            source: None,
+        }
+    }
+
+    /// [`StoreError::Corrupt`] for the value `what`, keeping the decoder's error `e` as the
+    /// source.
+    pub fn corrupt_from(
+        what: impl Into<String>,
+        e: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        StoreError::Corrupt {
+            what: what.into(),
+            source: Some(Arc::new(e)),
+        }
+    }
+
     /// `e` as [`StoreError::Backend`], keeping it as the source.
     pub fn backend(e: impl std::error::Error + Send + Sync + 'static) -> Self {
         StoreError::Backend(Arc::new(e))
@@ -153,6 +230,62 @@ mod tests {
         assert_eq!(e.to_string(), "store backend error: disk on fire");
         let t = TransitionError::from(e.clone());
         assert!(t.source().is_some() || t.to_string().contains("disk on fire"));
+    }
+
+    #[test]
+    fn an_unavailable_database_keeps_its_source() {
+        let e = StoreError::unavailable(std::io::Error::other("connection refused"));
+        let source = e.source().expect("the driver's error is the source");
+        assert_eq!(source.to_string(), "connection refused");
+        assert_eq!(
+            e.to_string(),
+            "the database is unavailable: connection refused"
+        );
+        let e = StoreError::unavailable(Reason("no connection in time"));
+        assert_eq!(
+            e.source().expect("the reason").to_string(),
+            "no connection in time"
+        );
+    }
+
+    #[test]
+    fn a_full_disk_keeps_its_source_and_names_the_step() {
+        let e = StoreError::full(std::io::Error::other("database or disk is full"));
+        assert_eq!(
+            e.source().expect("the driver's error").to_string(),
+            "database or disk is full"
+        );
+        assert_eq!(
+            e.to_string(),
+            "the store's disk is full: database or disk is full"
+        );
+        let e = StoreError::full_at("commit failed", std::io::Error::other("disk full"));
+        assert!(e.source().is_some());
+        assert_eq!(
+            e.to_string(),
+            "the store's disk is full: commit failed: disk full"
+        );
+    }
+
+    #[test]
+    fn a_corrupt_value_is_named_and_keeps_the_decoder_error() {
+        let bad = serde_json::from_str::<u8>("x").expect_err("not json");
+        let e = StoreError::corrupt_from("tags", bad);
+        assert!(e.source().is_some());
+        assert!(
+            e.to_string()
+                .starts_with("stored data is corrupt or from an incompatible version: tags: "),
+            "{e}"
+        );
+        let e = StoreError::corrupt("shard 70000 out of range");
+        assert!(e.source().is_none());
+        assert_eq!(
+            e.to_string(),
+            "stored data is corrupt or from an incompatible version: shard 70000 out of range"
+        );
+        assert!(
+            matches!(e, StoreError::Corrupt { ref what, .. } if what == "shard 70000 out of range")
+        );
     }
 
     #[test]

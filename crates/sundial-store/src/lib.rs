@@ -47,7 +47,7 @@ pub use access::{
 };
 pub use cluster::{Cluster, ClusterState, Fence, Member, ShardLease, Wakeup};
 
-pub use error::{StoreError, TransitionError};
+pub use error::{Reason, StoreError, TransitionError};
 pub use ops::{
     Attempt, AttemptHistory, AttemptOutcome, AttemptResponse, LEASE_EXPIRED_ERROR, QueueConfig,
     QueueSettings, RetentionOverride, RetentionRules, Selected, prefix_upper_bound,

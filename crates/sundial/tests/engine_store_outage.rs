@@ -34,7 +34,9 @@ impl Intercept for Outage {
     ) -> Result<Vec<ClaimOutcome>, StoreError> {
         if self.down.load(Ordering::SeqCst) {
             self.refused.fetch_add(1, Ordering::SeqCst);
-            return Err(StoreError::Unavailable("injected outage".into()));
+            return Err(StoreError::unavailable(sundial_store::Reason(
+                "injected outage",
+            )));
         }
         inner.claim_due(claims, now, fence).await
     }

@@ -51,7 +51,7 @@ impl Flaky {
 }
 
 fn lost() -> StoreError {
-    StoreError::Unavailable("injected: the connection broke".into())
+    StoreError::unavailable(sundial_store::Reason("injected: the connection broke"))
 }
 
 #[async_trait]
@@ -90,7 +90,7 @@ impl Hooks for Flaky {
 }
 
 fn unavailable(e: &Error) -> bool {
-    matches!(e, Error::Store(StoreError::Unavailable(_)))
+    matches!(e, Error::Store(StoreError::Unavailable { .. }))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
