@@ -439,6 +439,66 @@ pub async fn history(
 
 // ---- Remote workers -----------------------------------------------------------------------------
 
+/// The request bodies of the workflow worker protocol as the document describes them: the wire
+/// forms of `sundial_workflow::remote`'s types (which the handlers parse; the workflow crate has
+/// no OpenAPI dependency). `wire_forms_match_the_protocol` keeps the two in step.
+pub mod protocol_doc {
+    use utoipa::ToSchema;
+
+    /// `POST /v1/workflow-tasks/poll`.
+    #[derive(serde::Serialize, ToSchema)]
+    pub struct PollWorkflowTasks {
+        /// The worker's name.
+        pub worker: String,
+        /// Workflow types this worker has code for (at least one).
+        pub types: Vec<String>,
+        /// Most tasks to take (default 1; capped at 64).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub max: Option<u32>,
+        /// How long to wait for a task when none is ready, in milliseconds (default 0; capped at
+        /// 30,000).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub wait_ms: Option<u64>,
+    }
+
+    /// `POST /v1/workflow-activities/poll`.
+    #[derive(serde::Serialize, ToSchema)]
+    pub struct PollActivities {
+        /// The worker's name.
+        pub worker: String,
+        /// Activity names this worker has code for (at least one).
+        pub names: Vec<String>,
+        /// Most tasks to take (default 1; capped at 64).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub max: Option<u32>,
+        /// How long to wait when none is ready, in milliseconds (default 0; capped at 30,000).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub wait_ms: Option<u64>,
+    }
+
+    /// `POST /v1/workflow-activities/{task}/complete`.
+    #[derive(serde::Serialize, ToSchema)]
+    pub struct CompleteActivity {
+        /// The attempt's execution id, from the poll.
+        pub execution_id: uuid::Uuid,
+        /// The activity's result, any JSON (default `null`).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub result: Option<serde_json::Value>,
+    }
+
+    /// `POST /v1/workflow-activities/{task}/fail`.
+    #[derive(serde::Serialize, ToSchema)]
+    pub struct FailActivity {
+        /// The attempt's execution id, from the poll.
+        pub execution_id: uuid::Uuid,
+        /// Why it failed.
+        pub error: String,
+        /// Default `true`: retried while the activity's policy has attempts left.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub retryable: Option<bool>,
+    }
+}
+
 fn task_id(raw: &str) -> Result<sundial::TaskId, ApiError> {
     raw.parse::<uuid::Uuid>()
         .map(sundial::TaskId)
@@ -448,7 +508,7 @@ fn task_id(raw: &str) -> Result<sundial::TaskId, ApiError> {
 #[utoipa::path(
     post, path = "/v1/workflow-tasks/poll", tag = "workflow workers",
     operation_id = "poll_workflow_tasks",
-    request_body(content = Object, description = "`{worker, types, max?, wait_ms?}`"),
+    request_body = protocol_doc::PollWorkflowTasks,
     responses(
         (status = 200, description = "`{tasks}`: claimed workflow tasks with their histories", body = Object),
         (status = 422, description = "Invalid", body = ErrorBody),
@@ -488,7 +548,7 @@ pub async fn complete_workflow_task(
 #[utoipa::path(
     post, path = "/v1/workflow-activities/poll", tag = "workflow workers",
     operation_id = "poll_workflow_activities",
-    request_body(content = Object, description = "`{worker, names, max?, wait_ms?}`"),
+    request_body = protocol_doc::PollActivities,
     responses(
         (status = 200, description = "`{tasks}`: claimed activity attempts", body = Object),
         (status = 422, description = "Invalid", body = ErrorBody),
@@ -506,7 +566,7 @@ pub async fn poll_activities(
     post, path = "/v1/workflow-activities/{task}/complete", tag = "workflow workers",
     operation_id = "complete_workflow_activity",
     params(("task" = uuid::Uuid, Path, description = "The claimed kernel task")),
-    request_body(content = Object, description = "`{execution_id, result?}`"),
+    request_body = protocol_doc::CompleteActivity,
     responses(
         (status = 200, description = "`{status: recorded}`", body = Object),
         (status = 409, description = "Stale execution", body = ErrorBody),
@@ -528,7 +588,7 @@ pub async fn complete_activity(
     post, path = "/v1/workflow-activities/{task}/fail", tag = "workflow workers",
     operation_id = "fail_workflow_activity",
     params(("task" = uuid::Uuid, Path, description = "The claimed kernel task")),
-    request_body(content = Object, description = "`{execution_id, error, retryable?}`"),
+    request_body = protocol_doc::FailActivity,
     responses(
         (status = 200, description = "`{status: recorded}` (retried while the policy has attempts left)", body = Object),
         (status = 409, description = "Stale execution", body = ErrorBody),
@@ -548,4 +608,65 @@ pub async fn fail_activity(
         .await
         .map_err(api_error)?;
     Ok(Json(serde_json::json!({ "status": "recorded" })))
+}
+
+#[cfg(test)]
+mod protocol_doc_tests {
+    use super::protocol_doc;
+    use sundial_workflow::remote;
+
+    /// The documented bodies serialise to JSON the protocol's own types read, and back.
+    #[test]
+    fn wire_forms_match_the_protocol() {
+        let id = uuid::Uuid::nil();
+        let poll = protocol_doc::PollWorkflowTasks {
+            worker: "w".into(),
+            types: vec!["order".into()],
+            max: Some(2),
+            wait_ms: Some(100),
+        };
+        let v = serde_json::to_value(&poll).unwrap();
+        let back: remote::PollWorkflowTasks = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(serde_json::to_value(back).unwrap(), v);
+        let apoll = protocol_doc::PollActivities {
+            worker: "w".into(),
+            names: vec!["charge".into()],
+            max: Some(2),
+            wait_ms: Some(100),
+        };
+        let v = serde_json::to_value(&apoll).unwrap();
+        let back: remote::PollActivities = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(serde_json::to_value(back).unwrap(), v);
+        let done = protocol_doc::CompleteActivity {
+            execution_id: id,
+            result: Some(serde_json::json!({"a": 1})),
+        };
+        let v = serde_json::to_value(&done).unwrap();
+        let back: remote::CompleteActivity = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(serde_json::to_value(back).unwrap(), v);
+        let fail = protocol_doc::FailActivity {
+            execution_id: id,
+            error: "e".into(),
+            retryable: Some(false),
+        };
+        let v = serde_json::to_value(&fail).unwrap();
+        let back: remote::FailActivity = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(serde_json::to_value(back).unwrap(), v);
+        // Every field the protocol's types have is documented, and no other.
+        let doc = crate::openapi();
+        let schemas = &doc.components.as_ref().unwrap().schemas;
+        for (name, v) in [
+            ("PollWorkflowTasks", serde_json::to_value(&poll).unwrap()),
+            ("PollActivities", serde_json::to_value(&apoll).unwrap()),
+            ("FailActivity", serde_json::to_value(&fail).unwrap()),
+        ] {
+            let s = serde_json::to_value(&schemas[name]).unwrap();
+            let props: Vec<&String> = s["properties"].as_object().unwrap().keys().collect();
+            let mut fields: Vec<&String> = v.as_object().unwrap().keys().collect();
+            fields.sort();
+            let mut props = props;
+            props.sort();
+            assert_eq!(props, fields, "{name}");
+        }
+    }
 }
