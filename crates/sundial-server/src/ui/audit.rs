@@ -8,7 +8,7 @@ use sundial_store::AuditFilter;
 
 use super::fmt;
 use super::{
-    Chrome, Fields, UiError, UiState, Viewer, enc, error_page, query_fields, render, viewer,
+    Chrome, Fields, PageRequest, UiError, UiState, Viewer, enc, page_or_error, page_request, render,
 };
 
 struct Row {
@@ -39,16 +39,12 @@ pub(crate) async fn list(
     headers: HeaderMap,
     RawQuery(raw): RawQuery,
 ) -> Response {
-    let here = format!("/ui/audit?{}", raw.as_deref().unwrap_or(""));
-    let v = match viewer(&st, &headers, &here).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
-    let q = query_fields(raw.as_deref());
-    match audit_page(&st, &v, &q).await {
-        Ok(r) => r,
-        Err(e) => error_page(&v, e),
-    }
+    let PageRequest { v, q, .. } =
+        match page_request(&st, &headers, "/ui/audit", raw.as_deref()).await {
+            Ok(p) => p,
+            Err(r) => return r,
+        };
+    page_or_error(&v, audit_page(&st, &v, &q).await)
 }
 
 /// Where an audit target leads, when it names a task.

@@ -425,6 +425,46 @@ where
     resp
 }
 
+/// The action word for a post's audit route: `action` when it is one of `known`, else the
+/// placeholder `{action}` (so a probe cannot write arbitrary text into the log).
+pub(crate) fn action_word<'a>(action: &'a str, known: &[&str]) -> &'a str {
+    if known.contains(&action) {
+        action
+    } else {
+        "{action}"
+    }
+}
+
+/// What a `GET` page starts from: its viewer, the query's fields and the page's own address
+/// (`path?query`, where a visitor who must log in is sent back to).
+pub(crate) struct PageRequest {
+    pub v: Viewer,
+    pub q: Fields,
+    pub here: String,
+}
+
+/// The [`PageRequest`] of `path` with query `raw`, or the answer for a visitor without a
+/// session (the login page, then back here).
+pub(crate) async fn page_request(
+    st: &UiState,
+    headers: &HeaderMap,
+    path: &str,
+    raw: Option<&str>,
+) -> Result<PageRequest, Response> {
+    let here = format!("{path}?{}", raw.unwrap_or(""));
+    let v = viewer(st, headers, &here).await?;
+    Ok(PageRequest {
+        v,
+        q: query_fields(raw),
+        here,
+    })
+}
+
+/// The page, or `v`'s error page for its error.
+pub(crate) fn page_or_error(v: &Viewer, page: Result<Response, UiError>) -> Response {
+    page.unwrap_or_else(|e| error_page(v, e))
+}
+
 /// The viewer of a page, or the answer that replaces the page (a redirect to the login form).
 pub(crate) async fn viewer(
     st: &UiState,
@@ -437,4 +477,16 @@ pub(crate) async fn viewer(
 /// Whether a token of `scope` may use the UI's actions (cancel, retry, pause, …).
 pub(crate) fn scope_can_act(scope: Scope) -> bool {
     scope_allows(scope, Scope::Producer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::action_word;
+
+    #[test]
+    fn an_unknown_action_is_audited_as_the_placeholder() {
+        assert_eq!(action_word("pause", &["pause", "resume"]), "pause");
+        assert_eq!(action_word("drop table", &["pause", "resume"]), "{action}");
+        assert_eq!(action_word("", &["pause"]), "{action}");
+    }
 }

@@ -17,8 +17,8 @@ use sundial_store::TaskFilter;
 
 use super::fmt;
 use super::{
-    Chrome, UiError, UiState, Viewer, enc, error_page, perform, query_fields, render, see_other,
-    viewer, with_notice,
+    Chrome, UiError, UiState, Viewer, action_word, enc, error_page, perform, query_fields, render,
+    see_other, viewer, with_notice,
 };
 
 /// The histogram of a task's start (or readiness) minus its due time.
@@ -460,10 +460,7 @@ pub(crate) async fn queue_action(
     Path((queue, action)): Path<(String, String)>,
     body: Bytes,
 ) -> Response {
-    let word = match action.as_str() {
-        "pause" | "resume" => action.clone(),
-        _ => "{action}".to_string(),
-    };
+    let word = action_word(&action, &["pause", "resume"]).to_string();
     let st2 = st.clone();
     perform(
         &st,

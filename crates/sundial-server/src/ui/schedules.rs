@@ -17,8 +17,8 @@ use sundial_schedules::{Recurrence, Schedule, ScheduleId, Schedules};
 use super::fmt;
 use super::tasks::lenient_time;
 use super::{
-    Chrome, Fields, UiError, UiState, Viewer, enc, error_page, perform, query_fields, render,
-    see_other, viewer, with_notice,
+    Chrome, Fields, PageRequest, UiError, UiState, Viewer, action_word, enc, page_or_error,
+    page_request, perform, render, see_other, with_notice,
 };
 use crate::schedules::{ScheduleRequest, api_error};
 
@@ -113,16 +113,12 @@ pub(crate) async fn list(
     headers: HeaderMap,
     RawQuery(raw): RawQuery,
 ) -> Response {
-    let here = format!("/ui/schedules?{}", raw.as_deref().unwrap_or(""));
-    let v = match viewer(&st, &headers, &here).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
-    let q = query_fields(raw.as_deref());
-    match list_page(&st, &v, &q, here).await {
-        Ok(r) => r,
-        Err(e) => error_page(&v, e),
-    }
+    let PageRequest { v, q, here } =
+        match page_request(&st, &headers, "/ui/schedules", raw.as_deref()).await {
+            Ok(p) => p,
+            Err(r) => return r,
+        };
+    page_or_error(&v, list_page(&st, &v, &q, here).await)
 }
 
 async fn list_page(
@@ -223,16 +219,12 @@ pub(crate) async fn show(
     headers: HeaderMap,
     RawQuery(raw): RawQuery,
 ) -> Response {
-    let here = format!("/ui/schedule?{}", raw.as_deref().unwrap_or(""));
-    let v = match viewer(&st, &headers, &here).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
-    let q = query_fields(raw.as_deref());
-    match schedule_page(&st, &v, &q).await {
-        Ok(r) => r,
-        Err(e) => error_page(&v, e),
-    }
+    let PageRequest { v, q, .. } =
+        match page_request(&st, &headers, "/ui/schedule", raw.as_deref()).await {
+            Ok(p) => p,
+            Err(r) => return r,
+        };
+    page_or_error(&v, schedule_page(&st, &v, &q).await)
 }
 
 async fn load(schedules: &Schedules, id: &str) -> Result<Schedule, UiError> {
@@ -358,10 +350,10 @@ pub(crate) async fn act(
     let fields = Fields::parse(&body);
     let route = format!(
         "/ui/schedule/{}",
-        match action.as_str() {
-            "pause" | "unpause" | "trigger" | "backfill" | "edit" => action.as_str(),
-            _ => "{action}",
-        }
+        action_word(
+            &action,
+            &["pause", "unpause", "trigger", "backfill", "edit"]
+        )
     );
     let st2 = st.clone();
     perform(
@@ -451,11 +443,8 @@ async fn schedule_action(st: &UiState, action: &str, f: &Fields) -> Result<Respo
 /// `POST /ui/schedules/bulk`: pause or unpause every checked schedule.
 pub(crate) async fn bulk(State(st): State<UiState>, headers: HeaderMap, body: Bytes) -> Response {
     let fields = Fields::parse(&body);
-    let word = match fields.get("action").as_deref() {
-        Some("pause") => "pause",
-        Some("unpause") => "unpause",
-        _ => "{action}",
-    };
+    let action = fields.get("action").unwrap_or_default();
+    let word = action_word(&action, &["pause", "unpause"]);
     let st2 = st.clone();
     perform(
         &st,

@@ -15,8 +15,8 @@ use sundial::{Task, TaskId, TaskState};
 
 use super::fmt;
 use super::{
-    Chrome, Fields, UiError, UiState, Viewer, enc, error_page, perform, query_fields, render,
-    see_other, viewer, with_notice,
+    Chrome, Fields, PageRequest, UiError, UiState, Viewer, action_word, enc, error_page,
+    page_or_error, page_request, perform, query_fields, render, see_other, viewer, with_notice,
 };
 use crate::ops::BulkRequest;
 use crate::wire::StateView;
@@ -176,12 +176,11 @@ pub(crate) async fn list(
     headers: HeaderMap,
     RawQuery(raw): RawQuery,
 ) -> Response {
-    let here = format!("/ui/tasks?{}", raw.as_deref().unwrap_or(""));
-    let v = match viewer(&st, &headers, &here).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
-    let q = query_fields(raw.as_deref());
+    let PageRequest { v, q, .. } =
+        match page_request(&st, &headers, "/ui/tasks", raw.as_deref()).await {
+            Ok(p) => p,
+            Err(r) => return r,
+        };
     if let Some(id) = q.get("id") {
         return match id.parse::<TaskId>() {
             Ok(id) => see_other(&format!("/ui/tasks/{id}")),
@@ -445,11 +444,21 @@ pub(crate) async fn act(
 /// The action word for the audit record's route (only known ones, so a probe cannot write
 /// arbitrary text into the log).
 fn route_word(action: &str) -> &str {
-    match action {
-        "cancel" | "trigger" | "retry" | "pause" | "resume" | "unpause" | "backfill" | "edit"
-        | "signal" | "terminate" => action,
-        _ => "{action}",
-    }
+    action_word(
+        action,
+        &[
+            "cancel",
+            "trigger",
+            "retry",
+            "pause",
+            "resume",
+            "unpause",
+            "backfill",
+            "edit",
+            "signal",
+            "terminate",
+        ],
+    )
 }
 
 async fn task_action(
@@ -565,12 +574,11 @@ pub(crate) async fn bulk_preview(
     headers: HeaderMap,
     RawQuery(raw): RawQuery,
 ) -> Response {
-    let here = format!("/ui/tasks/bulk?{}", raw.as_deref().unwrap_or(""));
-    let v = match viewer(&st, &headers, &here).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
-    let q = query_fields(raw.as_deref());
+    let PageRequest { v, q, .. } =
+        match page_request(&st, &headers, "/ui/tasks/bulk", raw.as_deref()).await {
+            Ok(p) => p,
+            Err(r) => return r,
+        };
     let result = async {
         let action = bulk_action(&q)?;
         let out = run_bulk(&st, action, &q, true).await?;
@@ -666,16 +674,12 @@ pub(crate) async fn dead(
     headers: HeaderMap,
     RawQuery(raw): RawQuery,
 ) -> Response {
-    let here = format!("/ui/dead?{}", raw.as_deref().unwrap_or(""));
-    let v = match viewer(&st, &headers, &here).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
-    let q = query_fields(raw.as_deref());
-    match dead_page(&st, &v, &q).await {
-        Ok(r) => r,
-        Err(e) => error_page(&v, e),
-    }
+    let PageRequest { v, q, .. } =
+        match page_request(&st, &headers, "/ui/dead", raw.as_deref()).await {
+            Ok(p) => p,
+            Err(r) => return r,
+        };
+    page_or_error(&v, dead_page(&st, &v, &q).await)
 }
 
 async fn dead_page(st: &UiState, v: &Viewer, q: &Fields) -> Result<Response, UiError> {

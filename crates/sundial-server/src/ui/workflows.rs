@@ -14,8 +14,8 @@ use sundial_workflow::{Event, WorkflowFilter, WorkflowRun, WorkflowStatus, Workf
 
 use super::fmt;
 use super::{
-    Chrome, Fields, UiError, UiState, Viewer, enc, error_page, perform, query_fields, render,
-    see_other, viewer, with_notice,
+    Chrome, Fields, PageRequest, UiError, UiState, Viewer, action_word, enc, page_or_error,
+    page_request, perform, render, see_other, with_notice,
 };
 use crate::workflows::api_error;
 
@@ -51,16 +51,12 @@ pub(crate) async fn list(
     headers: HeaderMap,
     RawQuery(raw): RawQuery,
 ) -> Response {
-    let here = format!("/ui/workflows?{}", raw.as_deref().unwrap_or(""));
-    let v = match viewer(&st, &headers, &here).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
-    let q = query_fields(raw.as_deref());
-    match list_page(&st, &v, &q).await {
-        Ok(r) => r,
-        Err(e) => error_page(&v, e),
-    }
+    let PageRequest { v, q, .. } =
+        match page_request(&st, &headers, "/ui/workflows", raw.as_deref()).await {
+            Ok(p) => p,
+            Err(r) => return r,
+        };
+    page_or_error(&v, list_page(&st, &v, &q).await)
 }
 
 async fn list_page(st: &UiState, v: &Viewer, q: &Fields) -> Result<Response, UiError> {
@@ -153,16 +149,12 @@ pub(crate) async fn show(
     headers: HeaderMap,
     RawQuery(raw): RawQuery,
 ) -> Response {
-    let here = format!("/ui/workflow?{}", raw.as_deref().unwrap_or(""));
-    let v = match viewer(&st, &headers, &here).await {
-        Ok(v) => v,
-        Err(r) => return r,
-    };
-    let q = query_fields(raw.as_deref());
-    match run_page(&st, &v, &q).await {
-        Ok(r) => r,
-        Err(e) => error_page(&v, e),
-    }
+    let PageRequest { v, q, .. } =
+        match page_request(&st, &headers, "/ui/workflow", raw.as_deref()).await {
+            Ok(p) => p,
+            Err(r) => return r,
+        };
+    page_or_error(&v, run_page(&st, &v, &q).await)
 }
 
 fn pretty_text(json_text: &str) -> String {
@@ -321,10 +313,7 @@ pub(crate) async fn act(
     let fields = Fields::parse(&body);
     let route = format!(
         "/ui/workflow/{}",
-        match action.as_str() {
-            "signal" | "cancel" | "terminate" => action.as_str(),
-            _ => "{action}",
-        }
+        action_word(&action, &["signal", "cancel", "terminate"])
     );
     let st2 = st.clone();
     perform(
