@@ -67,6 +67,7 @@ fn forget_shard_count(dir: &Path) {
          DROP TABLE api_tokens; DROP TABLE namespaces; DROP TABLE audit_log;
          DROP INDEX workflow_runs_closed;
          ALTER TABLE tasks DROP COLUMN traceparent; ALTER TABLE tasks DROP COLUMN tracestate;
+         DROP INDEX tasks_dead_error;
          PRAGMA user_version = 3;",
     )
     .unwrap();
