@@ -137,6 +137,8 @@ async fn a_hung_attempt_times_out_and_is_retried() {
     // One turn starts the attempt (settling would wait for a run that hangs).
     stepper.turn().await;
     wait_state(&h.sundial, id, TaskState::Running).await;
+    // The run arms its timeout from the clock when it starts: advance only once it is armed.
+    common::parked(&h.clock, 1).await;
     h.clock.advance(Duration::from_secs(10));
     let t = wait_state(&h.sundial, id, TaskState::Scheduled).await;
     assert!(t.last_error.unwrap().contains("timed out"));
