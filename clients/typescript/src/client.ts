@@ -211,6 +211,7 @@ export class SundialClient {
       headers["content-type"] = "application/json";
     }
     let resp: Response;
+    let text: string;
     try {
       resp = await this.fetchImpl(url, {
         method: r.method,
@@ -218,13 +219,15 @@ export class SundialClient {
         body,
         signal: AbortSignal.timeout(this.timeoutMs + (r.extraTimeoutMs ?? 0)),
       });
+      // Inside the try: a server that dies (or a timeout that fires) after the headers ends the
+      // body's stream with an error, which is a connection failure like any other.
+      text = await resp.text();
     } catch (e) {
       const cause = e instanceof Error && e.cause instanceof Error ? `: ${e.cause.message}` : "";
       throw new ConnectionFailed(`${r.method} ${r.path}: ${e instanceof Error ? e.message : String(e)}${cause}`, {
         cause: e,
       });
     }
-    const text = await resp.text();
     if (resp.status >= 400) {
       let parsed: unknown = text;
       try {

@@ -27,6 +27,7 @@ import {
   Unavailable,
   WrongState,
 } from "../index.js";
+import { isRetryable } from "../errors.js";
 import { Server, uniqueQueue } from "./server.js";
 
 let server: Server;
@@ -165,5 +166,26 @@ test("an unreachable server is ConnectionFailed", async () => {
   } catch (e) {
     assert.ok(e instanceof ConnectionFailed, String(e));
     assert.ok(e instanceof SundialError);
+  }
+});
+
+test("a body cut off after the headers is ConnectionFailed (a worker retries it)", async () => {
+  // The server sent its status and headers, then died: the body's stream ends with an error.
+  const f = (async () =>
+    new Response(
+      new ReadableStream({
+        start(controller) {
+          controller.enqueue(new TextEncoder().encode('{"tasks": ['));
+          controller.error(new TypeError("terminated"));
+        },
+      }),
+      { status: 200, headers: { "content-type": "application/json" } },
+    )) as unknown as typeof fetch;
+  try {
+    await new SundialClient({ url: "http://stub", fetch: f }).health();
+    assert.fail("expected ConnectionFailed");
+  } catch (e) {
+    assert.ok(e instanceof ConnectionFailed, String(e));
+    assert.ok(isRetryable(e));
   }
 });
