@@ -140,6 +140,7 @@ test("a 409 on a heartbeat takes the attempt back", async () => {
 });
 
 test("survives a server restart", async () => {
+  const workerLog: string[] = [];
   const own = await new Server().start();
   const oc = own.client();
   let release: () => void = () => {};
@@ -150,7 +151,9 @@ test("survives a server restart", async () => {
       if (job.kind === "hold") await held;
       return job.kind;
     },
-    { url: own.url, concurrency: 2, pollWaitMs: 1000, maxBackoffMs: 500, ...quiet },
+    // The worker's log is kept and shown if the test fails (a failure here was seen only on a
+    // loaded machine, never reproduced on a quiet one).
+    { url: own.url, concurrency: 2, pollWaitMs: 1000, maxBackoffMs: 500, ...quiet, log: (m: string) => workerLog.push(`${Date.now()} ${m}`) },
   );
   const running = worker.run();
   try {
@@ -166,6 +169,9 @@ test("survives a server restart", async () => {
     assert.equal(done.state, "succeeded");
     assert.equal(done.result, "hold");
     assert.equal(done.attempt, 1);
+  } catch (e) {
+    console.error(`worker log:\n${workerLog.join("\n")}\nserver log:\n${own.log.slice(-40).join("\n")}`);
+    throw e;
   } finally {
     worker.stop();
     await running;
