@@ -12,9 +12,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::intercept::Intercept;
 use common::{T0, next_run};
-use sundial::{Config, ManualClock, Store, StoreError, Sundial, TaskContext, TaskSpec, Timestamp};
+use sundial::{Store, StoreError, TaskSpec, Timestamp};
 use sundial_store::{ClaimOutcome, DueClaim, Fence};
-use tokio::sync::mpsc;
 
 /// Fails every due claim while `down` is set.
 #[derive(Default)]
@@ -47,28 +46,7 @@ async fn a_failing_claim_backs_off_up_to_a_second_and_dispatch_resumes() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(common::intercept::sqlite(dir.path(), Outage::default()));
     store.hooks.down.store(true, Ordering::SeqCst);
-    let clock = ManualClock::new(T0);
-    let sundial = Sundial::builder()
-        .config(Config {
-            shard_count: 1,
-            ..Config::default()
-        })
-        .clock(Arc::new(clock.clone()))
-        .with_store(store.clone())
-        .expect("a valid config");
-    let (tx, mut runs) = mpsc::unbounded_channel();
-    sundial.register("k", move |ctx: TaskContext| {
-        let tx = tx.clone();
-        async move {
-            let _ = tx.send(common::Run {
-                id: ctx.task.id,
-                attempt: ctx.task.attempt,
-                at: ctx.task.due_at,
-                due: ctx.task.due_at,
-            });
-            Ok::<(), sundial::HandlerError>(())
-        }
-    });
+    let (sundial, clock, mut runs) = common::one_shard_recording(store.clone());
     let mut stepper = sundial.stepper();
     let id = sundial.schedule(TaskSpec::new("k")).await.unwrap();
 

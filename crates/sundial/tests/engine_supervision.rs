@@ -46,28 +46,7 @@ async fn a_shard_loop_that_panics_is_restarted() {
             panicked: AtomicBool::new(false),
         },
     ));
-    let clock = ManualClock::new(T0);
-    let sundial = Sundial::builder()
-        .config(Config {
-            shard_count: 1,
-            ..Config::default()
-        })
-        .clock(Arc::new(clock.clone()))
-        .with_store(store.clone())
-        .expect("a valid config");
-    let (tx, mut runs) = mpsc::unbounded_channel();
-    sundial.register("k", move |ctx: TaskContext| {
-        let tx = tx.clone();
-        async move {
-            let _ = tx.send(common::Run {
-                id: ctx.task.id,
-                attempt: ctx.task.attempt,
-                at: ctx.task.due_at,
-                due: ctx.task.due_at,
-            });
-            Ok::<(), sundial::HandlerError>(())
-        }
-    });
+    let (sundial, clock, mut runs) = common::one_shard_recording(store.clone());
     let mut stepper = sundial.stepper();
     let id = sundial.schedule(TaskSpec::new("k")).await.unwrap();
     // The first turn claims the task and the claim panics: the turn reports it and the loop is

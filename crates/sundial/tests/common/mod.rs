@@ -38,6 +38,36 @@ pub async fn harness_with(config: Config) -> Harness {
 }
 
 /// What a recording handler saw.
+/// A one-shard engine over `store` on a manual clock at [`T0`], with a handler for kind `k` that
+/// records each run (its due time as `at` and `due`) on the returned channel.
+pub fn one_shard_recording(
+    store: Arc<dyn sundial::Store>,
+) -> (Sundial, ManualClock, mpsc::UnboundedReceiver<Run>) {
+    let clock = ManualClock::new(T0);
+    let sundial = Sundial::builder()
+        .config(Config {
+            shard_count: 1,
+            ..Config::default()
+        })
+        .clock(Arc::new(clock.clone()))
+        .with_store(store)
+        .expect("a valid config");
+    let (tx, runs) = mpsc::unbounded_channel();
+    sundial.register("k", move |ctx: sundial::TaskContext| {
+        let tx = tx.clone();
+        async move {
+            let _ = tx.send(Run {
+                id: ctx.task.id,
+                attempt: ctx.task.attempt,
+                at: ctx.task.due_at,
+                due: ctx.task.due_at,
+            });
+            Ok::<(), sundial::HandlerError>(())
+        }
+    });
+    (sundial, clock, runs)
+}
+
 #[derive(Debug, Clone)]
 pub struct Run {
     pub id: TaskId,
