@@ -270,9 +270,28 @@ run("dead letters are grouped by queue and error", async () => {
   assert.match(await timeout.innerText(), /billing\s+gateway timeout\s+2\b/);
   const bad = groups.getByRole("row").filter({ hasText: "bad card" });
   assert.match(await bad.innerText(), /billing\s+bad card\s+1\b/);
-  await page.getByRole("link", { name: "Retry the dead tasks of billing" }).first().click();
+  // The group's error links to exactly its tasks, a filtered list to share.
+  await timeout.getByRole("link", { name: "gateway timeout" }).click();
+  await page.getByRole("search", { name: "Filter tasks" }).waitFor();
+  assert.equal(await page.locator('input[name="error_group"]').inputValue(), "gateway timeout");
+  const listed = page.locator("#results tbody tr");
+  assert.equal(await listed.count(), 2);
+  for (const text of await listed.allInnerTexts()) assert.match(text, /billing[\s\S]*dead[\s\S]*gateway timeout/);
+  // The group's retry counts the group (not its whole queue) before confirming, and retries it.
+  await page.goto(base + "/ui/dead");
+  await page.getByRole("link", { name: "Retry the 2 dead tasks of billing with this error" }).click();
   await page.locator("#matched").waitFor();
-  assert.equal(await page.locator("#matched").innerText(), "3");
+  assert.equal(await page.locator("#matched").innerText(), "2");
+  await page.getByRole("button", { name: "Retry 2 tasks" }).click();
+  await page.getByText("Retried 2 of 2 matching tasks.").waitFor();
+  for (const [i, t] of polled.entries()) {
+    const state = (await ok("GET", `/v1/tasks/${t.id}`)).state;
+    if (errors[i] === "bad card") assert.equal(state, "dead");
+    else assert.ok(["scheduled", "ready"].includes(state), state);
+  }
+  await page.goto(base + "/ui/dead");
+  await groups.getByRole("row").filter({ hasText: "bad card" }).waitFor();
+  assert.equal(await groups.getByRole("row").filter({ hasText: "gateway timeout" }).count(), 0);
 });
 
 run("pause a queue: a due task waits; resume: it runs", async () => {

@@ -50,6 +50,9 @@ export type TaskFilter = {
   key_prefix?: string;
   /** `{k: v}` or `"k:v"` strings; every one must match. */
   tag?: Record<string, string> | string[];
+  /** The first line of the task's last error (at most 200 characters), as the dead letters
+   * group dead tasks: with `state: "dead"` and a `queue`, one dead-letter group. */
+  error_group?: string;
   due_after?: Time;
   due_before?: Time;
   created_after?: Time;

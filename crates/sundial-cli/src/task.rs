@@ -90,6 +90,10 @@ struct BulkArgs {
     /// key:value (repeatable; all must match).
     #[arg(long)]
     tag: Vec<String>,
+    /// Only tasks whose last error's first line (at most 200 characters) is this: one group of
+    /// the dead letters with --state dead and --queue.
+    #[arg(long)]
+    error_group: Option<String>,
     #[arg(long)]
     created_after: Option<String>,
     #[arg(long)]
@@ -116,6 +120,7 @@ impl BulkArgs {
             state: self.state,
             key_prefix: self.key_prefix,
             tag: self.tag,
+            error_group: self.error_group,
             created_after: self.created_after,
             created_before: self.created_before,
             due_after: self.due_after,
@@ -225,6 +230,10 @@ struct LsArgs {
     /// key:value (repeatable; all must match).
     #[arg(long)]
     tag: Vec<String>,
+    /// Only tasks whose last error's first line (at most 200 characters) is this, as the dead
+    /// letters group them.
+    #[arg(long)]
+    error_group: Option<String>,
     /// Due at or after this time (RFC 3339).
     #[arg(long)]
     due_after: Option<String>,
@@ -342,6 +351,7 @@ pub async fn run(args: TaskArgs) -> anyhow::Result<ExitCode> {
                 key: l.key,
                 key_prefix: l.key_prefix,
                 tag: l.tag,
+                error_group: l.error_group,
                 due_after: l.due_after,
                 due_before: l.due_before,
                 created_after: l.created_after,

@@ -487,6 +487,73 @@ async fn bulk_cancel_and_retry_count_and_change(backend: Backend) {
     assert_eq!(cancelled["changed"], n);
 }
 
+/// `task ls --error-group`, `task retry-all --error-group` and `task cancel-all --error-group`
+/// act on exactly one error group: the dead letters' group of a queue with `--state dead`.
+async fn error_group_flags_select_one_dead_letter_group(backend: Backend) {
+    let Some(storage) = Storage::new(backend) else {
+        return;
+    };
+    let server = Server::start_on(&storage);
+    let c = server.client();
+    let errors = ["quota exceeded\nretry in 1h", "quota exceeded", "bad input"];
+    for _ in errors {
+        let mut t = CreateTask::new("k");
+        t.queue = Some("groups".into());
+        t.max_attempts = Some(1);
+        c.create(&t).await.unwrap();
+    }
+    let mut failed = 0;
+    while failed < errors.len() {
+        let got = c
+            .poll("groups", "w", 10, std::time::Duration::from_secs(5), None)
+            .await
+            .unwrap();
+        for t in got.tasks {
+            c.fail(t.id, t.execution_id, errors[failed].to_string(), false)
+                .await
+                .unwrap();
+            failed += 1;
+        }
+    }
+    let group = [
+        "--queue",
+        "groups",
+        "--state",
+        "dead",
+        "--error-group",
+        "quota exceeded",
+        "--json",
+    ];
+    let ls = json_out(&sundial(&server, &[&["task", "ls"][..], &group].concat()).await);
+    assert_eq!(ls["tasks"].as_array().unwrap().len(), 2, "{ls}");
+    let dry = json_out(
+        &sundial(
+            &server,
+            &[&["task", "retry-all", "--dry-run"][..], &group].concat(),
+        )
+        .await,
+    );
+    assert_eq!(dry["matched"], 2, "{dry}");
+    let done = json_out(&sundial(&server, &[&["task", "retry-all"][..], &group].concat()).await);
+    assert_eq!(done["changed"], 2, "{done}");
+    let (_, q) = send("GET", &format!("{}/v1/queues/groups", server.url), None).await;
+    assert_eq!(q["counts"]["dead"], 1, "the other group stays dead: {q}");
+    let cancelled = json_out(
+        &sundial(
+            &server,
+            &[
+                "task",
+                "cancel-all",
+                "--error-group",
+                "quota exceeded",
+                "--json",
+            ],
+        )
+        .await,
+    );
+    assert_eq!(cancelled["changed"], 2, "{cancelled}");
+}
+
 /// Two `sundial server` nodes on one PostgreSQL schema: a pause made through one holds on the
 /// other within a second (nothing of the queue is readied or handed to a worker on either node),
 /// and a resume through the other lets the tasks go.
@@ -742,4 +809,5 @@ both_backends!(
     queues_show_counts_and_pause_is_durable,
     dead_tasks_retry_with_their_attempts,
     bulk_cancel_and_retry_count_and_change,
+    error_group_flags_select_one_dead_letter_group,
 );

@@ -251,6 +251,7 @@ pub(crate) async fn query_tasks(st: &AppState, raw: &str) -> Result<sundial::Tas
         key: q.key.clone(),
         key_prefix: q.key_prefix.clone(),
         tag: &q.tag,
+        error_group: q.error_group.clone(),
         due_after: q.due_after.as_deref(),
         due_before: q.due_before.as_deref(),
         created_after: q.created_after.as_deref(),

@@ -7,8 +7,9 @@
 //! POST /v1/tasks                  create one task                     201 | 400 409 413 422
 //! POST /v1/tasks:batch            create many in one transaction      201 | 400 413 422
 //! GET  /v1/tasks/{id}             one task                            200 | 404
-//! GET  /v1/tasks?queue=&kind=&state=&key=&key_prefix=&tag=k:v&due_after=&due_before=
-//!                 &created_after=&created_before=&limit=&cursor=   newest first, by cursor
+//! GET  /v1/tasks?queue=&kind=&state=&key=&key_prefix=&tag=k:v&error_group=&due_after=
+//!                 &due_before=&created_after=&created_before=&limit=&cursor=
+//!                                 newest first, by cursor
 //! POST /v1/tasks/{id}/cancel      cancel                              200 | 404 409
 //! POST /v1/tasks/{id}/trigger     make a scheduled task due now       200 | 404 409
 //! POST /v1/queues/{queue}/poll    long-poll for ready tasks           200

@@ -206,6 +206,12 @@ pub struct BulkRequest {
     /// `key:value` tags, all of which must match.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tag: Vec<String>,
+    /// Tasks whose last error's group is this: the first line of `last_error`, cut at 200
+    /// characters, exactly as the dead letters group dead tasks. With `state` `dead` and a
+    /// `queue` it is one dead-letter group. One line, 1 to 200 characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_length = 1, max_length = 200)]
+    pub error_group: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(format = DateTime)]
     pub created_after: Option<String>,
@@ -264,6 +270,7 @@ pub struct FilterFields<'a> {
     pub key: Option<String>,
     pub key_prefix: Option<String>,
     pub tag: &'a [String],
+    pub error_group: Option<String>,
     pub due_after: Option<&'a str>,
     pub due_before: Option<&'a str>,
     pub created_after: Option<&'a str>,
@@ -277,6 +284,9 @@ pub fn task_filter(f: FilterFields<'_>) -> Result<TaskFilter, ApiError> {
             "key_prefix must not be empty",
         ));
     }
+    if let Some(g) = &f.error_group {
+        check_error_group(g)?;
+    }
     Ok(TaskFilter {
         // Without a queue, Sundial's own queues (schedule ticks, workflow steps) are left out:
         // a bulk cancel of "everything scheduled" must not silently stop every schedule.
@@ -287,12 +297,39 @@ pub fn task_filter(f: FilterFields<'_>) -> Result<TaskFilter, ApiError> {
         key: f.key,
         key_prefix: f.key_prefix,
         tags: parse_tags(f.tag)?,
+        error_group: f.error_group,
         due_after: parse_time("due_after", f.due_after)?,
         due_before: parse_time("due_before", f.due_before)?,
         created_after: parse_time("created_after", f.created_after)?,
         created_before: parse_time("created_before", f.created_before)?,
         before: None,
     })
+}
+
+/// An error group filter can only match what [`sundial_store::error_group`] makes of an error:
+/// one line of at most [`sundial_store::ERROR_GROUP_CHARS`] characters. Anything else would
+/// silently match nothing, so it is refused.
+fn check_error_group(g: &str) -> Result<(), ApiError> {
+    let bad = |m: String| Err(ApiError::invalid("error_group", m));
+    if g.is_empty() {
+        return bad("error_group must not be empty".into());
+    }
+    if g.contains('\n') {
+        return bad(
+            "error_group is one line (the first line of a task's last error); it has a line break"
+                .into(),
+        );
+    }
+    let chars = g.chars().count();
+    if chars > sundial_store::ERROR_GROUP_CHARS {
+        return bad(format!(
+            "error_group is at most {} characters (a task's last error is grouped by its first \
+             {} characters); got {chars}",
+            sundial_store::ERROR_GROUP_CHARS,
+            sundial_store::ERROR_GROUP_CHARS
+        ));
+    }
+    Ok(())
 }
 
 fn state_of(v: StateView) -> TaskState {
@@ -315,6 +352,7 @@ impl BulkRequest {
             key: None,
             key_prefix: self.key_prefix.clone(),
             tag: &self.tag,
+            error_group: self.error_group.clone(),
             due_after: self.due_after.as_deref(),
             due_before: self.due_before.as_deref(),
             created_after: self.created_after.as_deref(),
@@ -330,7 +368,7 @@ impl BulkRequest {
             return Err(ApiError::invalid(
                 "queue",
                 "a bulk action needs at least one filter (queue, kind, state, key_prefix, tag, \
-                 created or due range)",
+                 error_group, created or due range)",
             ));
         }
         Ok(filter)

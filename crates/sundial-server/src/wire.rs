@@ -471,6 +471,11 @@ pub struct ListQuery {
     /// `key:value`; repeat for several (all must match).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tag: Vec<String>,
+    /// Tasks whose last error's group is this: the first line of `last_error`, cut at 200
+    /// characters, as the dead letters group dead tasks. With `state=dead` and `queue` it is one
+    /// dead-letter group. One line, 1 to 200 characters.
+    #[param(min_length = 1, max_length = 200)]
+    pub error_group: Option<String>,
     /// Due at or after this time (RFC 3339).
     pub due_after: Option<String>,
     /// Due before this time (RFC 3339).

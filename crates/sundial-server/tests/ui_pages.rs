@@ -617,30 +617,64 @@ async fn the_overview_shows_workers_and_the_dead_letters_group_the_whole_store()
         "{workers}"
     );
 
-    // Dead letters: the groups count every dead task, not the 100 of a page.
-    let r = get(&app, "/ui/dead", None).await;
+    // Dead letters: the groups count every dead task, not the 100 of a page; each group's error
+    // links to its tasks (a shareable filtered list).
+    let r = get(&app, "/ui", None).await;
+    let cookie = cookie_pair(&r, "sundial_csrf").unwrap();
+    let r = get(&app, "/ui/dead", Some(&cookie)).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let enc = |s: &str| form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+    let group =
+        |queue: &str, error: &str| format!("state=dead&queue={queue}&error_group={}", enc(error));
     let row = |queue: &str, error: &str, n: u64| {
         format!(
-            "<td><a href=\"/ui/dead?queue={queue}\">{queue}</a></td><td class=\"err\">{error}</td><td class=\"num\">{n}</td>"
+            "<td><a href=\"/ui/dead?queue={queue}\">{queue}</a></td><td class=\"err\"><a href=\"/ui/tasks?{}\" title=\"The tasks of this group\">{error}</a></td><td class=\"num\">{n}</td>",
+            group(queue, error).replace('&', "&#38;")
         )
     };
+    let smtp = "smtp 550: mailbox unavailable";
     assert!(r.body.contains(&row("emails", "timeout", 86)), "{}", r.body);
-    assert!(
-        r.body
-            .contains(&row("emails", "smtp 550: mailbox unavailable", 44)),
-        "{}",
-        r.body
-    );
+    assert!(r.body.contains(&row("emails", smtp, 44)), "{}", r.body);
     assert!(
         r.body.contains(&row("reports", "disk full", 5)),
         "{}",
         r.body
     );
+    // Each group's retry is that group's (no longer its whole queue's).
+    let retry =
+        |queue: &str, error: &str| format!("/ui/tasks/bulk?action=retry&{}", group(queue, error));
+    for (queue, error) in [
+        ("emails", "timeout"),
+        ("emails", smtp),
+        ("reports", "disk full"),
+    ] {
+        let link = format!("href=\"{}\"", retry(queue, error).replace('&', "&#38;"));
+        assert!(r.body.contains(&link), "{link} in {}", r.body);
+    }
+    assert!(r.body.contains("retry group…"), "{}", r.body);
+    assert!(!r.body.contains("retry queue…"), "{}", r.body);
     let r = get(&app, "/ui/dead?queue=reports", None).await;
     assert!(r.body.contains(&row("reports", "disk full", 5)));
     assert!(!r.body.contains(&row("emails", "timeout", 86)));
-    // The bulk retry of a group's queue counts every dead task of it.
+    // The group's link is the task list filtered to exactly the group, its filter form filled.
+    let r = get(&app, &format!("/ui/tasks?{}", group("emails", smtp)), None).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.body.matches("<span class=\"badge s-dead\">").count(), 44);
+    assert!(
+        r.body
+            .contains(&format!("name=\"error_group\" value=\"{smtp}\"")),
+        "{}",
+        r.body
+    );
+    assert!(
+        r.body.contains(&format!(
+            "/ui/tasks/bulk?action=retry&{}",
+            group("emails", smtp).replace('&', "&#38;")
+        )),
+        "{}",
+        r.body
+    );
+    // The bulk retry of the whole queue still counts every dead task of it.
     let r = get(
         &app,
         "/ui/tasks/bulk?action=retry&state=dead&queue=emails",
@@ -652,4 +686,37 @@ async fn the_overview_shows_workers_and_the_dead_letters_group_the_whole_store()
         "{}",
         r.body
     );
+    // A group's retry counts only the group before confirming, and retries only it.
+    let r = get(&app, &retry("emails", smtp), Some(&cookie)).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert!(
+        r.body.contains("<strong id=\"matched\">44</strong>"),
+        "{}",
+        r.body
+    );
+    assert!(
+        r.body.contains(&format!(
+            "<input type=\"hidden\" name=\"error_group\" value=\"{smtp}\">"
+        )),
+        "{}",
+        r.body
+    );
+    let csrf = csrf_of(&r.body);
+    let r = post_form(
+        &app,
+        "/ui/tasks/bulk",
+        Some(&cookie),
+        &format!("csrf={csrf}&action=retry&{}", group("emails", smtp)),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+    assert!(
+        r.location.as_deref().unwrap().contains("Retried+44+of+44"),
+        "{:?}",
+        r.location
+    );
+    let r = get(&app, "/ui/dead", None).await;
+    assert!(r.body.contains(&row("emails", "timeout", 86)), "{}", r.body);
+    assert!(r.body.contains(&row("reports", "disk full", 5)));
+    assert!(!r.body.contains(smtp), "{}", r.body);
 }

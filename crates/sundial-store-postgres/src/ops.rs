@@ -211,8 +211,15 @@ pub(crate) fn filtered(
     if let Some(k) = &filter.kind {
         push(&mut sql, " AND t.kind = $", Box::new(k.clone()));
     }
-    if let Some(st) = filter.state {
-        push(&mut sql, " AND t.state = $", Box::new(st.as_str()));
+    match filter.state {
+        // With an error group, the state is written into the statement: a partial index's
+        // predicate (`tasks_dead_error` is `WHERE state = 'dead'`) is implied by a literal, not
+        // by a parameter of a cached generic plan. The states are a closed set of plain words.
+        Some(st) if filter.error_group.is_some() => {
+            sql.push_str(&format!(" AND t.state = '{}'", st.as_str()));
+        }
+        Some(st) => push(&mut sql, " AND t.state = $", Box::new(st.as_str())),
+        None => {}
     }
     if let Some(k) = &filter.key {
         push(&mut sql, " AND t.key = $", Box::new(k.clone()));
@@ -228,6 +235,16 @@ pub(crate) fn filtered(
         if let Some(upper) = prefix_upper_bound(p) {
             push(&mut sql, " AND t.key ~<~ $", Box::new(upper));
         }
+    }
+    if let Some(g) = &filter.error_group {
+        // The expression of the partial index `tasks_dead_error (queue, <group>, id) WHERE
+        // state = 'dead'`, so a dead-letter group (state dead, a queue and the group) reads
+        // exactly its rows from it.
+        push(
+            &mut sql,
+            &format!(" AND {} = $", crate::sql::ERROR_GROUP_SQL),
+            Box::new(g.clone()),
+        );
     }
     if let Some(t) = filter.due_after {
         push(&mut sql, " AND t.due_at >= $", Box::new(t.0));

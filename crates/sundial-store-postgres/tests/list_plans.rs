@@ -2,13 +2,15 @@
 //! (analyzed, so the planner knows how selective each value is), the plan of the very statement
 //! `list` runs (`EXPLAIN (FORMAT JSON)`) has no sequential scan of `tasks` or of the tag table,
 //! and a combination that sets any filter reads an index by one of its filters rather than
-//! walking every task in id order. The environment rules are in `common/mod.rs`.
+//! walking every task in id order; a dead-letter group (queue, state dead, error group) reads the
+//! partial index `tasks_dead_error`. The environment rules are in `common/mod.rs`.
 #![allow(clippy::unwrap_used)] // test code: a panic is a failed test
 
 use serde_json::Value;
 use sundial_store::Store;
 use sundial_store::plan_testkit::{
-    list_filter_combinations, plan_fixture_cancelled, plan_fixture_tasks,
+    list_filter_combinations, plan_fixture_cancelled, plan_fixture_dead, plan_fixture_kill,
+    plan_fixture_tasks,
 };
 
 mod common;
@@ -47,6 +49,7 @@ async fn every_filter_combination_is_served_by_an_index() {
         .cancel_many(plan_fixture_cancelled(&tasks), sundial_core::Timestamp(1))
         .await
         .unwrap();
+    plan_fixture_kill(store.as_ref(), &plan_fixture_dead(&tasks)).await;
     let client = common::raw_client(&guard.url).await;
     client
         .batch_execute(&format!(
@@ -68,7 +71,11 @@ async fn every_filter_combination_is_served_by_an_index() {
         let by_filter = found
             .iter()
             .any(|(t, _, index)| t != "Seq Scan" && !index.is_empty() && index != "tasks_pkey");
-        if seq || (c.selective && !by_filter) {
+        let wrong_index = c.is_dead_letter_group()
+            && !found
+                .iter()
+                .any(|(_, _, index)| index == "tasks_dead_error");
+        if seq || (c.selective && !by_filter) || wrong_index {
             failures.push(format!("{}: {found:?}", c.name));
         }
     }

@@ -505,7 +505,15 @@ fn filtered(
                 && filter.state.is_none()
                 && filter.key.is_none()
                 && filter.key_prefix.is_none();
-            let index = if !only_ranges {
+            // A dead-letter group (queue, dead, error group) reads its own rows of the partial
+            // index `tasks_dead_error`, whose last column gives the order; without statistics
+            // SQLite would as soon walk `tasks_queue_state_id`, every dead task of the queue.
+            let dead_group = filter.queue.is_some()
+                && filter.state == Some(TaskState::Dead)
+                && filter.error_group.is_some();
+            let index = if dead_group {
+                " INDEXED BY tasks_dead_error"
+            } else if !only_ranges {
                 ""
             } else if filter.created_after.is_some() || filter.created_before.is_some() {
                 " INDEXED BY tasks_created_at"
@@ -527,8 +535,15 @@ fn filtered(
     if let Some(k) = &filter.kind {
         push(&mut sql, " AND t.kind = ?", Box::new(k.clone()));
     }
-    if let Some(st) = filter.state {
-        push(&mut sql, " AND t.state = ?", Box::new(st.as_str()));
+    match filter.state {
+        // With an error group, the state is written into the statement: a partial index's
+        // predicate (`tasks_dead_error` is `WHERE state = 'dead'`) is implied by a literal, not
+        // by a parameter. The states are a closed set of plain words.
+        Some(st) if filter.error_group.is_some() => {
+            sql.push_str(&format!(" AND t.state = '{}'", st.as_str()));
+        }
+        Some(st) => push(&mut sql, " AND t.state = ?", Box::new(st.as_str())),
+        None => {}
     }
     if let Some(k) = &filter.key {
         push(&mut sql, " AND t.key = ?", Box::new(k.clone()));
@@ -538,6 +553,16 @@ fn filtered(
         if let Some(upper) = sundial_store::prefix_upper_bound(p) {
             push(&mut sql, " AND t.key < ?", Box::new(upper));
         }
+    }
+    if let Some(g) = &filter.error_group {
+        // The expression of the partial index `tasks_dead_error (queue, <group>, id) WHERE
+        // state = 'dead'`, to the letter, so a dead-letter group (state dead, a queue and the
+        // group) reads exactly its rows from it.
+        push(
+            &mut sql,
+            &format!(" AND {} = ?", ops::ERROR_GROUP_SQL),
+            Box::new(g.clone()),
+        );
     }
     if let Some(t) = filter.due_after {
         push(&mut sql, " AND t.due_at >= ?", Box::new(t.0));

@@ -2,12 +2,14 @@
 //! statement `list` runs, over a store with 20,000 tasks, never scans `tasks` (or the tag table)
 //! without an index, and a combination that sets any filter searches an index by it rather than
 //! walking all tasks in id order. A combination that sets nothing walks the primary key from the
-//! newest, which stops at the page's end.
+//! newest, which stops at the page's end. A dead-letter group (queue, state dead, error group)
+//! reads the partial index `tasks_dead_error`.
 #![allow(clippy::unwrap_used)]
 
 use sundial_store::Store;
 use sundial_store::plan_testkit::{
-    list_filter_combinations, plan_fixture_cancelled, plan_fixture_tasks,
+    list_filter_combinations, plan_fixture_cancelled, plan_fixture_dead, plan_fixture_kill,
+    plan_fixture_tasks,
 };
 use sundial_store_sqlite::{SqliteOptions, SqliteStore};
 
@@ -25,6 +27,7 @@ async fn every_filter_combination_is_served_by_an_index() {
         .cancel_many(plan_fixture_cancelled(&tasks), sundial_core::Timestamp(1))
         .await
         .unwrap();
+    plan_fixture_kill(&store, &plan_fixture_dead(&tasks)).await;
     let mut failures = Vec::new();
     let combos = list_filter_combinations(TASKS);
     for c in &combos {
@@ -35,7 +38,9 @@ async fn every_filter_combination_is_served_by_an_index() {
             // Walking all tasks in id order serves nothing when a filter is set.
             bare || (scan && c.selective)
         });
-        if bad {
+        let wrong_index =
+            c.is_dead_letter_group() && !plan.iter().any(|line| line.contains("tasks_dead_error"));
+        if bad || wrong_index {
             failures.push(format!("{}: {}", c.name, plan.join(" | ")));
         }
     }

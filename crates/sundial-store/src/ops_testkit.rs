@@ -9,7 +9,9 @@ use std::sync::Arc;
 use sundial_core::{ExecutionId, TaskId, TaskSpec, TaskState, Timestamp};
 
 use crate::Retry;
-use crate::testkit::{at, counts, get, ids, insert, make, make_ready, ready_claim, start};
+use crate::testkit::{
+    at, counts, due_task, get, ids, insert, make, make_ready, ready_claim, start,
+};
 use crate::{
     AttemptOutcome, QueueConfig, RetentionOverride, RetentionRules, Store, TaskFilter,
     TransitionError,
@@ -37,6 +39,7 @@ macro_rules! ops_conformance {
         $crate::ops_conformance!(@checks ($factory)
             tags_round_trip_and_filter_lists
             list_filters_by_key_prefix_and_time_ranges
+            error_group_filter_selects_exactly_a_dead_letter_group
             queue_settings_round_trip_and_pause_is_idempotent
             earliest_waiting_covers_scheduled_and_ready
             attempts_record_each_start_and_how_it_ended
@@ -230,6 +233,143 @@ pub async fn list_filters_by_key_prefix_and_time_ranges(store: Arc<dyn Store>) {
             .collect();
         assert_eq!(selected, expected, "select {filter:?}");
     }
+}
+
+/// The `error_group` filter matches a task exactly when [`crate::error_group`] of its last error
+/// is the value (first line, at most 200 characters, counted in characters; never a prefix;
+/// never a task without an error), in any state; with state dead and a queue, `list` and
+/// `select` find exactly the tasks `dead_groups` counts in that row, and a retried task leaves it.
+pub async fn error_group_filter_selects_exactly_a_dead_letter_group(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    async fn failed(s: &dyn Store, queue: &str, error: &str, retry: Retry) -> TaskId {
+        let t = insert(s, due_task(queue, "k", 0)).await;
+        let (exec, _) = start(s, t.id, at(0)).await;
+        s.fail(t.id, exec, at(10), error.to_string(), retry)
+            .await
+            .expect("fail");
+        t.id
+    }
+    let long_x = format!("{}tail", "x".repeat(200));
+    let accents = "é".repeat(250);
+    let mut ids_all = Vec::new();
+    for (queue, error) in [
+        ("a", "boom\ntrace 1"),
+        ("a", "boom\ntrace 2"),
+        ("a", "boom"),
+        ("a", "boom again"),
+        ("a", " boom"),
+        ("a", "other"),
+        ("b", "boom\ntrace 3"),
+        ("b", long_x.as_str()),
+        ("b", accents.as_str()),
+    ] {
+        ids_all.push(failed(s, queue, error, Retry::Never).await);
+    }
+    // Not dead: a failure with a retry left (it keeps its error), a task that never failed.
+    ids_all.push(failed(s, "a", "boom\nlater", Retry::At(at(1_000))).await);
+    ids_all.push(insert(s, due_task("a", "k", 0)).await.id);
+    let mut all = Vec::new();
+    for id in &ids_all {
+        all.push(get(s, *id).await);
+    }
+    let group = |queue: Option<&str>, state: Option<TaskState>, g: &str| TaskFilter {
+        queue: queue.map(str::to_string),
+        state,
+        error_group: Some(g.to_string()),
+        ..Default::default()
+    };
+    let dead = Some(TaskState::Dead);
+    let cases = [
+        (group(Some("a"), dead, "boom"), 3),
+        (group(None, dead, "boom"), 4),
+        (group(None, None, "boom"), 5),
+        (group(Some("a"), Some(TaskState::Scheduled), "boom"), 1),
+        (group(Some("a"), dead, " boom"), 1),
+        (group(Some("a"), dead, "boo"), 0),
+        (group(Some("a"), dead, "boom\ntrace 1"), 0),
+        (group(Some("b"), dead, &"x".repeat(200)), 1),
+        (group(Some("b"), dead, &long_x), 0),
+        (group(Some("b"), dead, &"é".repeat(200)), 1),
+        (group(Some("b"), dead, &"é".repeat(199)), 0),
+        (
+            TaskFilter {
+                kind: Some("other-kind".into()),
+                ..group(Some("a"), dead, "boom")
+            },
+            0,
+        ),
+    ];
+    for (filter, n) in cases {
+        let mut expected: Vec<TaskId> = all
+            .iter()
+            .filter(|t| filter.matches(t))
+            .map(|t| t.id)
+            .collect();
+        assert_eq!(expected.len(), n, "the reference, {filter:?}");
+        expected.sort_by_key(|id| std::cmp::Reverse(*id));
+        assert_eq!(listed(s, filter.clone()).await, expected, "list {filter:?}");
+        let selected: Vec<TaskId> = s
+            .select(&filter, 100)
+            .await
+            .expect("select")
+            .iter()
+            .map(|x| x.id)
+            .collect();
+        assert_eq!(selected, expected, "select {filter:?}");
+    }
+    // Every row of the dead letters is exactly what its filter selects, page by page.
+    let groups = s.dead_groups(None, 100).await.expect("dead_groups");
+    assert_eq!(groups.len(), 7);
+    for g in &groups {
+        let error = g
+            .error
+            .clone()
+            .expect("every task here failed with an error");
+        let filter = group(Some(&g.queue), dead, &error);
+        let mut seen = Vec::new();
+        let mut cursor = None;
+        loop {
+            let page = s
+                .select(
+                    &TaskFilter {
+                        before: cursor,
+                        ..filter.clone()
+                    },
+                    2,
+                )
+                .await
+                .expect("select");
+            let Some(last) = page.last() else { break };
+            cursor = Some(last.id);
+            assert!(page.iter().all(|x| x.state == TaskState::Dead));
+            seen.extend(page.iter().map(|x| x.id));
+        }
+        assert_eq!(seen.len() as u64, g.count, "{g:?}");
+        assert_eq!(seen.first(), Some(&g.newest), "{g:?}");
+    }
+    // Retrying the group's tasks empties the group, and nothing else changes.
+    let filter = group(Some("a"), dead, "boom");
+    let chosen: Vec<TaskId> = s
+        .select(&filter, 100)
+        .await
+        .expect("select")
+        .iter()
+        .map(|x| x.id)
+        .collect();
+    let retried = s
+        .retry_many(chosen.clone(), at(2_000), at(20))
+        .await
+        .expect("retry_many");
+    assert_eq!(retried.len(), 3);
+    assert!(listed(s, filter).await.is_empty());
+    let after = s.dead_groups(None, 100).await.expect("dead_groups");
+    assert_eq!(after.len(), 6);
+    assert!(
+        after
+            .iter()
+            .all(|g| !(g.queue == "a" && g.error.as_deref() == Some("boom")))
+    );
+    assert_eq!(listed(s, group(Some("b"), dead, "boom")).await.len(), 1);
 }
 
 /// A queue has no settings until configured or paused; `put_queue_config` keeps the pause state,

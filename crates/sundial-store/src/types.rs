@@ -204,6 +204,11 @@ pub struct TaskFilter {
     pub key_prefix: Option<String>,
     /// Tags the task must carry, each `(key, value)`.
     pub tags: Vec<(String, String)>,
+    /// Tasks whose last error falls in this dead-letter group: [`error_group`] of `last_error`
+    /// equals it (tasks without an error never match). With `state` dead and a `queue` this is
+    /// one row of [`DeadGroup`]s, served by the stores' index of dead tasks by queue and group;
+    /// otherwise it narrows what the other filters select.
+    pub error_group: Option<String>,
     /// `due_at >= due_after`.
     pub due_after: Option<Timestamp>,
     /// `due_at < due_before`.
@@ -234,6 +239,11 @@ impl TaskFilter {
                 .as_ref()
                 .is_none_or(|p| task.key.as_ref().is_some_and(|k| k.starts_with(p.as_str())))
             && self.tags.iter().all(|(k, v)| task.tags.get(k) == Some(v))
+            && self.error_group.as_ref().is_none_or(|g| {
+                task.last_error
+                    .as_deref()
+                    .is_some_and(|e| error_group(e) == *g)
+            })
             && self.due_after.is_none_or(|t| task.due_at >= t)
             && self.due_before.is_none_or(|t| task.due_at < t)
             && self.created_after.is_none_or(|t| task.created_at >= t)

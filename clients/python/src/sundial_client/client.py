@@ -163,7 +163,8 @@ class _Methods:
         **filters: Any,
     ) -> Any:
         """One page of tasks, newest first (a :class:`Page`). More filters: ``key_prefix``,
-        ``tag`` (``{"k": "v"}`` or ``"k:v"`` strings), ``due_after``, ``due_before``,
+        ``tag`` (``{"k": "v"}`` or ``"k:v"`` strings), ``error_group`` (the first line of the
+        last error, as the dead letters group them), ``due_after``, ``due_before``,
         ``created_after``, ``created_before``."""
         return self._run(
             ops.list_tasks(queue=queue, kind=kind, state=state, key=key, limit=limit, cursor=cursor, **filters)
@@ -185,7 +186,8 @@ class _Methods:
 
     def cancel_tasks(self, **filters: Any) -> Any:
         """Cancel every live task matching the filters (``queue``, ``kind``, ``state``,
-        ``key_prefix``, ``tag``, ``due_*``, ``created_*``; ``dry_run=True`` only counts)."""
+        ``key_prefix``, ``tag``, ``error_group``, ``due_*``, ``created_*``; ``dry_run=True`` only
+        counts)."""
         return self._run(ops.bulk("cancel", filters))
 
     def retry_tasks(self, **filters: Any) -> Any:

@@ -3,12 +3,13 @@
 //! ```text
 //! GET  /ui                         overview: queues (counts, overdue, paused), fire lateness, nodes
 //! GET  /ui/login, POST /ui/login   sign in with a token (only when auth is on); POST /ui/logout
-//! GET  /ui/tasks?queue=&kind=&state=&key=&key_prefix=&tag=&due_after=&…&cursor=&id=
+//! GET  /ui/tasks?queue=&kind=&state=&key=&key_prefix=&tag=&error_group=&due_after=&…&cursor=&id=
 //! GET  /ui/tasks/{id}              payload, tags, target, attempts, timeline
 //! POST /ui/tasks/{id}/{cancel|trigger|retry}
 //! GET  /ui/tasks/bulk?action=cancel|retry&<filter>   the count (a dry run) and a confirm form
 //! POST /ui/tasks/bulk              the bulk action over the same filter
-//! GET  /ui/dead?queue=             dead tasks by queue and error
+//! GET  /ui/dead?queue=             dead tasks by queue and error (each group links to its
+//!                                  filtered list and its bulk retry)
 //! POST /ui/queues/{queue}/{pause|resume}
 //! GET  /ui/schedules?q=&paused=&cursor=      GET /ui/schedule?id=   (next fires, fire records)
 //! POST /ui/schedule/{pause|unpause|trigger|backfill|edit}   POST /ui/schedules/bulk (pause many)
@@ -312,13 +313,12 @@ impl Fields {
                 .collect(),
         )
     }
-    /// The first non-empty value of `name` (trimmed).
+    /// The first non-empty value of `name` (trimmed, but see [`Fields::value`]).
     pub(crate) fn get(&self, name: &str) -> Option<String> {
         self.0
             .iter()
             .filter(|(k, _)| k == name)
-            .map(|(_, v)| v.trim())
-            .find(|v| !v.is_empty())
+            .find_map(|(k, v)| Fields::value(k, v))
             .map(str::to_string)
     }
     /// Every non-empty value of `name`.
@@ -326,8 +326,8 @@ impl Fields {
         self.0
             .iter()
             .filter(|(k, _)| k == name)
-            .map(|(_, v)| v.trim().to_string())
-            .filter(|v| !v.is_empty())
+            .filter_map(|(k, v)| Fields::value(k, v))
+            .map(str::to_string)
             .collect()
     }
     /// The fields whose values are not empty, as a query string (a GET form sends every field,
@@ -335,11 +335,23 @@ impl Fields {
     pub(crate) fn query_without(&self, drop: &[&str]) -> String {
         let mut out = form_urlencoded::Serializer::new(String::new());
         for (k, v) in &self.0 {
-            if !v.trim().is_empty() && !drop.contains(&k.as_str()) {
-                out.append_pair(k, v.trim());
+            if let Some(v) = Fields::value(k, v).filter(|_| !drop.contains(&k.as_str())) {
+                out.append_pair(k, v);
             }
         }
         out.finish()
+    }
+    /// A field's value as the UI uses it: `None` when blank, else trimmed, except for
+    /// `error_group`, which must equal a task's error group to the character (an error's first
+    /// line may begin or end with spaces).
+    pub(crate) fn value<'a>(name: &str, v: &'a str) -> Option<&'a str> {
+        if v.trim().is_empty() {
+            None
+        } else if name == "error_group" {
+            Some(v)
+        } else {
+            Some(v.trim())
+        }
     }
 }
 

@@ -22,13 +22,14 @@ use crate::ops::BulkRequest;
 use crate::wire::StateView;
 
 /// The filter fields of the task list, in the order the form shows them.
-pub(crate) const FILTERS: [&str; 10] = [
+pub(crate) const FILTERS: [&str; 11] = [
     "queue",
     "kind",
     "state",
     "key",
     "key_prefix",
     "tag",
+    "error_group",
     "due_after",
     "due_before",
     "created_after",
@@ -85,6 +86,7 @@ pub(crate) struct FilterForm {
     pub key: String,
     pub key_prefix: String,
     pub tag: String,
+    pub error_group: String,
     pub due_after: String,
     pub due_before: String,
     pub created_after: String,
@@ -101,6 +103,7 @@ impl FilterForm {
             key: g("key"),
             key_prefix: g("key_prefix"),
             tag: q.all("tag").join(" "),
+            error_group: g("error_group"),
             due_after: g("due_after"),
             due_before: g("due_before"),
             created_after: g("created_after"),
@@ -124,8 +127,10 @@ pub(crate) fn states(chosen: &str) -> Vec<(&'static str, bool)> {
 pub(crate) fn api_query(q: &Fields) -> String {
     let mut out = form_urlencoded::Serializer::new(String::new());
     for (k, v) in &q.0 {
-        let v = v.trim();
-        if v.is_empty() || matches!(k.as_str(), "id" | "notice" | "action" | "csrf") {
+        let Some(v) = Fields::value(k, v) else {
+            continue;
+        };
+        if matches!(k.as_str(), "id" | "notice" | "action" | "csrf") {
             continue;
         }
         if k == "tag" {
@@ -517,6 +522,7 @@ fn bulk_request(q: &Fields) -> Result<BulkRequest, UiError> {
             .iter()
             .flat_map(|t| t.split_whitespace().map(str::to_string).collect::<Vec<_>>())
             .collect(),
+        error_group: q.get("error_group"),
         created_after: time("created_after"),
         created_before: time("created_before"),
         due_after: time("due_after"),
@@ -563,8 +569,8 @@ async fn run_bulk(
 /// The filter fields of a bulk action, as (name, value) pairs for hidden inputs.
 fn bulk_fields(q: &Fields) -> Vec<(String, String)> {
     q.0.iter()
-        .filter(|(k, v)| !v.trim().is_empty() && FILTERS.contains(&k.as_str()) && k != "key")
-        .map(|(k, v)| (k.clone(), v.trim().to_string()))
+        .filter(|(k, _)| FILTERS.contains(&k.as_str()) && k != "key")
+        .filter_map(|(k, v)| Some((k.clone(), Fields::value(k, v)?.to_string())))
         .collect()
 }
 
@@ -649,7 +655,12 @@ const GROUPS: usize = 100;
 struct ErrorGroup {
     queue: String,
     queue_href: String,
-    retry_href: String,
+    /// The group's tasks: the task list filtered by queue, state dead and error group.
+    /// `None` (as `retry_href`) for tasks that died with no error recorded, which no filter
+    /// names.
+    list_href: Option<String>,
+    /// The group's bulk retry (a dry run's count first, then the confirm form).
+    retry_href: Option<String>,
     error: String,
     count: u64,
     example: String,
@@ -717,16 +728,23 @@ async fn dead_page(st: &UiState, v: &Viewer, q: &Fields) -> Result<Response, UiE
         .dead_groups((!queue.is_empty()).then_some(queue.as_str()), GROUPS)
         .await?
         .into_iter()
-        .map(|g| ErrorGroup {
-            retry_href: format!(
-                "/ui/tasks/bulk?action=retry&state=dead&queue={}",
-                enc(&g.queue)
-            ),
-            queue_href: format!("/ui/dead?queue={}", enc(&g.queue)),
-            queue: g.queue,
-            error: g.error.unwrap_or_else(|| "(no error recorded)".into()),
-            count: g.count,
-            example: g.newest.to_string(),
+        .map(|g| {
+            // Exactly the group: its queue, dead, and its error group (a blank group, which
+            // the form fields cannot carry, gets no links).
+            let filter = g
+                .error
+                .as_deref()
+                .filter(|e| !e.trim().is_empty())
+                .map(|e| format!("state=dead&queue={}&error_group={}", enc(&g.queue), enc(e)));
+            ErrorGroup {
+                list_href: filter.as_ref().map(|f| format!("/ui/tasks?{f}")),
+                retry_href: filter.map(|f| format!("/ui/tasks/bulk?action=retry&{f}")),
+                queue_href: format!("/ui/dead?queue={}", enc(&g.queue)),
+                queue: g.queue,
+                error: g.error.unwrap_or_else(|| "(no error recorded)".into()),
+                count: g.count,
+                example: g.newest.to_string(),
+            }
         })
         .collect();
     let next = page.next_cursor.map(|c| {
@@ -776,5 +794,23 @@ mod tests {
     fn the_api_query_drops_empty_and_ui_fields_and_splits_tags() {
         let q = Fields::parse(b"queue=emails&kind=&tag=a:1+b:2&notice=x&id=&state=dead");
         assert_eq!(api_query(&q), "queue=emails&tag=a%3A1&tag=b%3A2&state=dead");
+    }
+
+    #[test]
+    fn an_error_group_keeps_its_spaces_in_the_query_and_the_bulk_fields() {
+        let q = Fields::parse(b"queue=+emails+&error_group=+boom+&tag=+&state=dead");
+        assert_eq!(api_query(&q), "queue=emails&error_group=+boom+&state=dead");
+        assert_eq!(q.get("error_group").as_deref(), Some(" boom "));
+        assert_eq!(
+            bulk_fields(&q),
+            vec![
+                ("queue".to_string(), "emails".to_string()),
+                ("error_group".to_string(), " boom ".to_string()),
+                ("state".to_string(), "dead".to_string()),
+            ]
+        );
+        let blank = Fields::parse(b"error_group=+++");
+        assert_eq!(blank.get("error_group"), None);
+        assert_eq!(api_query(&blank), "");
     }
 }
