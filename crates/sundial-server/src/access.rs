@@ -12,10 +12,16 @@
 //!    `403` on the routes all namespaces share (tokens, namespaces, audit; see [`scoping`]).
 //! 4. The handler.
 //! 5. **Audit**: every write (any method but `GET`, `HEAD`, `OPTIONS`), whatever its outcome
-//!    (refusals included), appends one [`NewAuditRecord`]: time, actor, namespace, action
+//!    (refusals included), has one [`NewAuditRecord`]: time, actor, namespace, action
 //!    (`METHOD /route/{template}`), target (the route's first path parameter, or what the handler
 //!    names with [`AuditTarget`]), status and request id (the client's `x-request-id` when it
-//!    sends a sane one, else a fresh UUIDv7, echoed in the response).
+//!    sends a sane one, else a fresh UUIDv7, echoed in the response). The handler runs inside an
+//!    [`AuditScope`] holding the record with the route's success status ([`success_status`]), so
+//!    the first store write of the request that changes something commits the record in its own
+//!    transaction: no action without its record, and no second commit. Should the answer differ
+//!    from what was written (another status, another target), the record is amended; a request
+//!    whose writes changed nothing (a refusal, a duplicate) or that wrote through a path that
+//!    does not carry scopes gets its record appended after the answer is known, as before.
 //!
 //! **The hook for new routes:** nothing to call. A new route is audited and authorized by its
 //! method and path alone; a handler reads who is asking from the [`Actor`] request extension
@@ -36,6 +42,7 @@ use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 use sundial::{Sundial, Timestamp};
 use sundial_core::TokenId;
+use sundial_store::audit_scope::{AuditScope, AuditWrite};
 use sundial_store::{AccessStore, NewAuditRecord, Scope, TokenRecord};
 
 use crate::error::ApiError;
@@ -632,6 +639,42 @@ fn request_id(req: &Request) -> String {
         .unwrap_or_else(|| uuid::Uuid::now_v7().to_string())
 }
 
+/// The status a route answers when it succeeds (its lowest documented `2xx`; `200` for a route
+/// the document does not describe): what a request's audit record says when the request's own
+/// write carries it.
+pub fn success_status(method: &Method, route: &str) -> u16 {
+    type Statuses = HashMap<(String, String), u16>;
+    static STATUSES: std::sync::OnceLock<Statuses> = std::sync::OnceLock::new();
+    let statuses = STATUSES.get_or_init(|| {
+        let mut out = HashMap::new();
+        for (path, item) in crate::openapi().paths.paths {
+            for (op, m) in [
+                (&item.post, Method::POST),
+                (&item.put, Method::PUT),
+                (&item.patch, Method::PATCH),
+                (&item.delete, Method::DELETE),
+            ] {
+                let Some(op) = op else { continue };
+                let lowest = op
+                    .responses
+                    .responses
+                    .keys()
+                    .filter_map(|k| k.parse::<u16>().ok())
+                    .filter(|c| (200..300).contains(c))
+                    .min();
+                if let Some(code) = lowest {
+                    out.insert((m.as_str().to_string(), path.clone()), code);
+                }
+            }
+        }
+        out
+    });
+    statuses
+        .get(&(method.as_str().to_string(), route.to_string()))
+        .copied()
+        .unwrap_or(200)
+}
+
 /// The middleware (installed with `route_layer`, so the route's template is known).
 /// The methods a route template of the OpenAPI document has (`HEAD` wherever `GET` is), or
 /// `None` for a route the document does not describe.
@@ -692,6 +735,7 @@ pub async fn access_layer(State(access): State<Access>, mut req: Request, next: 
     let audited = guard::is_mutating(&method);
 
     let mut actor = Actor::Anonymous;
+    let mut scope_written: Option<AuditScope> = None;
     // A method the route does not have is `405` with `Allow`, before anything else: the
     // cross-site guard would otherwise answer a bodiless `TRACE` with `415`.
     if let Some(allowed) = allowed_methods(&route)
@@ -732,6 +776,7 @@ pub async fn access_layer(State(access): State<Access>, mut req: Request, next: 
                                             route,
                                             path,
                                             rid,
+                                            scope: None,
                                         },
                                     )
                                     .await;
@@ -740,11 +785,30 @@ pub async fn access_layer(State(access): State<Access>, mut req: Request, next: 
                         } else {
                             None
                         };
-                        req.extensions_mut().insert(a);
+                        req.extensions_mut().insert(a.clone());
                         req.extensions_mut().insert(crate::extract::BodyReadTimeout(
                             access.config().body_read_timeout,
                         ));
-                        let resp = next.run(req).await;
+                        // The record the request's own write carries (see
+                        // `sundial_store::audit_scope`): the route's success status, amended
+                        // in `finish` should the answer differ.
+                        let resp = if audited && access.store().is_some() {
+                            let scope = AuditScope::new(NewAuditRecord {
+                                at: access.now(),
+                                actor_id: a.token_id(),
+                                actor: a.name().to_string(),
+                                namespace: namespace.clone(),
+                                action: format!("{method} {route}"),
+                                target: first_param(&route, &path),
+                                status: success_status(&method, &route),
+                                request_id: rid.clone(),
+                            });
+                            let resp = scope.run(next.run(req)).await;
+                            scope_written = Some(scope);
+                            resp
+                        } else {
+                            next.run(req).await
+                        };
                         drop(slot);
                         resp
                     }
@@ -763,6 +827,7 @@ pub async fn access_layer(State(access): State<Access>, mut req: Request, next: 
             route,
             path,
             rid,
+            scope: scope_written,
         },
     )
     .await
@@ -777,9 +842,12 @@ struct Finish {
     route: String,
     path: String,
     rid: String,
+    /// The scope the handler ran in, when it had one.
+    scope: Option<AuditScope>,
 }
 
-/// Echoes the request id and writes the audit record of a write.
+/// Echoes the request id and makes sure a write has its audit record: written with the
+/// request's own write (amended when the answer differs from what was written), else now.
 async fn finish(access: &Access, mut resp: Response, f: Finish) -> Response {
     let Finish {
         audited,
@@ -789,6 +857,7 @@ async fn finish(access: &Access, mut resp: Response, f: Finish) -> Response {
         route,
         path,
         rid,
+        scope,
     } = f;
     if let Ok(v) = HeaderValue::from_str(&rid) {
         resp.headers_mut().insert("x-request-id", v);
@@ -799,6 +868,18 @@ async fn finish(access: &Access, mut resp: Response, f: Finish) -> Response {
             .get::<AuditTarget>()
             .map(|t| t.0.clone())
             .or_else(|| first_param(&route, &path));
+        let status = resp.status().as_u16();
+        if let Some(scope) = scope
+            && let AuditWrite::Written { seq } = scope.write()
+        {
+            let written = scope.record();
+            if (written.status != status || written.target != target)
+                && let Err(e) = store.amend_audit(seq, status, target).await
+            {
+                tracing::error!(error = %e, "cannot amend the audit record");
+            }
+            return resp;
+        }
         let record = NewAuditRecord {
             at: access.now(),
             actor_id: actor.token_id(),
@@ -806,7 +887,7 @@ async fn finish(access: &Access, mut resp: Response, f: Finish) -> Response {
             namespace,
             action: format!("{method} {route}"),
             target,
-            status: resp.status().as_u16(),
+            status,
             request_id: rid,
         };
         if let Err(e) = store.append_audit(vec![record]).await {

@@ -34,10 +34,12 @@ fn parse_id(raw: &str) -> Result<TaskId, ApiError> {
 
 fn created(task: sundial::Task) -> Response {
     let location = HeaderValue::from_str(&format!("/v1/tasks/{}", task.id));
+    let target = crate::access::AuditTarget(task.id.to_string());
     let mut resp = (StatusCode::CREATED, Json(TaskView::from(task))).into_response();
     if let Ok(v) = location {
         resp.headers_mut().insert(header::LOCATION, v);
     }
+    resp.extensions_mut().insert(target);
     resp
 }
 
@@ -87,7 +89,10 @@ pub async fn create_task(
                 .instrument(span)
                 .await?;
             if c.repeat {
-                Ok((StatusCode::OK, Json(TaskView::from(c.task))).into_response())
+                let target = crate::access::AuditTarget(c.task.id.to_string());
+                let mut resp = (StatusCode::OK, Json(TaskView::from(c.task))).into_response();
+                resp.extensions_mut().insert(target);
+                Ok(resp)
             } else {
                 Ok(created(c.task))
             }
@@ -157,7 +162,7 @@ pub async fn create_batch(
                 .map_err(|e| e.at_index(i))
         })
         .collect::<Result<Vec<TaskSpec>, ApiError>>()?;
-    let results = st
+    let results: Vec<BatchItem> = st
         .sundial
         .schedule_many(specs)
         .instrument(span)
@@ -174,7 +179,16 @@ pub async fn create_batch(
             },
         })
         .collect();
-    Ok((StatusCode::CREATED, Json(BatchResponse { results })).into_response())
+    // A batch that created one task names it, as a single create does.
+    let target = match results.as_slice() {
+        [BatchItem::Created { id, .. }] => Some(crate::access::AuditTarget(id.to_string())),
+        _ => None,
+    };
+    let mut resp = (StatusCode::CREATED, Json(BatchResponse { results })).into_response();
+    if let Some(t) = target {
+        resp.extensions_mut().insert(t);
+    }
+    Ok(resp)
 }
 
 /// Get a task.

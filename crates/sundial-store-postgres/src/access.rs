@@ -6,6 +6,7 @@
 //! from the schema's quoted name when first used (`prepare_cached` keeps the plan per connection).
 
 use async_trait::async_trait;
+use deadpool_postgres::GenericClient;
 use sundial_core::{Timestamp, TokenId};
 use sundial_store::{
     AccessStore, AuditFilter, AuditPage, AuditRecord, Namespace, NamespaceError, NewAuditRecord,
@@ -75,6 +76,51 @@ fn audit_from_row(r: &Row) -> Result<AuditRecord, StoreError> {
 impl PostgresStore {
     fn access_sql(&self, body: &str) -> String {
         body.replace("{schema}", &self.schema.ident)
+    }
+
+    /// Inserts a request's audit record inside the caller's transaction (see
+    /// [`sundial_store::audit_scope`]); its `seq`.
+    pub(crate) async fn insert_audit_in(
+        &self,
+        tx: &impl GenericClient,
+        r: &NewAuditRecord,
+    ) -> Result<i64, StoreError> {
+        let sql = self.access_sql(
+            "INSERT INTO {schema}.audit_log (at, actor_id, actor, namespace, action, target, \
+             request_id, status) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING seq",
+        );
+        let stmt = tx.prepare_cached(&sql).await.map_err(pg)?;
+        let row = tx
+            .query_one(
+                &stmt,
+                &[
+                    &r.at.0,
+                    &r.actor_id.map(|id| id.0),
+                    &r.actor,
+                    &r.namespace,
+                    &r.action,
+                    &r.target,
+                    &r.request_id,
+                    &i32::from(r.status),
+                ],
+            )
+            .await
+            .map_err(pg)?;
+        col(&row, 0)
+    }
+
+    /// Inserts the audit records of a group of calls inside the caller's transaction; their
+    /// `seq`s, in order.
+    pub(crate) async fn insert_audits_in(
+        &self,
+        tx: &impl GenericClient,
+        records: &[&NewAuditRecord],
+    ) -> Result<Vec<i64>, StoreError> {
+        let mut seqs = Vec::with_capacity(records.len());
+        for r in records {
+            seqs.push(self.insert_audit_in(tx, r).await?);
+        }
+        Ok(seqs)
     }
 
     async fn load_token(&self, id: TokenId) -> Result<Option<TokenRecord>, StoreError> {
@@ -250,6 +296,23 @@ impl AccessStore for PostgresStore {
                     &status,
                 ],
             )
+            .await
+            .map_err(pg)?;
+        Ok(())
+    }
+
+    async fn amend_audit(
+        &self,
+        seq: i64,
+        status: u16,
+        target: Option<String>,
+    ) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        let sql = self
+            .access_sql("UPDATE {schema}.audit_log SET status = $2, target = $3 WHERE seq = $1");
+        let stmt = client.prepare_cached(&sql).await.map_err(pg)?;
+        client
+            .execute(&stmt, &[&seq, &i32::from(status), &target])
             .await
             .map_err(pg)?;
         Ok(())

@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex};
 
 use sundial_core::{ExecutionId, Task, TaskId, Timestamp};
 use sundial_store::TransitionError;
+use sundial_store::audit_scope::PendingAudit;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
@@ -38,6 +39,10 @@ pub(crate) struct Completion {
     pub execution: ExecutionId,
     pub now: Timestamp,
     pub result: Option<String>,
+    /// The request's audit record, committed with the completion (see
+    /// [`sundial_store::audit_scope`]); claimed on the caller's task, since the batch runs on
+    /// another.
+    pub audit: Option<PendingAudit>,
     pub reply: oneshot::Sender<Result<Task, TransitionError>>,
 }
 
@@ -95,6 +100,7 @@ impl PostgresStore {
             execution,
             now,
             result,
+            audit: sundial_store::audit_scope::claim_pending(),
             reply,
         };
         if self.completer.push(c) {
@@ -142,18 +148,42 @@ impl PostgresStore {
         let results: Vec<Option<&str>> =
             order.iter().map(|&i| batch[i].result.as_deref()).collect();
         let nows: Vec<i64> = order.iter().map(|&i| batch[i].now.0).collect();
+        let audited = batch.iter().any(|c| c.audit.is_some());
         let grouped = async {
-            let client = self.client().await?;
+            let mut client = self.client().await?;
+            if !audited {
+                let rows = crate::query(
+                    &client,
+                    &self.sql.complete_many,
+                    &[&ids, &execs, &results, &nows],
+                )
+                .await?;
+                return Ok((tasks_from_rows(&rows)?, HashMap::new()));
+            }
+            // The audit records of the calls the statement completed commit with it.
+            let tx = client.transaction().await.map_err(crate::pg)?;
             let rows = crate::query(
-                &client,
+                &tx,
                 &self.sql.complete_many,
                 &[&ids, &execs, &results, &nows],
             )
             .await?;
-            tasks_from_rows(&rows)
+            let done = tasks_from_rows(&rows)?;
+            let completed: std::collections::HashSet<Uuid> = done.iter().map(|t| t.id.0).collect();
+            let carried: Vec<(TaskId, &sundial_store::NewAuditRecord)> = batch
+                .iter()
+                .filter(|c| completed.contains(&c.id.0))
+                .filter_map(|c| c.audit.as_ref().map(|a| (c.id, a.record())))
+                .collect();
+            let records: Vec<&sundial_store::NewAuditRecord> =
+                carried.iter().map(|(_, r)| *r).collect();
+            let seqs = self.insert_audits_in(&tx, &records).await?;
+            tx.commit().await.map_err(crate::pg)?;
+            let seqs: HashMap<TaskId, i64> = carried.iter().map(|(id, _)| *id).zip(seqs).collect();
+            Ok::<_, sundial_store::StoreError>((done, seqs))
         }
         .await;
-        let done = match grouped {
+        let (done, seqs) = match grouped {
             Ok(done) => done,
             Err(e) => {
                 tracing::debug!(error = %e, n = batch.len(), "grouped complete failed; one by one");
@@ -165,9 +195,12 @@ impl PostgresStore {
         };
         let mut done: HashMap<Uuid, Task> = done.into_iter().map(|t| (t.id.0, t)).collect();
         let mut rest = Vec::new();
-        for c in batch {
+        for mut c in batch {
             match done.remove(&c.id.0) {
                 Some(t) => {
+                    if let (Some(a), Some(seq)) = (c.audit.take(), seqs.get(&c.id)) {
+                        a.written(*seq);
+                    }
                     let _ = c.reply.send(Ok(t));
                 }
                 None => rest.push(c),
@@ -186,7 +219,9 @@ impl PostgresStore {
     fn complete_alone(&self, c: Completion) {
         let store = self.clone();
         tokio::spawn(async move {
-            let r = store.complete_one(c.id, c.execution, c.now, c.result).await;
+            let r = store
+                .complete_one(c.id, c.execution, c.now, c.result, c.audit)
+                .await;
             let _ = c.reply.send(r);
         });
     }
@@ -198,11 +233,13 @@ impl PostgresStore {
         execution: ExecutionId,
         now: Timestamp,
         result: Option<String>,
+        audit: Option<PendingAudit>,
     ) -> Result<Task, TransitionError> {
         self.attempt_write(
             &self.sql.complete,
             id,
             &[&id.0, &execution.0, &result, &now.0],
+            audit,
         )
         .await
     }

@@ -169,6 +169,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, PoolError, Runtime};
 use sundial_core::{ExclusiveMode, ExecutionId, NewTask, Task, TaskId, Timestamp};
+use sundial_store::audit_scope::{self, PendingAudit};
 use sundial_store::{
     AttemptHistory, ClaimOutcome, ClaimTarget, DeadGroup, DueClaim, DueEntry, DueKey, Fence,
     IdempotencyDecision, IdempotentCreate, IdempotentOutcome, Inserted, QueueConfig, QueueSettings,
@@ -448,11 +449,52 @@ impl PostgresStore {
         sql: &str,
         id: TaskId,
         params: &[&(dyn ToSql + Sync)],
+        audit: Option<PendingAudit>,
     ) -> Result<Task, TransitionError> {
-        let client = self.client().await?;
-        match self.update_one(&client, sql, params).await? {
-            Some(t) => Ok(t),
-            None => Err(self.attempt_refusal(&client, &id.0).await),
+        self.audited_update(sql, id, params, audit, Refusal::Attempt)
+            .await
+    }
+
+    /// One conditional `UPDATE … RETURNING <task>`: the row, or why it was refused. With a
+    /// request's audit record (see [`sundial_store::audit_scope`]), the update and the record
+    /// commit in one transaction; without one the update commits on its own.
+    async fn audited_update(
+        &self,
+        sql: &str,
+        id: TaskId,
+        params: &[&(dyn ToSql + Sync)],
+        audit: Option<PendingAudit>,
+        refusal: Refusal,
+    ) -> Result<Task, TransitionError> {
+        let mut client = self.client().await?;
+        let Some(audit) = audit else {
+            return match self.update_one(&client, sql, params).await? {
+                Some(t) => Ok(t),
+                None => Err(self.refusal(&client, &id.0, refusal).await),
+            };
+        };
+        let tx = client.transaction().await.map_err(pg)?;
+        match self.update_one(&tx, sql, params).await? {
+            Some(t) => {
+                let seq = self.insert_audit_in(&tx, audit.record()).await?;
+                tx.commit().await.map_err(pg)?;
+                audit.written(seq);
+                Ok(t)
+            }
+            // Dropping the transaction rolls it back: nothing changed, the record stays pending.
+            None => Err(self.refusal(&tx, &id.0, refusal).await),
+        }
+    }
+
+    async fn refusal(
+        &self,
+        client: &impl GenericClient,
+        id: &Uuid,
+        refusal: Refusal,
+    ) -> TransitionError {
+        match refusal {
+            Refusal::Attempt => self.attempt_refusal(client, id).await,
+            Refusal::State => self.state_refusal(client, id).await,
         }
     }
 
@@ -930,16 +972,36 @@ enum Plan {
 /// the lookup of its id. Each retry needs another task to finish at exactly that moment.
 const INSERT_ROUNDS: usize = 8;
 
+/// What a conditional update that touched nothing is asked about.
+#[derive(Debug, Clone, Copy)]
+enum Refusal {
+    /// An attempt write (heartbeat, complete, fail): not found, or not this execution's.
+    Attempt,
+    /// A state change (cancel, trigger): not found, or in the wrong state.
+    State,
+}
+
 #[async_trait]
 impl Store for PostgresStore {
     async fn insert(&self, tasks: Vec<NewTask>) -> Result<Vec<Inserted>, StoreError> {
         if tasks.is_empty() {
             return Ok(Vec::new());
         }
+        let audit = audit_scope::claim_pending();
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
         let out = self.insert_in(&tx, &tasks).await?;
+        let audit = match audit {
+            Some(a) if out.iter().any(|i| matches!(i, Inserted::Created(_))) => {
+                let seq = self.insert_audit_in(&tx, a.record()).await?;
+                Some((a, seq))
+            }
+            _ => None,
+        };
         tx.commit().await.map_err(pg)?;
+        if let Some((a, seq)) = audit {
+            a.written(seq);
+        }
         Ok(out)
     }
 
@@ -947,6 +1009,7 @@ impl Store for PostgresStore {
         &self,
         c: IdempotentCreate,
     ) -> Result<IdempotentOutcome, StoreError> {
+        let audit = audit_scope::claim_pending();
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
         // Calls with one key queue here until the first commits; then they see its record.
@@ -1019,7 +1082,17 @@ impl Store for PostgresStore {
             Some(Inserted::Duplicate { existing }) => IdempotentOutcome::Duplicate { existing },
             None => return Err(StoreError::NoRow { what: "insert" }),
         };
+        let audit = match audit {
+            Some(a) if matches!(out, IdempotentOutcome::Created(_)) => {
+                let seq = self.insert_audit_in(&tx, a.record()).await?;
+                Some((a, seq))
+            }
+            _ => None,
+        };
         tx.commit().await.map_err(pg)?;
+        if let Some((a, seq)) = audit {
+            a.written(seq);
+        }
         Ok(out)
     }
 
@@ -1047,25 +1120,27 @@ impl Store for PostgresStore {
     }
 
     async fn cancel(&self, id: TaskId, now: Timestamp) -> Result<Task, TransitionError> {
-        let client = self.client().await?;
-        match self
-            .update_one(&client, &self.sql.cancel, &[&id.0, &now.0])
-            .await?
-        {
-            Some(t) => Ok(t),
-            None => Err(self.state_refusal(&client, &id.0).await),
-        }
+        let audit = audit_scope::claim_pending();
+        self.audited_update(
+            &self.sql.cancel,
+            id,
+            &[&id.0, &now.0],
+            audit,
+            Refusal::State,
+        )
+        .await
     }
 
     async fn trigger(&self, id: TaskId, now: Timestamp) -> Result<Task, TransitionError> {
-        let client = self.client().await?;
-        match self
-            .update_one(&client, &self.sql.trigger, &[&id.0, &now.0])
-            .await?
-        {
-            Some(t) => Ok(t),
-            None => Err(self.state_refusal(&client, &id.0).await),
-        }
+        let audit = audit_scope::claim_pending();
+        self.audited_update(
+            &self.sql.trigger,
+            id,
+            &[&id.0, &now.0],
+            audit,
+            Refusal::State,
+        )
+        .await
     }
 
     async fn scan_due(
@@ -1147,6 +1222,7 @@ impl Store for PostgresStore {
         if want == 0 || claim.kinds.as_ref().is_some_and(|k| k.is_empty()) {
             return Ok(Vec::new());
         }
+        let audit = audit_scope::claim_pending();
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
         let execs: Vec<Uuid> = claim.execution_ids.iter().map(|e| e.0).collect();
@@ -1238,7 +1314,17 @@ impl Store for PostgresStore {
             started.sort_by_key(|t| t.id);
             out.extend(started);
         }
+        let audit = match audit {
+            Some(a) if !out.is_empty() => {
+                let seq = self.insert_audit_in(&tx, a.record()).await?;
+                Some((a, seq))
+            }
+            _ => None,
+        };
         tx.commit().await.map_err(pg)?;
+        if let Some((a, seq)) = audit {
+            a.written(seq);
+        }
         Ok(out)
     }
 
@@ -1248,8 +1334,14 @@ impl Store for PostgresStore {
         execution: ExecutionId,
         now: Timestamp,
     ) -> Result<Task, TransitionError> {
-        self.attempt_write(&self.sql.heartbeat, id, &[&id.0, &execution.0, &now.0])
-            .await
+        let audit = audit_scope::claim_pending();
+        self.attempt_write(
+            &self.sql.heartbeat,
+            id,
+            &[&id.0, &execution.0, &now.0],
+            audit,
+        )
+        .await
     }
 
     async fn complete(
@@ -1270,6 +1362,7 @@ impl Store for PostgresStore {
         error: String,
         retry: Retry,
     ) -> Result<Task, TransitionError> {
+        let audit = audit_scope::claim_pending();
         let retry_at = match retry {
             Retry::Never => None,
             // The update itself checks that attempts remain.
@@ -1293,6 +1386,7 @@ impl Store for PostgresStore {
             &self.sql.fail,
             id,
             &[&id.0, &execution.0, &retry_at.map(|t| t.0), &error, &now.0],
+            audit,
         )
         .await
     }

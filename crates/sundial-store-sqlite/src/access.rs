@@ -223,26 +223,27 @@ impl AccessStore for SqliteStore {
             return Ok(());
         }
         self.writer
-            .write(move |conn| {
-                let mut stmt = conn
-                    .prepare_cached(
-                        "INSERT INTO audit_log (at, actor_id, actor, namespace, action, target, \
-                         request_id, status) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                    )
-                    .map_err(backend)?;
+            .write_audit_log(move |conn| {
                 for r in &records {
-                    stmt.execute(params![
-                        r.at.0,
-                        r.actor_id.as_ref().map(|id| &id.as_bytes()[..]),
-                        r.actor,
-                        r.namespace,
-                        r.action,
-                        r.target,
-                        r.request_id,
-                        i64::from(r.status),
-                    ])
-                    .map_err(backend)?;
+                    insert_audit(conn, r)?;
                 }
+                Ok(())
+            })
+            .await
+    }
+
+    async fn amend_audit(
+        &self,
+        seq: i64,
+        status: u16,
+        target: Option<String>,
+    ) -> Result<(), StoreError> {
+        self.writer
+            .write_audit_log(move |conn| {
+                conn.prepare_cached("UPDATE audit_log SET status = ?2, target = ?3 WHERE seq = ?1")
+                    .map_err(backend)?
+                    .execute(params![seq, i64::from(status), target])
+                    .map_err(backend)?;
                 Ok(())
             })
             .await
@@ -309,4 +310,25 @@ impl AccessStore for SqliteStore {
             })
             .await
     }
+}
+
+/// Inserts one audit record on the writer's connection; its `seq`.
+pub(crate) fn insert_audit(conn: &Connection, r: &NewAuditRecord) -> Result<i64, StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO audit_log (at, actor_id, actor, namespace, action, target, request_id, \
+         status) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )
+    .map_err(backend)?
+    .execute(params![
+        r.at.0,
+        r.actor_id.as_ref().map(|id| &id.as_bytes()[..]),
+        r.actor,
+        r.namespace,
+        r.action,
+        r.target,
+        r.request_id,
+        i64::from(r.status),
+    ])
+    .map_err(backend)?;
+    Ok(conn.last_insert_rowid())
 }

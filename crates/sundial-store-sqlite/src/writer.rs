@@ -9,6 +9,11 @@
 //! Answers are sent only after `COMMIT` returned, so "Ok" means durable (to the configured
 //! `synchronous` level).
 //!
+//! **Audit records** of HTTP requests ride along: a job sent from inside a request's
+//! [`sundial_store::audit_scope`] claims the request's pending record, and when the job changed
+//! something the record is inserted in the job's own savepoint, so the action and its record
+//! commit together or not at all.
+//!
 //! **Checkpoints** (copying the WAL back into the database file, with an fsync of its own) run on a
 //! second thread with its own connection, shortly after commits, as `PASSIVE` checkpoints that never
 //! block the writer. Left to SQLite's automatic checkpoint they would run inside whichever commit
@@ -23,7 +28,7 @@ use std::thread;
 use std::time::Duration;
 
 use rusqlite::Connection;
-use sundial_store::StoreError;
+use sundial_store::{StoreError, audit_scope};
 use tokio::sync::oneshot;
 
 use crate::SqliteError;
@@ -51,6 +56,16 @@ pub(crate) fn note_disk_full() {
 
 fn take_disk_full() -> bool {
     DISK_FULL.with(|f| f.replace(false))
+}
+
+thread_local! {
+    /// Whether a job of the batch being written on this thread changed something other than
+    /// the audit log: only such a commit shows that the disk takes writes again.
+    static WROTE_DATA: Cell<bool> = const { Cell::new(false) };
+}
+
+fn take_wrote_data() -> bool {
+    WROTE_DATA.with(|f| f.replace(false))
 }
 
 /// A batch-level rusqlite error as a [`StoreError`].
@@ -98,22 +113,69 @@ impl Writer {
     }
 
     /// Runs `f` in the next group commit and returns its result once the commit is durable.
+    ///
+    /// Inside a request's [`audit_scope`], the request's audit record goes into the same
+    /// savepoint when `f` changed something (see the module doc).
     pub async fn write<R, E, F>(&self, f: F) -> Result<R, E>
     where
         R: Send + 'static,
         E: From<StoreError> + Send + 'static,
         F: FnOnce(&Connection) -> Result<R, E> + Send + 'static,
     {
+        self.write_job(f, JobKind::Data).await
+    }
+
+    /// Like [`Writer::write`], for a write to the audit log alone: it carries no request's
+    /// record, and its commit does not clear a full-disk condition (a small record may fit
+    /// where a task does not).
+    pub async fn write_audit_log<R, E, F>(&self, f: F) -> Result<R, E>
+    where
+        R: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+        F: FnOnce(&Connection) -> Result<R, E> + Send + 'static,
+    {
+        self.write_job(f, JobKind::AuditLog).await
+    }
+
+    async fn write_job<R, E, F>(&self, f: F, kind: JobKind) -> Result<R, E>
+    where
+        R: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+        F: FnOnce(&Connection) -> Result<R, E> + Send + 'static,
+    {
         let (reply, rx) = oneshot::channel::<Result<R, E>>();
+        // Claimed here, on the request's task: the job runs on the writer thread.
+        let audit = match kind {
+            JobKind::Data => audit_scope::claim_pending(),
+            JobKind::AuditLog => None,
+        };
         let job: Job = Box::new(move |conn: Option<&Connection>| {
+            let mut audit_seq = None;
             let outcome = match conn {
-                Some(conn) => run_in_savepoint(conn, f),
+                Some(conn) => run_in_savepoint(conn, |conn| {
+                    let before = conn.total_changes();
+                    let out = f(conn)?;
+                    if conn.total_changes() != before {
+                        if kind == JobKind::Data {
+                            WROTE_DATA.with(|w| w.set(true));
+                        }
+                        if let Some(a) = &audit {
+                            audit_seq = Some(crate::access::insert_audit(conn, a.record())?);
+                        }
+                    }
+                    Ok(out)
+                }),
                 None => Err(E::from(StoreError::Closed)),
             };
             Box::new(move |commit_err: Option<&StoreError>| {
                 let answer = match commit_err {
                     Some(e) => Err(E::from(e.clone())),
-                    None => outcome,
+                    None => {
+                        if let (Some(a), Some(seq), true) = (audit, audit_seq, outcome.is_ok()) {
+                            a.written(seq);
+                        }
+                        outcome
+                    }
                 };
                 let _ = reply.send(answer);
             })
@@ -121,6 +183,15 @@ impl Writer {
         self.tx.send(job).map_err(|_| E::from(StoreError::Closed))?;
         rx.await.map_err(|_| E::from(StoreError::Closed))?
     }
+}
+
+/// What a job writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum JobKind {
+    /// Tasks, schedules, anything but the audit log alone.
+    Data,
+    /// Only audit records (appended or amended on their own).
+    AuditLog,
 }
 
 fn run_in_savepoint<R, E, F>(conn: &Connection, f: F) -> Result<R, E>
@@ -179,7 +250,7 @@ fn run(
             }
         }
         take_disk_full();
-        let changes = conn.total_changes();
+        take_wrote_data();
         let commit_err = match conn.execute_batch("BEGIN IMMEDIATE") {
             Err(e) => Some(batch_error(e, "cannot begin the batch")),
             Ok(()) => {
@@ -218,7 +289,8 @@ fn run(
             }
         };
         // The store's condition, for health reports: set while writes hit a full disk, cleared
-        // by the first commit that writes something again.
+        // by the first commit that writes data again (an audit record alone does not count:
+        // a refused create's record may fit where the task did not).
         let full = take_disk_full() || matches!(commit_err, Some(StoreError::Full { .. }));
         if let Ok(mut c) = condition.lock() {
             if let Some(StoreError::Full { step, source }) = &commit_err {
@@ -228,7 +300,7 @@ fn run(
                 });
             } else if full {
                 *c = Some("disk full: database or disk is full".to_string());
-            } else if commit_err.is_none() && conn.total_changes() > changes {
+            } else if take_wrote_data() && commit_err.is_none() {
                 *c = None;
             }
         }

@@ -202,6 +202,15 @@ pub trait AccessStore: Send + Sync + 'static {
     /// Appends the records in order, atomically; their `seq`s increase in that order.
     async fn append_audit(&self, records: Vec<NewAuditRecord>) -> Result<(), StoreError>;
 
+    /// Sets the status and target of record `seq` (written with a request's own write, before
+    /// the request's answer was known; see [`crate::audit_scope`]). No such record: nothing.
+    async fn amend_audit(
+        &self,
+        seq: i64,
+        status: u16,
+        target: Option<String>,
+    ) -> Result<(), StoreError>;
+
     /// Records matching `filter`, newest (highest `seq`) first, at most `limit`.
     async fn list_audit(&self, filter: &AuditFilter, limit: usize)
     -> Result<AuditPage, StoreError>;

@@ -13,7 +13,12 @@ use std::sync::Arc;
 use sundial_core::{Timestamp, TokenId};
 use uuid::Uuid;
 
-use crate::{AccessStore, AuditFilter, Namespace, NamespaceError, NewAuditRecord, NewToken, Scope};
+use crate::audit_scope::{self, AuditScope, AuditWrite};
+use crate::testkit::{at, due_task, make_ready, ready_claim};
+use crate::{
+    AccessStore, AuditFilter, Namespace, NamespaceError, NewAuditRecord, NewToken, Scope, Store,
+    TransitionError,
+};
 
 /// What an access conformance factory hands back.
 pub trait AccessFixture {
@@ -47,6 +52,33 @@ impl<S: AccessStore, G> AccessFixture for (Arc<S>, G) {
     }
 }
 
+/// A backend that keeps tasks and the audit log in one database (so a task write can carry its
+/// request's audit record).
+pub trait AuditedFixture {
+    fn stores(&self) -> (Arc<dyn Store>, Arc<dyn AccessStore>);
+}
+
+impl<S: Store + AccessStore> AuditedFixture for Arc<S> {
+    fn stores(&self) -> (Arc<dyn Store>, Arc<dyn AccessStore>) {
+        (self.clone(), self.clone())
+    }
+}
+
+impl<S: Store + AccessStore, G> AuditedFixture for (Arc<S>, G) {
+    fn stores(&self) -> (Arc<dyn Store>, Arc<dyn AccessStore>) {
+        (self.0.clone(), self.0.clone())
+    }
+}
+
+impl<F: AuditedFixture> AuditedFixture for Option<F> {
+    fn stores(&self) -> (Arc<dyn Store>, Arc<dyn AccessStore>) {
+        match self {
+            Some(f) => f.stores(),
+            None => panic!("a skipped fixture has no store (check `skip` first)"),
+        }
+    }
+}
+
 /// Runs every access store check against stores made by `$factory`.
 #[macro_export]
 macro_rules! access_store_conformance {
@@ -70,6 +102,16 @@ macro_rules! access_store_conformance {
             access_namespaces_are_unique
             access_audit_appends_pages_filters_and_purges
         );
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn access_audit_rides_with_the_request_write() {
+            let fixture = ($factory)().await;
+            if $crate::access_testkit::AccessFixture::skip(&fixture) {
+                return;
+            }
+            let (tasks, access) = $crate::access_testkit::AuditedFixture::stores(&fixture);
+            $crate::access_testkit::access_audit_rides_with_the_request_write(tasks, access).await;
+            drop(fixture);
+        }
     };
 }
 
@@ -375,4 +417,175 @@ pub async fn access_audit_appends_pages_filters_and_purges(s: Arc<dyn AccessStor
         [5, 4],
         "older records went"
     );
+}
+
+/// Every audit record, oldest first.
+async fn audit_log(s: &dyn AccessStore) -> Vec<crate::AuditRecord> {
+    let mut page = s
+        .list_audit(&AuditFilter::default(), 1_000)
+        .await
+        .expect("the store answers");
+    page.records.reverse();
+    page.records
+}
+
+/// A request's audit record commits with the request's own write (see [`crate::audit_scope`]):
+/// a write that changes something carries it, once; one that changes nothing leaves it pending;
+/// the record can be amended once the answer is known.
+pub async fn access_audit_rides_with_the_request_write(
+    tasks: Arc<dyn Store>,
+    access: Arc<dyn AccessStore>,
+) {
+    let t0 = at(1_000);
+    // Outside a scope a write carries nothing.
+    let plain = due_task("audited", "k", 0);
+    tasks.insert(vec![plain.clone()]).await.expect("insert");
+    assert!(audit_log(&*access).await.is_empty(), "no scope, no record");
+
+    // A create: the record, with the target named before the write, commits with the task.
+    let scope = AuditScope::new(audit(5, "local", "default", "POST /v1/tasks", None));
+    let created = due_task("audited", "k", 0);
+    let id = created.id;
+    scope
+        .run(async {
+            audit_scope::name_target(id.to_string());
+            tasks.insert(vec![created]).await.expect("insert");
+            // A second write of the same request does not write a second record.
+            tasks.cancel(plain.id, t0).await.expect("cancel");
+        })
+        .await;
+    let AuditWrite::Written { seq } = scope.write() else {
+        panic!("the insert carried the record: {:?}", scope.write());
+    };
+    let log = audit_log(&*access).await;
+    assert_eq!(log.len(), 1, "exactly one record: {log:?}");
+    assert_eq!(log[0].seq, seq);
+    assert_eq!(
+        log[0].record.target.as_deref(),
+        Some(id.to_string().as_str())
+    );
+    assert_eq!(
+        log[0].record,
+        scope.record(),
+        "the record as the scope holds it"
+    );
+
+    // A write that changes nothing (a refusal) leaves the record pending for the caller.
+    let refused = AuditScope::new(audit(
+        6,
+        "local",
+        "default",
+        "POST /v1/tasks/{id}/cancel",
+        None,
+    ));
+    refused
+        .run(async {
+            let r = tasks.cancel(plain.id, t0).await;
+            assert!(
+                matches!(r, Err(TransitionError::WrongState { .. })),
+                "cancelled already: {r:?}"
+            );
+        })
+        .await;
+    assert_eq!(refused.write(), AuditWrite::Pending);
+    assert_eq!(
+        audit_log(&*access).await.len(),
+        1,
+        "nothing written for a refusal"
+    );
+
+    // A worker's poll and complete each carry their own request's record.
+    make_ready(&*tasks, id, t0).await;
+    let poll = AuditScope::new(audit(
+        7,
+        "w",
+        "default",
+        "POST /v1/queues/{queue}/poll",
+        None,
+    ));
+    let claimed = poll
+        .run(async {
+            tasks
+                .claim_ready(ready_claim("audited", 1, "w", t0))
+                .await
+                .expect("claim_ready")
+        })
+        .await;
+    assert_eq!(claimed.len(), 1);
+    assert!(
+        matches!(poll.write(), AuditWrite::Written { .. }),
+        "{:?}",
+        poll.write()
+    );
+    let exec = claimed[0]
+        .execution_id
+        .expect("a running task has an execution");
+    let hb = AuditScope::new(audit(
+        8,
+        "w",
+        "default",
+        "POST /v1/tasks/{id}/heartbeat",
+        None,
+    ));
+    hb.run(async {
+        tasks
+            .heartbeat(id, exec, at(1_001))
+            .await
+            .expect("heartbeat")
+    })
+    .await;
+    assert!(
+        matches!(hb.write(), AuditWrite::Written { .. }),
+        "{:?}",
+        hb.write()
+    );
+    let done = AuditScope::new(audit(
+        9,
+        "w",
+        "default",
+        "POST /v1/tasks/{id}/complete",
+        None,
+    ));
+    done.run(async {
+        tasks
+            .complete(id, exec, at(1_002), None)
+            .await
+            .expect("complete")
+    })
+    .await;
+    let AuditWrite::Written { seq: done_seq } = done.write() else {
+        panic!("the complete carried the record: {:?}", done.write());
+    };
+    // A stale complete changes nothing: pending.
+    let stale = AuditScope::new(audit(
+        10,
+        "w",
+        "default",
+        "POST /v1/tasks/{id}/complete",
+        None,
+    ));
+    stale
+        .run(async {
+            let r = tasks.complete(id, exec, at(1_003), None).await;
+            assert!(r.is_err(), "completed already: {r:?}");
+        })
+        .await;
+    assert_eq!(stale.write(), AuditWrite::Pending);
+    assert_eq!(audit_log(&*access).await.len(), 4);
+
+    // The answer differed from what was written: the record is amended in place.
+    access
+        .amend_audit(done_seq, 409, Some("other".into()))
+        .await
+        .expect("amend");
+    let log = audit_log(&*access).await;
+    let amended = log.iter().find(|r| r.seq == done_seq).expect("the record");
+    assert_eq!(amended.record.status, 409);
+    assert_eq!(amended.record.target.as_deref(), Some("other"));
+    assert_eq!(amended.record.action, "POST /v1/tasks/{id}/complete");
+    // Amending a record that does not exist is not an error.
+    access
+        .amend_audit(i64::MAX, 200, None)
+        .await
+        .expect("amend of nothing");
 }

@@ -14,6 +14,7 @@
 mod access;
 #[cfg(feature = "testkit")]
 pub mod access_testkit;
+pub mod audit_scope;
 mod cluster;
 mod error;
 #[cfg(feature = "testkit")]

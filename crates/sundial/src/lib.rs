@@ -410,6 +410,7 @@ impl Sundial {
             cfg.shard_count,
             &cfg.limits,
         )?;
+        sundial_store::audit_scope::name_target(task.id.to_string());
         let create = sundial_store::IdempotentCreate {
             task,
             key: idempotency.key,
@@ -464,6 +465,11 @@ impl Sundial {
                 .validate(id, now, cfg.shard_count, &cfg.limits)
                 .map_err(|error| Error::InvalidBatchItem { index, error })?;
             rows.push(row);
+        }
+        // A request that creates one task names it in its audit record, which the insert
+        // commits (see `sundial_store::audit_scope`).
+        if let [only] = rows.as_slice() {
+            sundial_store::audit_scope::name_target(only.id.to_string());
         }
         let inserted = self.engine.store.insert(rows).await?;
         let mut out = Vec::with_capacity(inserted.len());

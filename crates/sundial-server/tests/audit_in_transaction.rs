@@ -1,0 +1,206 @@
+//! A write request's audit record commits in the request's own transaction: a create, a poll
+//! that claims and a complete each cost one durable write, record included, and no separate
+//! append; a request whose writes change nothing (a duplicate, a refusal) gets its record
+//! appended after the answer, with the answer's status. The access store is wrapped to count
+//! the appends the access layer makes on its own.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic on failure
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use async_trait::async_trait;
+use axum::body::{Body, to_bytes};
+use axum::http::{Request, StatusCode};
+use serde_json::{Value, json};
+use sundial::{Sundial, Timestamp};
+use sundial_core::TokenId;
+use sundial_server::{ServerConfig, router};
+use sundial_store::{
+    AccessStore, AuditFilter, AuditPage, AuditRecord, Namespace, NamespaceError, NewAuditRecord,
+    NewToken, StoreError, TokenRecord,
+};
+use sundial_store_sqlite::{SqliteOptions, SqliteStore};
+use tower::ServiceExt;
+
+/// The embedded store's access tables, counting the appends made outside a request's write.
+struct CountingAccess {
+    inner: Arc<SqliteStore>,
+    appends: AtomicUsize,
+}
+
+#[async_trait]
+impl AccessStore for CountingAccess {
+    async fn create_token(&self, token: NewToken) -> Result<TokenRecord, StoreError> {
+        self.inner.create_token(token).await
+    }
+    async fn get_token(&self, id: TokenId) -> Result<Option<TokenRecord>, StoreError> {
+        self.inner.get_token(id).await
+    }
+    async fn list_tokens(&self) -> Result<Vec<TokenRecord>, StoreError> {
+        self.inner.list_tokens().await
+    }
+    async fn any_tokens(&self) -> Result<bool, StoreError> {
+        self.inner.any_tokens().await
+    }
+    async fn revoke_token(
+        &self,
+        id: TokenId,
+        now: Timestamp,
+    ) -> Result<Option<TokenRecord>, StoreError> {
+        self.inner.revoke_token(id, now).await
+    }
+    async fn create_namespace(&self, ns: Namespace) -> Result<Namespace, NamespaceError> {
+        self.inner.create_namespace(ns).await
+    }
+    async fn get_namespace(&self, name: &str) -> Result<Option<Namespace>, StoreError> {
+        self.inner.get_namespace(name).await
+    }
+    async fn list_namespaces(&self) -> Result<Vec<Namespace>, StoreError> {
+        self.inner.list_namespaces().await
+    }
+    async fn append_audit(&self, records: Vec<NewAuditRecord>) -> Result<(), StoreError> {
+        self.appends.fetch_add(1, Ordering::SeqCst);
+        self.inner.append_audit(records).await
+    }
+    async fn amend_audit(
+        &self,
+        seq: i64,
+        status: u16,
+        target: Option<String>,
+    ) -> Result<(), StoreError> {
+        self.inner.amend_audit(seq, status, target).await
+    }
+    async fn list_audit(
+        &self,
+        filter: &AuditFilter,
+        limit: usize,
+    ) -> Result<AuditPage, StoreError> {
+        self.inner.list_audit(filter, limit).await
+    }
+    async fn purge_audit(&self, before: Timestamp, limit: usize) -> Result<u64, StoreError> {
+        self.inner.purge_audit(before, limit).await
+    }
+}
+
+async fn call(app: &axum::Router, method: &str, uri: &str, body: Value) -> (StatusCode, Value) {
+    let req = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+async fn newest(access: &CountingAccess) -> AuditRecord {
+    access
+        .list_audit(&AuditFilter::default(), 1)
+        .await
+        .unwrap()
+        .records
+        .pop()
+        .expect("a record")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_requests_commit_their_audit_record_with_their_action() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(SqliteStore::open_dir(dir.path(), SqliteOptions::default()).unwrap());
+    let access = Arc::new(CountingAccess {
+        inner: store.clone(),
+        appends: AtomicUsize::new(0),
+    });
+    let sundial = Sundial::builder()
+        .access_store(access.clone())
+        .with_store(store.clone())
+        .unwrap();
+    let running = sundial.start();
+    let app = router(sundial.clone(), ServerConfig::default());
+    let appends = || access.appends.load(Ordering::SeqCst);
+
+    // A create: one write, its record inside, naming the task.
+    let (status, task) = call(
+        &app,
+        "POST",
+        "/v1/tasks",
+        json!({"queue": "audited", "kind": "k", "key": "once"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{task}");
+    let id = task["id"].as_str().unwrap().to_string();
+    assert_eq!(appends(), 0, "the create's record rode with the insert");
+    let r = newest(&access).await;
+    assert_eq!(
+        (
+            r.record.action.as_str(),
+            r.record.status,
+            r.record.target.as_deref()
+        ),
+        ("POST /v1/tasks", 201, Some(id.as_str()))
+    );
+
+    // A duplicate writes nothing: its record is appended with the answer's status.
+    let (status, _) = call(
+        &app,
+        "POST",
+        "/v1/tasks",
+        json!({"queue": "audited", "kind": "k", "key": "once"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(appends(), 1);
+    assert_eq!(newest(&access).await.record.status, 409);
+
+    // A worker's poll that claims, then its complete: each one write, record inside.
+    let (status, polled) = call(
+        &app,
+        "POST",
+        "/v1/queues/audited/poll",
+        json!({"worker": "w", "max": 1, "wait": "5s"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{polled}");
+    let exec = polled["tasks"][0]["execution_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a claimed task: {polled}"))
+        .to_string();
+    assert_eq!(appends(), 1, "the poll's record rode with its claim");
+    let (status, body) = call(
+        &app,
+        "POST",
+        &format!("/v1/tasks/{id}/complete"),
+        json!({"execution_id": exec}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(appends(), 1, "the complete's record rode with it");
+    let r = newest(&access).await;
+    assert_eq!(
+        (
+            r.record.action.as_str(),
+            r.record.status,
+            r.record.target.as_deref()
+        ),
+        ("POST /v1/tasks/{id}/complete", 200, Some(id.as_str()))
+    );
+
+    // A refused cancel (the task has finished) changes nothing: appended, status 409.
+    let (status, _) = call(&app, "POST", &format!("/v1/tasks/{id}/cancel"), json!({})).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(appends(), 2);
+    assert_eq!(newest(&access).await.record.status, 409);
+
+    // Every request has exactly one record.
+    let all = access
+        .list_audit(&AuditFilter::default(), 100)
+        .await
+        .unwrap();
+    assert_eq!(all.records.len(), 5, "{:?}", all.records);
+    running.shutdown(std::time::Duration::from_secs(1)).await;
+}
