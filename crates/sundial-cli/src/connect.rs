@@ -1,5 +1,10 @@
-//! How a client command reaches the server: the bearer token (`--token`, `SUNDIAL_TOKEN`). Every client command flattens [`Credentials`] into its arguments and builds
-//! its HTTP client with [`Credentials::http_builder`].
+//! How a client command reaches the server: the bearer token (`--token`, `SUNDIAL_TOKEN`) and the
+//! certificate authorities trusted besides the system's (`--ca-file`, `SUNDIAL_CA_FILE`: a
+//! server whose certificate a private CA signed). Every client command flattens
+//! [`Credentials`] into its arguments and builds its HTTP client with
+//! [`Credentials::http_builder`].
+
+use std::path::{Path, PathBuf};
 
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 
@@ -9,6 +14,10 @@ pub struct Credentials {
     /// Bearer token (from `sundial token create`); needed when the server has auth on.
     #[arg(long, env = "SUNDIAL_TOKEN", global = true, hide_env_values = true)]
     pub token: Option<String>,
+    /// PEM file of CA certificates to trust besides the system's, for a server whose HTTPS
+    /// certificate a private CA signed.
+    #[arg(long, env = "SUNDIAL_CA_FILE", global = true)]
+    pub ca_file: Option<PathBuf>,
 }
 
 /// Why a client could not be set up.
@@ -16,6 +25,41 @@ pub struct Credentials {
 pub enum ConnectError {
     #[error("the token is not a valid header value")]
     BadToken,
+    #[error("cannot read the CA file {}: {source}", path.display())]
+    ReadCaFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the CA file {} is not PEM certificates: {source}", path.display())]
+    ParseCaFile {
+        path: PathBuf,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("the CA file {} holds no PEM certificate (\"-----BEGIN CERTIFICATE-----\")", path.display())]
+    EmptyCaFile { path: PathBuf },
+}
+
+/// The certificates of a PEM file (one or more `CERTIFICATE` blocks; anything else in the file is
+/// ignored). A file that cannot be read, or holds no certificate, is an error naming it.
+pub fn read_ca_file(path: &Path) -> Result<Vec<reqwest::Certificate>, ConnectError> {
+    let pem = std::fs::read(path).map_err(|source| ConnectError::ReadCaFile {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|source| {
+        ConnectError::ParseCaFile {
+            path: path.to_path_buf(),
+            source,
+        }
+    })?;
+    if certs.is_empty() {
+        return Err(ConnectError::EmptyCaFile {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(certs)
 }
 
 impl Credentials {
@@ -23,6 +67,7 @@ impl Credentials {
     pub fn token(token: impl Into<String>) -> Self {
         Credentials {
             token: Some(token.into()),
+            ..Credentials::default()
         }
     }
 
@@ -43,8 +88,13 @@ impl Credentials {
         Ok(headers)
     }
 
-    /// A client builder that sends the token on every request.
+    /// A client builder that sends the token on every request and trusts the CA file's
+    /// certificates (besides the system's).
     pub fn http_builder(&self) -> Result<reqwest::ClientBuilder, ConnectError> {
-        Ok(crate::client::http_client_builder().default_headers(self.headers()?))
+        let mut builder = crate::client::http_client_builder().default_headers(self.headers()?);
+        if let Some(path) = self.ca_file.as_ref().filter(|p| !p.as_os_str().is_empty()) {
+            builder = builder.tls_certs_merge(read_ca_file(path)?);
+        }
+        Ok(builder)
     }
 }

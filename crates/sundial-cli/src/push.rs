@@ -12,6 +12,8 @@ pub struct PushArgs {
     /// The server's base URL.
     #[arg(long, env = "SUNDIAL_SERVER", default_value = crate::DEFAULT_SERVER, global = true)]
     server: String,
+    #[command(flatten)]
+    credentials: sundial_cli::Credentials,
     /// Print the API's JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -48,7 +50,8 @@ enum SecretCommand {
 }
 
 pub async fn run(args: PushArgs) -> anyhow::Result<ExitCode> {
-    let client = Client::new(&args.server).context("cannot build the HTTP client")?;
+    let client = Client::with_credentials(&args.server, &args.credentials)
+        .context("cannot build the HTTP client")?;
     let json = args.json;
     let PushCommand::Secret(cmd) = args.command;
     let result: Result<(), ClientError> = match cmd {

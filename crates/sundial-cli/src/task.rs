@@ -384,8 +384,24 @@ pub async fn run(args: TaskArgs) -> anyhow::Result<ExitCode> {
 pub fn report(e: &ClientError, json: bool) {
     match e {
         ClientError::Api { status, body } => output::report(status.as_u16(), body, json),
-        other => eprintln!("error: {other}"),
+        other => eprintln!("error: {}", error_chain(other)),
     }
+}
+
+/// An error and its sources on one line (`cannot reach the server: error sending request …:
+/// invalid peer certificate: UnknownIssuer`): the cause of a transport error is in its sources.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        source = s.source();
+    }
+    line
 }
 
 pub fn print_json<T: serde::Serialize>(v: &T) {

@@ -1,7 +1,8 @@
 //! HTTPS with a certificate made in the test (rcgen): the server serves TLS with `--tls-cert` and
 //! `--tls-key` (a client trusting the test's CA gets answers; one trusting another CA refuses the
-//! server), and a slow client cannot hold a connection open: one that sends part of its headers
-//! and then nothing is disconnected by the server.
+//! server); the CLI (`--ca-file`, `SUNDIAL_CA_FILE`) and `RemoteWorker::ca_file` trust a private
+//! CA and refuse the server without it; and a slow client cannot hold a connection open: one
+//! that sends part of its headers and then nothing is disconnected by the server.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic on failure
 
 mod common;
@@ -159,4 +160,183 @@ fn a_client_that_stops_sending_its_headers_is_disconnected() {
     let mut text = String::new();
     ok.read_to_string(&mut text).unwrap();
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+}
+
+/// Runs `sundial ARGS…` with `envs`; returns (exit ok, stdout, stderr).
+fn sundial(args: &[&str], envs: &[(&str, &str)]) -> (bool, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .env_remove("SUNDIAL_TOKEN")
+        .env_remove("SUNDIAL_CA_FILE")
+        .envs(envs.iter().copied())
+        .output()
+        .expect("run sundial");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// An error and its sources, on one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(x) = src {
+        s.push_str(": ");
+        s.push_str(&x.to_string());
+        src = x.source();
+    }
+    s
+}
+
+#[test]
+fn the_cli_trusts_a_private_ca_with_ca_file() {
+    let pki = Pki::new();
+    let data = tempfile::tempdir().unwrap();
+    let (cert, key, ca) = (
+        pki.path("cert.pem"),
+        pki.path("key.pem"),
+        pki.path("ca.pem"),
+    );
+    let server = Server::start_with(data.path(), &["--tls-cert", &cert, "--tls-key", &key]);
+    let url = server.url.as_str();
+
+    // Without the CA: the server's certificate is refused, and the error says so.
+    let (ok, _, err) = sundial(&["task", "ls", "--server", url], &[]);
+    assert!(!ok);
+    assert!(err.contains("certificate"), "{err}");
+    let (ok, _, err) = sundial(&["schedule", "ls", "--server", url], &[]);
+    assert!(!ok);
+    assert!(err.contains("certificate"), "{err}");
+
+    // With it, by flag (after the subcommand: the option is global) or by environment.
+    let (ok, out, err) = sundial(&["task", "ls", "--server", url, "--ca-file", &ca], &[]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("ID"), "{out}");
+    let (ok, _, err) = sundial(
+        &["task", "add", "k", "--server", url],
+        &[("SUNDIAL_CA_FILE", &ca)],
+    );
+    assert!(ok, "{err}");
+    for cmd in [
+        &["schedule", "ls"][..],
+        &["workflow", "ls"],
+        &["queue", "ls"],
+        &["push", "secret", "ls"],
+        &["token", "ls"],
+    ] {
+        let (ok, _, err) = sundial(cmd, &[("SUNDIAL_SERVER", url), ("SUNDIAL_CA_FILE", &ca)]);
+        assert!(ok, "{cmd:?}: {err}");
+    }
+
+    // Another CA does not make the server trusted.
+    let other = Pki::new();
+    let (ok, _, err) = sundial(
+        &[
+            "task",
+            "ls",
+            "--server",
+            url,
+            "--ca-file",
+            &other.path("ca.pem"),
+        ],
+        &[],
+    );
+    assert!(!ok);
+    assert!(err.contains("certificate"), "{err}");
+
+    // A file that is missing, or holds no certificate: an error naming it, before any request.
+    let missing = pki.path("missing.pem");
+    let (ok, _, err) = sundial(&["task", "ls", "--server", url, "--ca-file", &missing], &[]);
+    assert!(!ok);
+    assert!(
+        err.contains("cannot read the CA file") && err.contains(&missing),
+        "{err}"
+    );
+    let (ok, _, err) = sundial(&["task", "ls", "--server", url, "--ca-file", &key], &[]);
+    assert!(!ok);
+    assert!(
+        err.contains("holds no PEM certificate") && err.contains(&key),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_worker_trusts_a_private_ca_with_ca_file() {
+    use serde_json::{Value, json};
+    use sundial_workflow::remote::{RemoteActivityContext, RemoteError, RemoteWorker};
+    use sundial_workflow::{ActivityError, WorkflowContext, WorkflowError};
+
+    let pki = Pki::new();
+    let data = tempfile::tempdir().unwrap();
+    let (cert, key, ca) = (
+        pki.path("cert.pem"),
+        pki.path("key.pem"),
+        pki.path("ca.pem"),
+    );
+    let server = Server::start_with(data.path(), &["--tls-cert", &cert, "--tls-key", &key]);
+    let url = server.url.clone();
+
+    // Without the CA the server is refused.
+    let err = RemoteWorker::new(&url).check().await.unwrap_err();
+    assert!(chain(&err).contains("certificate"), "{}", chain(&err));
+    // A bad file is refused when given, naming it.
+    let missing = pki.path("missing.pem");
+    let err = RemoteWorker::new(&url).ca_file(&missing).err().unwrap();
+    assert!(matches!(err, RemoteError::ReadCaFile { .. }), "{err}");
+    assert!(err.to_string().contains(&missing), "{err}");
+    let err = RemoteWorker::new(&url).ca_file(&key).err().unwrap();
+    assert!(matches!(err, RemoteError::BadCaFile { .. }), "{err}");
+    assert!(err.to_string().contains(&key), "{err}");
+
+    // With it, the worker runs a workflow and its activity over HTTPS.
+    let mut worker = RemoteWorker::new(&url).ca_file(&ca).unwrap();
+    worker.check().await.unwrap();
+    worker
+        .register("shout", |ctx: WorkflowContext, s: String| async move {
+            let up: String = ctx.activity("upper", &s).await?;
+            Ok::<_, WorkflowError>(up)
+        })
+        .unwrap();
+    worker
+        .register_activity(
+            "upper",
+            |_ctx: RemoteActivityContext, s: String| async move {
+                Ok::<_, ActivityError>(s.to_uppercase())
+            },
+        )
+        .unwrap();
+    let running = tokio::spawn(worker.run());
+
+    let roots = reqwest::Certificate::from_pem_bundle(&std::fs::read(&ca).unwrap()).unwrap();
+    let http = sundial_cli::http_client_builder()
+        .tls_certs_merge(roots)
+        .build()
+        .unwrap();
+    let resp = http
+        .post(format!("{url}/v1/workflows"))
+        .json(&json!({"type": "shout", "id": "s-1", "input": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 201);
+    let mut view = Value::Null;
+    for _ in 0..1_200 {
+        view = http
+            .get(format!("{url}/v1/workflows/s-1"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if view["status"] != "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(view["status"], "completed", "{view}");
+    assert_eq!(view["result"], json!("HI"));
+    running.abort();
 }

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,6 +40,23 @@ pub enum RemoteError {
     /// The server answered with an error status.
     #[error("server answered {status}: {body}")]
     Status { status: u16, body: String },
+    /// [`RemoteWorker::ca_file`]: the file cannot be read.
+    #[error("cannot read the CA file {}: {source}", path.display())]
+    ReadCaFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// [`RemoteWorker::ca_file`]: the file holds no PEM certificate, or a broken one.
+    #[error("the CA file {} holds no usable PEM certificate{}", path.display(), source.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
+    BadCaFile {
+        path: PathBuf,
+        #[source]
+        source: Option<reqwest::Error>,
+    },
+    /// [`RemoteWorker::token`]: not a valid header value.
+    #[error("the token is not a valid header value")]
+    BadToken,
 }
 
 /// What a remote activity function is given.
@@ -130,6 +148,29 @@ impl Client {
     }
 }
 
+/// What the worker's HTTP client is built from.
+#[derive(Default)]
+struct HttpSettings {
+    /// CA certificates trusted besides the system's.
+    roots: Vec<reqwest::Certificate>,
+    /// The `Authorization` header.
+    token: Option<reqwest::header::HeaderValue>,
+}
+
+fn http_client(settings: &HttpSettings) -> Result<reqwest::Client, RemoteError> {
+    // See `sundial_cli::http_client_builder`: with reqwest's rustls features a client needs a
+    // provider installed (ring, as everywhere in Sundial; a second install is harmless).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(t) = &settings.token {
+        headers.insert(reqwest::header::AUTHORIZATION, t.clone());
+    }
+    Ok(reqwest::Client::builder()
+        .default_headers(headers)
+        .tls_certs_merge(settings.roots.iter().cloned())
+        .build()?)
+}
+
 #[derive(serde::Deserialize)]
 struct Tasks<T> {
     tasks: Vec<T>,
@@ -157,6 +198,7 @@ struct Tasks<T> {
 /// ```
 pub struct RemoteWorker {
     client: Client,
+    http: HttpSettings,
     name: String,
     workflows: HashMap<String, WorkflowFn>,
     activities: HashMap<String, RemoteActivityFn>,
@@ -164,23 +206,78 @@ pub struct RemoteWorker {
 }
 
 impl RemoteWorker {
-    /// A worker for the server at `server_url` (e.g. `http://127.0.0.1:8080`).
+    /// A worker for the server at `server_url` (e.g. `http://127.0.0.1:8080`, or `https://…`:
+    /// the system's certificate authorities are trusted, and those of [`ca_file`](Self::ca_file)).
     pub fn new(server_url: &str) -> Self {
         RemoteWorker {
             client: Client {
-                http: {
-                    // See `sundial_cli::http_client_builder`: with reqwest's rustls features
-                    // unified in from push delivery, a client needs a provider installed.
-                    let _ = rustls::crypto::ring::default_provider().install_default();
-                    reqwest::Client::new()
-                },
+                http: http_client(&HttpSettings::default())
+                    .unwrap_or_else(|_| reqwest::Client::new()),
                 base: server_url.trim_end_matches('/').into(),
             },
+            http: HttpSettings::default(),
             name: format!("remote-worker-{}", uuid::Uuid::new_v4().simple()),
             workflows: HashMap::new(),
             activities: HashMap::new(),
             concurrency: 16,
         }
+    }
+
+    /// Also trusts the CA certificates in the PEM file at `path` (one or more `CERTIFICATE`
+    /// blocks), for a server whose HTTPS certificate a private CA signed. A file that cannot be
+    /// read or holds no certificate is an error naming it.
+    pub fn ca_file(mut self, path: impl AsRef<Path>) -> Result<Self, RemoteError> {
+        let path = path.as_ref();
+        let pem = std::fs::read(path).map_err(|source| RemoteError::ReadCaFile {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let certs =
+            reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| RemoteError::BadCaFile {
+                path: path.to_path_buf(),
+                source: Some(e),
+            })?;
+        if certs.is_empty() {
+            return Err(RemoteError::BadCaFile {
+                path: path.to_path_buf(),
+                source: None,
+            });
+        }
+        self.http.roots.extend(certs);
+        self.client.http = http_client(&self.http)?;
+        Ok(self)
+    }
+
+    /// Sends `token` (from `sundial token create --scope worker`) as the bearer token of every
+    /// request, for a server with auth on.
+    pub fn token(mut self, token: &str) -> Result<Self, RemoteError> {
+        let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {}", token.trim()))
+            .map_err(|_| RemoteError::BadToken)?;
+        value.set_sensitive(true);
+        self.http.token = Some(value);
+        self.client.http = http_client(&self.http)?;
+        Ok(self)
+    }
+
+    /// Asks the server's `/healthz` once: whether the address answers, over HTTPS whether its
+    /// certificate is trusted. [`run`](Self::run) retries such errors for ever (logging them); a
+    /// worker that calls this first fails at start with the reason instead.
+    pub async fn check(&self) -> Result<(), RemoteError> {
+        let resp = self
+            .client
+            .http
+            .get(format!("{}/healthz", self.client.base))
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await?;
+        let status = resp.status();
+        if !status.is_success() {
+            return Err(RemoteError::Status {
+                status: status.as_u16(),
+                body: resp.text().await.unwrap_or_default(),
+            });
+        }
+        Ok(())
     }
 
     /// The worker name the server records on the tasks it claims.
