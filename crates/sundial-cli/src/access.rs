@@ -2,8 +2,9 @@
 //! `/v1/namespaces`, `/v1/audit`) from the command line, with an admin token.
 //!
 //! `sundial token create --bootstrap` makes the first admin token without a server: it opens
-//! the store itself (the data directory, or `--database-url`), refuses when any token exists,
-//! and prints the token once. Run it before the server starts on a data directory (the
+//! the store itself (the data directory, or `--database-url`), refuses when any token exists
+//! (checked and stored in one step), and prints the token once. `sundial server` does the same
+//! with a token the operator chose in `SUNDIAL_BOOTSTRAP_TOKEN` (`bootstrap.rs`). Run it before the server starts on a data directory (the
 //! embedded store is one process's), or at any time against PostgreSQL.
 
 use std::path::PathBuf;
@@ -347,7 +348,12 @@ async fn bootstrap(c: CreateTokenArgs, json_out: bool) -> anyhow::Result<ExitCod
             return Ok(report(ErrorBody { error: *e.detail }));
         }
     };
-    let record = store.create_token(token).await?;
+    // Atomic: of two bootstraps at once against one PostgreSQL, one stores its token.
+    let Some(record) = store.create_first_token(token).await? else {
+        anyhow::bail!(
+            "tokens exist already: create more through the server with an admin token (sundial token create --token …)"
+        );
+    };
     print_created(
         &CreatedToken {
             token: issued.token,

@@ -16,6 +16,7 @@
 #[macro_use]
 mod output;
 mod access;
+mod bootstrap;
 mod push;
 mod queue;
 mod schedule;

@@ -34,6 +34,11 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 #[derive(Args, Debug)]
+#[command(
+    after_help = "Environment: SUNDIAL_BOOTSTRAP_TOKEN=sdl_… (96 hex digits after sdl_, e.g. \
+sdl_$(openssl rand -hex 48)) is stored as the admin token `bootstrap` when the store has no token \
+yet, and ignored once any token exists."
+)]
 pub struct ServerArgs {
     /// Directory of the embedded store (created if missing).
     #[arg(long, env = "SUNDIAL_DATA_DIR", default_value = "./sundial-data")]
@@ -293,6 +298,14 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         eprintln!("error: invalid settings: {e}");
         return Ok(ExitCode::from(EXIT_BAD_CONFIG));
     }
+    // A malformed bootstrap token stops the server before it binds or opens anything.
+    let bootstrap_token = match crate::bootstrap::from_env() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: invalid settings: {e}");
+            return Ok(ExitCode::from(EXIT_BAD_CONFIG));
+        }
+    };
     let push_policy =
         sundial_push::AddressPolicy::parse(&args.push_allow).context("invalid --push-allow")?;
     // Bind first: a refused address must not leave a freshly created, empty data directory.
@@ -398,6 +411,26 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
                 .context("cannot join the cluster")?
         }
     };
+
+    if let Some(token) = &bootstrap_token {
+        let store = sundial
+            .access_store()
+            .context("this store keeps no tokens, so SUNDIAL_BOOTSTRAP_TOKEN cannot be stored")?;
+        let now = sundial.clock().now();
+        match crate::bootstrap::store(store.as_ref(), token, now)
+            .await
+            .context("cannot store SUNDIAL_BOOTSTRAP_TOKEN")?
+        {
+            crate::bootstrap::Outcome::Stored => tracing::info!(
+                token_id = %token.id,
+                name = crate::bootstrap::NAME,
+                "stored SUNDIAL_BOOTSTRAP_TOKEN as the first admin token"
+            ),
+            crate::bootstrap::Outcome::TokensExist => {
+                tracing::info!("SUNDIAL_BOOTSTRAP_TOKEN ignored: the store has tokens already")
+            }
+        }
+    }
 
     let app = sundial_server::router(sundial.clone(), server_config);
     let running = sundial.start();

@@ -1,10 +1,12 @@
-//! Tokens end to end with the real binary: the bootstrap of the first admin token, `sundial token
-//! create|ls|revoke`, the auth rule (on once a token exists), and a revocation refused on every
-//! node of a PostgreSQL cluster within a second.
+//! Tokens end to end with the real binary: the bootstrap of the first admin token (`token create
+//! --bootstrap`, and `SUNDIAL_BOOTSTRAP_TOKEN` at server start, once across nodes starting
+//! together), `sundial token create|ls|revoke`, the auth rule (on once a token exists), and a
+//! revocation refused on every node of a PostgreSQL cluster within a second.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic on failure
 
 mod common;
 
+use std::ffi::OsString;
 use std::process::Command;
 use std::time::Duration;
 
@@ -223,4 +225,123 @@ async fn a_bootstrap_creates_the_store_with_the_servers_shard_count() {
         let store = sundial::Sundial::open(&data).await.unwrap();
         assert_eq!(store.config().shard_count, want, "{extra:?}");
     }
+}
+
+/// A fresh token string of the issued form (what an operator puts in `SUNDIAL_BOOTSTRAP_TOKEN`).
+fn fresh_token() -> String {
+    sundial_server::access::IssuedToken::generate().token
+}
+
+fn with_bootstrap(token: &str) -> Launch {
+    Launch {
+        env: vec![(
+            OsString::from("SUNDIAL_BOOTSTRAP_TOKEN"),
+            OsString::from(token),
+        )],
+        ..Launch::default()
+    }
+}
+
+async fn bootstrap_from_the_environment_on(backend: Backend) {
+    let Some(storage) = Storage::new(backend) else {
+        return;
+    };
+    let root = fresh_token();
+    let mut server = Server::launch(&storage, &with_bootstrap(&root));
+    let s = server.url.clone();
+    // The token exists: auth is on (loopback too), and it is an admin token.
+    assert_eq!(get(&format!("{s}/v1/tasks"), None).await.0, 401);
+    assert_eq!(get(&format!("{s}/v1/tasks"), Some(&root)).await.0, 200);
+    let (st, list) = get(&format!("{s}/v1/tokens"), Some(&root)).await;
+    assert_eq!(st, 200, "{list}");
+    let tokens = list["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len(), 1, "{list}");
+    assert_eq!(tokens[0]["name"], "bootstrap");
+    assert_eq!(tokens[0]["scope"], "admin");
+    assert!(!list.to_string().contains(&root[36..]), "never the secret");
+    server.terminate(Duration::from_secs(30));
+
+    // A restart with the variable still set (or set to another token): ignored, still one token.
+    let other = fresh_token();
+    let server = Server::launch(&storage, &with_bootstrap(&other));
+    let s = server.url.clone();
+    assert_eq!(get(&format!("{s}/v1/tasks"), Some(&other)).await.0, 401);
+    assert_eq!(get(&format!("{s}/v1/tasks"), Some(&root)).await.0, 200);
+    let (_, list) = get(&format!("{s}/v1/tokens"), Some(&root)).await;
+    assert_eq!(list["tokens"].as_array().unwrap().len(), 1, "{list}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_stores_a_bootstrap_token_from_the_environment_once() {
+    bootstrap_from_the_environment_on(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_stores_a_bootstrap_token_from_the_environment_once_on_postgres() {
+    bootstrap_from_the_environment_on(Backend::Postgres).await;
+}
+
+/// Nodes starting together on one PostgreSQL, each with its own bootstrap token: exactly one of
+/// the tokens is stored, and it works on every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_starting_together_store_one_bootstrap_token() {
+    let Some(storage) = Storage::new(Backend::Postgres) else {
+        return;
+    };
+    let tokens: Vec<String> = (0..3).map(|_| fresh_token()).collect();
+    let servers: Vec<Server> = std::thread::scope(|scope| {
+        let started: Vec<_> = tokens
+            .iter()
+            .map(|t| {
+                let storage = &storage;
+                scope.spawn(move || Server::launch(storage, &with_bootstrap(t)))
+            })
+            .collect();
+        started.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut working = Vec::new();
+    for t in &tokens {
+        if get(&format!("{}/v1/tasks", servers[0].url), Some(t))
+            .await
+            .0
+            == 200
+        {
+            working.push(t.clone());
+        }
+    }
+    assert_eq!(working.len(), 1, "exactly one bootstrap token is stored");
+    for node in &servers {
+        assert_eq!(
+            get(&format!("{}/v1/tasks", node.url), Some(&working[0]))
+                .await
+                .0,
+            200
+        );
+        let (_, list) = get(&format!("{}/v1/tokens", node.url), Some(&working[0])).await;
+        assert_eq!(list["tokens"].as_array().unwrap().len(), 1, "{list}");
+    }
+}
+
+#[test]
+fn a_malformed_bootstrap_token_stops_the_server_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let secret_looking = "sdl_0123456789abcdef";
+    let out = Command::new(BIN)
+        .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data)
+        .env("SUNDIAL_BOOTSTRAP_TOKEN", secret_looking)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("SUNDIAL_BOOTSTRAP_TOKEN is not a Sundial token"),
+        "{err}"
+    );
+    assert!(
+        !err.contains(secret_looking),
+        "the value is not echoed: {err}"
+    );
+    assert!(!data.exists(), "nothing was created");
 }

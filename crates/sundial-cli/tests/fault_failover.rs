@@ -164,6 +164,7 @@ impl Nodes {
             extra: Vec::new(),
             rust_log: Some("warn,sundial::cluster=info".to_string()),
             log: Some(self.log_path(i, self.starts[i])),
+            ..Launch::default()
         };
         let server = Server::spawn(args, &launch, self.storage.dir.path());
         self.clients.write().unwrap()[i] = server.client();

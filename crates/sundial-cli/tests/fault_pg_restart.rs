@@ -400,6 +400,7 @@ async fn postgres_crash_and_restart_gives_503_loses_nothing_and_dispatch_resumes
         extra: Vec::new(),
         rust_log: Some(std::env::var("FAULT_RUST_LOG").unwrap_or_else(|_| "warn".into())),
         log: Some(log.clone()),
+        ..Launch::default()
     };
     let server = Server::spawn(args, &launch, data.path());
     let record = Arc::new(Record::default());

@@ -161,6 +161,38 @@ impl AccessStore for PostgresStore {
         token_from_row(&row)
     }
 
+    async fn create_first_token(&self, t: NewToken) -> Result<Option<TokenRecord>, StoreError> {
+        // `NOT EXISTS` alone would let two transactions that both saw an empty table insert one
+        // token each; the table lock (it conflicts with itself and with inserts, not with reads)
+        // makes the second wait for the first's commit and then see its row.
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        let lock = self.access_sql("LOCK TABLE {schema}.api_tokens IN SHARE ROW EXCLUSIVE MODE");
+        tx.batch_execute(&lock).await.map_err(pg)?;
+        let sql = self.access_sql(&format!(
+            "INSERT INTO {{schema}}.api_tokens (id, name, scope, namespace, secret_hash, \
+             created_at, expires_at) SELECT $1, $2, $3, $4, $5, $6, $7 \
+             WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.api_tokens) RETURNING {TOKEN_COLUMNS}"
+        ));
+        let row = query_opt(
+            &tx,
+            &sql,
+            &[
+                &t.id.0,
+                &t.name,
+                &t.scope.as_str(),
+                &t.namespace,
+                &&t.secret_hash[..],
+                &t.created_at.0,
+                &t.expires_at.map(|e| e.0),
+            ],
+        )
+        .await?;
+        let record = row.map(|r| token_from_row(&r)).transpose()?;
+        tx.commit().await.map_err(pg)?;
+        Ok(record)
+    }
+
     async fn get_token(&self, id: TokenId) -> Result<Option<TokenRecord>, StoreError> {
         self.load_token(id).await
     }

@@ -114,6 +114,37 @@ impl AccessStore for SqliteStore {
             .await
     }
 
+    async fn create_first_token(&self, t: NewToken) -> Result<Option<TokenRecord>, StoreError> {
+        // One writer job: nothing else writes between the check and the insert.
+        self.writer
+            .write(move |conn| {
+                let n = conn
+                    .prepare_cached(
+                        "INSERT INTO api_tokens (id, name, scope, namespace, secret_hash, \
+                         created_at, expires_at) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7 \
+                         WHERE NOT EXISTS (SELECT 1 FROM api_tokens)",
+                    )
+                    .map_err(backend)?
+                    .execute(params![
+                        t.id.as_bytes(),
+                        t.name,
+                        t.scope.as_str(),
+                        t.namespace,
+                        &t.secret_hash[..],
+                        t.created_at.0,
+                        t.expires_at.map(|e| e.0),
+                    ])
+                    .map_err(backend)?;
+                if n == 0 {
+                    return Ok(None);
+                }
+                load_token(conn, t.id)?
+                    .ok_or_else(|| corrupt("token", "missing after insert"))
+                    .map(Some)
+            })
+            .await
+    }
+
     async fn get_token(&self, id: TokenId) -> Result<Option<TokenRecord>, StoreError> {
         self.read(move |conn| load_token(conn, id)).await
     }

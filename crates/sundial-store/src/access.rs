@@ -176,6 +176,11 @@ pub trait AccessStore: Send + Sync + 'static {
     /// Stores a new token. Ids are unique; a repeated id is a backend error.
     async fn create_token(&self, token: NewToken) -> Result<TokenRecord, StoreError>;
 
+    /// Stores `token` only when the store holds no token at all (revoked ones count), as one
+    /// atomic step: of concurrent calls (nodes starting together on one database) at most one
+    /// stores its token. `None`: a token existed, nothing was stored.
+    async fn create_first_token(&self, token: NewToken) -> Result<Option<TokenRecord>, StoreError>;
+
     async fn get_token(&self, id: TokenId) -> Result<Option<TokenRecord>, StoreError>;
 
     /// Every token, revoked and expired ones included, oldest first.

@@ -99,6 +99,7 @@ macro_rules! access_store_conformance {
     ($factory:expr $(,)?) => {
         $crate::access_store_conformance!(@checks ($factory)
             access_tokens_round_trip_and_revoke
+            access_first_token_only_into_an_empty_store
             access_namespaces_are_unique
             access_audit_appends_pages_filters_and_purges
         );
@@ -129,6 +130,56 @@ fn token(name: &str, scope: Scope, namespace: Option<&str>, at: i64) -> NewToken
         created_at: Timestamp(at),
         expires_at: Some(Timestamp(at + 1_000)),
     }
+}
+
+/// `create_first_token` stores into an empty store only, and of many concurrent calls exactly one
+/// stores; later ones (a revoked token counts) store nothing.
+pub async fn access_first_token_only_into_an_empty_store(s: Arc<dyn AccessStore>) {
+    // Polled together: on a database each call runs on its own connection, interleaved.
+    let calls = (0..8).map(|i| {
+        let s = s.clone();
+        let t = token(&format!("first-{i}"), Scope::Admin, None, 10 + i);
+        async move { s.create_first_token(t).await }
+    });
+    let mut stored = Vec::new();
+    for r in futures::future::join_all(calls).await {
+        if let Some(t) = r.expect("the store answers") {
+            stored.push(t);
+        }
+    }
+    assert_eq!(stored.len(), 1, "exactly one first token: {stored:?}");
+    let listed = s.list_tokens().await.expect("the store answers");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].id, stored[0].id);
+    assert_eq!(listed[0].scope, Scope::Admin);
+    assert_eq!(listed[0].secret_hash, stored[0].secret_hash);
+
+    // The same token again (a restart with the same setting): nothing stored, no error.
+    let again = NewToken {
+        id: stored[0].id,
+        name: stored[0].name.clone(),
+        scope: Scope::Admin,
+        namespace: None,
+        secret_hash: stored[0].secret_hash,
+        created_at: Timestamp(99),
+        expires_at: None,
+    };
+    assert_eq!(
+        s.create_first_token(again)
+            .await
+            .expect("the store answers"),
+        None
+    );
+    // A revoked token still counts.
+    s.revoke_token(stored[0].id, Timestamp(100))
+        .await
+        .expect("the store answers");
+    let late = token("late", Scope::Admin, None, 200);
+    assert_eq!(
+        s.create_first_token(late).await.expect("the store answers"),
+        None
+    );
+    assert_eq!(s.list_tokens().await.expect("the store answers").len(), 1);
 }
 
 pub async fn access_tokens_round_trip_and_revoke(s: Arc<dyn AccessStore>) {

@@ -64,14 +64,16 @@ pub use series::register_queue_metrics;
 pub use sundial_core::Tags;
 pub use sundial_core::{
     Backoff, Clock, Due, Exclusive, ExclusiveMode, ExecutionId, INTERNAL_QUEUE_PREFIX, Limits,
-    ManualClock, PushMethod, Target, Task, TaskId, TaskSpec, TaskState, Timestamp, TraceContext,
-    ValidationError, is_internal_queue,
+    ManualClock, PushMethod, Target, Task, TaskId, TaskSpec, TaskState, Timestamp, TokenId,
+    TraceContext, ValidationError, is_internal_queue,
 };
 pub use sundial_store::{
     AccessStore, Attempt, AttemptHistory, AttemptOutcome, AttemptResponse, Cluster, PushSecret,
     PushSecretStore, QueueConfig, QueueSettings, RetentionOverride, RetentionRules, ScheduleStore,
     StateCount, Store, StoreError, TaskFilter, TaskPage, WorkflowStore,
 };
+/// The access store's rows (tokens), for programs that write the first token themselves.
+pub use sundial_store::{NewToken, Scope, TokenRecord};
 pub use sundial_store_sqlite::{Durability, SqliteOptions, SqliteStore};
 
 use engine::Engine;

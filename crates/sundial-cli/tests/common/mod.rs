@@ -93,6 +93,8 @@ pub struct Launch {
     pub rust_log: Option<String>,
     /// Append the server's stderr to this file instead of the test's stderr.
     pub log: Option<PathBuf>,
+    /// More environment variables for the server.
+    pub env: Vec<(OsString, OsString)>,
 }
 
 pub struct Server {
@@ -142,6 +144,8 @@ impl Server {
             .arg("127.0.0.1:0")
             .args(&args)
             .env("RUST_LOG", launch.rust_log.as_deref().unwrap_or("warn"))
+            .env_remove("SUNDIAL_BOOTSTRAP_TOKEN")
+            .envs(launch.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr)
