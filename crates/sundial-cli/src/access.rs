@@ -203,21 +203,30 @@ fn print_json<T: serde::Serialize>(v: &T) {
     }
 }
 
-fn print_token_line(t: &TokenView) {
-    let state = if t.revoked_at.is_some() {
-        "revoked"
-    } else {
-        "live"
-    };
-    outln!(
-        "{}  {:<20} {:<9} {:<16} {:<8} {}",
-        t.id,
-        t.name,
-        t.scope,
-        t.namespace.as_deref().unwrap_or("*"),
-        state,
-        t.expires_at.as_deref().unwrap_or("-")
-    );
+/// Tokens as a table with a header, like the other `ls` commands.
+fn token_table(tokens: &[TokenView]) -> String {
+    let rows: Vec<Vec<String>> = tokens
+        .iter()
+        .map(|t| {
+            vec![
+                t.id.to_string(),
+                t.name.clone(),
+                t.scope.clone(),
+                t.namespace.clone().unwrap_or_else(|| "*".to_string()),
+                if t.revoked_at.is_some() {
+                    "revoked"
+                } else {
+                    "live"
+                }
+                .to_string(),
+                t.expires_at.clone().unwrap_or_else(|| "-".to_string()),
+            ]
+        })
+        .collect();
+    crate::output::table(
+        &["ID", "NAME", "SCOPE", "NAMESPACE", "STATE", "EXPIRES"],
+        &rows,
+    )
 }
 
 fn print_created(c: &CreatedToken, json_out: bool) {
@@ -267,9 +276,7 @@ pub async fn run_token(args: TokenArgs) -> anyhow::Result<ExitCode> {
                     Ok(ExitCode::SUCCESS)
                 }
                 Ok(list) => {
-                    for t in &list.tokens {
-                        print_token_line(t);
-                    }
+                    out!("{}", token_table(&list.tokens));
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(e) => Ok(report(e)),
@@ -286,7 +293,7 @@ pub async fn run_token(args: TokenArgs) -> anyhow::Result<ExitCode> {
                     Ok(ExitCode::SUCCESS)
                 }
                 Ok(t) => {
-                    print_token_line(&t);
+                    out!("{}", token_table(std::slice::from_ref(&t)));
                     Ok(ExitCode::SUCCESS)
                 }
                 Err(e) => Ok(report(e)),
@@ -403,15 +410,22 @@ pub async fn run_namespace(args: NamespaceArgs) -> anyhow::Result<ExitCode> {
                 Ok(ExitCode::SUCCESS)
             }
             Ok(list) => {
-                for n in &list.namespaces {
-                    let quota = |v: Option<String>| v.unwrap_or_else(|| "-".to_string());
-                    outln!(
-                        "{:<24} live<={:<10} creates/s<={}",
-                        n.name,
-                        quota(n.max_live_tasks.map(|v| v.to_string())),
-                        quota(n.max_creates_per_second.map(|v| v.to_string()))
-                    );
-                }
+                let quota = |v: Option<String>| v.unwrap_or_else(|| "-".to_string());
+                let rows: Vec<Vec<String>> = list
+                    .namespaces
+                    .iter()
+                    .map(|n| {
+                        vec![
+                            n.name.clone(),
+                            quota(n.max_live_tasks.map(|v| v.to_string())),
+                            quota(n.max_creates_per_second.map(|v| v.to_string())),
+                        ]
+                    })
+                    .collect();
+                out!(
+                    "{}",
+                    crate::output::table(&["NAME", "MAX LIVE TASKS", "MAX CREATES/S"], &rows)
+                );
                 Ok(ExitCode::SUCCESS)
             }
             Err(e) => Ok(report(e)),

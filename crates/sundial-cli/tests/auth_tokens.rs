@@ -102,6 +102,38 @@ async fn bootstrap_then_tokens_through_the_cli() {
     assert_eq!(tokens.len(), 2);
     assert!(!listed.to_string().contains(&reader[4..]), "never a secret");
     let id = tokens[1]["id"].as_str().unwrap().to_string();
+    // The table has a header line, like the other `ls` commands.
+    let (ok, table, err) = sundial(&["token", "ls"], &env);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 3, "{table}");
+    let header: Vec<&str> = lines[0].split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["ID", "NAME", "SCOPE", "NAMESPACE", "STATE", "EXPIRES"],
+        "{table}"
+    );
+    assert!(
+        lines[2].starts_with(&id) && lines[2].contains("dash") && lines[2].contains("live"),
+        "{table}"
+    );
+    let (ok, _, err) = sundial(
+        &["namespace", "add", "team-a", "--max-live-tasks", "5"],
+        &env,
+    );
+    assert!(ok, "{err}");
+    let (ok, table, err) = sundial(&["namespace", "ls"], &env);
+    assert!(ok, "{err}");
+    assert!(table.starts_with("NAME "), "{table}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("team-a") && l.contains('5')),
+        "{table}"
+    );
+    // Push commands send the token too.
+    let (ok, _, err) = sundial(&["push", "secret", "ls"], &env);
+    assert!(ok, "{err}");
 
     // The reader reads, and may not write.
     let (ok, _, err) = sundial(
