@@ -328,7 +328,16 @@ impl Handler for PushHandler {
             // kept on the attempt (a durable write; holding a receiver's slots through it would
             // cap that receiver at `slots / commit latency` calls a second).
             ctx.slots.release();
-            exec.record(&sundial, &ctx.task, ctx.execution_id, &d).await;
+            // The engine keeps the answer beside the outcome, in writes issued together; a
+            // context without an engine behind it (a workflow activity's) keeps it here.
+            if let Some(r) = d.response.clone()
+                && let Some(r) = ctx.answer.hand_over(r)
+                && let Err(e) = sundial
+                    .record_attempt_response(ctx.task.id, ctx.execution_id, r)
+                    .await
+            {
+                tracing::warn!(task = %ctx.task.id, error = %e, "cannot keep the push answer on its attempt");
+            }
             d.outcome
         })
     }

@@ -185,11 +185,16 @@ async fn deliver(
     let d = exec.deliver_to(&target, &task, execution).await;
     drop(slot);
     let sundial = &sundial;
-    exec.record(sundial, &task, execution, &d).await;
-    let res = match d.outcome {
-        Ok(result) => sundial.complete(task.id, execution, result).await,
-        Err(e) => sundial.fail_with(task.id, execution, e).await,
+    // The answer and the outcome are written together (the answer's write issued first), so
+    // they share one group commit instead of two commits one after the other.
+    let keep_answer = exec.record(sundial, &task, execution, &d);
+    let record_outcome = async {
+        match d.outcome.clone() {
+            Ok(result) => sundial.complete(task.id, execution, result).await,
+            Err(e) => sundial.fail_with(task.id, execution, e).await,
+        }
     };
+    let ((), res) = tokio::join!(keep_answer, record_outcome);
     if let Err(e) = res {
         tracing::debug!(task = %task.id, error = %e, "push result not recorded");
     }

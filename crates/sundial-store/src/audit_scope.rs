@@ -19,15 +19,55 @@
 //! writes, so the record written with the object names it too.
 //!
 //! Must never: do I/O, or carry a record across tasks (a write on another task, such as a
-//! backend's batching task, must be handed the [`PendingAudit`] explicitly).
+//! backend's batching task, must be handed the [`PendingAudit`] explicitly). The scope is a
+//! task-local made here (a thread-local set around each poll of the scoped future) rather than
+//! tokio's, so this crate stays free of the runtime.
 
+use std::cell::RefCell;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 
 use crate::access::NewAuditRecord;
 
-tokio::task_local! {
-    static CURRENT: AuditScope;
+thread_local! {
+    /// The scope of the future being polled on this thread, set by [`Scoped`] for the length of
+    /// each poll (a task-local, without a runtime: this crate does no I/O and needs none).
+    static CURRENT: RefCell<Option<AuditScope>> = const { RefCell::new(None) };
+}
+
+/// `fut` with `scope` current while it is polled.
+struct Scoped<F> {
+    scope: AuditScope,
+    fut: Pin<Box<F>>,
+}
+
+/// Puts the previous scope back when a poll ends (a panic included).
+struct Restore(Option<AuditScope>);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let prev = self.0.take();
+        CURRENT.with(|c| *c.borrow_mut() = prev);
+    }
+}
+
+impl<F: Future> Future for Scoped<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        // `Scoped` is `Unpin` (the inner future is boxed), so it may be reached through `&mut`.
+        let this = self.get_mut();
+        let prev = CURRENT.with(|c| c.borrow_mut().replace(this.scope.clone()));
+        let _restore = Restore(prev);
+        this.fut.as_mut().poll(cx)
+    }
+}
+
+/// Runs `f` on the current scope, if there is one.
+fn with_current<R>(f: impl FnOnce(&AuditScope) -> R) -> Option<R> {
+    CURRENT.with(|c| c.borrow().as_ref().map(f))
 }
 
 /// Where a scope's record stands.
@@ -66,9 +106,14 @@ impl AuditScope {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs `fut` with this scope as the current one.
+    /// Runs `fut` with this scope as the current one (for every poll of it; what it spawns
+    /// onto other tasks runs outside the scope).
     pub async fn run<F: Future>(&self, fut: F) -> F::Output {
-        CURRENT.scope(self.clone(), fut).await
+        Scoped {
+            scope: self.clone(),
+            fut: Box::pin(fut),
+        }
+        .await
     }
 
     /// The record as it stands (with the target named since the scope opened, if any).
@@ -100,13 +145,13 @@ impl AuditScope {
 /// only when it changed something, and then reports [`PendingAudit::written`] after its commit;
 /// dropping the claim otherwise leaves the record pending.
 pub fn claim_pending() -> Option<PendingAudit> {
-    CURRENT.try_with(AuditScope::claim).ok().flatten()
+    with_current(AuditScope::claim).flatten()
 }
 
 /// Names the object the current request acts on (for example the task it creates), when the
 /// request has a scope whose record names none yet. Outside a scope it does nothing.
 pub fn name_target(target: impl Into<String>) {
-    let _ = CURRENT.try_with(|scope| {
+    with_current(|scope| {
         let mut s = scope.state();
         if s.record.target.is_none() && s.write == AuditWrite::Pending {
             s.record.target = Some(target.into());
@@ -165,11 +210,20 @@ mod tests {
     }
 
     fn block_on<F: Future>(f: F) -> F::Output {
-        // The scope needs no runtime of its own; a current-thread one drives the futures.
-        match tokio::runtime::Builder::new_current_thread().build() {
-            Ok(rt) => rt.block_on(f),
-            Err(e) => panic!("a runtime: {e}"),
-        }
+        futures::executor::block_on(f)
+    }
+
+    #[test]
+    fn the_scope_is_current_only_while_its_future_is_polled() {
+        let scope = AuditScope::new(record());
+        let mut inside = Box::pin(scope.run(async {
+            assert!(claim_pending().is_some(), "current in its own polls");
+            futures::future::pending::<()>().await;
+        }));
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        assert!(inside.as_mut().poll(&mut cx).is_pending());
+        assert!(claim_pending().is_none(), "not current between polls");
     }
 
     #[test]

@@ -413,6 +413,7 @@ impl Workflows {
                 task: t.clone(),
                 execution_id: exec,
                 slots: Default::default(),
+                answer: Default::default(),
             })
             .await
         };

@@ -795,6 +795,7 @@ impl Inner {
                 task: call,
                 execution_id: execution,
                 slots: Default::default(),
+                answer: Default::default(),
             })
             .await;
         let event = match out {

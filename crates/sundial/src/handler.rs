@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 use sundial_core::{ExecutionId, Task};
+use sundial_store::AttemptResponse;
 
 /// What a handler sees of the task it runs.
 #[derive(Debug, Clone)]
@@ -17,6 +18,9 @@ pub struct TaskContext {
     pub execution_id: ExecutionId,
     /// The concurrency slots this run holds (see [`RunSlots`]).
     pub slots: RunSlots,
+    /// Where a push handler leaves the receiver's answer for the engine to keep on the attempt
+    /// beside its outcome (see [`AttemptAnswer`]).
+    pub answer: AttemptAnswer,
 }
 
 impl TaskContext {
@@ -32,6 +36,49 @@ impl TaskContext {
     /// context. Pass [`sundial_core::TraceContext::traceparent`] on in outgoing calls.
     pub fn trace(&self) -> Option<&sundial_core::TraceContext> {
         self.task.trace.as_ref()
+    }
+}
+
+/// Where a push handler leaves its attempt's HTTP answer (status code, content type). When the
+/// engine runs the handler it keeps the answer on the attempt in a write it issues together
+/// with the attempt's outcome, so both reach the store in one group commit instead of two
+/// commits one after the other. A context made elsewhere (a workflow activity calling the push
+/// handler itself) has no engine behind it: [`AttemptAnswer::hand_over`] gives the answer back
+/// and the handler keeps it itself.
+#[derive(Clone, Default)]
+pub struct AttemptAnswer(Option<Arc<Mutex<Option<AttemptResponse>>>>);
+
+impl fmt::Debug for AttemptAnswer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AttemptAnswer")
+            .field("kept_by_engine", &self.0.is_some())
+            .finish()
+    }
+}
+
+impl AttemptAnswer {
+    /// A slot the engine reads after the handler returns.
+    pub(crate) fn kept_by_engine() -> Self {
+        AttemptAnswer(Some(Arc::default()))
+    }
+
+    /// Leaves `answer` for the engine; `Some(answer)` back when no engine keeps answers for this
+    /// run, for the caller to keep itself.
+    pub fn hand_over(&self, answer: AttemptResponse) -> Option<AttemptResponse> {
+        match &self.0 {
+            None => Some(answer),
+            Some(slot) => {
+                let mut s = slot.lock().unwrap_or_else(|p| p.into_inner());
+                *s = Some(answer);
+                None
+            }
+        }
+    }
+
+    /// What the handler left, once.
+    pub(crate) fn take(&self) -> Option<AttemptResponse> {
+        let slot = self.0.as_ref()?;
+        slot.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 }
 

@@ -170,3 +170,94 @@ async fn released_slots_let_the_next_call_to_the_receiver_start() {
     assert_eq!(seen, want);
     hold.notify_waiters();
 }
+
+/// Notes whether the outcome's write (`complete`) was issued while the answer's write
+/// (`record_attempt_response`) was still in flight.
+#[derive(Default)]
+struct Overlap {
+    answer_in_flight: Arc<std::sync::atomic::AtomicBool>,
+    outcome_during_answer: Arc<std::sync::atomic::AtomicBool>,
+}
+
+struct ClearOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for ClearOnDrop {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl sundial_store::forwarding::Hooks for Overlap {
+    fn enter(&self, call: sundial_store::forwarding::Call) -> Option<Box<dyn Send>> {
+        use std::sync::atomic::Ordering::SeqCst;
+        match call.method {
+            "record_attempt_response" => {
+                self.answer_in_flight.store(true, SeqCst);
+                Some(Box::new(ClearOnDrop(self.answer_in_flight.clone())))
+            }
+            "complete" => {
+                if self.answer_in_flight.load(SeqCst) {
+                    self.outcome_during_answer.store(true, SeqCst);
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_answer_is_written_together_with_the_outcome() {
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = sundial_store_sqlite::SqliteStore::open_dir(
+        dir.path(),
+        sundial_store_sqlite::SqliteOptions::default(),
+    )
+    .unwrap();
+    let hooks = Overlap::default();
+    let overlapped = hooks.outcome_during_answer.clone();
+    let store = Arc::new(sundial_store::forwarding::Forwarding::new(
+        Arc::new(sqlite),
+        hooks,
+    ));
+    let (sundial, _clock, _runs) = one_shard_recording(store);
+    sundial.set_push_handler(Arc::new(|ctx: sundial::TaskContext| async move {
+        let kept_here = ctx.answer.hand_over(sundial_store::AttemptResponse {
+            status_code: 201,
+            content_type: Some("application/json".into()),
+        });
+        assert!(
+            kept_here.is_none(),
+            "the engine keeps the answer of its runs"
+        );
+        Ok::<(), sundial::HandlerError>(())
+    }));
+    let mut stepper = sundial.stepper();
+    let id = sundial.schedule(push_spec(Duration::ZERO)).await.unwrap();
+    stepper.settle().await;
+    assert_eq!(
+        sundial.get(id).await.unwrap().unwrap().state,
+        TaskState::Succeeded
+    );
+    let history = sundial.attempts(id).await.unwrap();
+    assert_eq!(history.attempts.len(), 1);
+    assert_eq!(
+        history.attempts[0].status_code,
+        Some(201),
+        "the answer is kept"
+    );
+    assert!(
+        overlapped.load(std::sync::atomic::Ordering::SeqCst),
+        "the outcome was written only after the answer's write returned"
+    );
+}
+
+#[test]
+fn a_context_without_an_engine_gives_the_answer_back() {
+    let answer = sundial::AttemptAnswer::default();
+    let back = answer.hand_over(sundial_store::AttemptResponse {
+        status_code: 200,
+        content_type: None,
+    });
+    assert_eq!(back.map(|r| r.status_code), Some(200));
+}

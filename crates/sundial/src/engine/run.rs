@@ -18,7 +18,7 @@ use tracing::Instrument;
 
 use super::{Engine, wait_true};
 use crate::Error;
-use crate::handler::{Handler, HandlerError, RunSlots, TaskContext};
+use crate::handler::{AttemptAnswer, Handler, HandlerError, RunSlots, TaskContext};
 use crate::trace::{self, Step};
 
 impl Engine {
@@ -68,10 +68,12 @@ impl Engine {
             metrics::histogram!("sundial_fire_lateness_seconds", "queue" => task.queue.clone(), "target" => "handler")
                 .record(started.since(task.became_due_at()).as_secs_f64());
             let deadline = started.saturating_add(task.timeout());
+            let answer = AttemptAnswer::kept_by_engine();
             let ctx = TaskContext {
                 task: task.clone(),
                 execution_id: execution,
                 slots: slots.clone(),
+                answer: answer.clone(),
             };
             let outcome: Result<Option<serde_json::Value>, HandlerError> = if woke_early {
                 // Shutdown came before the due time: the handler never ran.
@@ -99,31 +101,47 @@ impl Engine {
             // which a busy disk or CPU pushes below the due rate, so lateness snowballs).
             // (A handler may have released them already: see `RunSlots`.)
             slots.release();
-            let res = match outcome {
-                Ok(result) => {
-                    let span = trace::child_span(Step::Complete, &task, &tracing::Span::current());
-                    engine
-                        .complete(task.id, execution, result)
-                        .instrument(span)
+            // A push call's answer is kept beside the outcome: both writes are issued together
+            // (the answer's first), so they share one group commit rather than wait for two.
+            let keep_answer = async {
+                if let Some(r) = answer.take()
+                    && let Err(e) = engine
+                        .store
+                        .record_attempt_response(task.id, execution, r)
                         .await
-                        .map(|_| ())
-                }
-                Err(e) => {
-                    let span = trace::child_span(Step::Fail, &task, &tracing::Span::current());
-                    engine
-                        .fail(
-                            task.id,
-                            execution,
-                            e.message,
-                            e.retryable,
-                            interrupted,
-                            e.retry_after,
-                        )
-                        .instrument(span)
-                        .await
-                        .map(|_| ())
+                {
+                    tracing::warn!(task = %task.id, error = %e, "cannot keep the push answer on its attempt");
                 }
             };
+            let record_outcome = async {
+                match outcome {
+                    Ok(result) => {
+                        let span =
+                            trace::child_span(Step::Complete, &task, &tracing::Span::current());
+                        engine
+                            .complete(task.id, execution, result)
+                            .instrument(span)
+                            .await
+                            .map(|_| ())
+                    }
+                    Err(e) => {
+                        let span = trace::child_span(Step::Fail, &task, &tracing::Span::current());
+                        engine
+                            .fail(
+                                task.id,
+                                execution,
+                                e.message,
+                                e.retryable,
+                                interrupted,
+                                e.retry_after,
+                            )
+                            .instrument(span)
+                            .await
+                            .map(|_| ())
+                    }
+                }
+            };
+            let ((), res) = tokio::join!(keep_answer, record_outcome);
             if let Err(e) = res {
                 tracing::debug!(id = %task.id, error = %e, "result not recorded");
             }
