@@ -33,6 +33,9 @@ impl AccessStore for CountingAccess {
     async fn create_token(&self, token: NewToken) -> Result<TokenRecord, StoreError> {
         self.inner.create_token(token).await
     }
+    async fn create_first_token(&self, token: NewToken) -> Result<Option<TokenRecord>, StoreError> {
+        self.inner.create_first_token(token).await
+    }
     async fn get_token(&self, id: TokenId) -> Result<Option<TokenRecord>, StoreError> {
         self.inner.get_token(id).await
     }
