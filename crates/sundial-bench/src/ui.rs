@@ -50,7 +50,7 @@ async fn get(app: &axum::Router, path: &str) -> Result<(StatusCode, String)> {
 }
 
 /// The embedded store in `dir`, or with `--database-url` one node on PostgreSQL with its
-/// schedule and workflow tables (as `sundial server` opens it), so that the overview shows the
+/// schedule, workflow, push secret and access tables (as `sundial server` opens it), so that the overview shows the
 /// nodes and their shards and every page runs PostgreSQL's queries.
 async fn open(common: &Common, dir: &DataDir) -> Result<sundial::Sundial> {
     let Some(url) = &common.database_url else {
@@ -71,6 +71,8 @@ async fn open(common: &Common, dir: &DataDir) -> Result<sundial::Sundial> {
         .config(common.config())
         .schedule_store(store.clone())
         .workflow_store(store.clone())
+        .push_secret_store(store.clone())
+        .access_store(store.clone())
         .join_cluster(store.clone(), store, "ui-bench")
         .await
         .context("join the cluster")

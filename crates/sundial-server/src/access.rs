@@ -398,10 +398,37 @@ impl Access {
         }
     }
 
-    /// Appends one audit record for a write that did not come through the access layer (the web
-    /// UI's form posts): `action` is `METHOD /route/{template}`.
+    /// The scope for a write that does not come through the access layer (the web UI's form
+    /// posts), with the record it would write on success (`status`); run the action inside
+    /// it ([`AuditScope::run`]) and then call [`Access::record_audit`] with the scope, so the
+    /// action's own write commits the record. `None` without an access store.
+    pub(crate) fn audit_scope(
+        &self,
+        actor: &Actor,
+        action: String,
+        target: Option<String>,
+        status: u16,
+        request_id: String,
+    ) -> Option<AuditScope> {
+        self.store()?;
+        Some(AuditScope::new(NewAuditRecord {
+            at: self.now(),
+            actor_id: actor.token_id(),
+            actor: actor.name().to_string(),
+            namespace: DEFAULT_NAMESPACE.to_string(),
+            action,
+            target,
+            status,
+            request_id,
+        }))
+    }
+
+    /// Makes sure a write that did not come through the access layer (the web UI's form posts)
+    /// has one audit record: the one its action's write committed inside `scope` (amended to
+    /// the answer), else one appended now. `action` is `METHOD /route/{template}`.
     pub(crate) async fn record_audit(
         &self,
+        scope: Option<&AuditScope>,
         actor: &Actor,
         action: String,
         target: Option<String>,
@@ -409,6 +436,11 @@ impl Access {
         request_id: String,
     ) {
         let Some(store) = self.store() else { return };
+        if let Some(scope) = scope
+            && settle_written(store.as_ref(), scope, status, target.clone()).await
+        {
+            return;
+        }
         let record = NewAuditRecord {
             at: self.now(),
             actor_id: actor.token_id(),
@@ -870,14 +902,8 @@ async fn finish(access: &Access, mut resp: Response, f: Finish) -> Response {
             .or_else(|| first_param(&route, &path));
         let status = resp.status().as_u16();
         if let Some(scope) = scope
-            && let AuditWrite::Written { seq } = scope.write()
+            && settle_written(store.as_ref(), &scope, status, target.clone()).await
         {
-            let written = scope.record();
-            if (written.status != status || written.target != target)
-                && let Err(e) = store.amend_audit(seq, status, target).await
-            {
-                tracing::error!(error = %e, "cannot amend the audit record");
-            }
             return resp;
         }
         let record = NewAuditRecord {
@@ -895,6 +921,27 @@ async fn finish(access: &Access, mut resp: Response, f: Finish) -> Response {
         }
     }
     resp
+}
+
+/// When a write of the request committed `scope`'s record: amends it to the answer's status and
+/// target if they differ from what was written, and says `true`. `false`: no write carried it,
+/// and the caller must append the record itself.
+async fn settle_written(
+    store: &dyn AccessStore,
+    scope: &AuditScope,
+    status: u16,
+    target: Option<String>,
+) -> bool {
+    let AuditWrite::Written { seq } = scope.write() else {
+        return false;
+    };
+    let written = scope.record();
+    if (written.status != status || written.target != target)
+        && let Err(e) = store.amend_audit(seq, status, target).await
+    {
+        tracing::error!(error = %e, "cannot amend the audit record");
+    }
+    true
 }
 
 fn too_many_polls(limit: usize) -> Response {

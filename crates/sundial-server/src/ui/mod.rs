@@ -408,12 +408,24 @@ where
 {
     let fields = Fields::parse(body);
     let request_id = uuid::Uuid::now_v7().to_string();
+    let mut scope = None;
     let (actor, resp, target) = match session::authorize_post(st, headers, &fields).await {
         Err((actor, resp)) => (actor, resp, target),
         Ok(v) => {
             let actor = v.actor.clone();
             let viewer = v.clone();
-            let (named, result) = act(v, fields).await;
+            // The action's own write commits the record (a successful post answers `303`).
+            scope = st.access.audit_scope(
+                &actor,
+                format!("POST {action}"),
+                target.clone(),
+                StatusCode::SEE_OTHER.as_u16(),
+                request_id.clone(),
+            );
+            let (named, result) = match &scope {
+                Some(s) => s.run(act(v, fields)).await,
+                None => act(v, fields).await,
+            };
             let resp = match result {
                 Ok(r) => r,
                 Err(e) => error_page(&viewer, e),
@@ -423,6 +435,7 @@ where
     };
     st.access
         .record_audit(
+            scope.as_ref(),
             &actor,
             format!("POST {action}"),
             target,

@@ -468,6 +468,7 @@ pub(crate) async fn login(State(st): State<UiState>, headers: HeaderMap, body: B
     let (actor, resp) = login_inner(&st, &headers, &fields, &next).await;
     st.access
         .record_audit(
+            None,
             &actor,
             "POST /ui/login".to_string(),
             actor.token_id().map(|t| t.to_string()),
@@ -578,6 +579,7 @@ pub(crate) async fn logout(State(st): State<UiState>, headers: HeaderMap, body: 
     };
     st.access
         .record_audit(
+            None,
             &actor,
             "POST /ui/logout".to_string(),
             None,
