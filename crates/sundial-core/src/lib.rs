@@ -8,9 +8,11 @@
 //! **Architecture Invariant:** this crate never depends on tokio, rusqlite, tokio-postgres or axum
 //! (checked by `tests/layering.rs` in the `sundial` crate).
 
+pub mod duration;
 pub mod error;
 pub mod id;
 pub mod retry;
+pub mod rfc3339;
 pub mod schedule;
 pub mod shard;
 pub mod target;

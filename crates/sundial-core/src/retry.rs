@@ -15,11 +15,14 @@ use crate::ValidationError;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Backoff {
-    /// Delay after the first failed attempt, in milliseconds.
+    /// Delay after the first failed attempt, in milliseconds (read also from a duration string,
+    /// `"5s"`; written as the number).
+    #[serde(deserialize_with = "crate::duration::millis")]
     pub initial_ms: u64,
     /// Multiplier applied for every further attempt (>= 1).
     pub factor: f64,
-    /// Upper bound for any delay, in milliseconds.
+    /// Upper bound for any delay, in milliseconds (read also from a duration string, `"1h"`).
+    #[serde(deserialize_with = "crate::duration::millis")]
     pub max_ms: u64,
     /// Fraction (0..=1) of the delay that is randomised away.
     pub jitter: f64,

@@ -10,7 +10,7 @@
 use serde_json::{Value, json};
 use utoipa::Number;
 use utoipa::openapi::path::ParameterIn;
-use utoipa::openapi::schema::{KnownFormat, Schema, SchemaFormat};
+use utoipa::openapi::schema::{KnownFormat, Schema, SchemaFormat, SchemaType, Type};
 use utoipa::openapi::{OpenApi, RefOr};
 
 /// Names of queues and kinds (`sundial_core`'s rule): ASCII letters, digits and `. _ : / -`,
@@ -57,6 +57,13 @@ fn u64_count() -> Value {
     json!({"format": "none", "minimum": 0, "maximum": u64::MAX})
 }
 
+/// An optional millisecond field of the workflow worker protocol that also takes a duration
+/// string (`sundial_core::duration::opt_millis`): `minimum`/`maximum` bind the number, `pattern`
+/// the string.
+fn opt_millis_or_duration() -> Value {
+    json!({"type": ["integer", "string", "null"], "format": "none", "minimum": 0, "maximum": u64::MAX, "pattern": DURATION})
+}
+
 fn date_time() -> Value {
     json!({"format": "date-time"})
 }
@@ -82,9 +89,11 @@ fn properties() -> Vec<(&'static str, &'static str, Value)> {
         ("PollRequest", "max", u32_count()),
         ("NamespaceWire", "max_creates_per_second", u32_count()),
         ("PollWorkflowTasks", "max", u32_count()),
-        ("PollWorkflowTasks", "wait_ms", u64_count()),
+        ("PollWorkflowTasks", "wait_ms", opt_millis_or_duration()),
+        ("PollWorkflowTasks", "wait", duration()),
         ("PollActivities", "max", u32_count()),
-        ("PollActivities", "wait_ms", u64_count()),
+        ("PollActivities", "wait_ms", opt_millis_or_duration()),
+        ("PollActivities", "wait", duration()),
         ("NamespaceWire", "max_live_tasks", u64_count()),
         ("RetentionView", "succeeded", duration()),
         ("RetentionView", "cancelled", duration()),
@@ -175,6 +184,19 @@ fn merge(target: &mut RefOr<Schema>, keywords: &Value) {
                 }
             }
             "enum" => o.enum_values = v.as_array().cloned(),
+            "type" => {
+                let types = v
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|t| match t.as_str() {
+                        Some("integer") => Some(Type::Integer),
+                        Some("string") => Some(Type::String),
+                        Some("null") => Some(Type::Null),
+                        _ => None,
+                    });
+                o.schema_type = SchemaType::from_iter(types);
+            }
             _ => {}
         }
     }

@@ -24,10 +24,10 @@
 //! (protocol in [`sundial_workflow::remote`]; client `sundial_workflow::remote::RemoteWorker`):
 //!
 //! ```text
-//! POST /v1/workflow-tasks/poll                  {worker, types, max?, wait_ms?}   200 {tasks}
+//! POST /v1/workflow-tasks/poll                  {worker, types, max?, wait_ms?|wait?}   200 {tasks}
 //! POST /v1/workflow-tasks/{task}/complete       {execution_id, expect_len, commands | error}
 //!                                               200 {status: committed | dropped | stale, task?}
-//! POST /v1/workflow-activities/poll             {worker, names, max?, wait_ms?}   200 {tasks}
+//! POST /v1/workflow-activities/poll             {worker, names, max?, wait_ms?|wait?}   200 {tasks}
 //! POST /v1/workflow-activities/{task}/complete  {execution_id, result?}           200 | 409
 //! POST /v1/workflow-activities/{task}/fail      {execution_id, error, retryable?} 200 | 409
 //! ```
@@ -455,10 +455,14 @@ pub mod protocol_doc {
         /// Most tasks to take (default 1; capped at 64).
         #[serde(skip_serializing_if = "Option::is_none")]
         pub max: Option<u32>,
-        /// How long to wait for a task when none is ready, in milliseconds (default 0; capped at
-        /// 30,000).
+        /// How long to wait for a task when none is ready (default 0; capped at 30 s): a number
+        /// of milliseconds (`20000`) or a duration string (`"20s"`).
         #[serde(skip_serializing_if = "Option::is_none")]
         pub wait_ms: Option<u64>,
+        /// The same as a duration string only, as the task API's poll takes it (`"20s"`); not
+        /// with `wait_ms`.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub wait: Option<String>,
     }
 
     /// `POST /v1/workflow-activities/poll`.
@@ -471,9 +475,13 @@ pub mod protocol_doc {
         /// Most tasks to take (default 1; capped at 64).
         #[serde(skip_serializing_if = "Option::is_none")]
         pub max: Option<u32>,
-        /// How long to wait when none is ready, in milliseconds (default 0; capped at 30,000).
+        /// How long to wait when none is ready (default 0; capped at 30 s): a number of
+        /// milliseconds (`20000`) or a duration string (`"20s"`).
         #[serde(skip_serializing_if = "Option::is_none")]
         pub wait_ms: Option<u64>,
+        /// The same as a duration string only (`"20s"`); not with `wait_ms`.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub wait: Option<String>,
     }
 
     /// `POST /v1/workflow-activities/{task}/complete`.
@@ -624,6 +632,7 @@ mod protocol_doc_tests {
             types: vec!["order".into()],
             max: Some(2),
             wait_ms: Some(100),
+            wait: None,
         };
         let v = serde_json::to_value(&poll).unwrap();
         let back: remote::PollWorkflowTasks = serde_json::from_value(v.clone()).unwrap();
@@ -632,7 +641,8 @@ mod protocol_doc_tests {
             worker: "w".into(),
             names: vec!["charge".into()],
             max: Some(2),
-            wait_ms: Some(100),
+            wait_ms: None,
+            wait: Some("100ms".into()),
         };
         let v = serde_json::to_value(&apoll).unwrap();
         let back: remote::PollActivities = serde_json::from_value(v.clone()).unwrap();
@@ -655,9 +665,21 @@ mod protocol_doc_tests {
         // Every field the protocol's types have is documented, and no other.
         let doc = crate::openapi();
         let schemas = &doc.components.as_ref().unwrap().schemas;
+        // (Both waits set, which a request may not do, so that every field is serialised.)
+        let full_poll = protocol_doc::PollWorkflowTasks {
+            wait: Some("1s".into()),
+            ..poll
+        };
+        let full_apoll = protocol_doc::PollActivities {
+            wait_ms: Some(1),
+            ..apoll
+        };
         for (name, v) in [
-            ("PollWorkflowTasks", serde_json::to_value(&poll).unwrap()),
-            ("PollActivities", serde_json::to_value(&apoll).unwrap()),
+            (
+                "PollWorkflowTasks",
+                serde_json::to_value(&full_poll).unwrap(),
+            ),
+            ("PollActivities", serde_json::to_value(&full_apoll).unwrap()),
             ("FailActivity", serde_json::to_value(&fail).unwrap()),
         ] {
             let s = serde_json::to_value(&schemas[name]).unwrap();

@@ -1,5 +1,6 @@
 //! The workflows API through the router (no network): start, get, list, signal, cancel,
-//! terminate and history, the error statuses, and a workflow run to completion over HTTP.
+//! terminate and history, the error statuses, a workflow run to completion over HTTP, and the
+//! wait forms of the worker polls (milliseconds, or a duration string as the task API takes).
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
@@ -230,4 +231,54 @@ async fn workflow_runs_to_completion_over_http() {
     }
     assert_eq!(last["result"], json!("hello, bob"), "{last}");
     assert!(last["closed_at"].as_str().is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_polls_take_a_wait_in_milliseconds_or_as_a_duration_string() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = sundial_server::router(open(&dir).await, ServerConfig::default());
+    // (Waits of zero: the engine runs on a manual clock, which nothing here moves.)
+    for (path, names) in [
+        ("/v1/workflow-tasks/poll", "types"),
+        ("/v1/workflow-activities/poll", "names"),
+    ] {
+        for wait in [
+            json!({"wait_ms": 0}),
+            json!({"wait_ms": "0s"}),
+            json!({"wait_ms": "0ms"}),
+            json!({"wait": "0s"}),
+            json!({"wait": "0ms"}),
+        ] {
+            let mut body = json!({"worker": "w", names: ["t"]});
+            body.as_object_mut()
+                .unwrap()
+                .extend(wait.as_object().unwrap().clone());
+            let (st, b) = call(&app, Method::POST, path, Some(body.clone())).await;
+            assert_eq!(st, StatusCode::OK, "{path} {body}: {b}");
+            assert_eq!(b["tasks"], json!([]), "{b}");
+        }
+        for (wait, field, says) in [
+            (json!({"wait_ms": 1, "wait": "1ms"}), "wait", "not both"),
+            (json!({"wait": "5"}), "wait", "missing unit"),
+            (json!({"wait": 5}), "wait", "300s"),
+            (
+                json!({"wait_ms": "5 s"}),
+                "wait_ms",
+                "spaces are not allowed",
+            ),
+            (json!({"wait_ms": -1}), "wait_ms", "negative"),
+        ] {
+            let mut body = json!({"worker": "w", names: ["t"]});
+            body.as_object_mut()
+                .unwrap()
+                .extend(wait.as_object().unwrap().clone());
+            let (st, b) = call(&app, Method::POST, path, Some(body.clone())).await;
+            assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{path} {body}: {b}");
+            let text = b.to_string();
+            assert!(
+                text.contains(field) && text.contains(says),
+                "{path} {body}: {b}"
+            );
+        }
+    }
 }

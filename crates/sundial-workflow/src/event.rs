@@ -45,6 +45,8 @@ pub enum Event {
         input: Value,
         task: TaskId,
         max_attempts: u32,
+        /// Milliseconds; read also from a duration string (`"30s"`), written as the number.
+        #[serde(deserialize_with = "sundial_core::duration::millis")]
         timeout_ms: u64,
         backoff: Backoff,
         /// An HTTP target: Sundial calls it (the input as the body) instead of running
@@ -58,6 +60,8 @@ pub enum Event {
     },
     TimerStarted {
         cmd: u32,
+        /// Milliseconds since the epoch; read also from an RFC 3339 string, written as the number.
+        #[serde(deserialize_with = "sundial_core::rfc3339::millis_or_rfc3339")]
         fire_at: Timestamp,
         task: TaskId,
     },
@@ -351,5 +355,59 @@ mod tests {
         let s = serde_json::to_string(&w).expect("serialise");
         assert_eq!(s, r#"{"seq":4,"at":9,"type":"timer_fired","cmd":1}"#);
         assert_eq!(serde_json::from_str::<WorkflowEvent>(&s).expect("parse"), w);
+    }
+
+    /// Commands from a remote worker may give durations and times in the task API's forms; they
+    /// are stored in the numeric form.
+    #[test]
+    fn commands_take_duration_strings_and_rfc3339_times() {
+        let timer: Event = serde_json::from_str(
+            r#"{"type":"timer_started","cmd":1,"fire_at":"2030-01-02T03:04:05.250Z","task":"00000000-0000-0000-0000-000000000001"}"#,
+        )
+        .expect("parse");
+        let Event::TimerStarted { fire_at, .. } = &timer else {
+            panic!("{timer:?}")
+        };
+        assert_eq!(*fire_at, Timestamp(1_893_553_445_250));
+        let s = serde_json::to_string(&timer).expect("serialise");
+        assert!(s.contains(r#""fire_at":1893553445250"#), "{s}");
+        let numeric: Event = serde_json::from_str(&s).expect("parse");
+        assert_eq!(numeric, timer);
+
+        let act: Event = serde_json::from_str(
+            r#"{"type":"activity_scheduled","cmd":2,"name":"charge","input":null,"task":"00000000-0000-0000-0000-000000000002","max_attempts":3,"timeout_ms":"30s","backoff":{"initial_ms":"1s","factor":2.0,"max_ms":"1h","jitter":0.0}}"#,
+        )
+        .expect("parse");
+        let Event::ActivityScheduled {
+            timeout_ms,
+            backoff,
+            ..
+        } = &act
+        else {
+            panic!("{act:?}")
+        };
+        assert_eq!(*timeout_ms, 30_000);
+        assert_eq!((backoff.initial_ms, backoff.max_ms), (1_000, 3_600_000));
+        let s = serde_json::to_string(&act).expect("serialise");
+        assert!(s.contains(r#""timeout_ms":30000"#), "{s}");
+
+        for (bad, says) in [
+            (r#""fire_at":"tomorrow""#, "use RFC 3339"),
+            (r#""fire_at":1.5"#, "whole milliseconds"),
+        ] {
+            let json = format!(
+                r#"{{"type":"timer_started","cmd":1,{bad},"task":"00000000-0000-0000-0000-000000000001"}}"#
+            );
+            let e = serde_json::from_str::<Event>(&json)
+                .expect_err(bad)
+                .to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        let e = serde_json::from_str::<Event>(
+            r#"{"type":"activity_scheduled","cmd":2,"name":"c","input":null,"task":"00000000-0000-0000-0000-000000000002","max_attempts":3,"timeout_ms":"30 s","backoff":{"initial_ms":1,"factor":2.0,"max_ms":1,"jitter":0.0}}"#,
+        )
+        .expect_err("a bad duration")
+        .to_string();
+        assert!(e.contains("spaces are not allowed"), "{e}");
     }
 }

@@ -72,9 +72,22 @@ pub struct PollWorkflowTasks {
     pub types: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max: Option<u32>,
-    /// How long to wait for a task when none is ready (milliseconds, at most 30,000).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// How long to wait for a task when none is ready (at most 30 s): milliseconds (`20000`)
+    /// or a duration string (`"20s"`).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "sundial_core::duration::opt_millis"
+    )]
     pub wait_ms: Option<u64>,
+    /// The same as a duration string, as the task API's poll takes it (`"20s"`); not with
+    /// `wait_ms`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "sundial_core::duration::opt"
+    )]
+    pub wait: Option<String>,
 }
 
 /// A claimed workflow task: what to replay.
@@ -128,8 +141,20 @@ pub struct PollActivities {
     pub names: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// As [`PollWorkflowTasks::wait_ms`].
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "sundial_core::duration::opt_millis"
+    )]
     pub wait_ms: Option<u64>,
+    /// As [`PollWorkflowTasks::wait`].
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "sundial_core::duration::opt"
+    )]
+    pub wait: Option<String>,
 }
 
 /// A claimed activity attempt.
@@ -175,6 +200,7 @@ fn check_poll(
     names: &[String],
     max: Option<u32>,
     wait_ms: Option<u64>,
+    wait: Option<&str>,
 ) -> Result<(usize, Duration), Error> {
     if names.is_empty() {
         return Err(Error::Invalid {
@@ -186,7 +212,24 @@ fn check_poll(
         check_name(field, n)?;
     }
     let max = max.unwrap_or(1).clamp(1, MAX_POLL) as usize;
-    let wait = Duration::from_millis(wait_ms.unwrap_or(0).min(MAX_WAIT_MS));
+    let wait_ms = match (wait_ms, wait) {
+        (Some(_), Some(_)) => {
+            return Err(Error::Invalid {
+                field: "wait",
+                reason: "give either wait or wait_ms, not both".into(),
+            });
+        }
+        (Some(ms), None) => ms,
+        (None, Some(w)) => {
+            let d = sundial_core::duration::parse(w).map_err(|e| Error::Invalid {
+                field: "wait",
+                reason: e.to_string(),
+            })?;
+            u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+        }
+        (None, None) => 0,
+    };
+    let wait = Duration::from_millis(wait_ms.min(MAX_WAIT_MS));
     Ok((max, wait))
 }
 
@@ -206,7 +249,13 @@ impl Workflows {
         &self,
         req: PollWorkflowTasks,
     ) -> Result<Vec<WorkflowTaskView>, Error> {
-        let (max, wait) = check_poll("types", &req.types, req.max, req.wait_ms)?;
+        let (max, wait) = check_poll(
+            "types",
+            &req.types,
+            req.max,
+            req.wait_ms,
+            req.wait.as_deref(),
+        )?;
         let kinds: Vec<String> = req
             .types
             .iter()
@@ -389,7 +438,13 @@ impl Workflows {
         &self,
         req: PollActivities,
     ) -> Result<Vec<ActivityTaskView>, Error> {
-        let (max, wait) = check_poll("names", &req.names, req.max, req.wait_ms)?;
+        let (max, wait) = check_poll(
+            "names",
+            &req.names,
+            req.max,
+            req.wait_ms,
+            req.wait.as_deref(),
+        )?;
         let kinds: Vec<String> = req
             .names
             .iter()

@@ -376,6 +376,7 @@ impl RemoteWorker {
             types: self.workflows.keys().cloned().collect(),
             max: Some(WORKFLOW_TASKS_PER_POLL),
             wait_ms: Some(POLL_WAIT_MS),
+            wait: None,
         };
         loop {
             let polled: Result<Tasks<WorkflowTaskView>, _> = self
@@ -459,6 +460,7 @@ impl RemoteWorker {
                 names: names.clone(),
                 max: Some(u32::try_from(free).unwrap_or(1)),
                 wait_ms: Some(POLL_WAIT_MS),
+                wait: None,
             };
             let polled: Result<Tasks<ActivityTaskView>, _> = self
                 .client
