@@ -109,3 +109,38 @@ async fn scheduled_before_start_runs_after_start() {
     let _engine = h.sundial.start();
     assert_eq!(next_run(&mut runs).await.id, id);
 }
+
+/// A task written beyond what the window covers, due within the look-ahead of a later turn that
+/// does not refill: the loop arms its gate for the refill that brings the task in, not for now
+/// (which made the production loop turn back to back, reading the store each time, until the
+/// refill), and the task still runs on time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_window_waits_for_its_refill_not_for_now() {
+    let cfg = sundial::Config {
+        shard_count: 1,
+        ..Default::default()
+    };
+    let h = harness_with(cfg).await;
+    let mut runs = record(&h, "k", |_| Ok(()));
+    let mut stepper = h.sundial.stepper();
+    // The first turn scans up to T0 + the look-ahead (5 s).
+    stepper.settle().await;
+    let id = h
+        .sundial
+        .schedule(TaskSpec::new("k").delay(Duration::from_secs(6)))
+        .await
+        .unwrap();
+    // T0 + 1 s: the task (due at T0 + 6 s) is within the look-ahead, but the window refills only
+    // at T0 + 2.5 s (halfway through what it covers).
+    h.clock.advance(Duration::from_secs(1));
+    let next = stepper.turn().await;
+    assert!(
+        next > sundial::Clock::now(&h.clock),
+        "the loop wants a turn again at once: {next:?}"
+    );
+    h.clock.advance(Duration::from_secs(5));
+    stepper.settle().await;
+    let r = next_run(&mut runs).await;
+    assert_eq!((r.id, r.due), (id, Timestamp(T0.0 + 6_000)));
+    assert!(r.at >= r.due);
+}

@@ -223,7 +223,12 @@ impl ShardLoop {
                     if Timestamp(t.0.saturating_sub(lookahead.as_millis() as i64))
                         < self.rescan_at =>
                 {
-                    gate = Timestamp(t.0 - lookahead.as_millis() as i64).max(now);
+                    // Not before the window's next refill: only a scan brings the task in, and
+                    // a turn before it finds nothing new (armed at once, the loop would spin
+                    // until the refill).
+                    let enters = Timestamp(t.0 - lookahead.as_millis() as i64);
+                    let refill = self.window.refill_at(lookahead).unwrap_or(enters);
+                    gate = enters.max(refill).max(now);
                 }
                 Ok(_) => gate = self.rescan_at,
                 Err(e) => {
