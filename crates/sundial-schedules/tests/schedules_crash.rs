@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::{M1, MIN, T0, at, def, jobs, settle};
+use common::{Driver, M1, MIN, T0, at, def, jobs};
 use sundial::{ManualClock, StoreError, Sundial, Timestamp};
 use sundial_core::schedule::ScheduleId;
 use sundial_schedules::{CreateSchedule, FireOutcome, Schedules};
@@ -143,15 +143,9 @@ fn instance(dir: &std::path::Path, clock: &ManualClock) -> Instance {
     }
 }
 
-async fn advance(clock: &ManualClock, d: Duration) {
-    let mut left = d;
-    while left > Duration::ZERO {
-        let step = left.min(Duration::from_millis(500));
-        clock.advance(step);
-        left -= step;
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    settle().await;
+/// Moves the clock in half-second steps, settling the engine after each.
+async fn advance(clock: &ManualClock, driver: &Driver, d: Duration) {
+    common::advance_by(clock, driver, d, Duration::from_millis(500)).await;
 }
 
 async fn fire_nominals(s: &Schedules, id: &ScheduleId) -> Vec<(Timestamp, FireOutcome)> {
@@ -171,24 +165,22 @@ async fn crash_around_the_commit(fault: Fault) {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(T0);
     let i = instance(dir.path(), &clock);
-    let h = common::Harness {
-        sundial: i.sundial.clone(),
-        schedules: i.schedules.clone(),
-        clock: clock.clone(),
+    let h = common::start(common::Harness::new(
+        i.sundial.clone(),
+        i.schedules.clone(),
+        clock.clone(),
         dir,
-        running: None,
-    };
+    ));
     let mut jobs = jobs(&h, true);
-    let _running = i.sundial.start();
     let id = ScheduleId::new("c").unwrap();
     i.schedules
         .create(CreateSchedule::new(def("* * * * *")).id(id.clone()))
         .await
         .unwrap();
     *i.faulty.fault.lock().unwrap() = Some(fault);
-    advance(&clock, Duration::from_secs(40)).await;
+    advance(&clock, &h.driver, Duration::from_secs(40)).await;
     // The tick's first run failed; its retry comes after a backoff of about a second.
-    advance(&clock, Duration::from_secs(3)).await;
+    advance(&clock, &h.driver, Duration::from_secs(3)).await;
     assert_eq!(jobs.next().await.nominal, M1);
     jobs.none().await;
     assert_eq!(
@@ -197,7 +189,7 @@ async fn crash_around_the_commit(fault: Fault) {
     );
     let s = i.schedules.get(&id).await.unwrap().unwrap();
     assert_eq!(s.next_fire_at, Some(at(M1, MIN)), "the next fire is armed");
-    advance(&clock, MIN).await;
+    advance(&clock, &h.driver, MIN).await;
     assert_eq!(jobs.next().await.nominal, at(M1, MIN));
     jobs.none().await;
     assert_eq!(
@@ -256,12 +248,16 @@ fn killed_right_after_the_commit_then_restarted() {
             .create(CreateSchedule::new(def("* * * * *")).id(id.clone()))
             .await
             .unwrap();
-        let running = a.sundial.start();
-        std::mem::forget(running);
-        advance(&clock, Duration::from_secs(40)).await;
+        // One turn at M1 claims the tick, whose run commits the fire and then never returns
+        // (settling would wait for it).
+        let mut stepper = a.sundial.stepper();
+        clock.advance(Duration::from_secs(40));
+        stepper.turn().await;
         committed
             .recv_timeout(Duration::from_secs(10))
             .expect("A committed its fire");
+        // Like a killed process, A never shuts down.
+        std::mem::forget(stepper);
     });
     rt_a.shutdown_background(); // kill: nothing of A runs any more
     // A's leaked engine still holds its store, and with it the data directory's lock, which a
@@ -275,21 +271,19 @@ fn killed_right_after_the_commit_then_restarted() {
         .unwrap();
     rt_b.block_on(async {
         let b = instance(dir.path(), &clock);
-        let h = common::Harness {
-            sundial: b.sundial.clone(),
-            schedules: b.schedules.clone(),
-            clock: clock.clone(),
-            dir: tempfile::tempdir().unwrap(),
-            running: None,
-        };
+        let h = common::start(common::Harness::new(
+            b.sundial.clone(),
+            b.schedules.clone(),
+            clock.clone(),
+            tempfile::tempdir().unwrap(),
+        ));
         let mut jobs = jobs(&h, true);
-        let _running = b.sundial.start();
-        settle().await;
+        h.driver.settle().await;
         // The fire A committed is a task due at M1: B runs it once.
         assert_eq!(jobs.next().await.nominal, M1);
         // Past the dead tick's lease (its 60 s timeout and the engine's grace): the reaper hands
         // it back and it is refused as stale; meanwhile the fire A armed comes due and runs.
-        advance(&clock, Duration::from_secs(70)).await;
+        advance(&clock, &h.driver, Duration::from_secs(70)).await;
         assert_eq!(jobs.next().await.nominal, at(M1, MIN));
         jobs.none().await;
         assert_eq!(

@@ -16,9 +16,9 @@ async fn fires_each_minute_once_and_never_early() {
     let mut jobs = jobs(&h, true);
     let s = create(&h, "m", def("* * * * *")).await;
     assert_eq!(s.next_fire_at, Some(M1));
-    settle().await;
+    settle(&h).await;
     h.clock.advance(Duration::from_millis(39_999));
-    settle().await;
+    settle(&h).await;
     jobs.none().await;
     advance(&h, Duration::from_millis(1)).await;
     let r = jobs.next().await;

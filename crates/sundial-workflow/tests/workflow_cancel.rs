@@ -8,9 +8,8 @@ mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
-use common::{DAY, Log, harness};
+use common::{DAY, Held, Log, harness};
 use serde_json::json;
 use sundial::TaskState;
 use sundial_workflow::{ActivityError, Event, WorkflowContext, WorkflowError, WorkflowStatus};
@@ -106,13 +105,17 @@ async fn cancel_during_activity_interrupts_it_and_compensates() {
     let (started_tx, mut started_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let interrupted = Arc::new(AtomicBool::new(false));
     let seen = interrupted.clone();
+    let held = Held::default();
+    let hold = held.clone();
     let h = harness(|w| {
         w.register("busy", busy).unwrap();
         w.register_activity("undo", undo(&log)).unwrap();
         w.register_activity("slow", move |_ctx, ()| {
             let started = started_tx.clone();
             let seen = seen.clone();
+            let hold = hold.hold();
             async move {
+                let _hold = hold;
                 struct Guard(Arc<AtomicBool>);
                 impl Drop for Guard {
                     fn drop(&mut self) {
@@ -127,12 +130,13 @@ async fn cancel_during_activity_interrupts_it_and_compensates() {
         })
         .unwrap();
     })
-    .await;
+    .await
+    .holding(&held);
     h.start("busy", "b", json!(null)).await;
-    tokio::time::timeout(Duration::from_secs(10), started_rx.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    h.until("the activity started", || {
+        std::future::ready(started_rx.try_recv().ok())
+    })
+    .await;
     assert!(!interrupted.load(Ordering::SeqCst));
     h.workflows.cancel("b", None).await.unwrap();
     let done = h.wait_status("b", WorkflowStatus::Cancelled).await;

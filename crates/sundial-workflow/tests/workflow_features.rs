@@ -30,14 +30,14 @@ async fn continue_as_new_carries_state_across_runs() {
     for _ in 0..3 {
         h.wait_events("c", "timer_started", 1).await;
         h.advance(MIN).await;
-        for _ in 0..500 {
-            let r = h.run("c").await;
-            if r.run_id != *runs.last().unwrap() {
-                runs.push(r.run_id);
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+        let last = *runs.last().unwrap();
+        let next = h
+            .until("the next run", || async {
+                let r = h.run("c").await;
+                (r.run_id != last).then_some(r.run_id)
+            })
+            .await;
+        runs.push(next);
     }
     let done = h.wait_status("c", WorkflowStatus::Completed).await;
     assert_eq!(result(&done), json!(3));
@@ -268,13 +268,11 @@ async fn large_history_suggests_continue_as_new() {
         h.wait_events("l", "timer_started", 1).await;
         let before = h.run("l").await.history_len;
         h.advance(MIN).await;
-        for _ in 0..500 {
+        h.until("the loop's next step", || async {
             let r = h.run("l").await;
-            if r.history_len != before || r.run_id != first.run_id && r.history_len > 1 {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+            (r.history_len != before || r.run_id != first.run_id && r.history_len > 1).then_some(())
+        })
+        .await;
     }
     let done = h.wait_status("l", WorkflowStatus::Completed).await;
     assert_eq!(result(&done), json!(5));

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Log, harness, result};
+use common::{Held, Log, harness, result};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sundial_workflow::{
@@ -152,11 +152,15 @@ async fn timed_out_last_attempt_is_reported() {
     }
     let log = Log::default();
     let l = log.clone();
+    let held = Held::default();
+    let hold = held.clone();
     let h = harness(move |w| {
         w.register("wf", wf).unwrap();
         w.register_activity("hang", move |ctx, ()| {
             let l = l.clone();
+            let hold = hold.hold();
             async move {
+                let _hold = hold;
                 l.push(format!("hang #{}", ctx.attempt()));
                 std::future::pending::<()>().await;
                 Ok::<_, ActivityError>(())
@@ -164,18 +168,21 @@ async fn timed_out_last_attempt_is_reported() {
         })
         .unwrap();
     })
-    .await;
+    .await
+    .holding(&held);
     h.start("wf", "t", json!(null)).await;
     for attempt in 1..=2 {
-        for _ in 0..200 {
-            if log.all().len() >= attempt {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        h.until("the attempt hanging", || async {
+            (held.count() == 1 && log.all().len() >= attempt).then_some(())
+        })
+        .await;
         assert_eq!(log.all().len(), attempt);
-        // Past the attempt's timeout, then past the retry delay.
-        h.advance(Duration::from_secs(5)).await;
+        // Past the attempt's timeout (once its run has ended), then past the retry delay.
+        h.clock.advance(Duration::from_secs(5));
+        h.until("the attempt timed out", || async {
+            (held.count() == 0).then_some(())
+        })
+        .await;
         h.advance(Duration::from_secs(1)).await;
     }
     let done = h.wait_status("t", WorkflowStatus::Completed).await;

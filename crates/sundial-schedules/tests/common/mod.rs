@@ -1,12 +1,18 @@
 //! Test helpers: an engine with the schedules runner on a temporary store, driven by a manual
 //! clock, and a job handler that records runs and can hold them open.
+//!
+//! The engine's loops are not started: a [`Driver`] turns them with the engine's
+//! [`Stepper`] (`settle`), so nothing waits for real time but handler runs, by event. The one
+//! thing the stepper does not drive is the runner's sweep for stranded schedules (`rearm.rs`), a
+//! task of its own that sleeps on the manual clock; the tests of it poll, bounded, for what it
+//! did.
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use sundial::{Config, ManualClock, Running, Sundial, Task, TaskId, TaskState, Timestamp};
+use sundial::{Config, ManualClock, Running, Stepper, Sundial, Task, TaskId, TaskState, Timestamp};
 use sundial_schedules::{
     CreateSchedule, FireKey, FireOutcome, FireReason, FireRecord, Schedule, ScheduleDef,
     ScheduleId, ScheduleSpec, Schedules, TaskTemplate,
@@ -25,6 +31,53 @@ pub struct Harness {
     pub clock: ManualClock,
     pub dir: tempfile::TempDir,
     pub running: Option<Running>,
+    pub driver: Driver,
+}
+
+/// Turns the engine's loops (once the harness is started) and knows how many job runs the
+/// `job` handler holds open, which settling does not wait for.
+#[derive(Clone, Default)]
+pub struct Driver {
+    stepper: Arc<tokio::sync::Mutex<Option<Stepper>>>,
+    held: Arc<AtomicUsize>,
+}
+
+/// Most rounds a wait for the engine takes, each a settle and a millisecond's pause (a bound on
+/// a test that went wrong).
+const ROUNDS: usize = 10_000;
+
+impl Driver {
+    /// Steps `sundial`'s engine from now on.
+    pub fn step(&self, sundial: &Sundial) {
+        let stepper = sundial.stepper();
+        *self.stepper.try_lock().expect("not settling") = Some(stepper);
+    }
+
+    /// Turns the loops until nothing is left to do at the clock's time but the held job runs
+    /// (nothing while the engine is not started).
+    pub async fn settle(&self) {
+        let held = self.held.clone();
+        if let Some(s) = self.stepper.lock().await.as_mut() {
+            s.settle_holding(move || held.load(Ordering::SeqCst)).await;
+        }
+    }
+
+    /// Settles until `check` says yes (bounded); for what settling alone cannot make true at
+    /// once (the sweep's work, done by a task of its own).
+    pub async fn until<T, F: std::future::Future<Output = Option<T>>>(
+        &self,
+        what: &str,
+        mut check: impl FnMut() -> F,
+    ) -> T {
+        for _ in 0..ROUNDS {
+            self.settle().await;
+            if let Some(v) = check().await {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!("{what}: not within {ROUNDS} settles");
+    }
 }
 
 pub async fn harness() -> Harness {
@@ -43,18 +96,33 @@ pub async fn stopped() -> Harness {
         .await
         .unwrap();
     let schedules = Schedules::attach(&sundial).unwrap();
-    Harness {
-        sundial,
-        schedules,
-        clock,
-        dir,
-        running: None,
-    }
+    Harness::new(sundial, schedules, clock, dir)
 }
 
+/// Starts the harness: its engine is stepped from now on.
 pub fn start(mut h: Harness) -> Harness {
+    h.driver.step(&h.sundial);
     h.running = Some(h.sundial.start());
     h
+}
+
+impl Harness {
+    /// A harness over an engine that is not started yet.
+    pub fn new(
+        sundial: Sundial,
+        schedules: Schedules,
+        clock: ManualClock,
+        dir: tempfile::TempDir,
+    ) -> Harness {
+        Harness {
+            sundial,
+            schedules,
+            clock,
+            dir,
+            running: None,
+            driver: Driver::default(),
+        }
+    }
 }
 
 pub fn def(expr: &str) -> ScheduleDef {
@@ -83,8 +151,10 @@ pub struct Run {
 pub struct Jobs {
     pub runs: mpsc::UnboundedReceiver<Run>,
     open: watch::Sender<bool>,
+    /// Runs waiting at the gate now (the driver's held count).
     pub running: Arc<AtomicUsize>,
     pub max_running: Arc<AtomicUsize>,
+    driver: Driver,
 }
 
 impl Jobs {
@@ -92,16 +162,24 @@ impl Jobs {
     pub fn set_open(&self, open: bool) {
         self.open.send_replace(open);
     }
+    /// The next run, settling the engine until there is one (bounded).
     pub async fn next(&mut self) -> Run {
-        tokio::time::timeout(Duration::from_secs(10), self.runs.recv())
-            .await
-            .expect("a run within 10s")
-            .expect("channel open")
+        for _ in 0..ROUNDS {
+            if let Ok(r) = self.runs.try_recv() {
+                return r;
+            }
+            self.driver.settle().await;
+            if let Ok(r) = self.runs.try_recv() {
+                return r;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!("no run within {ROUNDS} settles");
     }
+    /// Settles the engine and asserts that no run started.
     pub async fn none(&mut self) {
-        if let Ok(Some(r)) =
-            tokio::time::timeout(Duration::from_millis(200), self.runs.recv()).await
-        {
+        self.driver.settle().await;
+        if let Ok(r) = self.runs.try_recv() {
             panic!("unexpected run: {r:?}");
         }
     }
@@ -114,7 +192,7 @@ pub fn jobs(h: &Harness, open: bool) -> Jobs {
     let (open_tx, _) = watch::channel(open);
     let gate = open_tx.clone();
     let clock = h.clock.clone();
-    let running = Arc::new(AtomicUsize::new(0));
+    let running = h.driver.held.clone();
     let max_running = Arc::new(AtomicUsize::new(0));
     let (r, m) = (running.clone(), max_running.clone());
     h.sundial.register("job", move |ctx: sundial::TaskContext| {
@@ -123,8 +201,6 @@ pub fn jobs(h: &Harness, open: bool) -> Jobs {
         let at = sundial::Clock::now(&clock);
         let (r, m) = (r.clone(), m.clone());
         async move {
-            let now = r.fetch_add(1, Ordering::SeqCst) + 1;
-            m.fetch_max(now, Ordering::SeqCst);
             let key = ctx.task.key.clone().unwrap_or_default();
             let nominal = FireKey::parse(&key)
                 .map(|k| k.nominal)
@@ -134,6 +210,9 @@ pub fn jobs(h: &Harness, open: bool) -> Jobs {
                 nominal,
                 at,
             });
+            // Counted as held only once it has been sent: a settled engine has sent every run.
+            let now = r.fetch_add(1, Ordering::SeqCst) + 1;
+            m.fetch_max(now, Ordering::SeqCst);
             let _ = gate.wait_for(|o| *o).await;
             r.fetch_sub(1, Ordering::SeqCst);
             Ok::<(), sundial::HandlerError>(())
@@ -144,25 +223,30 @@ pub fn jobs(h: &Harness, open: bool) -> Jobs {
         open: open_tx,
         running,
         max_running,
+        driver: h.driver.clone(),
     }
 }
 
-/// Lets the engine settle on the current time.
-pub async fn settle() {
-    tokio::time::sleep(Duration::from_millis(60)).await;
+/// Lets the engine settle on the current time (see [`Driver::settle`]).
+pub async fn settle(h: &Harness) {
+    h.driver.settle().await;
 }
 
-/// Moves the clock forward in steps of at most a second (as real time would) and lets the engine
-/// catch up after each.
+/// Moves the clock forward in steps of at most a second (as real time would) and settles the
+/// engine after each.
 pub async fn advance(h: &Harness, d: Duration) {
+    advance_by(&h.clock, &h.driver, d, Duration::from_secs(1)).await;
+}
+
+/// Moves `clock` forward by `d` in steps of at most `step`, settling after each.
+pub async fn advance_by(clock: &ManualClock, driver: &Driver, d: Duration, step: Duration) {
     let mut left = d;
     while left > Duration::ZERO {
-        let step = left.min(Duration::from_secs(1));
-        h.clock.advance(step);
-        left -= step;
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        let s = left.min(step);
+        clock.advance(s);
+        left -= s;
+        driver.settle().await;
     }
-    settle().await;
 }
 
 /// Fire records oldest first.
@@ -179,17 +263,12 @@ pub async fn fires(h: &Harness, id: &str) -> Vec<FireRecord> {
 
 /// Waits (bounded) until the schedule has at least `n` fire records; returns them oldest first.
 pub async fn wait_fires(h: &Harness, id: &str, n: usize) -> Vec<FireRecord> {
-    for _ in 0..500 {
-        let f = fires(h, id).await;
-        if f.len() >= n {
-            return f;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!(
-        "schedule {id} did not reach {n} fires: {:?}",
-        fires(h, id).await
-    );
+    h.driver
+        .until(&format!("schedule {id} reaching {n} fires"), || async {
+            let f = fires(h, id).await;
+            (f.len() >= n).then_some(f)
+        })
+        .await
 }
 
 pub fn outcomes(f: &[FireRecord]) -> Vec<(FireOutcome, FireReason)> {
@@ -198,18 +277,15 @@ pub fn outcomes(f: &[FireRecord]) -> Vec<(FireOutcome, FireReason)> {
 
 /// Waits (bounded) until the task reaches `state`.
 pub async fn wait_state(h: &Harness, id: TaskId, state: TaskState) -> Task {
-    for _ in 0..500 {
-        if let Some(t) = h.sundial.get(id).await.unwrap()
-            && t.state == state
-        {
-            return t;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!(
-        "task {id} did not reach {state}: {:?}",
-        h.sundial.get(id).await
-    );
+    h.driver
+        .until(&format!("task {id} reaching {state}"), || async {
+            h.sundial
+                .get(id)
+                .await
+                .unwrap()
+                .filter(|t| t.state == state)
+        })
+        .await
 }
 
 pub fn at(base: Timestamp, d: Duration) -> Timestamp {

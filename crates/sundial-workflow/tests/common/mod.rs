@@ -1,11 +1,17 @@
 //! Test helpers: an engine with the workflow runtime on a temporary store, driven by a manual
-//! clock. Time only moves when a test moves it; waits for the engine are short real-time polls.
+//! clock. Time only moves when a test moves it, and the engine's loops are not started: the
+//! harness turns them with the engine's [`Stepper`] and waits for handler runs by event, so
+//! nothing waits for real time. A test whose activity hangs on purpose says so with [`Held`],
+//! which settling does not wait for.
 #![allow(dead_code, clippy::unwrap_used)]
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sundial::{Config, ManualClock, Retention, Running, Sundial, TaskFilter, TaskState, Timestamp};
+use sundial::{
+    Config, ManualClock, Retention, Running, Stepper, Sundial, TaskFilter, TaskState, Timestamp,
+};
 use sundial_workflow::{
     StartWorkflow, WorkflowConfig, WorkflowEvent, WorkflowRun, WorkflowStatus, Workflows,
 };
@@ -21,7 +27,37 @@ pub struct Harness {
     pub clock: ManualClock,
     pub dir: tempfile::TempDir,
     pub running: Option<Running>,
+    stepper: tokio::sync::Mutex<Stepper>,
+    held: Held,
 }
+
+/// How many runs a test's handlers hold open on purpose (an activity that hangs until it is
+/// timed out or cancelled): settling does not wait for them.
+#[derive(Clone, Default)]
+pub struct Held(Arc<AtomicUsize>);
+
+impl Held {
+    /// Counts one held run until the guard is dropped (with the run's future).
+    pub fn hold(&self) -> HoldGuard {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        HoldGuard(self.0.clone())
+    }
+    pub fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+pub struct HoldGuard(Arc<AtomicUsize>);
+
+impl Drop for HoldGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Most rounds a wait for the engine takes, each a settle and a millisecond's pause (a bound on
+/// a test that went wrong).
+const ROUNDS: usize = 10_000;
 
 /// A started engine with the workflow runtime; `setup` registers workflows and activities
 /// before the engine starts.
@@ -50,6 +86,7 @@ pub async fn harness_with(config: WorkflowConfig, setup: impl FnOnce(&Workflows)
         .unwrap();
     let workflows = Workflows::attach_with(&sundial, config).unwrap();
     setup(&workflows);
+    let stepper = tokio::sync::Mutex::new(sundial.stepper());
     let running = Some(sundial.start());
     Harness {
         sundial,
@@ -57,10 +94,46 @@ pub async fn harness_with(config: WorkflowConfig, setup: impl FnOnce(&Workflows)
         clock,
         dir,
         running,
+        stepper,
+        held: Held::default(),
     }
 }
 
 impl Harness {
+    /// Settling does not wait for the runs `held` counts.
+    pub fn holding(mut self, held: &Held) -> Self {
+        self.held = held.clone();
+        self
+    }
+
+    /// Turns the engine's loops until nothing is left to do at the clock's time but held runs.
+    pub async fn settle(&self) {
+        let held = self.held.clone();
+        self.stepper
+            .lock()
+            .await
+            .settle_holding(move || held.count())
+            .await;
+    }
+
+    /// Settles until `check` says yes (bounded). Settling makes most states true at once; the
+    /// loop is for what a handler run does after its result is recorded (a child workflow's
+    /// parent woken, an interrupted attempt's future dropped).
+    pub async fn until<T, F: std::future::Future<Output = Option<T>>>(
+        &self,
+        what: &str,
+        mut check: impl FnMut() -> F,
+    ) -> T {
+        for _ in 0..ROUNDS {
+            self.settle().await;
+            if let Some(v) = check().await {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!("{what}: not within {ROUNDS} settles");
+    }
+
     pub async fn start(
         &self,
         workflow_type: &str,
@@ -96,15 +169,16 @@ impl Harness {
             .collect()
     }
 
-    /// Waits (bounded, real time) until the current run has reached `status`.
+    /// Settles (bounded) until the current run has reached `status`.
     pub async fn wait_status(&self, id: &str, status: WorkflowStatus) -> WorkflowRun {
-        for _ in 0..1_000 {
+        for _ in 0..ROUNDS {
+            self.settle().await;
             if let Some(r) = self.workflows.get(id).await.unwrap()
                 && r.status == status
             {
                 return r;
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let r = self.workflows.get(id).await.unwrap();
         let h = match &r {
@@ -114,10 +188,11 @@ impl Harness {
         panic!("workflow {id} did not reach {status}: {r:?}\nhistory: {h:#?}");
     }
 
-    /// Waits until the current run's history holds at least `n` events of type `ty` and no
+    /// Settles until the current run's history holds at least `n` events of type `ty` and no
     /// workflow task is pending or running: the workflow is blocked, waiting for the outside.
     pub async fn wait_events(&self, id: &str, ty: &str, n: usize) {
-        for _ in 0..1_000 {
+        for _ in 0..ROUNDS {
+            self.settle().await;
             let types = self.types(id).await;
             let pending = self
                 .workflows
@@ -131,7 +206,7 @@ impl Harness {
             {
                 return;
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
         panic!(
             "workflow {id} did not reach {n} {ty} events: {:?}",
@@ -157,13 +232,14 @@ impl Harness {
                 .is_empty()
     }
 
-    /// Moves the clock forward and lets the engine catch up.
+    /// Moves the clock forward and settles the engine.
     pub async fn advance(&self, d: Duration) {
         self.clock.advance(d);
-        settle().await;
+        self.settle().await;
     }
 
-    /// Moves the clock in steps of `step` until the workflow reaches `status` (bounded).
+    /// Moves the clock in steps of `step`, settling after each, until the workflow reaches
+    /// `status` (bounded).
     pub async fn advance_until(
         &self,
         id: &str,
@@ -171,6 +247,7 @@ impl Harness {
         status: WorkflowStatus,
     ) -> WorkflowRun {
         for _ in 0..200 {
+            self.settle().await;
             if let Some(r) = self.workflows.get(id).await.unwrap()
                 && r.status == status
             {
@@ -179,14 +256,9 @@ impl Harness {
             if self.quiet().await {
                 self.clock.advance(step);
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         self.wait_status(id, status).await
     }
-}
-
-pub async fn settle() {
-    tokio::time::sleep(Duration::from_millis(50)).await;
 }
 
 /// A shared log of what activities did.

@@ -30,6 +30,12 @@ pub struct Stepper {
 /// that went wrong; a run that is meant to hang makes settle return at this bound).
 const RUNS_BOUND: Duration = Duration::from_secs(10);
 
+/// Most rounds of turns one settle takes (a bound on a loop that keeps wanting a turn now).
+const MAX_ROUNDS: usize = 100_000;
+
+/// How often [`Stepper::settle_holding`] looks at the held count again while runs are held.
+const HELD_RECHECK: Duration = Duration::from_millis(1);
+
 impl Stepper {
     pub(crate) fn new(engine: Arc<Engine>) -> Self {
         let taken = engine.take_loops();
@@ -76,10 +82,23 @@ impl Stepper {
     /// waits (by event) for the handler runs under way to record their results, whose retries or
     /// released keys may need another turn. Returns the earliest next wake.
     pub async fn settle(&mut self) -> Timestamp {
-        loop {
+        self.settle_runs(None).await
+    }
+
+    /// Like [`Stepper::settle`], for a test whose handler holds some runs open on purpose (until
+    /// the test lets them go): `held` says how many runs are held now, and runs count as done
+    /// once no more than that many are in flight. Runs that a handler holds are therefore not
+    /// waited for, while ticks, retries and the runs that do finish are.
+    pub async fn settle_holding(&mut self, held: impl Fn() -> usize) -> Timestamp {
+        self.settle_runs(Some(&held)).await
+    }
+
+    async fn settle_runs(&mut self, held: Option<&dyn Fn() -> usize>) -> Timestamp {
+        // A bound on a test that went wrong (a loop that keeps wanting a turn now).
+        for _ in 0..MAX_ROUNDS {
             let now = self.engine.clock.now();
             let next = self.turn().await;
-            let runs = self.wait_runs().await;
+            let runs = self.wait_runs(held).await;
             let inbox = self
                 .engine
                 .shards
@@ -91,21 +110,30 @@ impl Stepper {
                 _ => {}
             }
         }
+        self.engine.clock.now()
     }
 
-    /// Waits (bounded) until no handler run is in flight.
-    async fn wait_runs(&self) -> Runs {
+    /// Waits (bounded) until no handler run is in flight but the `held` ones. Without `held` it
+    /// waits for the engine's drained event; a held count can rise without an event (a run
+    /// reaching its hold), so with one it also looks again every millisecond.
+    async fn wait_runs(&self, held: Option<&dyn Fn() -> usize>) -> Runs {
         let mut any = false;
         let waited = tokio::time::timeout(RUNS_BOUND, async {
             loop {
                 let notified = self.engine.drained.notified();
                 tokio::pin!(notified);
                 notified.as_mut().enable();
-                if self.engine.in_flight.load(Ordering::SeqCst) == 0 {
+                let holding = held.map_or(0, |h| h());
+                if self.engine.in_flight.load(Ordering::SeqCst) <= holding {
                     return;
                 }
                 any = true;
-                notified.await;
+                match held {
+                    None => notified.await,
+                    Some(_) => {
+                        let _ = tokio::time::timeout(HELD_RECHECK, notified).await;
+                    }
+                }
             }
         })
         .await;
