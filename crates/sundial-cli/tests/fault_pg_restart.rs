@@ -111,7 +111,7 @@ impl Postgres {
     /// so) when no PostgreSQL binaries are installed and the test may be skipped.
     fn start() -> Option<Postgres> {
         let Some(bin) = pg_bin() else {
-            if std::env::var("SUNDIAL_REQUIRE_POSTGRES").is_ok_and(|v| v == "1") {
+            if common::pg::postgres_required() {
                 panic!(
                     "no PostgreSQL binaries under /usr/lib/postgresql/*/bin (set SUNDIAL_PG_BIN)"
                 );

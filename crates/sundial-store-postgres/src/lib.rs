@@ -161,6 +161,8 @@ mod rows;
 mod schedules;
 mod schema;
 mod sql;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 mod workflows;
 
 use std::collections::{HashMap, HashSet};

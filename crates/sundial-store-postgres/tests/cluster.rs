@@ -20,12 +20,12 @@ use sundial_store_postgres::PostgresStore;
 
 mod common;
 
-use common::{SchemaGuard, connect, fresh_postgres, raw_client};
+use common::{TestSchema, connect, fresh_postgres, raw_client};
 
 const SHARDS: u32 = 4;
 
 /// A second store (its own pool: another node) on the same schema.
-async fn another_node(guard: &SchemaGuard) -> Arc<PostgresStore> {
+async fn another_node(guard: &TestSchema) -> Arc<PostgresStore> {
     Arc::new(connect(&guard.url, &guard.schema).await.unwrap())
 }
 
@@ -456,7 +456,7 @@ async fn a_stalled_fenced_write_does_not_hold_up_a_takeover() {
     let Some(url) = common::database_url() else {
         return;
     };
-    let guard = SchemaGuard::new(&url);
+    let guard = TestSchema::new(&url);
     let t = Timestamp;
     let shard = 2;
     let stall = Duration::from_secs(6);

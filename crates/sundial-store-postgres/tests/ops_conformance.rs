@@ -7,9 +7,9 @@ use sundial_store::Store;
 
 mod common;
 
-use common::SchemaGuard;
+use common::TestSchema;
 
-async fn fresh_store() -> Option<(Arc<dyn Store>, SchemaGuard)> {
+async fn fresh_store() -> Option<(Arc<dyn Store>, TestSchema)> {
     let (store, guard) = common::fresh_postgres().await?;
     Some((store, guard))
 }

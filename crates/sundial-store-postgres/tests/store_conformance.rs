@@ -13,10 +13,10 @@ use sundial_store_postgres::{PostgresError, SCHEMA_VERSION};
 
 mod common;
 
-use common::{SchemaGuard, connect, database_url, fresh_schema_name, raw_client};
+use common::{TestSchema, connect, database_url, fresh_schema_name, raw_client};
 
 /// A store in a fresh schema, or `None` when PostgreSQL tests are skipped here.
-async fn fresh_store() -> Option<(Arc<dyn Store>, SchemaGuard)> {
+async fn fresh_store() -> Option<(Arc<dyn Store>, TestSchema)> {
     let (store, guard) = common::fresh_postgres().await?;
     Some((store, guard))
 }
@@ -50,7 +50,7 @@ async fn schema_exists(client: &tokio_postgres::Client, schema: &str) -> bool {
 async fn concurrent_connects_migrate_once() {
     let Some(url) = database_url() else { return };
     let schema = fresh_schema_name();
-    let _guard = SchemaGuard {
+    let _guard = TestSchema {
         url: url.clone(),
         schema: schema.clone(),
     };
@@ -96,7 +96,7 @@ async fn concurrent_connects_migrate_once() {
 async fn newer_schema_is_refused() {
     let Some(url) = database_url() else { return };
     let schema = fresh_schema_name();
-    let _guard = SchemaGuard {
+    let _guard = TestSchema {
         url: url.clone(),
         schema: schema.clone(),
     };
@@ -130,7 +130,7 @@ async fn newer_schema_is_refused() {
 async fn schema_is_created_and_names_are_checked() {
     let Some(url) = database_url() else { return };
     let schema = fresh_schema_name();
-    let _guard = SchemaGuard {
+    let _guard = TestSchema {
         url: url.clone(),
         schema: schema.clone(),
     };
@@ -153,7 +153,7 @@ async fn schema_is_created_and_names_are_checked() {
 async fn counts_survive_many_backends_and_fold() {
     let Some(url) = database_url() else { return };
     let schema = fresh_schema_name();
-    let _guard = SchemaGuard {
+    let _guard = TestSchema {
         url: url.clone(),
         schema: schema.clone(),
     };

@@ -55,7 +55,7 @@ impl Backend {
 /// servers that use it: locals drop in reverse order, servers first).
 pub struct Storage {
     pub dir: tempfile::TempDir,
-    pub pg: Option<pg::Schema>,
+    pub pg: Option<pg::TestSchema>,
 }
 
 impl Storage {
@@ -63,7 +63,7 @@ impl Storage {
     pub fn new(backend: Backend) -> Option<Storage> {
         let pg = match backend {
             Backend::Embedded => None,
-            Backend::Postgres => Some(pg::Schema::fresh()?),
+            Backend::Postgres => Some(pg::TestSchema::fresh()?),
         };
         Some(Storage {
             dir: tempfile::tempdir().unwrap(),
