@@ -5,7 +5,7 @@
 //! sundial_store::access_store_conformance!(fresh);
 //! ```
 //!
-//! The factory returns an [`AccessFixture`]: `Arc<S>`, `(Arc<S>, guard)` or an `Option` of
+//! The factory returns a [`Fixture`]: `Arc<S>`, `(Arc<S>, guard)` or an `Option` of
 //! either (`None` skips the check, for backends that need an outside service).
 
 use std::sync::Arc;
@@ -14,43 +14,11 @@ use sundial_core::{Timestamp, TokenId};
 use uuid::Uuid;
 
 use crate::audit_scope::{self, AuditScope, AuditWrite};
-use crate::testkit::{at, due_task, make_ready, ready_claim};
+use crate::testkit::{Fixture, at, due_task, make_ready, ready_claim};
 use crate::{
     AccessStore, AuditFilter, Namespace, NamespaceError, NewAuditRecord, NewToken, Scope, Store,
     TransitionError,
 };
-
-/// What an access conformance factory hands back.
-pub trait AccessFixture {
-    fn access(&self) -> Arc<dyn AccessStore>;
-    fn skip(&self) -> bool {
-        false
-    }
-}
-
-impl<F: AccessFixture> AccessFixture for Option<F> {
-    fn access(&self) -> Arc<dyn AccessStore> {
-        match self {
-            Some(f) => f.access(),
-            None => panic!("a skipped fixture has no store (check `skip` first)"),
-        }
-    }
-    fn skip(&self) -> bool {
-        self.as_ref().is_none_or(|f| f.skip())
-    }
-}
-
-impl<S: AccessStore> AccessFixture for Arc<S> {
-    fn access(&self) -> Arc<dyn AccessStore> {
-        self.clone()
-    }
-}
-
-impl<S: AccessStore, G> AccessFixture for (Arc<S>, G) {
-    fn access(&self) -> Arc<dyn AccessStore> {
-        self.0.clone()
-    }
-}
 
 /// A backend that keeps tasks and the audit log in one database (so a task write can carry its
 /// request's audit record).
@@ -58,23 +26,15 @@ pub trait AuditedFixture {
     fn stores(&self) -> (Arc<dyn Store>, Arc<dyn AccessStore>);
 }
 
-impl<S: Store + AccessStore> AuditedFixture for Arc<S> {
+/// Every [`Fixture`] whose store is both.
+impl<F: Fixture> AuditedFixture for F
+where
+    F::Store: Store + AccessStore + Sized,
+{
     fn stores(&self) -> (Arc<dyn Store>, Arc<dyn AccessStore>) {
-        (self.clone(), self.clone())
-    }
-}
-
-impl<S: Store + AccessStore, G> AuditedFixture for (Arc<S>, G) {
-    fn stores(&self) -> (Arc<dyn Store>, Arc<dyn AccessStore>) {
-        (self.0.clone(), self.0.clone())
-    }
-}
-
-impl<F: AuditedFixture> AuditedFixture for Option<F> {
-    fn stores(&self) -> (Arc<dyn Store>, Arc<dyn AccessStore>) {
-        match self {
-            Some(f) => f.stores(),
-            None => panic!("a skipped fixture has no store (check `skip` first)"),
+        match self.store() {
+            Some(s) => (s.clone(), s.clone()),
+            None => panic!("a skipped fixture has no store (check `Fixture::store` first)"),
         }
     }
 }
@@ -87,11 +47,10 @@ macro_rules! access_store_conformance {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $check() {
                 let fixture = ($factory)().await;
-                if $crate::access_testkit::AccessFixture::skip(&fixture) {
+                let Some(store) = $crate::testkit::Fixture::store(&fixture) else {
                     return;
-                }
-                let access = $crate::access_testkit::AccessFixture::access(&fixture);
-                $crate::access_testkit::$check(access).await;
+                };
+                $crate::access_testkit::$check(store.clone()).await;
                 drop(fixture);
             }
         )*
@@ -106,7 +65,7 @@ macro_rules! access_store_conformance {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn access_audit_rides_with_the_request_write() {
             let fixture = ($factory)().await;
-            if $crate::access_testkit::AccessFixture::skip(&fixture) {
+            if $crate::testkit::Fixture::store(&fixture).is_none() {
                 return;
             }
             let (tasks, access) = $crate::access_testkit::AuditedFixture::stores(&fixture);

@@ -26,11 +26,10 @@ macro_rules! ops_conformance {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $check() {
                 let fixture = ($factory)().await;
-                if $crate::testkit::Fixture::skip(&fixture) {
+                let Some(store) = $crate::testkit::Fixture::store(&fixture) else {
                     return;
-                }
-                let store = $crate::testkit::Fixture::store(&fixture);
-                $crate::ops_testkit::$check(store).await;
+                };
+                $crate::ops_testkit::$check(store.clone()).await;
                 drop(fixture);
             }
         )*

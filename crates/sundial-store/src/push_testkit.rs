@@ -1,7 +1,7 @@
 //! The conformance suite of [`PushSecretStore`] (feature `testkit`), run by every backend with
 //! [`push_store_conformance!`](crate::push_store_conformance).
 //!
-//! The factory returns a [`PushFixture`]: `Arc<S>` or `(Arc<S>, guard)`, or `None` to skip
+//! The factory returns a [`Fixture`](crate::testkit::Fixture): `Arc<S>` or `(Arc<S>, guard)`, or `None` to skip
 //! (a backend whose service is missing here).
 
 use std::sync::Arc;
@@ -9,37 +9,6 @@ use std::sync::Arc;
 use sundial_core::Timestamp;
 
 use crate::{PushSecret, PushSecretStore};
-
-pub trait PushFixture {
-    fn secrets(&self) -> Arc<dyn PushSecretStore>;
-    fn skip(&self) -> bool {
-        false
-    }
-}
-
-impl<F: PushFixture> PushFixture for Option<F> {
-    fn secrets(&self) -> Arc<dyn PushSecretStore> {
-        match self {
-            Some(f) => f.secrets(),
-            None => panic!("skipped fixtures are not used"),
-        }
-    }
-    fn skip(&self) -> bool {
-        self.as_ref().is_none_or(PushFixture::skip)
-    }
-}
-
-impl<S: PushSecretStore + 'static> PushFixture for Arc<S> {
-    fn secrets(&self) -> Arc<dyn PushSecretStore> {
-        self.clone()
-    }
-}
-
-impl<S: PushSecretStore + 'static, G> PushFixture for (Arc<S>, G) {
-    fn secrets(&self) -> Arc<dyn PushSecretStore> {
-        self.0.clone()
-    }
-}
 
 /// One `#[tokio::test]` per check, each on a fresh store from `$factory`.
 #[macro_export]
@@ -49,11 +18,10 @@ macro_rules! push_store_conformance {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $check() {
                 let fixture = ($factory)().await;
-                if $crate::push_testkit::PushFixture::skip(&fixture) {
+                let Some(store) = $crate::testkit::Fixture::store(&fixture) else {
                     return;
-                }
-                let secrets = $crate::push_testkit::PushFixture::secrets(&fixture);
-                $crate::push_testkit::$check(secrets).await;
+                };
+                $crate::push_testkit::$check(store.clone()).await;
                 drop(fixture);
             }
         )*

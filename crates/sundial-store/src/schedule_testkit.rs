@@ -6,10 +6,10 @@
 //! sundial_store::schedule_store_conformance!(fresh);
 //! ```
 //!
-//! The factory returns a [`ScheduleFixture`]: `Arc<S>` or `(Arc<S>, guard)` where `S` implements
-//! both [`Store`] and [`ScheduleStore`] (the fire operation writes task rows), or an `Option` of
-//! either: `None` skips the check (for backends that need an outside service this environment
-//! lacks; the factory says why).
+//! The factory returns a [`Fixture`](crate::testkit::Fixture): `Arc<S>` or `(Arc<S>, guard)` where
+//! `S` implements both [`Store`] and [`ScheduleStore`] (the fire operation writes task rows), or
+//! an `Option` of either: `None` skips the check (for backends that need an outside service this
+//! environment lacks; the factory says why).
 
 use std::collections::HashSet;
 use std::future::{Future, poll_fn};
@@ -27,56 +27,9 @@ use crate::{
     NewSchedule, ScheduleError, ScheduleStore, Store, TICK_KIND, TICK_QUEUE,
 };
 
-/// What a schedule conformance factory hands back.
-pub trait ScheduleFixture {
-    fn tasks(&self) -> Arc<dyn Store>;
-    fn schedules(&self) -> Arc<dyn ScheduleStore>;
-
-    /// `true` when the backend is not available here and the check is to pass without running.
-    fn skip(&self) -> bool {
-        false
-    }
-}
-
-impl<F: ScheduleFixture> ScheduleFixture for Option<F> {
-    fn tasks(&self) -> Arc<dyn Store> {
-        match self {
-            Some(f) => f.tasks(),
-            None => panic!("a skipped fixture has no store (check `skip` first)"),
-        }
-    }
-    fn schedules(&self) -> Arc<dyn ScheduleStore> {
-        match self {
-            Some(f) => f.schedules(),
-            None => panic!("a skipped fixture has no store (check `skip` first)"),
-        }
-    }
-    fn skip(&self) -> bool {
-        self.as_ref().is_none_or(|f| f.skip())
-    }
-}
-
-impl<S: Store + ScheduleStore> ScheduleFixture for Arc<S> {
-    fn tasks(&self) -> Arc<dyn Store> {
-        self.clone()
-    }
-    fn schedules(&self) -> Arc<dyn ScheduleStore> {
-        self.clone()
-    }
-}
-
-impl<S: Store + ScheduleStore, G> ScheduleFixture for (Arc<S>, G) {
-    fn tasks(&self) -> Arc<dyn Store> {
-        self.0.clone()
-    }
-    fn schedules(&self) -> Arc<dyn ScheduleStore> {
-        self.0.clone()
-    }
-}
-
 /// Expands to one `#[tokio::test(flavor = "multi_thread", worker_threads = 2)]` per schedule
 /// conformance check, each with a fresh store from `factory` (an async fn or closure returning a
-/// [`ScheduleFixture`](crate::schedule_testkit::ScheduleFixture); `None` skips the check).
+/// [`Fixture`](crate::testkit::Fixture); `None` skips the check).
 #[macro_export]
 macro_rules! schedule_store_conformance {
     (@checks ($factory:expr) $($check:ident)*) => {
@@ -84,12 +37,10 @@ macro_rules! schedule_store_conformance {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $check() {
                 let fixture = ($factory)().await;
-                if $crate::schedule_testkit::ScheduleFixture::skip(&fixture) {
+                let Some(store) = $crate::testkit::Fixture::store(&fixture) else {
                     return;
-                }
-                let tasks = $crate::schedule_testkit::ScheduleFixture::tasks(&fixture);
-                let schedules = $crate::schedule_testkit::ScheduleFixture::schedules(&fixture);
-                $crate::schedule_testkit::$check(tasks, schedules).await;
+                };
+                $crate::schedule_testkit::$check(store.clone(), store.clone()).await;
                 drop(fixture);
             }
         )*

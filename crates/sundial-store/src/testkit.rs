@@ -42,49 +42,46 @@ use crate::{
     Inserted, ReadyClaim, Store, TaskFilter, TransitionError,
 };
 
-/// What a conformance factory hands back: the store under test, alone or with a guard that must
-/// live as long as the store is used (dropped after the check, after the store).
+/// What a conformance factory hands back, for every suite of this crate: the store under test
+/// (`Arc<S>`), alone or with a guard that must live as long as the store is used (dropped after
+/// the check, after the store), or an `Option` of either. `None` skips the check: for backends
+/// that need an outside service (a database server) which this environment does not provide; the
+/// factory says why before returning `None`.
+///
+/// `S` is the backend's store type (or `dyn Store`); what a suite needs of it ([`Store`],
+/// [`ScheduleStore`](crate::ScheduleStore), …) is asked where its checks take the store.
 pub trait Fixture {
-    fn store(&self) -> Arc<dyn Store>;
+    type Store: ?Sized;
 
-    /// `true` when the backend is not available here and the check is to pass without running
-    /// (the factory has said why). Only backends that need an outside service skip.
-    fn skip(&self) -> bool {
-        false
+    /// The store under test, or `None` when the check is to pass without running.
+    fn store(&self) -> Option<&Arc<Self::Store>>;
+}
+
+impl<S: ?Sized> Fixture for Arc<S> {
+    type Store = S;
+    fn store(&self) -> Option<&Arc<S>> {
+        Some(self)
     }
 }
 
-/// `None` skips the check: for backends that need an outside service (a database server) which
-/// this environment does not provide. The factory says why before returning `None`.
+impl<S: ?Sized, G> Fixture for (Arc<S>, G) {
+    type Store = S;
+    fn store(&self) -> Option<&Arc<S>> {
+        Some(&self.0)
+    }
+}
+
 impl<F: Fixture> Fixture for Option<F> {
-    fn store(&self) -> Arc<dyn Store> {
-        match self {
-            Some(f) => f.store(),
-            None => panic!("a skipped fixture has no store (check `skip` first)"),
-        }
-    }
-
-    fn skip(&self) -> bool {
-        self.as_ref().is_none_or(|f| f.skip())
-    }
-}
-
-impl Fixture for Arc<dyn Store> {
-    fn store(&self) -> Arc<dyn Store> {
-        self.clone()
-    }
-}
-
-impl<G> Fixture for (Arc<dyn Store>, G) {
-    fn store(&self) -> Arc<dyn Store> {
-        self.0.clone()
+    type Store = F::Store;
+    fn store(&self) -> Option<&Arc<F::Store>> {
+        self.as_ref().and_then(Fixture::store)
     }
 }
 
 /// Expands to one `#[tokio::test(flavor = "multi_thread", worker_threads = 2)]` per conformance
 /// check, each with a fresh store from `factory`: an async fn or closure taking no arguments and
-/// returning a [`Fixture`](crate::testkit::Fixture) (`Arc<dyn Store>`, or `(Arc<dyn Store>, guard)`,
-/// or an `Option` of either: `None` skips the check).
+/// returning a [`Fixture`](crate::testkit::Fixture) (`Arc<S>`, or `(Arc<S>, guard)`, or an
+/// `Option` of either: `None` skips the check).
 ///
 /// The calling crate needs `tokio` with the `macros` and `rt-multi-thread` features. The tests are
 /// named after the checks; invoke the macro inside a module to run the suite more than once (for
@@ -96,11 +93,10 @@ macro_rules! store_conformance {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $check() {
                 let fixture = ($factory)().await;
-                if $crate::testkit::Fixture::skip(&fixture) {
+                let Some(store) = $crate::testkit::Fixture::store(&fixture) else {
                     return;
-                }
-                let store = $crate::testkit::Fixture::store(&fixture);
-                $crate::testkit::$check(store).await;
+                };
+                $crate::testkit::$check(store.clone()).await;
                 drop(fixture);
             }
         )*

@@ -6,7 +6,7 @@
 //! sundial_store::workflow_store_conformance!(fresh);
 //! ```
 //!
-//! The factory returns a [`WorkflowFixture`]: `Arc<S>` or `(Arc<S>, guard)` where `S` implements
+//! The factory returns a [`Fixture`](crate::testkit::Fixture): `Arc<S>` or `(Arc<S>, guard)` where `S` implements
 //! both [`Store`] and [`WorkflowStore`] (workflow writes insert and cancel task rows), or an
 //! `Option` of either: `None` skips the check (for backends that need an outside service this
 //! environment lacks; the factory says why). Events are opaque here: the checks write small JSON
@@ -25,53 +25,6 @@ use crate::{
     WorkflowStore, WorkflowStoreError, WorkflowTaskCommit, run_task_key_prefix,
 };
 
-/// What a workflow conformance factory hands back.
-pub trait WorkflowFixture {
-    fn tasks(&self) -> Arc<dyn Store>;
-    fn workflows(&self) -> Arc<dyn WorkflowStore>;
-
-    /// `true` when the backend is not available here and the check is to pass without running.
-    fn skip(&self) -> bool {
-        false
-    }
-}
-
-impl<F: WorkflowFixture> WorkflowFixture for Option<F> {
-    fn tasks(&self) -> Arc<dyn Store> {
-        match self {
-            Some(f) => f.tasks(),
-            None => panic!("a skipped fixture has no store (check `skip` first)"),
-        }
-    }
-    fn workflows(&self) -> Arc<dyn WorkflowStore> {
-        match self {
-            Some(f) => f.workflows(),
-            None => panic!("a skipped fixture has no store (check `skip` first)"),
-        }
-    }
-    fn skip(&self) -> bool {
-        self.as_ref().is_none_or(|f| f.skip())
-    }
-}
-
-impl<S: Store + WorkflowStore> WorkflowFixture for Arc<S> {
-    fn tasks(&self) -> Arc<dyn Store> {
-        self.clone()
-    }
-    fn workflows(&self) -> Arc<dyn WorkflowStore> {
-        self.clone()
-    }
-}
-
-impl<S: Store + WorkflowStore, G> WorkflowFixture for (Arc<S>, G) {
-    fn tasks(&self) -> Arc<dyn Store> {
-        self.0.clone()
-    }
-    fn workflows(&self) -> Arc<dyn WorkflowStore> {
-        self.0.clone()
-    }
-}
-
 /// Expands to one `#[tokio::test(flavor = "multi_thread", worker_threads = 2)]` per workflow
 /// conformance check, each with a fresh store from `factory` (an async fn or closure returning a
 /// [`WorkflowFixture`](crate::workflow_testkit::WorkflowFixture); `None` skips the check).
@@ -82,12 +35,10 @@ macro_rules! workflow_store_conformance {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $check() {
                 let fixture = ($factory)().await;
-                if $crate::workflow_testkit::WorkflowFixture::skip(&fixture) {
+                let Some(store) = $crate::testkit::Fixture::store(&fixture) else {
                     return;
-                }
-                let tasks = $crate::workflow_testkit::WorkflowFixture::tasks(&fixture);
-                let workflows = $crate::workflow_testkit::WorkflowFixture::workflows(&fixture);
-                $crate::workflow_testkit::$check(tasks, workflows).await;
+                };
+                $crate::workflow_testkit::$check(store.clone(), store.clone()).await;
                 drop(fixture);
             }
         )*
