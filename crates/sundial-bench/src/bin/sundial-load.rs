@@ -528,6 +528,89 @@ fn ms(us: u64) -> f64 {
     us as f64 / 1_000.0
 }
 
+/// What the producers of a create scenario did.
+struct Produced {
+    /// Tasks created.
+    ok: u64,
+    /// Requests that failed.
+    errors: u64,
+    seconds: f64,
+    /// Request latencies (µs).
+    latency: Histogram<u64>,
+}
+
+/// Runs `connections` producers, spread round-robin over `clients`, until `duration` has passed
+/// or `cap` requests (0: no cap) have started. Each request is what `request(client, producer, n,
+/// seed)` returns (`n` counts the producer's requests, `seed` is its own random state); it answers
+/// how many tasks it created, and its latency is recorded. The first three failures are printed,
+/// prefixed with `what`.
+async fn produce<F, Fut>(
+    clients: &[Client],
+    connections: usize,
+    duration: Duration,
+    cap: u64,
+    what: &'static str,
+    request: F,
+) -> anyhow::Result<Produced>
+where
+    F: Fn(&Client, usize, u64, &mut u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<u64>> + Send,
+{
+    let started = Arc::new(AtomicU64::new(0));
+    let ok = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let latencies = Arc::new(Mutex::new(hist()));
+    let start = Instant::now();
+    let end = start + duration;
+    let mut tasks = Vec::new();
+    for c in 0..connections {
+        let (client, ok, errors, latencies, started, request) = (
+            clients[c % clients.len()].clone(),
+            ok.clone(),
+            errors.clone(),
+            latencies.clone(),
+            started.clone(),
+            request.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut local = hist();
+            let mut n = 0u64;
+            let mut seed = 0x9E37_79B9_7F4A_7C15_u64 ^ (c as u64 + 1);
+            while Instant::now() < end {
+                if cap > 0 && started.fetch_add(1, Ordering::Relaxed) >= cap {
+                    break;
+                }
+                let call = request(&client, c, n, &mut seed);
+                n += 1;
+                let t0 = Instant::now();
+                match call.await {
+                    Ok(created) => {
+                        ok.fetch_add(created, Ordering::Relaxed);
+                        let _ = local.record(t0.elapsed().as_micros() as u64);
+                    }
+                    Err(e) => {
+                        if errors.fetch_add(1, Ordering::Relaxed) < 3 {
+                            eprintln!("{what} failed: {e}");
+                        }
+                    }
+                }
+            }
+            let _ = latencies.lock().await.add(&local);
+        }));
+    }
+    for t in tasks {
+        t.await?;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let latency = latencies.lock().await.clone();
+    Ok(Produced {
+        ok: ok.load(Ordering::Relaxed),
+        errors: errors.load(Ordering::Relaxed),
+        seconds,
+        latency,
+    })
+}
+
 async fn single(
     clients: &[Client],
     report: &Report,
@@ -540,62 +623,32 @@ async fn single(
         "\n== single: one task per request, {connections} producers over {} node(s), {duration:?}, due times {due:?}",
         clients.len()
     );
-    let started = Arc::new(AtomicU64::new(0));
-    let ok = Arc::new(AtomicU64::new(0));
-    let errors = Arc::new(AtomicU64::new(0));
-    let latencies = Arc::new(Mutex::new(hist()));
-    let start = Instant::now();
-    let end = start + duration;
-    let mut tasks = Vec::new();
-    for c in 0..connections {
-        let (client, ok, errors, latencies, started) = (
-            clients[c % clients.len()].clone(),
-            ok.clone(),
-            errors.clone(),
-            latencies.clone(),
-            started.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            let mut local = hist();
-            let mut n = 0u64;
-            let mut seed = 0x9E37_79B9_7F4A_7C15_u64 ^ (c as u64 + 1);
-            while Instant::now() < end {
-                if cap > 0 && started.fetch_add(1, Ordering::Relaxed) >= cap {
-                    break;
-                }
-                let req = CreateTask {
-                    queue: Some("bench".into()),
-                    payload: Some(serde_json::json!({"c": c, "n": n})),
-                    delay: Some(random_delay(&mut seed, due)),
-                    ..CreateTask::new("bench.single")
-                };
-                n += 1;
-                let t0 = Instant::now();
-                match client.create(&req).await {
-                    Ok(_) => {
-                        ok.fetch_add(1, Ordering::Relaxed);
-                        let _ = local.record(t0.elapsed().as_micros() as u64);
-                    }
-                    Err(e) => {
-                        if errors.fetch_add(1, Ordering::Relaxed) < 3 {
-                            eprintln!("create failed: {e}");
-                        }
-                    }
-                }
+    let p = produce(
+        clients,
+        connections,
+        duration,
+        cap,
+        "create",
+        move |client, c, n, seed| {
+            let req = CreateTask {
+                queue: Some("bench".into()),
+                payload: Some(serde_json::json!({"c": c, "n": n})),
+                delay: Some(random_delay(seed, due)),
+                ..CreateTask::new("bench.single")
+            };
+            let client = client.clone();
+            async move {
+                client.create(&req).await?;
+                Ok(1)
             }
-            let _ = latencies.lock().await.add(&local);
-        }));
-    }
-    for t in tasks {
-        t.await?;
-    }
-    let elapsed = start.elapsed().as_secs_f64();
-    let ok = ok.load(Ordering::Relaxed);
-    let l = latencies.lock().await;
+        },
+    )
+    .await?;
+    let (ok, elapsed, l) = (p.ok, p.seconds, &p.latency);
     println!(
         "created {ok} in {elapsed:.1}s = {:.0} creates/s; errors {}; latency p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
         ok as f64 / elapsed,
-        errors.load(Ordering::Relaxed),
+        p.errors,
         ms(l.value_at_quantile(0.5)),
         ms(l.value_at_quantile(0.99)),
         ms(l.max()),
@@ -604,10 +657,10 @@ async fn single(
         "scenario": "single",
         "producers": connections,
         "created": ok,
-        "errors": errors.load(Ordering::Relaxed),
+        "errors": p.errors,
         "seconds": elapsed,
         "rate_per_s": ok as f64 / elapsed,
-        "latency_ms": percentiles(&l),
+        "latency_ms": percentiles(l),
     }))
 }
 
@@ -622,59 +675,34 @@ async fn batch(
         "\n== batch: {batch_size} tasks per request, {connections} connections over {} node(s), {duration:?}, due times {due:?}",
         clients.len()
     );
-    let ok = Arc::new(AtomicU64::new(0));
-    let errors = Arc::new(AtomicU64::new(0));
-    let latencies = Arc::new(Mutex::new(hist()));
-    let start = Instant::now();
-    let end = start + duration;
-    let mut tasks = Vec::new();
-    for c in 0..connections {
-        let (client, ok, errors, latencies) = (
-            clients[c % clients.len()].clone(),
-            ok.clone(),
-            errors.clone(),
-            latencies.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            let mut local = hist();
-            let mut n = 0u64;
-            let mut seed = 0x9E37_79B9_7F4A_7C15_u64 ^ (c as u64 + 1);
-            while Instant::now() < end {
-                let tasks = (0..batch_size)
-                    .map(|i| CreateTask {
-                        queue: Some("bench".into()),
-                        payload: Some(serde_json::json!({"c": c, "n": n, "i": i})),
-                        delay: Some(random_delay(&mut seed, due)),
-                        ..CreateTask::new("bench.batch")
-                    })
-                    .collect();
-                n += 1;
-                let t0 = Instant::now();
-                match client.create_batch(&CreateBatch { tasks }).await {
-                    Ok(r) => {
-                        ok.fetch_add(r.results.len() as u64, Ordering::Relaxed);
-                        let _ = local.record(t0.elapsed().as_micros() as u64);
-                    }
-                    Err(e) => {
-                        if errors.fetch_add(1, Ordering::Relaxed) < 3 {
-                            eprintln!("batch failed: {e}");
-                        }
-                    }
-                }
+    let p = produce(
+        clients,
+        connections,
+        duration,
+        0,
+        "batch",
+        move |client, c, n, seed| {
+            let tasks = (0..batch_size)
+                .map(|i| CreateTask {
+                    queue: Some("bench".into()),
+                    payload: Some(serde_json::json!({"c": c, "n": n, "i": i})),
+                    delay: Some(random_delay(seed, due)),
+                    ..CreateTask::new("bench.batch")
+                })
+                .collect();
+            let client = client.clone();
+            async move {
+                let r = client.create_batch(&CreateBatch { tasks }).await?;
+                Ok(r.results.len() as u64)
             }
-            let _ = latencies.lock().await.add(&local);
-        }));
-    }
-    for t in tasks {
-        t.await?;
-    }
-    let elapsed = start.elapsed().as_secs_f64();
-    let ok = ok.load(Ordering::Relaxed);
-    let l = latencies.lock().await;
+        },
+    )
+    .await?;
+    let (ok, elapsed, l) = (p.ok, p.seconds, &p.latency);
     println!(
         "created {ok} in {elapsed:.1}s = {:.0} tasks/s; failed requests {}; request latency p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
         ok as f64 / elapsed,
-        errors.load(Ordering::Relaxed),
+        p.errors,
         ms(l.value_at_quantile(0.5)),
         ms(l.value_at_quantile(0.99)),
         ms(l.max()),
