@@ -233,6 +233,9 @@ pub(crate) struct ClusterNode {
     outbox_rx: Mutex<Option<mpsc::UnboundedReceiver<Wakeup>>>,
     /// Another node joined or left ([`Wakeup::Membership`]): the membership loop turns now.
     look_again: tokio::sync::Notify,
+    /// Whether the subscriber loop listens for wake-ups: this node announces itself only then,
+    /// or it would miss the others' answer (the hand-over of its share).
+    listening: AtomicBool,
 }
 
 struct OwnedShard {
@@ -261,6 +264,7 @@ impl ClusterNode {
             outbox,
             outbox_rx: Mutex::new(Some(rx)),
             look_again: tokio::sync::Notify::new(),
+            listening: AtomicBool::new(false),
         }
     }
 
@@ -464,8 +468,10 @@ async fn membership_loop(engine: Arc<dyn ShardHost>, node: &ClusterNode) {
                 .await
             {
                 Ok(members) => {
-                    if !announced {
+                    if !announced && node.listening.load(Ordering::Acquire) {
                         // The others hand over this node's share at their next look: make it now.
+                        // Only once this node listens, or it would miss their hand-over wake-up
+                        // (the subscriber loop makes this loop turn when it starts listening).
                         node.publish(Wakeup::Membership);
                         announced = true;
                     }
@@ -714,7 +720,12 @@ async fn subscriber_loop(engine: Arc<dyn ShardHost>, node: &ClusterNode) {
     let mut stopping = engine.stopping();
     let mut stream = loop {
         match node.cluster.subscribe().await {
-            Ok(s) => break s,
+            Ok(s) => {
+                node.listening.store(true, Ordering::Release);
+                // The membership loop announces this node now that it can hear the answer.
+                node.look_again.notify_one();
+                break s;
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "subscribe failed; retrying");
                 let until = engine.clock().now().saturating_add(Duration::from_secs(1));

@@ -31,6 +31,9 @@ struct Model {
     leases: HashMap<u32, (String, Timestamp, i64)>,
     subscribers: Vec<futures::channel::mpsc::UnboundedSender<Wakeup>>,
     refused: u64,
+    /// While set and true, new subscriptions wait (as a LISTEN connection that is slow to come
+    /// up would).
+    hold_subscriptions: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 struct MemoryCluster {
@@ -266,6 +269,14 @@ impl Cluster for MemoryCluster {
     }
     async fn subscribe(&self) -> Result<BoxStream<'static, Wakeup>, StoreError> {
         self.gate().await;
+        let hold = self.model.lock().unwrap().hold_subscriptions.clone();
+        if let Some(mut hold) = hold {
+            while *hold.borrow_and_update() {
+                if hold.changed().await.is_err() {
+                    break;
+                }
+            }
+        }
         let (tx, rx) = futures::channel::mpsc::unbounded();
         self.model.lock().unwrap().subscribers.push(tx);
         Ok(Box::pin(rx))
@@ -1136,6 +1147,61 @@ async fn a_newcomer_gets_its_share_without_waiting_for_the_others_next_turn() {
     assert!(
         owned.1 > 0 && owned.0 + owned.1 == 16,
         "the newcomer got its share without the clock moving: {owned:?}"
+    );
+    running.shutdown(Duration::from_secs(5)).await;
+}
+
+/// A newcomer announces itself only once it listens for wake-ups: the others answer its
+/// announcement by handing its share over and saying so, and a newcomer that was not yet
+/// listening would miss that and wait for its next turn (a third of the TTL; here, with the
+/// clock standing still, forever). Its subscription is held back until after its first turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_that_listens_late_still_gets_its_share() {
+    let c = cluster(1).await;
+    wait_owned(&c, 16).await;
+    let (hold, held) = tokio::sync::watch::channel(true);
+    c.model.lock().unwrap().hold_subscriptions = Some(held);
+    let (_ptx, prx) = tokio::sync::watch::channel(false);
+    let mc = Arc::new(MemoryCluster {
+        store: c.store.clone(),
+        clock: c.clock.clone(),
+        skew_ms: Arc::default(),
+        model: c.model.clone(),
+        paused: prx,
+        lose_wakeups: Arc::default(),
+        calls: Arc::default(),
+    });
+    let newcomer = Sundial::builder()
+        .config(config())
+        .clock(Arc::new(c.clock.clone()))
+        .join_cluster(node_store(&mc), mc, "node-1".to_string())
+        .await
+        .unwrap();
+    let running = newcomer.start();
+    // Its first turn (a heartbeat: it is a member) happens while it cannot hear anything yet.
+    for _ in 0..250 {
+        if c.model.lock().unwrap().nodes.contains_key("node-1") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(c.model.lock().unwrap().nodes.contains_key("node-1"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    hold.send_replace(false);
+    let mut owned = (0, 0);
+    for _ in 0..250 {
+        owned = (
+            c.nodes[0].0.owned_shards().len(),
+            newcomer.owned_shards().len(),
+        );
+        if owned.1 > 0 && owned.0 + owned.1 == 16 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        owned.1 > 0 && owned.0 + owned.1 == 16,
+        "the newcomer got its share once it listened, without the clock moving: {owned:?}"
     );
     running.shutdown(Duration::from_secs(5)).await;
 }
