@@ -78,6 +78,37 @@ impl PostgresStore {
         body.replace("{schema}", &self.schema.ident)
     }
 
+    /// `INSERT INTO api_tokens (…) <source> RETURNING …` for `t`, where `source` is a `VALUES`
+    /// or a `SELECT` of the seven parameters; the stored token, or `None` when the `SELECT`
+    /// gave no row.
+    async fn insert_token(
+        &self,
+        client: &impl GenericClient,
+        t: &NewToken,
+        source: &str,
+    ) -> Result<Option<TokenRecord>, StoreError> {
+        let sql = self.access_sql(&format!(
+            "INSERT INTO {{schema}}.api_tokens (id, name, scope, namespace, secret_hash, \
+             created_at, expires_at) {source} RETURNING {TOKEN_COLUMNS}"
+        ));
+        query_opt(
+            client,
+            &sql,
+            &[
+                &t.id.0,
+                &t.name,
+                &t.scope.as_str(),
+                &t.namespace,
+                &&t.secret_hash[..],
+                &t.created_at.0,
+                &t.expires_at.map(|e| e.0),
+            ],
+        )
+        .await?
+        .map(|r| token_from_row(&r))
+        .transpose()
+    }
+
     /// Inserts a request's audit record inside the caller's transaction (see
     /// [`sundial_store::audit_scope`]); its `seq`.
     pub(crate) async fn insert_audit_in(
@@ -139,26 +170,9 @@ impl PostgresStore {
 impl AccessStore for PostgresStore {
     async fn create_token(&self, t: NewToken) -> Result<TokenRecord, StoreError> {
         let client = self.client().await?;
-        let sql = self.access_sql(&format!(
-            "INSERT INTO {{schema}}.api_tokens (id, name, scope, namespace, secret_hash, \
-             created_at, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING {TOKEN_COLUMNS}"
-        ));
-        let row = query_opt(
-            &client,
-            &sql,
-            &[
-                &t.id.0,
-                &t.name,
-                &t.scope.as_str(),
-                &t.namespace,
-                &&t.secret_hash[..],
-                &t.created_at.0,
-                &t.expires_at.map(|e| e.0),
-            ],
-        )
-        .await?
-        .ok_or_else(|| corrupt("token", "no row returned by the insert"))?;
-        token_from_row(&row)
+        self.insert_token(&client, &t, "VALUES ($1, $2, $3, $4, $5, $6, $7)")
+            .await?
+            .ok_or_else(|| corrupt("token", "no row returned by the insert"))
     }
 
     async fn create_first_token(&self, t: NewToken) -> Result<Option<TokenRecord>, StoreError> {
@@ -169,26 +183,14 @@ impl AccessStore for PostgresStore {
         let tx = client.transaction().await.map_err(pg)?;
         let lock = self.access_sql("LOCK TABLE {schema}.api_tokens IN SHARE ROW EXCLUSIVE MODE");
         tx.batch_execute(&lock).await.map_err(pg)?;
-        let sql = self.access_sql(&format!(
-            "INSERT INTO {{schema}}.api_tokens (id, name, scope, namespace, secret_hash, \
-             created_at, expires_at) SELECT $1, $2, $3, $4, $5, $6, $7 \
-             WHERE NOT EXISTS (SELECT 1 FROM {{schema}}.api_tokens) RETURNING {TOKEN_COLUMNS}"
-        ));
-        let row = query_opt(
-            &tx,
-            &sql,
-            &[
-                &t.id.0,
-                &t.name,
-                &t.scope.as_str(),
-                &t.namespace,
-                &&t.secret_hash[..],
-                &t.created_at.0,
-                &t.expires_at.map(|e| e.0),
-            ],
-        )
-        .await?;
-        let record = row.map(|r| token_from_row(&r)).transpose()?;
+        let record = self
+            .insert_token(
+                &tx,
+                &t,
+                "SELECT $1, $2, $3, $4, $5, $6, $7 \
+                 WHERE NOT EXISTS (SELECT 1 FROM {schema}.api_tokens)",
+            )
+            .await?;
         tx.commit().await.map_err(pg)?;
         Ok(record)
     }

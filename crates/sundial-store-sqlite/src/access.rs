@@ -94,22 +94,8 @@ impl AccessStore for SqliteStore {
     async fn create_token(&self, t: NewToken) -> Result<TokenRecord, StoreError> {
         self.writer
             .write(move |conn| {
-                conn.prepare_cached(
-                    "INSERT INTO api_tokens (id, name, scope, namespace, secret_hash, created_at, \
-                     expires_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                )
-                .map_err(backend)?
-                .execute(params![
-                    t.id.as_bytes(),
-                    t.name,
-                    t.scope.as_str(),
-                    t.namespace,
-                    &t.secret_hash[..],
-                    t.created_at.0,
-                    t.expires_at.map(|e| e.0),
-                ])
-                .map_err(backend)?;
-                load_token(conn, t.id)?.ok_or_else(|| corrupt("token", "missing after insert"))
+                insert_token(conn, &t, TokenInsert::Always)?
+                    .ok_or_else(|| corrupt("token", "missing after insert"))
             })
             .await
     }
@@ -117,31 +103,7 @@ impl AccessStore for SqliteStore {
     async fn create_first_token(&self, t: NewToken) -> Result<Option<TokenRecord>, StoreError> {
         // One writer job: nothing else writes between the check and the insert.
         self.writer
-            .write(move |conn| {
-                let n = conn
-                    .prepare_cached(
-                        "INSERT INTO api_tokens (id, name, scope, namespace, secret_hash, \
-                         created_at, expires_at) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7 \
-                         WHERE NOT EXISTS (SELECT 1 FROM api_tokens)",
-                    )
-                    .map_err(backend)?
-                    .execute(params![
-                        t.id.as_bytes(),
-                        t.name,
-                        t.scope.as_str(),
-                        t.namespace,
-                        &t.secret_hash[..],
-                        t.created_at.0,
-                        t.expires_at.map(|e| e.0),
-                    ])
-                    .map_err(backend)?;
-                if n == 0 {
-                    return Ok(None);
-                }
-                load_token(conn, t.id)?
-                    .ok_or_else(|| corrupt("token", "missing after insert"))
-                    .map(Some)
-            })
+            .write(move |conn| insert_token(conn, &t, TokenInsert::IntoEmptyTable))
             .await
     }
 
@@ -362,4 +324,50 @@ pub(crate) fn insert_audit(conn: &Connection, r: &NewAuditRecord) -> Result<i64,
     ])
     .map_err(backend)?;
     Ok(conn.last_insert_rowid())
+}
+
+/// When [`insert_token`] inserts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TokenInsert {
+    Always,
+    /// Only when the table holds no token at all (the first-start bootstrap).
+    IntoEmptyTable,
+}
+
+/// Inserts `t` on the writer's connection and reads it back; `None` when `when` kept it out.
+fn insert_token(
+    conn: &Connection,
+    t: &NewToken,
+    when: TokenInsert,
+) -> Result<Option<TokenRecord>, StoreError> {
+    let sql = match when {
+        TokenInsert::Always => {
+            "INSERT INTO api_tokens (id, name, scope, namespace, secret_hash, created_at, \
+             expires_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
+        }
+        TokenInsert::IntoEmptyTable => {
+            "INSERT INTO api_tokens (id, name, scope, namespace, secret_hash, created_at, \
+             expires_at) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7 \
+             WHERE NOT EXISTS (SELECT 1 FROM api_tokens)"
+        }
+    };
+    let n = conn
+        .prepare_cached(sql)
+        .map_err(backend)?
+        .execute(params![
+            t.id.as_bytes(),
+            t.name,
+            t.scope.as_str(),
+            t.namespace,
+            &t.secret_hash[..],
+            t.created_at.0,
+            t.expires_at.map(|e| e.0),
+        ])
+        .map_err(backend)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    load_token(conn, t.id)?
+        .ok_or_else(|| corrupt("token", "missing after insert"))
+        .map(Some)
 }
