@@ -1,11 +1,15 @@
 """Every error class: raised for the server's real answers where the server can be made to give
-them, from a stubbed transport for the statuses a healthy local server does not produce (401,
-429, 500, 503), and for an unreachable server."""
+them (auth on for 401 and 403, a poll cap for 429), from a stubbed transport for the statuses a
+healthy local server does not produce (500, 501, 503), and for an unreachable server."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import subprocess
+import threading
+import time
 import uuid
 
 import httpx
@@ -19,6 +23,7 @@ from sundial_client import (
     Conflict,
     ConnectionFailed,
     DuplicateKey,
+    Forbidden,
     InternalError,
     Invalid,
     Malformed,
@@ -31,8 +36,11 @@ from sundial_client import (
     TooLarge,
     Unauthorized,
     Unavailable,
+    Unsupported,
     WrongState,
 )
+
+from conftest import Server, binary
 
 
 def test_malformed(client):
@@ -114,6 +122,70 @@ def test_already_running_workflow(client):
     assert e.value.existing_id is not None
 
 
+def test_unauthorized_and_forbidden_from_a_server_with_auth_on(tmp_path):
+    # A token in the store turns auth on (loopback included); a reader may only read.
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SUNDIAL_")}
+    made = subprocess.run(
+        [str(binary()), "token", "create", "--bootstrap", "--name", "ro", "--scope", "reader", "--data-dir", str(data)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.splitlines()[0].strip()
+    server = Server(data).start()
+    try:
+        for bad in (None, "sdl_" + "0" * 96):
+            with Client(server.url, token=bad or "") as c:
+                with pytest.raises(Unauthorized) as e:
+                    c.get_task(str(uuid.uuid4()))
+            assert e.value.status == 401 and e.value.code == "unauthenticated"
+            assert not e.value.retryable
+        with server.client(token=token) as c:
+            assert c.list_tasks() == []  # a reader reads
+            with pytest.raises(Forbidden) as e:
+                c.create_task("k")
+            assert e.value.status == 403 and e.value.code == "forbidden" and not e.value.retryable
+    finally:
+        server.stop()
+
+
+def test_rate_limited_from_the_poll_cap(tmp_path):
+    # With auth off every caller shares one cap: one long poll holds it, the next is refused.
+    server = Server(tmp_path / "data", ["--max-polls-per-token", "1"]).start()
+    try:
+        with server.client() as holder, server.client() as c:
+            got: list = []
+
+            def hold() -> None:
+                while True:  # until this poll is the one holding the cap
+                    try:
+                        got.extend(holder.poll("capped", "w1", wait=10))
+                        return
+                    except RateLimited:
+                        time.sleep(0.01)
+
+            held = threading.Thread(target=hold)
+            held.start()
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    c.poll("capped", "w2", wait=0.05)
+                except RateLimited as e:
+                    refused = e
+                    break
+                assert time.monotonic() < deadline, "the second poll was never refused"
+            assert refused.status == 429 and refused.code == "too_many_polls"
+            assert refused.retryable and refused.retry_after == 1.0
+            c.create_task("k", queue="capped")  # answers the held poll
+            held.join(15)
+            assert not held.is_alive() and [t.kind for t in got] == ["k"]
+    finally:
+        server.stop()
+
+
 def _stub(status: int, body):
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(status, json=body) if not isinstance(body, str) else httpx.Response(status, text=body)
@@ -124,9 +196,11 @@ def _stub(status: int, body):
 @pytest.mark.parametrize(
     "status,code,cls,retryable",
     [
-        (401, "unauthorized", Unauthorized, False),
-        (429, "rate_limited", RateLimited, True),
+        (401, "unauthenticated", Unauthorized, False),
+        (403, "forbidden", Forbidden, False),
+        (429, "too_many_polls", RateLimited, True),
         (500, "internal", InternalError, False),
+        (501, "unsupported", Unsupported, False),
         (503, "shutting_down", ShuttingDown, True),
         (503, "unavailable", Unavailable, True),
         (502, None, Unavailable, True),

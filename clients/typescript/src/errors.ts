@@ -53,7 +53,7 @@ export class ApiError extends SundialError {
 
 /** 400: the body was not JSON. */
 export class Malformed extends ApiError { override name = "Malformed"; }
-/** 401: no or a wrong bearer token. */
+/** 401 `unauthenticated`: no token, or a bad, revoked or expired one. */
 export class Unauthorized extends ApiError { override name = "Unauthorized"; }
 /** 403: the token may not do this. */
 export class Forbidden extends ApiError { override name = "Forbidden"; }
@@ -80,7 +80,7 @@ export const AlreadyRunning = AlreadyExists;
 export class TooLarge extends ApiError { override name = "TooLarge"; }
 /** 422: well-formed but invalid; `field` (and `index` in a batch) name the culprit. */
 export class Invalid extends ApiError { override name = "Invalid"; }
-/** 429: too many requests; retry later. */
+/** 429 (`too_many_polls`): too many requests; retry later (`retryAfterSeconds`). */
 export class RateLimited extends ApiError { override name = "RateLimited"; override readonly retryable = true; }
 /** 500: the server failed. */
 export class InternalError extends ApiError { override name = "InternalError"; }
@@ -95,7 +95,7 @@ type ErrorClass = new (status: number, code: string, message: string, detail?: P
 
 const BY_CODE: Record<string, ErrorClass> = {
   malformed: Malformed,
-  unauthorized: Unauthorized,
+  unauthenticated: Unauthorized,
   forbidden: Forbidden,
   not_found: NotFound,
   method_not_allowed: MethodNotAllowed,
@@ -104,6 +104,7 @@ const BY_CODE: Record<string, ErrorClass> = {
   already_exists: AlreadyExists,
   too_large: TooLarge,
   invalid: Invalid,
+  too_many_polls: RateLimited,
   unavailable: Unavailable,
   shutting_down: ShuttingDown,
   internal: InternalError,

@@ -6,7 +6,7 @@ reach the server at all are :class:`ConnectionFailed`.
 | class | status | codes |
 |---|---|---|
 | :class:`Malformed` | 400 | ``malformed`` |
-| :class:`Unauthorized` | 401 | ``unauthorized`` |
+| :class:`Unauthorized` | 401 | ``unauthenticated`` |
 | :class:`Forbidden` | 403 | ``forbidden`` |
 | :class:`NotFound` | 404 | ``not_found`` |
 | :class:`MethodNotAllowed` | 405 | ``method_not_allowed`` |
@@ -16,7 +16,7 @@ reach the server at all are :class:`ConnectionFailed`.
 | :class:`StaleExecution` | 409 | ``stale_execution`` (``state``): stop working on the task |
 | :class:`TooLarge` | 413 | ``too_large`` |
 | :class:`Invalid` | 422 | ``invalid`` (``field``, ``index``) |
-| :class:`RateLimited` | 429 | |
+| :class:`RateLimited` | 429 | ``too_many_polls`` |
 | :class:`Unavailable` | 503 | ``unavailable``, ``shutting_down`` (:class:`ShuttingDown`): retry later |
 | :class:`InternalError` | 500 | ``internal`` |
 | :class:`Unsupported` | 501 | ``unsupported`` |
@@ -173,7 +173,7 @@ class Unsupported(ApiError):
 
 _BY_CODE: Dict[str, Type[ApiError]] = {
     "malformed": Malformed,
-    "unauthorized": Unauthorized,
+    "unauthenticated": Unauthorized,
     "forbidden": Forbidden,
     "not_found": NotFound,
     "method_not_allowed": MethodNotAllowed,
@@ -183,6 +183,7 @@ _BY_CODE: Dict[str, Type[ApiError]] = {
     "unsupported": Unsupported,
     "too_large": TooLarge,
     "invalid": Invalid,
+    "too_many_polls": RateLimited,
     "unavailable": Unavailable,
     "shutting_down": ShuttingDown,
     "internal": InternalError,

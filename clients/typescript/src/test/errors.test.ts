@@ -1,8 +1,9 @@
-// Every error class: from the server's real answers where it can be made to give them, from a
-// stubbed fetch for statuses a healthy local server does not produce, and for an unreachable
-// server.
+// Every error class: from the server's real answers where it can be made to give them (auth on for
+// 401 and 403, a poll cap for 429), from a stubbed fetch for statuses a healthy local server does
+// not produce (500, 501, 503), and for an unreachable server.
 
 import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
 import { createServer } from "node:net";
 import { after, before, test } from "node:test";
 
@@ -12,6 +13,7 @@ import {
   Conflict,
   ConnectionFailed,
   DuplicateKey,
+  Forbidden,
   InternalError,
   Invalid,
   Malformed,
@@ -25,10 +27,11 @@ import {
   TooLarge,
   Unauthorized,
   Unavailable,
+  Unsupported,
   WrongState,
 } from "../index.js";
 import { isRetryable } from "../errors.js";
-import { Server, uniqueQueue } from "./server.js";
+import { Server, binary, uniqueQueue } from "./server.js";
 
 let server: Server;
 let c: SundialClient;
@@ -118,14 +121,85 @@ test("already running workflow", async () => {
   assert.ok(e.existingId);
 });
 
+test("unauthorized and forbidden from a server with auth on", async () => {
+  // A token in the store turns auth on (loopback included); a reader may only read.
+  const authed = new Server();
+  const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith("SUNDIAL_")));
+  const token = execFileSync(
+    binary(),
+    ["token", "create", "--bootstrap", "--name", "ro", "--scope", "reader", "--data-dir", authed.dataDir],
+    { env, encoding: "utf8" },
+  )
+    .split("\n")[0]!
+    .trim();
+  try {
+    await authed.start();
+    for (const bad of ["", `sdl_${"0".repeat(96)}`]) {
+      const e = await rejectsWith(new SundialClient({ url: authed.url, token: bad }).getTask(crypto.randomUUID()), Unauthorized);
+      assert.equal(e.status, 401);
+      assert.equal(e.code, "unauthenticated");
+      assert.equal(e.retryable, false);
+    }
+    const reader = new SundialClient({ url: authed.url, token });
+    assert.deepEqual(await reader.listTasks(), []); // a reader reads
+    const e = await rejectsWith(reader.createTask("k"), Forbidden);
+    assert.equal(e.status, 403);
+    assert.equal(e.code, "forbidden");
+    assert.equal(e.retryable, false);
+  } finally {
+    await authed.dispose();
+  }
+});
+
+test("rate limited by the poll cap", async () => {
+  // With auth off every caller shares one cap: one long poll holds it, the next is refused.
+  const capped = await new Server(["--max-polls-per-token", "1"]).start();
+  try {
+    const holder = capped.client();
+    const held = (async () => {
+      for (;;) {
+        // Until this poll is the one holding the cap.
+        try {
+          return await holder.poll("capped", "w1", { wait: "10s" });
+        } catch (e) {
+          if (!(e instanceof RateLimited)) throw e;
+          await new Promise((r) => setTimeout(r, 10));
+        }
+      }
+    })();
+    const c = capped.client();
+    const deadline = Date.now() + 10_000;
+    let refused: RateLimited | undefined;
+    while (!refused) {
+      try {
+        await c.poll("capped", "w2", { wait: "50ms" });
+      } catch (e) {
+        if (!(e instanceof RateLimited)) throw e;
+        refused = e;
+      }
+      assert.ok(Date.now() < deadline, "the second poll was never refused");
+    }
+    assert.equal(refused.status, 429);
+    assert.equal(refused.code, "too_many_polls");
+    assert.equal(refused.retryable, true);
+    assert.equal(refused.retryAfterSeconds, 1);
+    await c.createTask("k", { queue: "capped" }); // answers the held poll
+    assert.deepEqual((await held).map((t) => t.kind), ["k"]);
+  } finally {
+    await capped.dispose();
+  }
+});
+
 const stub = (status: number, body: unknown): typeof fetch =>
   (async () =>
     new Response(typeof body === "string" ? body : JSON.stringify(body), { status })) as unknown as typeof fetch;
 
 for (const [status, code, cls, retryable] of [
-  [401, "unauthorized", Unauthorized, false],
-  [429, "rate_limited", RateLimited, true],
+  [401, "unauthenticated", Unauthorized, false],
+  [403, "forbidden", Forbidden, false],
+  [429, "too_many_polls", RateLimited, true],
   [500, "internal", InternalError, false],
+  [501, "unsupported", Unsupported, false],
   [503, "shutting_down", ShuttingDown, true],
   [503, "unavailable", Unavailable, true],
   [502, null, Unavailable, true],
