@@ -11,6 +11,7 @@
 pub mod duration;
 pub mod error;
 pub mod id;
+pub mod namespace;
 pub mod retry;
 pub mod rfc3339;
 pub mod schedule;

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::namespace;
 use crate::{Backoff, ExecutionId, Target, TaskId, Timestamp, TraceContext, ValidationError};
 
 /// Queues whose name starts with this are Sundial's own (schedule ticks `sundial.schedules`,
@@ -206,6 +207,19 @@ impl TaskSpec {
     /// Per-attempt time limit when none is given.
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
+    /// The same task in namespace `ns`: its queue, key and exclusive key are qualified (see
+    /// [`crate::namespace`]). A no-op for the default namespace.
+    pub fn in_namespace(mut self, ns: &str) -> Self {
+        if ns != namespace::DEFAULT_NAMESPACE {
+            self.queue = namespace::qualify(ns, &self.queue);
+            self.key = self.key.map(|k| namespace::qualify(ns, &k));
+            if let Some(ex) = &mut self.exclusive {
+                ex.key = namespace::qualify(ns, &ex.key);
+            }
+        }
+        self
+    }
+
     pub fn new(kind: impl Into<String>) -> Self {
         TaskSpec {
             queue: Self::DEFAULT_QUEUE.to_string(),
@@ -291,13 +305,28 @@ impl TaskSpec {
         shard_count: u32,
         limits: &Limits,
     ) -> Result<NewTask, ValidationError> {
-        check_name("queue", &self.queue, limits.max_name_len)?;
+        // Queue, key and exclusive key may carry a namespace (see [`crate::namespace`]); the
+        // limits apply to the name as its namespace knows it.
+        for (field, v) in [("queue", Some(&self.queue)), ("key", self.key.as_ref())]
+            .into_iter()
+            .chain([("exclusive", self.exclusive.as_ref().map(|e| &e.key))])
+        {
+            if let Some(v) = v
+                && !namespace::has_valid_namespace(v)
+            {
+                return Err(ValidationError::BadCharacters {
+                    field,
+                    reason: "the namespace part is not a namespace name",
+                });
+            }
+        }
+        check_name("queue", namespace::local(&self.queue), limits.max_name_len)?;
         check_name("kind", &self.kind, limits.max_name_len)?;
         if let Some(key) = &self.key {
-            check_key("key", key, limits.max_key_len)?;
+            check_key("key", namespace::local(key), limits.max_key_len)?;
         }
         if let Some(ex) = &self.exclusive {
-            check_key("exclusive", &ex.key, limits.max_key_len)?;
+            check_key("exclusive", namespace::local(&ex.key), limits.max_key_len)?;
         }
         check_tags(&self.tags, limits)?;
         let payload =

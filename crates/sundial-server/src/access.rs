@@ -43,7 +43,7 @@ use sha2::{Digest, Sha256};
 use sundial::{Sundial, Timestamp};
 use sundial_core::TokenId;
 use sundial_store::audit_scope::{AuditScope, AuditWrite};
-use sundial_store::{AccessStore, NewAuditRecord, Scope, TokenRecord};
+use sundial_store::{AccessStore, Namespace, NewAuditRecord, Scope, TokenRecord};
 
 use crate::error::ApiError;
 use crate::guard;
@@ -276,6 +276,8 @@ struct AccessInner {
     tokens: Mutex<HashMap<TokenId, (Option<TokenRecord>, Timestamp)>>,
     /// `Some(t)`: no token existed when read at `t`. `None`: unknown, or tokens exist.
     tokens_exist: Mutex<TokensExist>,
+    /// Namespaces as last read from the store (`None`: it did not exist), and when.
+    namespaces: Mutex<HashMap<String, (Option<Namespace>, Timestamp)>>,
     polls: PollSlots,
 }
 
@@ -325,6 +327,9 @@ enum Refusal {
     Unauthenticated(&'static str),
     Forbidden(Scope),
     OtherNamespace,
+    /// A `/v1/namespaces/{ns}/…` path whose namespace does not exist, or whose route is not
+    /// one of a namespace's (tokens, namespaces, the audit log, health).
+    NoSuchNamespace,
     Unavailable(String),
 }
 
@@ -341,6 +346,7 @@ impl Access {
                 config,
                 tokens: Mutex::new(HashMap::new()),
                 tokens_exist: Mutex::new(TokensExist::Unknown),
+                namespaces: Mutex::new(HashMap::new()),
                 polls: PollSlots::default(),
             }),
         }
@@ -583,6 +589,52 @@ impl Access {
         }
     }
 
+    /// The request's namespace, when it may be used: the default one always (it has no quotas);
+    /// another only on a namespace's routes and when it exists (read again after
+    /// [`TOKEN_CACHE_MS`], so a namespace added on another node is usable within a second).
+    async fn namespace(&self, ns: &str, route: &str) -> Result<Option<Namespace>, Refusal> {
+        if ns == DEFAULT_NAMESPACE {
+            return Ok(None);
+        }
+        if scoping(route) != Scoping::Namespaced {
+            return Err(Refusal::NoSuchNamespace);
+        }
+        let now = self.now();
+        let cached = self
+            .inner
+            .namespaces
+            .lock()
+            .ok()
+            .and_then(|c| c.get(ns).cloned());
+        if let Some((known, at)) = cached
+            && now.0 - at.0 < TOKEN_CACHE_MS
+        {
+            return known.map(Some).ok_or(Refusal::NoSuchNamespace);
+        }
+        let Some(store) = self.store() else {
+            return Err(Refusal::NoSuchNamespace);
+        };
+        let read = store
+            .get_namespace(ns)
+            .await
+            .map_err(|e| Refusal::Unavailable(e.to_string()))?;
+        if let Ok(mut cache) = self.inner.namespaces.lock() {
+            if cache.len() > 10_000 {
+                cache.clear();
+            }
+            cache.insert(ns.to_string(), (read.clone(), now));
+        }
+        read.map(Some).ok_or(Refusal::NoSuchNamespace)
+    }
+
+    /// Drops what this node remembers of namespace `ns` (after it was added here), so that it
+    /// is usable at once.
+    pub fn forget_namespace(&self, ns: &str) {
+        if let Ok(mut cache) = self.inner.namespaces.lock() {
+            cache.remove(ns);
+        }
+    }
+
     fn authorize(
         &self,
         actor: &Actor,
@@ -622,6 +674,7 @@ fn refusal_reason(r: Refusal) -> String {
             format!("this token's scope does not allow this; it needs {need}")
         }
         Refusal::OtherNamespace => "no such object".to_string(),
+        Refusal::NoSuchNamespace => "no such namespace".to_string(),
         Refusal::Unavailable(e) => format!("cannot read tokens: {e}"),
     }
 }
@@ -644,6 +697,7 @@ fn refusal_response(r: Refusal) -> Response {
         )
         .into_response(),
         Refusal::OtherNamespace => ApiError::not_found("no such object").into_response(),
+        Refusal::NoSuchNamespace => ApiError::not_found("no such namespace").into_response(),
         Refusal::Unavailable(e) => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",
@@ -763,7 +817,7 @@ pub async fn access_layer(State(access): State<Access>, mut req: Request, next: 
         .unwrap_or_else(|| req.uri().path().to_string());
     let path = req.uri().path().to_string();
     let rid = request_id(&req);
-    let namespace = DEFAULT_NAMESPACE.to_string();
+    let namespace = crate::namespace::Ns::of(req.extensions()).0;
     let audited = guard::is_mutating(&method);
 
     let mut actor = Actor::Anonymous;
@@ -790,9 +844,13 @@ pub async fn access_layer(State(access): State<Access>, mut req: Request, next: 
             Err(r) => refusal_response(r),
             Ok(a) => {
                 actor = a.clone();
-                match access.authorize(&a, &route, need, &namespace) {
+                let allowed = match access.authorize(&a, &route, need, &namespace) {
+                    Ok(()) => access.namespace(&namespace, &route).await,
+                    Err(r) => Err(r),
+                };
+                match allowed {
                     Err(r) => refusal_response(r),
-                    Ok(()) => {
+                    Ok(_quotas) => {
                         let slot = if is_long_poll(&route) {
                             match access.poll_slot(&a) {
                                 Some(s) => Some(s),

@@ -377,6 +377,7 @@ pub async fn create_namespace(
             NamespaceError::Store(e) => store_error(e),
             other => store_error(sundial::StoreError::backend(other)),
         })?;
+    access.forget_namespace(&ns.name);
     let mut resp = (
         StatusCode::CREATED,
         Json(NamespaceWire {

@@ -17,6 +17,7 @@ use crate::AppState;
 use crate::duration;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::ApiJson;
+use crate::namespace::Ns;
 use crate::trace::{self as tracectx, TraceHeaders};
 use crate::wire::{
     BatchItem, BatchResponse, CompleteRequest, CreateBatch, CreateTask, FailRequest, Health,
@@ -32,15 +33,45 @@ fn parse_id(raw: &str) -> Result<TaskId, ApiError> {
         .map_err(|_| ApiError::not_found(format!("no such task: {raw:?} is not a task id")))
 }
 
-fn created(task: sundial::Task) -> Response {
-    let location = HeaderValue::from_str(&format!("/v1/tasks/{}", task.id));
+/// The task `id` as namespace `ns` sees it: `404` when it does not exist or is another
+/// namespace's (the same answer, so that no namespace learns of another's tasks).
+pub(crate) async fn owned_task(
+    st: &AppState,
+    ns: &Ns,
+    id: TaskId,
+) -> Result<sundial::Task, ApiError> {
+    st.sundial
+        .get(id)
+        .await?
+        .and_then(|t| ns.own(t))
+        .ok_or_else(|| ApiError::not_found("no such task"))
+}
+
+/// A task namespace `ns` acted on, as it sees it (`404` when it is another namespace's).
+pub(crate) fn view(ns: &Ns, task: sundial::Task) -> Result<TaskView, ApiError> {
+    ns.own(task)
+        .map(TaskView::from)
+        .ok_or_else(|| ApiError::not_found("no such task"))
+}
+
+/// A worker's call (heartbeat, complete, fail) that the store refused: another namespace's task
+/// reads as `404`, like a task that does not exist; anything else is the store's answer.
+async fn worker_refusal(st: &AppState, ns: &Ns, id: TaskId, e: sundial::Error) -> ApiError {
+    match st.sundial.get(id).await {
+        Ok(Some(t)) if !ns.owns(&t.queue) => ApiError::not_found("no such task"),
+        _ => e.into(),
+    }
+}
+
+fn created(ns: &Ns, task: sundial::Task) -> Result<Response, ApiError> {
+    let location = HeaderValue::from_str(&ns.path(&format!("/v1/tasks/{}", task.id)));
     let target = crate::access::AuditTarget(task.id.to_string());
-    let mut resp = (StatusCode::CREATED, Json(TaskView::from(task))).into_response();
+    let mut resp = (StatusCode::CREATED, Json(view(ns, task)?)).into_response();
     if let Ok(v) = location {
         resp.headers_mut().insert(header::LOCATION, v);
     }
     resp.extensions_mut().insert(target);
-    resp
+    Ok(resp)
 }
 
 /// Create a task.
@@ -61,13 +92,13 @@ fn created(task: sundial::Task) -> Response {
 )]
 pub async fn create_task(
     State(st): State<AppState>,
+    ns: Ns,
     TraceHeaders(incoming): TraceHeaders,
     ApiJson(body): ApiJson<CreateTask>,
 ) -> Result<Response, ApiError> {
-    let idempotency = body
-        .idempotency_key
-        .clone()
-        .map(|k| sundial::Idempotency::new(k).version(body.idempotency_version.unwrap_or(0)));
+    let idempotency = body.idempotency_key.clone().map(|k| {
+        sundial::Idempotency::new(ns.qualify(&k)).version(body.idempotency_version.unwrap_or(0))
+    });
     if idempotency.is_none() && body.idempotency_version.is_some() {
         return Err(ApiError::invalid(
             "idempotency_version",
@@ -75,13 +106,12 @@ pub async fn create_task(
         ));
     }
     let span = tracectx::create_span(incoming.as_ref(), 1);
-    let spec = body
-        .into_spec()?
-        .trace(tracectx::stored_context(&span, incoming.as_ref()));
+    let spec = ns.spec(
+        body.into_spec()?
+            .trace(tracectx::stored_context(&span, incoming.as_ref())),
+    );
     match idempotency {
-        None => Ok(created(
-            st.sundial.schedule_task(spec).instrument(span).await?,
-        )),
+        None => created(&ns, st.sundial.schedule_task(spec).instrument(span).await?),
         Some(i) => {
             let c = st
                 .sundial
@@ -90,11 +120,11 @@ pub async fn create_task(
                 .await?;
             if c.repeat {
                 let target = crate::access::AuditTarget(c.task.id.to_string());
-                let mut resp = (StatusCode::OK, Json(TaskView::from(c.task))).into_response();
+                let mut resp = (StatusCode::OK, Json(view(&ns, c.task)?)).into_response();
                 resp.extensions_mut().insert(target);
                 Ok(resp)
             } else {
-                Ok(created(c.task))
+                created(&ns, c.task)
             }
         }
     }
@@ -120,6 +150,7 @@ pub async fn create_task(
 )]
 pub async fn create_batch(
     State(st): State<AppState>,
+    ns: Ns,
     TraceHeaders(incoming): TraceHeaders,
     body: Result<ApiJson<CreateBatch>, ApiError>,
 ) -> Result<Response, ApiError> {
@@ -158,7 +189,7 @@ pub async fn create_batch(
         .enumerate()
         .map(|(i, t)| {
             t.into_spec()
-                .map(|s| s.trace(stored.clone()))
+                .map(|s| ns.spec(s.trace(stored.clone())))
                 .map_err(|e| e.at_index(i))
         })
         .collect::<Result<Vec<TaskSpec>, ApiError>>()?;
@@ -202,14 +233,11 @@ pub async fn create_batch(
 )]
 pub async fn get_task(
     State(st): State<AppState>,
+    ns: Ns,
     Path(id): Path<String>,
 ) -> Result<Json<TaskView>, ApiError> {
     let id = parse_id(&id)?;
-    let task = st
-        .sundial
-        .get(id)
-        .await?
-        .ok_or_else(|| ApiError::not_found("no such task"))?;
+    let task = owned_task(&st, &ns, id).await?;
     Ok(Json(TaskView::from(task)))
 }
 
@@ -224,18 +252,28 @@ pub async fn get_task(
 )]
 pub async fn list_tasks(
     State(st): State<AppState>,
+    ns: Ns,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<TaskList>, ApiError> {
-    let page = query_tasks(&st, raw.as_deref().unwrap_or("")).await?;
+    let page = query_tasks(&st, &ns, raw.as_deref().unwrap_or("")).await?;
     Ok(Json(TaskList {
-        tasks: page.tasks.into_iter().map(TaskView::from).collect(),
+        tasks: page
+            .tasks
+            .into_iter()
+            .filter_map(|t| ns.own(t))
+            .map(TaskView::from)
+            .collect(),
         next_cursor: page.next_cursor.map(|c| c.to_string()),
     }))
 }
 
 /// One page of `GET /v1/tasks?…` (the query string as sent): what the list route and the web
 /// UI's task list both answer with.
-pub(crate) async fn query_tasks(st: &AppState, raw: &str) -> Result<sundial::TaskPage, ApiError> {
+pub(crate) async fn query_tasks(
+    st: &AppState,
+    ns: &Ns,
+    raw: &str,
+) -> Result<sundial::TaskPage, ApiError> {
     let q = parse_list_query(raw)?;
     let state = match q.state.as_deref() {
         Some(s) => Some(
@@ -258,19 +296,22 @@ pub(crate) async fn query_tasks(st: &AppState, raw: &str) -> Result<sundial::Tas
         ),
         None => None,
     };
-    let mut filter = crate::ops::task_filter(crate::ops::FilterFields {
-        queue: q.queue.clone(),
-        kind: q.kind.clone(),
-        state,
-        key: q.key.clone(),
-        key_prefix: q.key_prefix.clone(),
-        tag: &q.tag,
-        error_group: q.error_group.clone(),
-        due_after: q.due_after.as_deref(),
-        due_before: q.due_before.as_deref(),
-        created_after: q.created_after.as_deref(),
-        created_before: q.created_before.as_deref(),
-    })?;
+    let mut filter = crate::ops::task_filter(
+        ns,
+        crate::ops::FilterFields {
+            queue: q.queue.clone(),
+            kind: q.kind.clone(),
+            state,
+            key: q.key.clone(),
+            key_prefix: q.key_prefix.clone(),
+            tag: &q.tag,
+            error_group: q.error_group.clone(),
+            due_after: q.due_after.as_deref(),
+            due_before: q.due_before.as_deref(),
+            created_after: q.created_after.as_deref(),
+            created_before: q.created_before.as_deref(),
+        },
+    )?;
     filter.before = before;
     // Sundial's own queues (schedule ticks, workflow steps) would flood a listing of "my tasks":
     // they are left out unless asked for, by name or with `internal=true`.
@@ -311,21 +352,16 @@ fn parse_list_query(raw: &str) -> Result<ListQuery, ApiError> {
 )]
 pub async fn cancel_task(
     State(st): State<AppState>,
+    ns: Ns,
     Path(id): Path<String>,
 ) -> Result<Json<TaskView>, ApiError> {
     let id = parse_id(&id)?;
+    owned_task(&st, &ns, id).await?;
     match st.sundial.cancel(id).await {
-        Ok(task) => Ok(Json(TaskView::from(task))),
+        Ok(task) => Ok(Json(view(&ns, task)?)),
         Err(sundial::Error::WrongState {
             state: TaskState::Cancelled,
-        }) => {
-            let task = st
-                .sundial
-                .get(id)
-                .await?
-                .ok_or_else(|| ApiError::not_found("no such task"))?;
-            Ok(Json(TaskView::from(task)))
-        }
+        }) => Ok(Json(TaskView::from(owned_task(&st, &ns, id).await?))),
         Err(e) => Err(e.into()),
     }
 }
@@ -342,11 +378,13 @@ pub async fn cancel_task(
 )]
 pub async fn trigger_task(
     State(st): State<AppState>,
+    ns: Ns,
     Path(id): Path<String>,
 ) -> Result<Json<TaskView>, ApiError> {
     let id = parse_id(&id)?;
+    owned_task(&st, &ns, id).await?;
     let task = st.sundial.trigger(id).await?;
-    Ok(Json(TaskView::from(task)))
+    Ok(Json(view(&ns, task)?))
 }
 
 fn check_worker_name(w: &str) -> Result<(), ApiError> {
@@ -388,6 +426,7 @@ fn check_queue_name(st: &AppState, queue: &str) -> Result<(), ApiError> {
 )]
 pub async fn poll_queue(
     State(st): State<AppState>,
+    ns: Ns,
     Path(queue): Path<String>,
     ApiJson(body): ApiJson<PollRequest>,
 ) -> Result<Json<PollResponse>, ApiError> {
@@ -411,11 +450,18 @@ pub async fn poll_queue(
     }
     let tasks = st
         .sundial
-        .poll(&queue, Some(body.worker), body.kinds, max, wait)
+        .poll(
+            &ns.qualify(&queue),
+            Some(body.worker),
+            body.kinds,
+            max,
+            wait,
+        )
         .await?;
     Ok(Json(PollResponse {
         tasks: tasks
             .into_iter()
+            .filter_map(|t| ns.own(t))
             .filter_map(PolledTask::from_task)
             .collect(),
     }))
@@ -438,15 +484,29 @@ fn execution(id: uuid::Uuid) -> ExecutionId {
 )]
 pub async fn heartbeat_task(
     State(st): State<AppState>,
+    ns: Ns,
     Path(id): Path<String>,
     ApiJson(body): ApiJson<HeartbeatRequest>,
 ) -> Result<Json<TaskView>, ApiError> {
     let id = parse_id(&id)?;
-    let task = st
-        .sundial
-        .heartbeat(id, execution(body.execution_id))
-        .await?;
-    Ok(Json(TaskView::from(task)))
+    let task = match st.sundial.heartbeat(id, execution(body.execution_id)).await {
+        Ok(t) => t,
+        Err(e) => return Err(worker_refusal(&st, &ns, id, e).await),
+    };
+    Ok(Json(worker_view(task)))
+}
+
+/// The task a worker's call changed, as its namespace sees it. The call was fenced by the
+/// attempt's execution id, which only a poll of the task's own queue hands out.
+fn worker_view(mut task: sundial::Task) -> TaskView {
+    task.queue = sundial_core::namespace::local(&task.queue).to_string();
+    task.key = task
+        .key
+        .map(|k| sundial_core::namespace::local(&k).to_string());
+    if let Some(ex) = &mut task.exclusive {
+        ex.key = sundial_core::namespace::local(&ex.key).to_string();
+    }
+    TaskView::from(task)
 }
 
 /// Record a successful attempt.
@@ -466,6 +526,7 @@ pub async fn heartbeat_task(
 )]
 pub async fn complete_task(
     State(st): State<AppState>,
+    ns: Ns,
     Path(id): Path<String>,
     TraceHeaders(incoming): TraceHeaders,
     ApiJson(body): ApiJson<CompleteRequest>,
@@ -484,16 +545,22 @@ pub async fn complete_task(
     let complete = st
         .sundial
         .complete(id, execution(body.execution_id), body.result);
-    let task = match tracectx::result_span(Step::Complete, incoming.as_ref()) {
-        Some(span) => complete.instrument(span).await?,
+    let done = match tracectx::result_span(Step::Complete, incoming.as_ref()) {
+        Some(span) => complete.instrument(span).await,
         None => {
-            let task = complete.await?;
-            tracectx::record_result_point(Step::Complete, &task);
-            task
+            let done = complete.await;
+            if let Ok(task) = &done {
+                tracectx::record_result_point(Step::Complete, task);
+            }
+            done
         }
     };
+    let task = match done {
+        Ok(t) => t,
+        Err(e) => return Err(worker_refusal(&st, &ns, id, e).await),
+    };
     record_duration(&task);
-    Ok(Json(TaskView::from(task)))
+    Ok(Json(worker_view(task)))
 }
 
 /// A remote attempt ended: record how long it ran (the engine records in-process runs itself).
@@ -533,6 +600,7 @@ fn tail(s: String, max: usize) -> String {
 )]
 pub async fn fail_task(
     State(st): State<AppState>,
+    ns: Ns,
     Path(id): Path<String>,
     TraceHeaders(incoming): TraceHeaders,
     ApiJson(body): ApiJson<FailRequest>,
@@ -548,16 +616,22 @@ pub async fn fail_task(
         error,
         body.retryable.unwrap_or(true),
     );
-    let task = match tracectx::result_span(Step::Fail, incoming.as_ref()) {
-        Some(span) => fail.instrument(span).await?,
+    let done = match tracectx::result_span(Step::Fail, incoming.as_ref()) {
+        Some(span) => fail.instrument(span).await,
         None => {
-            let task = fail.await?;
-            tracectx::record_result_point(Step::Fail, &task);
-            task
+            let done = fail.await;
+            if let Ok(task) = &done {
+                tracectx::record_result_point(Step::Fail, task);
+            }
+            done
         }
     };
+    let task = match done {
+        Ok(t) => t,
+        Err(e) => return Err(worker_refusal(&st, &ns, id, e).await),
+    };
     record_duration(&task);
-    Ok(Json(TaskView::from(task)))
+    Ok(Json(worker_view(task)))
 }
 
 /// Liveness, and what keeps the store's writes from succeeding (`degraded` with `problems`: its

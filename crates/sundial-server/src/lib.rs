@@ -59,6 +59,7 @@ pub mod error;
 pub mod extract;
 pub mod guard;
 mod http_metrics;
+pub mod namespace;
 pub mod ops;
 pub mod push;
 pub mod schedules;
@@ -547,9 +548,15 @@ pub fn router(sundial: Sundial, config: ServerConfig) -> Router {
     };
     // Outside all that, the request metrics: the route template is marked after routing and read
     // by the outermost layer, which also sees requests no route matched.
-    router
+    let router = router
         .route_layer(axum::middleware::from_fn(http_metrics::mark_route))
-        .layer(axum::middleware::from_fn(http_metrics::record))
+        .layer(axum::middleware::from_fn(http_metrics::record));
+    // Outermost, before routing: a `/v1/namespaces/{ns}/…` path is routed as `/v1/…` in
+    // namespace `ns` (see `namespace`). A layer of the routing router itself would run after
+    // routing, so the routes sit in the fallback of a router of their own.
+    Router::new()
+        .fallback_service(router)
+        .layer(axum::middleware::map_request(namespace::select))
 }
 
 /// A Prometheus recorder builder with Sundial's histogram buckets (seconds, from 0.5 ms to 10 min)

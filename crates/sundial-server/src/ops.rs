@@ -34,6 +34,7 @@ use crate::AppState;
 use crate::duration::{self, WireDuration};
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{ApiJson, parse_json};
+use crate::namespace::Ns;
 use crate::time;
 use crate::wire::{StateView, TargetSpec, TaskView};
 
@@ -277,7 +278,9 @@ pub struct FilterFields<'a> {
     pub created_before: Option<&'a str>,
 }
 
-pub fn task_filter(f: FilterFields<'_>) -> Result<TaskFilter, ApiError> {
+/// The store filter of namespace `ns` for what a request asked: its queue and keys qualified,
+/// and only the namespace's tasks.
+pub fn task_filter(ns: &Ns, f: FilterFields<'_>) -> Result<TaskFilter, ApiError> {
     if f.key_prefix.as_deref() == Some("") {
         return Err(ApiError::invalid(
             "key_prefix",
@@ -291,11 +294,12 @@ pub fn task_filter(f: FilterFields<'_>) -> Result<TaskFilter, ApiError> {
         // Without a queue, Sundial's own queues (schedule ticks, workflow steps) are left out:
         // a bulk cancel of "everything scheduled" must not silently stop every schedule.
         exclude_internal: f.queue.is_none(),
-        queue: f.queue,
+        namespace: Some(ns.name().to_string()),
+        queue: f.queue.map(|q| ns.qualify(&q)),
         kind: f.kind,
         state: f.state,
-        key: f.key,
-        key_prefix: f.key_prefix,
+        key: f.key.map(|k| ns.qualify(&k)),
+        key_prefix: f.key_prefix.map(|p| ns.qualify(&p)),
         tags: parse_tags(f.tag)?,
         error_group: f.error_group,
         due_after: parse_time("due_after", f.due_after)?,
@@ -344,24 +348,28 @@ fn state_of(v: StateView) -> TaskState {
 }
 
 impl BulkRequest {
-    pub(crate) fn filter(&self) -> Result<TaskFilter, ApiError> {
-        let filter = task_filter(FilterFields {
-            queue: self.queue.clone(),
-            kind: self.kind.clone(),
-            state: self.state.map(state_of),
-            key: None,
-            key_prefix: self.key_prefix.clone(),
-            tag: &self.tag,
-            error_group: self.error_group.clone(),
-            due_after: self.due_after.as_deref(),
-            due_before: self.due_before.as_deref(),
-            created_after: self.created_after.as_deref(),
-            created_before: self.created_before.as_deref(),
-        })?;
+    pub(crate) fn filter(&self, ns: &Ns) -> Result<TaskFilter, ApiError> {
+        let filter = task_filter(
+            ns,
+            FilterFields {
+                queue: self.queue.clone(),
+                kind: self.kind.clone(),
+                state: self.state.map(state_of),
+                key: None,
+                key_prefix: self.key_prefix.clone(),
+                tag: &self.tag,
+                error_group: self.error_group.clone(),
+                due_after: self.due_after.as_deref(),
+                due_before: self.due_before.as_deref(),
+                created_after: self.created_after.as_deref(),
+                created_before: self.created_before.as_deref(),
+            },
+        )?;
         // Leaving out the internal queues is not a filter the caller chose: a body with no
         // filter is still refused rather than acting on every user task.
         let chosen = TaskFilter {
             exclude_internal: false,
+            namespace: None,
             ..filter.clone()
         };
         if chosen == TaskFilter::default() {
@@ -407,23 +415,30 @@ pub struct WorkerList {
     get, path = "/v1/workers", tag = "queues",
     responses((status = 200, description = "Workers by name and queue, the most recent first", body = WorkerList))
 )]
-pub async fn list_workers(State(st): State<AppState>) -> Result<Json<WorkerList>, ApiError> {
-    Ok(Json(workers_seen(&st.sundial)))
+pub async fn list_workers(
+    State(st): State<AppState>,
+    ns: Ns,
+) -> Result<Json<WorkerList>, ApiError> {
+    Ok(Json(workers_seen(&st.sundial, &ns)))
 }
 
 /// How far back "recently" reaches for the workers seen.
 pub const WORKERS_RECENT: Duration = Duration::from_secs(15 * 60);
 
 /// The workers that polled this node within [`WORKERS_RECENT`].
-pub fn workers_seen(s: &sundial::Sundial) -> WorkerList {
+pub fn workers_seen(s: &sundial::Sundial, ns: &Ns) -> WorkerList {
     let since = s.clock().now().0 - WORKERS_RECENT.as_millis() as i64;
     WorkerList {
         workers: s
             .workers_seen(Timestamp(since))
             .into_iter()
-            .map(|w| WorkerView {
+            .filter_map(|w| {
+                let queue = ns.local(&w.queue)?.to_string();
+                Some((w, queue))
+            })
+            .map(|(w, queue)| WorkerView {
                 worker: w.worker,
-                queue: w.queue,
+                queue,
                 last_seen_at: time::format(w.last_seen),
                 polls: w.polls,
             })
@@ -502,11 +517,21 @@ pub async fn cluster_of(s: &sundial::Sundial) -> Result<ClusterStatus, ApiError>
     get, path = "/v1/queues", tag = "queues",
     responses((status = 200, description = "Every queue that has tasks or settings", body = QueueList))
 )]
-pub async fn list_queues(State(st): State<AppState>) -> Result<Json<QueueList>, ApiError> {
+pub async fn list_queues(State(st): State<AppState>, ns: Ns) -> Result<Json<QueueList>, ApiError> {
     let queues = st.sundial.queues().await?;
     Ok(Json(QueueList {
-        queues: queues.into_iter().map(QueueView::from).collect(),
+        queues: queues
+            .into_iter()
+            .filter_map(|q| own_queue(&ns, q))
+            .map(QueueView::from)
+            .collect(),
     }))
+}
+
+/// A queue as namespace `ns` sees it; `None` when it is another namespace's.
+fn own_queue(ns: &Ns, mut q: QueueInfo) -> Option<QueueInfo> {
+    q.queue = ns.local(&q.queue)?.to_string();
+    Some(q)
 }
 
 /// One queue.
@@ -520,21 +545,18 @@ pub async fn list_queues(State(st): State<AppState>) -> Result<Json<QueueList>, 
 )]
 pub async fn get_queue(
     State(st): State<AppState>,
+    ns: Ns,
     Path(queue): Path<String>,
 ) -> Result<Json<QueueView>, ApiError> {
-    let q = st
-        .sundial
-        .queue(&queue)
-        .await?
-        .ok_or_else(|| not_found_queue(&queue))?;
-    Ok(Json(q.into()))
+    queue_view(&st, &ns, &queue).await
 }
 
-async fn queue_view(st: &AppState, queue: &str) -> Result<Json<QueueView>, ApiError> {
+async fn queue_view(st: &AppState, ns: &Ns, queue: &str) -> Result<Json<QueueView>, ApiError> {
     let q = st
         .sundial
-        .queue(queue)
+        .queue(&ns.qualify(queue))
         .await?
+        .and_then(|q| own_queue(ns, q))
         .ok_or_else(|| not_found_queue(queue))?;
     Ok(Json(q.into()))
 }
@@ -568,6 +590,7 @@ fn retention_ms(field: &str, v: Option<&str>) -> Result<Option<u64>, ApiError> {
 )]
 pub async fn put_queue(
     State(st): State<AppState>,
+    ns: Ns,
     Path(queue): Path<String>,
     ApiJson(body): ApiJson<QueueSettingsView>,
 ) -> Result<Json<QueueView>, ApiError> {
@@ -582,14 +605,14 @@ pub async fn put_queue(
         target: body.target.map(TargetSpec::into_target).transpose()?,
     };
     st.sundial
-        .configure_queue(&queue, config)
+        .configure_queue(&ns.qualify(&queue), config)
         .await
         .map_err(|e| match e {
             // The target is checked like a task's, and the error names its field.
             e @ sundial::Error::Invalid(_) if body_has_target => ApiError::from(e),
             e => ApiError::from(e).with_field("queue"),
         })?;
-    queue_view(&st, &queue).await
+    queue_view(&st, &ns, &queue).await
 }
 
 /// Pause a queue: no task of it starts (in-process or worker) until it is resumed; creates are
@@ -604,13 +627,14 @@ pub async fn put_queue(
 )]
 pub async fn pause_queue(
     State(st): State<AppState>,
+    ns: Ns,
     Path(queue): Path<String>,
 ) -> Result<Json<QueueView>, ApiError> {
     st.sundial
-        .pause_queue(&queue)
+        .pause_queue(&ns.qualify(&queue))
         .await
         .map_err(|e| ApiError::from(e).with_field("queue"))?;
-    queue_view(&st, &queue).await
+    queue_view(&st, &ns, &queue).await
 }
 
 /// Resume a paused queue: its waiting tasks start in due order.
@@ -624,13 +648,14 @@ pub async fn pause_queue(
 )]
 pub async fn resume_queue(
     State(st): State<AppState>,
+    ns: Ns,
     Path(queue): Path<String>,
 ) -> Result<Json<QueueView>, ApiError> {
     st.sundial
-        .resume_queue(&queue)
+        .resume_queue(&ns.qualify(&queue))
         .await
         .map_err(|e| ApiError::from(e).with_field("queue"))?;
-    queue_view(&st, &queue).await
+    queue_view(&st, &ns, &queue).await
 }
 
 fn parse_id(raw: &str) -> Result<TaskId, ApiError> {
@@ -649,9 +674,12 @@ fn parse_id(raw: &str) -> Result<TaskId, ApiError> {
 )]
 pub async fn task_attempts(
     State(st): State<AppState>,
+    ns: Ns,
     Path(id): Path<String>,
 ) -> Result<Json<AttemptList>, ApiError> {
-    let h = st.sundial.attempts(parse_id(&id)?).await?;
+    let id = parse_id(&id)?;
+    crate::api::owned_task(&st, &ns, id).await?;
+    let h = st.sundial.attempts(id).await?;
     Ok(Json(AttemptList {
         attempts: h.attempts.into_iter().map(AttemptView::from).collect(),
         total: h.total,
@@ -673,10 +701,12 @@ pub async fn task_attempts(
 )]
 pub async fn retry_task(
     State(st): State<AppState>,
+    ns: Ns,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Json<TaskView>, ApiError> {
     let id = parse_id(&id)?;
+    crate::api::owned_task(&st, &ns, id).await?;
     let req: RetryRequest = if body.iter().all(u8::is_ascii_whitespace) {
         RetryRequest::default()
     } else {
@@ -684,7 +714,7 @@ pub async fn retry_task(
     };
     let run_at = parse_time("run_at", req.run_at.as_deref())?;
     let task = st.sundial.retry(id, run_at).await?;
-    Ok(Json(TaskView::from(task)))
+    Ok(Json(crate::api::view(&ns, task)?))
 }
 
 /// Cancel every live task matching the filter, in bounded batches. `dry_run` only counts.
@@ -698,6 +728,7 @@ pub async fn retry_task(
 )]
 pub async fn cancel_matching(
     State(st): State<AppState>,
+    ns: Ns,
     ApiJson(body): ApiJson<BulkRequest>,
 ) -> Result<Json<BulkResponse>, ApiError> {
     if body.run_at.is_some() {
@@ -706,7 +737,7 @@ pub async fn cancel_matching(
             "run_at applies to tasks:retry only",
         ));
     }
-    let filter = body.filter()?;
+    let filter = body.filter(&ns)?;
     let dry_run = body.dry_run.unwrap_or(false);
     let out = st.sundial.cancel_matching(filter, dry_run).await?;
     Ok(Json(BulkResponse {
@@ -728,9 +759,10 @@ pub async fn cancel_matching(
 )]
 pub async fn retry_matching(
     State(st): State<AppState>,
+    ns: Ns,
     ApiJson(body): ApiJson<BulkRequest>,
 ) -> Result<Json<BulkResponse>, ApiError> {
-    let filter = body.filter()?;
+    let filter = body.filter(&ns)?;
     let run_at = parse_time("run_at", body.run_at.as_deref())?;
     let dry_run = body.dry_run.unwrap_or(false);
     let out = st.sundial.retry_matching(filter, run_at, dry_run).await?;

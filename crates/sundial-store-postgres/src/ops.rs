@@ -266,6 +266,13 @@ pub(crate) fn filtered(
             Box::new(sundial_core::INTERNAL_QUEUE_PREFIX),
         );
     }
+    if let Some(ns) = &filter.namespace {
+        match sundial_core::namespace::stored_prefix(ns) {
+            Some(prefix) => push(&mut sql, " AND starts_with(t.queue, $)", Box::new(prefix)),
+            // The default namespace's names are those without the separator (chr(31)).
+            None => sql.push_str(" AND strpos(t.queue, chr(31)) = 0"),
+        }
+    }
     push(
         &mut sql,
         &format!(" ORDER BY {order} DESC LIMIT $"),

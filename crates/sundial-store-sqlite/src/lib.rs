@@ -587,6 +587,18 @@ fn filtered(
             Box::new(sundial_core::INTERNAL_QUEUE_PREFIX),
         );
     }
+    if let Some(ns) = &filter.namespace {
+        match sundial_core::namespace::stored_prefix(ns) {
+            // Exact, like the internal-queue test above; namespace names are ASCII.
+            Some(prefix) => push(
+                &mut sql,
+                &format!(" AND substr(t.queue, 1, {}) = ?", prefix.len()),
+                Box::new(prefix),
+            ),
+            // The default namespace's names are those without the separator (char 31).
+            None => sql.push_str(" AND instr(t.queue, char(31)) = 0"),
+        }
+    }
     push(
         &mut sql,
         &format!(" ORDER BY {order} DESC LIMIT ?"),

@@ -150,6 +150,7 @@ macro_rules! store_conformance {
             dead_groups_count_every_dead_task_by_queue_and_error
             list_filters_newest_first
             list_can_leave_out_internal_queues
+            list_selects_one_namespace
             list_paginates_without_gaps_or_duplicates
             terminal_states_never_change
         );
@@ -2654,6 +2655,55 @@ pub async fn list_can_leave_out_internal_queues(store: Arc<dyn Store>) {
         ids(&s.list(&with_kind, 100).await.expect("list").tasks),
         kept
     );
+}
+
+/// `namespace` selects exactly one namespace's tasks by their stored queue names (see
+/// `sundial_core::namespace`): the default namespace's are those without the separator, and a
+/// namespace whose name is another's prefix, or holds `_` (a LIKE wildcard), selects only its
+/// own. Keys of the same text in two namespaces are two keys.
+pub async fn list_selects_one_namespace(store: Arc<dyn Store>) {
+    use sundial_core::namespace::qualify;
+    let s = store.as_ref();
+    let mut by_ns: std::collections::BTreeMap<&str, Vec<TaskId>> = Default::default();
+    for (ns, queue) in [
+        ("default", "emails"),
+        ("default", "team/emails"),
+        ("acme", "emails"),
+        ("acme", "other"),
+        ("acm", "emails"),
+        ("a_me", "emails"),
+        ("abme", "emails"),
+    ] {
+        // The same key text in every namespace (and so, within one, one key per queue name).
+        let spec = TaskSpec::new("k")
+            .queue(queue)
+            .key(format!("key-{queue}"))
+            .in_namespace(ns);
+        let t = insert(s, make(spec, at(0))).await;
+        assert_eq!(t.queue, qualify(ns, queue));
+        by_ns.entry(ns).or_default().push(t.id);
+    }
+    for (ns, mut want) in by_ns {
+        want.reverse();
+        let filter = TaskFilter {
+            namespace: Some(ns.to_string()),
+            ..TaskFilter::default()
+        };
+        let page = s.list(&filter, 100).await.expect("list");
+        assert_eq!(ids(&page.tasks), want, "namespace {ns}");
+        assert!(page.tasks.iter().all(|t| filter.matches(t)));
+        // With a queue too: the qualified queue of that namespace only.
+        let q = TaskFilter {
+            queue: Some(qualify(ns, "emails")),
+            ..filter.clone()
+        };
+        assert_eq!(s.list(&q, 100).await.expect("list").tasks.len(), 1, "{ns}");
+    }
+    let none = TaskFilter {
+        namespace: Some("nowhere".into()),
+        ..TaskFilter::default()
+    };
+    assert!(s.list(&none, 100).await.expect("list").tasks.is_empty());
 }
 
 /// `list` returns exactly the tasks matching every given filter field (queue, kind, state, key and

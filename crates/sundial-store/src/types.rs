@@ -222,6 +222,8 @@ pub struct TaskFilter {
     /// Leave out tasks of Sundial's own queues (names starting with
     /// `sundial_core::INTERNAL_QUEUE_PREFIX`, `sundial.`).
     pub exclude_internal: bool,
+    /// Only tasks of this namespace (by their stored queue name, see `sundial_core::namespace`).
+    pub namespace: Option<String>,
 }
 
 impl TaskFilter {
@@ -250,6 +252,10 @@ impl TaskFilter {
             && self.created_before.is_none_or(|t| task.created_at < t)
             && self.before.is_none_or(|b| task.id < b)
             && !(self.exclude_internal && sundial_core::is_internal_queue(&task.queue))
+            && self
+                .namespace
+                .as_ref()
+                .is_none_or(|ns| sundial_core::namespace::belongs(ns, &task.queue))
     }
 }
 

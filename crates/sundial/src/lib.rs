@@ -772,16 +772,27 @@ impl Idempotency {
     }
 
     fn validate(&self) -> Result<(), ValidationError> {
-        if self.key.is_empty() {
+        // The key may carry a namespace (see `sundial_core::namespace`); the rules apply to the
+        // key as its namespace knows it.
+        let key = sundial_core::namespace::local(&self.key);
+        if key.is_empty() {
             return Err(ValidationError::Empty {
                 field: "idempotency_key",
             });
         }
-        if self.key.len() > Self::MAX_KEY_BYTES {
+        if key.len() > Self::MAX_KEY_BYTES {
             return Err(ValidationError::TooLong {
                 field: "idempotency_key",
-                len: self.key.len(),
+                len: key.len(),
                 max: Self::MAX_KEY_BYTES,
+            });
+        }
+        if key.chars().any(char::is_control)
+            || !sundial_core::namespace::has_valid_namespace(&self.key)
+        {
+            return Err(ValidationError::BadCharacters {
+                field: "idempotency_key",
+                reason: "control characters are not allowed",
             });
         }
         Ok(())

@@ -28,14 +28,20 @@ impl ScheduleId {
     pub fn new(id: impl Into<String>) -> Result<Self, SpecError> {
         let id = id.into();
         let bad = |reason: &str| Err(SpecError::new("id", SpecErrorKind::Invalid, reason));
-        if id.is_empty() {
+        // An id may carry a namespace (see `crate::namespace`); the rules apply to the id as its
+        // namespace knows it.
+        if !crate::namespace::has_valid_namespace(&id) {
+            return bad("the namespace part is not a namespace name");
+        }
+        let local = crate::namespace::local(&id);
+        if local.is_empty() {
             return bad("must not be empty");
         }
-        if id.len() > MAX_SCHEDULE_ID_LEN {
+        if local.len() > MAX_SCHEDULE_ID_LEN {
             return bad("is longer than 128 bytes");
         }
-        let first_ok = id.as_bytes()[0].is_ascii_alphanumeric();
-        let rest_ok = id
+        let first_ok = local.as_bytes()[0].is_ascii_alphanumeric();
+        let rest_ok = local
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'/' | b'-'));
         if !first_ok || !rest_ok {

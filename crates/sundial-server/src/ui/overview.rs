@@ -256,7 +256,13 @@ async fn overview(
 ) -> Result<Response, UiError> {
     let s = &st.app.sundial;
     let now = s.clock().now();
-    let infos = s.queues().await?;
+    // The web UI shows the default namespace.
+    let infos: Vec<_> = s
+        .queues()
+        .await?
+        .into_iter()
+        .filter(|q| crate::namespace::Ns::default().owns(&q.queue))
+        .collect();
     // Lateness percentiles from the server's own histograms, over the last minutes.
     let rendered = st.app.config.prometheus.as_ref().map(|h| h.render());
     let (by_queue, schedule_lat, window) = match &rendered {
@@ -411,6 +417,7 @@ async fn overview(
             now.0 - crate::ops::WORKERS_RECENT.as_millis() as i64,
         ))
         .into_iter()
+        .filter(|w| crate::namespace::Ns::default().owns(&w.queue))
         .map(|w| WorkerRow {
             worker: w.worker.unwrap_or_else(|| "(unnamed)".into()),
             href: format!("/ui/tasks?queue={}", enc(&w.queue)),

@@ -194,18 +194,19 @@ pub(crate) async fn list(
     }
     let api = api_query(&q);
     let now = st.app.sundial.clock().now();
-    let (rows, next, error) = match crate::api::query_tasks(&st.app, &api).await {
-        Ok(page) => (
-            page.tasks.iter().map(|t| TaskRow::of(t, now)).collect(),
-            page.next_cursor.map(|c| {
-                let rest = q.query_without(&["cursor", "notice"]);
-                let sep = if rest.is_empty() { "" } else { "&" };
-                format!("/ui/tasks?{rest}{sep}cursor={c}")
-            }),
-            None,
-        ),
-        Err(e) => (Vec::new(), None, Some(UiError::from(e).message)),
-    };
+    let (rows, next, error) =
+        match crate::api::query_tasks(&st.app, &crate::namespace::Ns::default(), &api).await {
+            Ok(page) => (
+                page.tasks.iter().map(|t| TaskRow::of(t, now)).collect(),
+                page.next_cursor.map(|c| {
+                    let rest = q.query_without(&["cursor", "notice"]);
+                    let sep = if rest.is_empty() { "" } else { "&" };
+                    format!("/ui/tasks?{rest}{sep}cursor={c}")
+                }),
+                None,
+            ),
+            Err(e) => (Vec::new(), None, Some(UiError::from(e).message)),
+        };
     let queues = queue_names(&st).await;
     let bulk_query = q.query_without(&["cursor", "notice", "limit", "internal", "key"]);
     let t = TasksPage {
@@ -315,9 +316,11 @@ async fn task_page(
 ) -> Result<Response, UiError> {
     let id = parse_id(id)?;
     let s = &st.app.sundial;
+    // The web UI shows the default namespace (another namespace's task reads as missing).
     let task = s
         .get(id)
         .await?
+        .and_then(|t| crate::namespace::Ns::default().own(t))
         .ok_or_else(|| UiError::not_found("no such task"))?;
     let history = s.attempts(id).await?;
     let now = s.clock().now();
@@ -474,6 +477,10 @@ async fn task_action(
 ) -> Result<Response, UiError> {
     let tid = parse_id(id)?;
     let s = &st.app.sundial;
+    s.get(tid)
+        .await?
+        .and_then(|t| crate::namespace::Ns::default().own(t))
+        .ok_or_else(|| UiError::not_found("no such task"))?;
     let notice = match action {
         "cancel" => match s.cancel(tid).await {
             Ok(_)
@@ -557,7 +564,7 @@ async fn run_bulk(
     dry_run: bool,
 ) -> Result<sundial::BulkOutcome, UiError> {
     let req = bulk_request(q)?;
-    let filter = req.filter()?;
+    let filter = req.filter(&crate::namespace::Ns::default())?;
     let s = &st.app.sundial;
     Ok(if action == "cancel" {
         s.cancel_matching(filter, dry_run).await?
@@ -721,7 +728,7 @@ async fn dead_page(st: &UiState, v: &Viewer, q: &Fields) -> Result<Response, UiE
     if let Some(c) = q.get("cursor") {
         api.push_str(&format!("&cursor={}", enc(&c)));
     }
-    let page = crate::api::query_tasks(&st.app, &api).await?;
+    let page = crate::api::query_tasks(&st.app, &crate::namespace::Ns::default(), &api).await?;
     let now = s.clock().now();
     // Across the whole store (or the queue): one aggregate over the index of dead tasks.
     let groups = s
