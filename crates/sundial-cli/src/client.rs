@@ -88,6 +88,8 @@ pub fn http_client_builder() -> reqwest::ClientBuilder {
 pub struct Client {
     http: reqwest::Client,
     base: String,
+    /// The namespace every request acts in (`None`: the default one).
+    namespace: Option<String>,
 }
 
 impl Client {
@@ -107,6 +109,7 @@ impl Client {
         Ok(Client {
             http,
             base: base.trim_end_matches('/').to_string(),
+            namespace: credentials.namespace.clone(),
         })
     }
 
@@ -115,7 +118,11 @@ impl Client {
     }
 
     fn url(&self, path: &str) -> String {
-        format!("{}{}", self.base, path)
+        format!(
+            "{}{}",
+            self.base,
+            crate::connect::in_namespace(self.namespace.as_deref(), path)
+        )
     }
 
     async fn decode<T: DeserializeOwned>(resp: reqwest::Response) -> Result<T, ClientError> {

@@ -18,6 +18,26 @@ pub struct Credentials {
     /// certificate a private CA signed.
     #[arg(long, env = "SUNDIAL_CA_FILE", global = true)]
     pub ca_file: Option<PathBuf>,
+    /// The namespace to act in (default: `default`); requests go to `/v1/namespaces/{ns}/…`.
+    #[arg(long, env = "SUNDIAL_NAMESPACE", global = true)]
+    pub namespace: Option<String>,
+}
+
+/// Routes every namespace shares (tokens, namespaces, the audit log): never under a namespace.
+const SHARED_ROUTES: &[&str] = &["/v1/tokens", "/v1/namespaces", "/v1/audit"];
+
+/// The path of an API route in namespace `ns`: `/v1/tasks` in `acme` is
+/// `/v1/namespaces/acme/tasks`. The default namespace (or none) and the routes all namespaces
+/// share keep their path.
+pub fn in_namespace(ns: Option<&str>, path: &str) -> String {
+    match (ns, path.strip_prefix("/v1/")) {
+        (Some(ns), Some(rest))
+            if ns != "default" && !SHARED_ROUTES.iter().any(|r| path.starts_with(r)) =>
+        {
+            format!("/v1/namespaces/{ns}/{rest}")
+        }
+        _ => path.to_string(),
+    }
 }
 
 /// Why a client could not be set up.
@@ -71,6 +91,11 @@ impl Credentials {
         }
     }
 
+    /// The path of an API route in the chosen namespace (see [`in_namespace`]).
+    pub fn path(&self, path: &str) -> String {
+        in_namespace(self.namespace.as_deref(), path)
+    }
+
     /// The `Authorization` header to send, if any.
     pub fn headers(&self) -> Result<HeaderMap, ConnectError> {
         let mut headers = HeaderMap::new();
@@ -96,5 +121,26 @@ impl Credentials {
             builder = builder.tls_certs_merge(read_ca_file(path)?);
         }
         Ok(builder)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_namespace_prefixes_its_routes_but_not_the_shared_ones() {
+        assert_eq!(
+            in_namespace(Some("acme"), "/v1/tasks?x=1"),
+            "/v1/namespaces/acme/tasks?x=1"
+        );
+        assert_eq!(in_namespace(Some("default"), "/v1/tasks"), "/v1/tasks");
+        assert_eq!(in_namespace(None, "/v1/tasks"), "/v1/tasks");
+        assert_eq!(in_namespace(Some("acme"), "/v1/tokens"), "/v1/tokens");
+        assert_eq!(
+            in_namespace(Some("acme"), "/v1/namespaces"),
+            "/v1/namespaces"
+        );
+        assert_eq!(in_namespace(Some("acme"), "/healthz"), "/healthz");
     }
 }

@@ -291,6 +291,7 @@ impl Fields {
 struct Api {
     http: reqwest::Client,
     base: String,
+    credentials: sundial_cli::Credentials,
 }
 
 impl Api {
@@ -300,7 +301,10 @@ impl Api {
         path: &str,
         body: Option<Value>,
     ) -> anyhow::Result<Result<T, (u16, ErrorBody)>> {
-        let mut req = self.http.request(method, format!("{}{}", self.base, path));
+        let mut req = self.http.request(
+            method,
+            format!("{}{}", self.base, self.credentials.path(path)),
+        );
         match body {
             Some(b) => req = req.json(&b),
             // A bodiless write still says it speaks JSON: the server refuses writes a browser
@@ -388,6 +392,7 @@ pub async fn run(args: ScheduleArgs) -> anyhow::Result<ExitCode> {
             .build()
             .context("cannot set up the HTTP client")?,
         base: args.server.trim_end_matches('/').to_string(),
+        credentials: args.credentials.clone(),
     };
     let json_out = args.json;
     let fail = |(status, e): (u16, ErrorBody)| {

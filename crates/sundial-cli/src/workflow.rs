@@ -98,6 +98,7 @@ fn parse_json_arg(flag: &str, s: Option<&str>) -> anyhow::Result<Option<Value>> 
 struct Api {
     http: reqwest::Client,
     base: String,
+    credentials: sundial_cli::Credentials,
 }
 
 impl Api {
@@ -111,7 +112,10 @@ impl Api {
     ) -> anyhow::Result<Result<Value, (StatusCode, ErrorBody)>> {
         let mut req = self
             .http
-            .request(method, format!("{}{}", self.base, path))
+            .request(
+                method,
+                format!("{}{}", self.base, self.credentials.path(path)),
+            )
             .query(query);
         match body {
             Some(b) => req = req.json(&b),
@@ -255,6 +259,7 @@ pub async fn run(args: WorkflowArgs) -> anyhow::Result<ExitCode> {
             .build()
             .context("cannot set up the HTTP client")?,
         base: args.server.trim_end_matches('/').to_string(),
+        credentials: args.credentials.clone(),
     };
     let json_out = args.json;
     match args.command {

@@ -338,3 +338,67 @@ async fn worker_kills_a_command_past_the_task_timeout() {
     let dead = wait_state(&server, &t.id.to_string(), StateView::Dead).await;
     assert!(dead.last_error.unwrap().contains("timeout"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_flag_and_env_choose_where_commands_act() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let out = sundial(&server, &["namespace", "add", "acme"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let add = |ns: Option<&'static str>| {
+        let mut args = vec![
+            "task", "add", "k", "--queue", "mail", "--key", "same", "--delay", "1h", "--json",
+        ];
+        if let Some(ns) = ns {
+            args.extend(["--namespace", ns]);
+        }
+        args
+    };
+    let in_default = json_out(&sundial(&server, &add(None)).await);
+    let in_acme = json_out(&sundial(&server, &add(Some("acme"))).await);
+    assert_ne!(
+        in_default["id"], in_acme["id"],
+        "the same key in two namespaces"
+    );
+    assert_eq!(in_acme["queue"], "mail");
+
+    // SUNDIAL_NAMESPACE does what --namespace does.
+    let listed = tokio::process::Command::new(BIN)
+        .args(["task", "ls", "--json"])
+        .env("SUNDIAL_SERVER", &server.url)
+        .env("SUNDIAL_NAMESPACE", "acme")
+        .output()
+        .await
+        .unwrap();
+    let listed = json_out(&listed);
+    let ids: Vec<&Value> = listed["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| &t["id"])
+        .collect();
+    assert_eq!(ids, vec![&in_acme["id"]]);
+    let listed = json_out(&sundial(&server, &["task", "ls", "--json"]).await);
+    let ids: Vec<&Value> = listed["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| &t["id"])
+        .collect();
+    assert_eq!(ids, vec![&in_default["id"]]);
+
+    // Another namespace's task is not found; a namespace that does not exist is refused.
+    let id = in_acme["id"].as_str().unwrap();
+    let got = sundial(&server, &["task", "get", id]).await;
+    assert!(!got.status.success());
+    let got = sundial(&server, &["task", "get", id, "--namespace", "acme"]).await;
+    assert!(got.status.success(), "{}", stderr(&got));
+    let got = sundial(&server, &["task", "ls", "--namespace", "nowhere"]).await;
+    assert!(!got.status.success());
+    assert!(
+        stderr(&got).contains("no such namespace"),
+        "{}",
+        stderr(&got)
+    );
+}

@@ -850,7 +850,10 @@ pub async fn access_layer(State(access): State<Access>, mut req: Request, next: 
                 };
                 match allowed {
                     Err(r) => refusal_response(r),
-                    Ok(_quotas) => {
+                    Ok(quota) => {
+                        if let Some(q) = quota {
+                            req.extensions_mut().insert(crate::quota::NamespaceQuota(q));
+                        }
                         let slot = if is_long_poll(&route) {
                             match access.poll_slot(&a) {
                                 Some(s) => Some(s),

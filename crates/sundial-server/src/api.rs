@@ -18,6 +18,7 @@ use crate::duration;
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::ApiJson;
 use crate::namespace::Ns;
+use crate::quota::Quota;
 use crate::trace::{self as tracectx, TraceHeaders};
 use crate::wire::{
     BatchItem, BatchResponse, CompleteRequest, CreateBatch, CreateTask, FailRequest, Health,
@@ -86,6 +87,7 @@ fn created(ns: &Ns, task: sundial::Task) -> Result<Response, ApiError> {
         (status = 201, description = "Stored durably", body = TaskView),
         (status = 400, description = "Not JSON", body = ErrorBody),
         (status = 409, description = "A live task of the queue holds the key (`existing_id`); nothing stored", body = ErrorBody),
+        (status = 429, description = "Over the namespace's quota of live tasks or creates per second (`quota`, with `Retry-After`); nothing stored", body = ErrorBody),
         (status = 413, description = "Body or payload over the limit", body = ErrorBody),
         (status = 422, description = "Invalid (unknown field, bad value)", body = ErrorBody),
     )
@@ -93,6 +95,7 @@ fn created(ns: &Ns, task: sundial::Task) -> Result<Response, ApiError> {
 pub async fn create_task(
     State(st): State<AppState>,
     ns: Ns,
+    quota: Quota,
     TraceHeaders(incoming): TraceHeaders,
     ApiJson(body): ApiJson<CreateTask>,
 ) -> Result<Response, ApiError> {
@@ -104,6 +107,9 @@ pub async fn create_task(
             "idempotency_version",
             "idempotency_version needs an idempotency_key",
         ));
+    }
+    if let Err(over) = st.quotas.admit(&st.sundial, &ns, &quota, 1).await {
+        return Ok(over);
     }
     let span = tracectx::create_span(incoming.as_ref(), 1);
     let spec = ns.spec(
@@ -143,6 +149,7 @@ pub async fn create_task(
     request_body = CreateBatch,
     responses(
         (status = 201, description = "One result per item, in order", body = BatchResponse),
+        (status = 429, description = "Over the namespace's quota of live tasks or creates per second (`quota`, with `Retry-After`); nothing stored", body = ErrorBody),
         (status = 400, description = "Not JSON", body = ErrorBody),
         (status = 413, description = "Too many items, body or a payload over the limit", body = ErrorBody),
         (status = 422, description = "An invalid item (its `index` is given); nothing stored", body = ErrorBody),
@@ -151,6 +158,7 @@ pub async fn create_task(
 pub async fn create_batch(
     State(st): State<AppState>,
     ns: Ns,
+    quota: Quota,
     TraceHeaders(incoming): TraceHeaders,
     body: Result<ApiJson<CreateBatch>, ApiError>,
 ) -> Result<Response, ApiError> {
@@ -193,6 +201,9 @@ pub async fn create_batch(
                 .map_err(|e| e.at_index(i))
         })
         .collect::<Result<Vec<TaskSpec>, ApiError>>()?;
+    if let Err(over) = st.quotas.admit(&st.sundial, &ns, &quota, specs.len()).await {
+        return Ok(over);
+    }
     let results: Vec<BatchItem> = st
         .sundial
         .schedule_many(specs)

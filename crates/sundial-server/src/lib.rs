@@ -62,6 +62,7 @@ mod http_metrics;
 pub mod namespace;
 pub mod ops;
 pub mod push;
+pub mod quota;
 pub mod schedules;
 pub mod time;
 pub mod trace;
@@ -199,6 +200,8 @@ pub struct AppState {
     pub sundial: Sundial,
     pub config: Arc<ServerConfig>,
     gauges: Arc<TaskGauges>,
+    /// What each namespace with quotas has used on this node.
+    pub quotas: Arc<quota::Quotas>,
 }
 
 /// The `sundial_tasks{queue,state}` gauges, refreshed from the store's counts on every scrape.
@@ -479,6 +482,7 @@ pub fn router(sundial: Sundial, config: ServerConfig) -> Router {
         sundial,
         config: Arc::new(config),
         gauges: Arc::new(TaskGauges::default()),
+        quotas: Arc::new(quota::Quotas::default()),
     };
     let ui_state = state.config.ui.enabled.then(|| {
         ui::UiState::new(

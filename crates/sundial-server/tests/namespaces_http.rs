@@ -296,3 +296,77 @@ async fn two_namespaces_share_names_but_nothing_else() {
     }
     engine.shutdown(std::time::Duration::from_secs(5)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_over_its_quota_gets_429_and_others_do_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let sundial = Sundial::open(dir.path()).await.unwrap();
+    let app = router(sundial.clone(), ServerConfig::default());
+    for body in [
+        json!({"name": "capped", "max_live_tasks": 3}),
+        json!({"name": "limited", "max_creates_per_second": 5}),
+    ] {
+        let (st, b, _) = call(&app, "POST", "/v1/namespaces", Some(body)).await;
+        assert_eq!(st, StatusCode::CREATED, "{b}");
+    }
+    let later = json!({"kind": "k", "delay": "1h"});
+
+    // Most live tasks: three fit, the fourth is refused and not stored.
+    for _ in 0..3 {
+        let (st, b, _) = call(
+            &app,
+            "POST",
+            "/v1/namespaces/capped/tasks",
+            Some(later.clone()),
+        )
+        .await;
+        assert_eq!(st, StatusCode::CREATED, "{b}");
+    }
+    let (st, b, headers) = call(
+        &app,
+        "POST",
+        "/v1/namespaces/capped/tasks",
+        Some(later.clone()),
+    )
+    .await;
+    assert_eq!(st, StatusCode::TOO_MANY_REQUESTS, "{b}");
+    assert_eq!(b["error"]["code"], "quota");
+    assert!(headers.get("retry-after").is_some());
+    let batch = json!({"tasks": [later.clone()]});
+    let (st, _, _) = call(
+        &app,
+        "POST",
+        "/v1/namespaces/capped/tasks:batch",
+        Some(batch),
+    )
+    .await;
+    assert_eq!(st, StatusCode::TOO_MANY_REQUESTS);
+    let (_, list, _) = call(&app, "GET", "/v1/namespaces/capped/tasks", None).await;
+    assert_eq!(ids(&list).len(), 3, "nothing stored over the quota");
+
+    // Most creates per second: a batch of five spends the allowance; the next create waits.
+    let five = json!({"tasks": vec![later.clone(); 5]});
+    let (st, b, _) = call(
+        &app,
+        "POST",
+        "/v1/namespaces/limited/tasks:batch",
+        Some(five),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{b}");
+    let (st, b, headers) = call(
+        &app,
+        "POST",
+        "/v1/namespaces/limited/tasks",
+        Some(later.clone()),
+    )
+    .await;
+    assert_eq!(st, StatusCode::TOO_MANY_REQUESTS, "{b}");
+    assert_eq!(headers.get("retry-after").unwrap(), "1");
+
+    // Other namespaces are not held back.
+    for _ in 0..20 {
+        let (st, b, _) = call(&app, "POST", "/v1/tasks", Some(later.clone())).await;
+        assert_eq!(st, StatusCode::CREATED, "{b}");
+    }
+}
