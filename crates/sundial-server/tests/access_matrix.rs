@@ -147,6 +147,17 @@ async fn every_route_answers_every_caller_as_the_rules_say_and_is_audited() {
         ));
     }
     let other_ns = create_token(&app, &admin, "admin", Some("elsewhere")).await;
+    // The namespace exists, so its own token can use it by the path prefix.
+    let (st, b, _) = send(
+        &app,
+        "post",
+        "/v1/namespaces",
+        Some(&admin),
+        Some(json!({"name": "elsewhere"})),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{b}");
+    let default_bound = create_token(&app, &admin, "admin", Some("default")).await;
     let revoked = create_token(&app, &admin, "admin", None).await;
     let revoked_id = revoked[4..36].to_string();
     let (st, _, _) = send(
@@ -171,16 +182,41 @@ async fn every_route_answers_every_caller_as_the_rules_say_and_is_audited() {
         let m = Method::from_bytes(method.to_ascii_uppercase().as_bytes()).unwrap();
         let need = requirement(&m, template, &access);
         let write = !matches!(method.as_str(), "get" | "head" | "options");
-        let mut callers: Vec<(String, Option<String>)> = vec![
-            ("no token".into(), None),
-            ("bad token".into(), Some(bad.clone())),
-            ("revoked token".into(), Some(revoked.clone())),
-            ("other namespace".into(), Some(other_ns.clone())),
+        let mut callers: Vec<(String, Option<String>, String)> = vec![
+            ("no token".into(), None, uri.clone()),
+            ("bad token".into(), Some(bad.clone()), uri.clone()),
+            ("revoked token".into(), Some(revoked.clone()), uri.clone()),
+            (
+                "other namespace".into(),
+                Some(other_ns.clone()),
+                uri.clone(),
+            ),
         ];
         for (name, _, t) in &tokens {
-            callers.push((name.clone(), Some(t.clone())));
+            callers.push((name.clone(), Some(t.clone()), uri.clone()));
         }
-        for (who, token) in &callers {
+        // The same route under the `/v1/namespaces/elsewhere` prefix: its own token may use it
+        // there, a token of another namespace is told it does not exist, and a namespace that
+        // does not exist does not exist for anyone.
+        if let Some(rest) = uri.strip_prefix("/v1/") {
+            let there = format!("/v1/namespaces/elsewhere/{rest}");
+            callers.push((
+                "own namespace by prefix".into(),
+                Some(other_ns.clone()),
+                there.clone(),
+            ));
+            callers.push((
+                "other namespace by prefix".into(),
+                Some(default_bound.clone()),
+                there,
+            ));
+            callers.push((
+                "missing namespace by prefix".into(),
+                Some(admin.clone()),
+                format!("/v1/namespaces/nowhere/{rest}"),
+            ));
+        }
+        for (who, token, uri) in &callers {
             let before = if write {
                 Some(audit_count(&app, &admin).await)
             } else {
@@ -189,7 +225,7 @@ async fn every_route_answers_every_caller_as_the_rules_say_and_is_audited() {
             let (st, b, headers) = send(
                 &app,
                 method,
-                uri,
+                uri.as_str(),
                 token.as_deref(),
                 body_for(method, template),
             )
@@ -201,11 +237,19 @@ async fn every_route_answers_every_caller_as_the_rules_say_and_is_audited() {
             let expect = match (who.as_str(), need) {
                 (_, Requirement::Open) => None,
                 ("no token" | "bad token" | "revoked token", _) => Some(StatusCode::UNAUTHORIZED),
-                ("other namespace", _) => match scoping(template) {
+                ("other namespace" | "other namespace by prefix", _) => match scoping(template) {
                     Scoping::Namespaced => Some(StatusCode::NOT_FOUND),
                     Scoping::AllNamespaces => Some(StatusCode::FORBIDDEN),
                     Scoping::Global => None,
                 },
+                ("own namespace by prefix", _) => match scoping(template) {
+                    // Admin of its namespace: every namespace route; the shared routes are not
+                    // a namespace's (and need a token of all namespaces).
+                    Scoping::Namespaced => None,
+                    Scoping::AllNamespaces => Some(StatusCode::FORBIDDEN),
+                    Scoping::Global => None,
+                },
+                ("missing namespace by prefix", _) => Some(StatusCode::NOT_FOUND),
                 (_, Requirement::Scope(need)) => {
                     if scope_allows(scope.unwrap(), need) {
                         None
@@ -231,10 +275,16 @@ async fn every_route_answers_every_caller_as_the_rules_say_and_is_audited() {
                         assert_eq!(b["error"]["code"], "not_found");
                     }
                 }
-                None => assert!(
-                    ![StatusCode::UNAUTHORIZED, StatusCode::FORBIDDEN].contains(&st),
-                    "{method} {template} as {who} was refused: {st} {b}"
-                ),
+                None => {
+                    assert!(
+                        ![StatusCode::UNAUTHORIZED, StatusCode::FORBIDDEN].contains(&st),
+                        "{method} {template} as {who} was refused: {st} {b}"
+                    );
+                    assert_ne!(
+                        b["error"]["message"], "no such namespace",
+                        "{method} {uri} as {who}"
+                    );
+                }
             }
             if let Some(before) = before {
                 let after = audit_count(&app, &admin).await;
@@ -250,6 +300,9 @@ async fn every_route_answers_every_caller_as_the_rules_say_and_is_audited() {
                     format!("{} {template}", method.to_ascii_uppercase())
                 );
                 assert_eq!(rec["status"], st.as_u16(), "{rec}");
+                if uri.starts_with("/v1/namespaces/elsewhere/") {
+                    assert_eq!(rec["namespace"], "elsewhere", "{rec}");
+                }
             }
             checked += 1;
         }
