@@ -357,12 +357,25 @@ impl Client {
         execution_id: Uuid,
         result: Option<serde_json::Value>,
     ) -> Result<TaskView, ClientError> {
-        self.post(
+        self.complete_in_trace(id, execution_id, result, None).await
+    }
+
+    /// [`complete`](Self::complete) sending `traceparent`, the W3C context of the run (the
+    /// polled task's, or the worker's own span's): the server records the result as its child.
+    pub async fn complete_in_trace(
+        &self,
+        id: Uuid,
+        execution_id: Uuid,
+        result: Option<serde_json::Value>,
+        traceparent: Option<&str>,
+    ) -> Result<TaskView, ClientError> {
+        self.post_in_trace(
             &format!("/v1/tasks/{id}/complete"),
             &CompleteRequest {
                 execution_id,
                 result,
             },
+            traceparent,
         )
         .await
     }
@@ -374,15 +387,42 @@ impl Client {
         error: String,
         retryable: bool,
     ) -> Result<TaskView, ClientError> {
-        self.post(
+        self.fail_in_trace(id, execution_id, error, retryable, None)
+            .await
+    }
+
+    /// [`fail`](Self::fail) sending `traceparent`, as [`complete_in_trace`](Self::complete_in_trace).
+    pub async fn fail_in_trace(
+        &self,
+        id: Uuid,
+        execution_id: Uuid,
+        error: String,
+        retryable: bool,
+        traceparent: Option<&str>,
+    ) -> Result<TaskView, ClientError> {
+        self.post_in_trace(
             &format!("/v1/tasks/{id}/fail"),
             &FailRequest {
                 execution_id,
                 error: Some(error),
                 retryable: Some(retryable),
             },
+            traceparent,
         )
         .await
+    }
+
+    async fn post_in_trace<B: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+        traceparent: Option<&str>,
+    ) -> Result<T, ClientError> {
+        let mut req = self.http.post(self.url(path)).json(body);
+        if let Some(tp) = traceparent {
+            req = req.header("traceparent", tp);
+        }
+        Self::decode(req.send().await?).await
     }
 }
 

@@ -3,7 +3,9 @@
 //! It long-polls `Q` for as many tasks as it has free slots (`--concurrency`), and runs `CMD` once
 //! per task with the task's JSON (as the poll returned it) on stdin and `SUNDIAL_TASK_ID`,
 //! `SUNDIAL_EXECUTION_ID`, `SUNDIAL_ATTEMPT`, `SUNDIAL_TASK_KIND`, `SUNDIAL_QUEUE` in its
-//! environment. While the command runs it heartbeats (every third of the task's timeout, between
+//! environment (and, for a traced task, `TRACEPARENT` and `TRACESTATE`: the W3C context of its
+//! delivery, which the worker also sends with the complete or fail so that the result joins the
+//! task's trace). While the command runs it heartbeats (every third of the task's timeout, between
 //! 100 ms and 30 s); when the command exits 0 the task is completed (with stdout as the result:
 //! its JSON when it is JSON, else its text), otherwise failed with the tail of stderr, and retried
 //! by the server according to the task's backoff. A command still running at the task's timeout is
@@ -77,7 +79,10 @@ stdin        the whole polled task as one JSON object, not only the payload:
               \"execution_id\", \"lease_expires_at\", \"run_at\", \"timeout\"}
              (read the payload with e.g. `jq .payload`)
 environment  SUNDIAL_TASK_ID, SUNDIAL_EXECUTION_ID, SUNDIAL_ATTEMPT (from 1),
-             SUNDIAL_TASK_KIND, SUNDIAL_QUEUE, besides the worker's own environment
+             SUNDIAL_TASK_KIND, SUNDIAL_QUEUE, besides the worker's own environment;
+             for a task created with a W3C traceparent, TRACEPARENT (and TRACESTATE): the
+             context of its delivery, for the command's own spans. The worker sends it
+             with the complete or fail, so the result is recorded in the same trace
 exit 0       the task is completed; stdout becomes its result (its JSON if it is JSON, else
              the text; empty stdout is no result). stderr is logged.
 exit non-0   the attempt fails with the tail of stderr as the error; the server retries it
@@ -251,13 +256,25 @@ async fn run_task(
     let Some((program, args)) = command.split_first() else {
         return;
     };
-    let spawned = Command::new(program)
-        .args(args)
+    let mut cmd = Command::new(program);
+    cmd.args(args)
         .env("SUNDIAL_TASK_ID", id.to_string())
         .env("SUNDIAL_EXECUTION_ID", execution.to_string())
         .env("SUNDIAL_ATTEMPT", task.attempt.to_string())
         .env("SUNDIAL_TASK_KIND", &task.kind)
-        .env("SUNDIAL_QUEUE", &task.queue)
+        .env("SUNDIAL_QUEUE", &task.queue);
+    // The names OpenTelemetry gives trace context carried in the environment. A worker run from
+    // a traced process must not hand that process's context to an untraced task.
+    for (name, value) in [
+        ("TRACEPARENT", &task.traceparent),
+        ("TRACESTATE", &task.tracestate),
+    ] {
+        match value {
+            Some(v) => cmd.env(name, v),
+            None => cmd.env_remove(name),
+        };
+    }
+    let spawned = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -332,7 +349,7 @@ async fn run_task(
                 )
             };
             report(id, "complete", || {
-                client.complete(id, execution, result.clone())
+                client.complete_in_trace(id, execution, result.clone(), task.traceparent.as_deref())
             })
             .await;
         }
@@ -370,7 +387,13 @@ async fn report_failure(client: &Client, task: &PolledTask, message: String) {
     tracing::warn!(id = %task.id, error = %message, "attempt failed");
     let (id, execution) = (task.id, task.execution_id);
     report(id, "fail", || {
-        client.fail(id, execution, message.clone(), true)
+        client.fail_in_trace(
+            id,
+            execution,
+            message.clone(),
+            true,
+            task.traceparent.as_deref(),
+        )
     })
     .await;
 }

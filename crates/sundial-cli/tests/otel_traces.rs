@@ -2,7 +2,8 @@
 //! receiver this test runs on loopback (the protobuf decoded with opentelemetry-proto), and one
 //! trace follows a task from the create request that sent a `traceparent` through its fire, its
 //! delivery (to a remote worker's poll, or to a push receiver by the in-process push handler)
-//! and its completion, each span a child of the step before.
+//! and its completion, each span a child of the step before; `sundial worker` hands the
+//! delivery's context to its command and sends it with the result.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic on failure
 
 mod common;
@@ -14,7 +15,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use common::{Launch, Server, now_ms};
+use common::{BIN, Launch, Server, now_ms};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message;
 use serde_json::{Value, json};
@@ -24,6 +25,8 @@ const CALLER_SPAN: &str = "00f067aa0ba902b7";
 const PUSH_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
 const PUSH_CALLER_SPAN: &str = "b7ad6b7169203331";
 const WORKER_SPAN: &str = "1111222233334444";
+const CLI_OK_TRACE: &str = "5ce0e9a56015fec5aadfa328ae398115";
+const CLI_FAIL_TRACE: &str = "6e0c63257de34c92bf9efcd03927272e";
 
 #[derive(Debug, Clone)]
 struct Span {
@@ -275,6 +278,108 @@ async fn one_trace_follows_a_task_from_its_create_to_its_completion() {
     }
 }
 
+/// Runs `sundial worker` on `queue` for `tasks` tasks. Its command prints the `TRACEPARENT` it
+/// was given (`unset` for none) and fails for a kind other than `ok`; the worker itself runs
+/// with a `TRACEPARENT` of its own, which must reach no command.
+async fn cli_worker(url: &str, queue: &str, tasks: u32) {
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new(BIN)
+            .args(["worker", "--queue", queue, "--wait", "1s", "--max-tasks"])
+            .arg(tasks.to_string())
+            .args(["--", "sh", "-c"])
+            .arg(r#"printf %s "${TRACEPARENT-unset}"; [ "$SUNDIAL_TASK_KIND" = ok ]"#)
+            .env("SUNDIAL_SERVER", url)
+            .env("RUST_LOG", "warn")
+            .env(
+                "TRACEPARENT",
+                format!("00-{PUSH_TRACE}-{PUSH_CALLER_SPAN}-01"),
+            )
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the worker finished")
+    .unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// `sundial worker`: the command gets the delivery's context as `TRACEPARENT`, and the worker's
+/// complete or fail is the delivery's child.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_worker_runs_its_command_in_the_delivery_and_reports_from_it() {
+    let (otlp, spans) = receiver().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::spawn(
+        vec![
+            "--data-dir".into(),
+            dir.path().into(),
+            "--otlp-endpoint".into(),
+            otlp.into(),
+        ],
+        &Launch::default(),
+        dir.path(),
+    );
+    let http = sundial_cli::http_client_builder().build().unwrap();
+    let url = server.url.clone();
+    let create = |kind: &'static str, trace: Option<&'static str>| {
+        let mut req = http
+            .post(format!("{url}/v1/tasks"))
+            .json(&json!({"kind": kind, "queue": "cli", "max_attempts": 1}));
+        if let Some(t) = trace {
+            req = req.header("traceparent", format!("00-{t}-{CALLER_SPAN}-01"));
+        }
+        async move {
+            let v: Value = req.send().await.unwrap().json().await.unwrap();
+            v["id"].as_str().unwrap().to_string()
+        }
+    };
+    let ok = create("ok", Some(CLI_OK_TRACE)).await;
+    let bad = create("bad", Some(CLI_FAIL_TRACE)).await;
+    let plain = create("ok", None).await;
+
+    cli_worker(&url, "cli", 3).await;
+
+    let get = |id: String| {
+        let req = http.get(format!("{url}/v1/tasks/{id}"));
+        async move { req.send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    let ok = get(ok).await;
+    assert_eq!(ok["state"], "succeeded", "{ok}");
+    let (seen_trace, seen_span) = parts(ok["result"].as_str().expect("the command's TRACEPARENT"));
+    assert_eq!(seen_trace, CLI_OK_TRACE);
+    assert_eq!(get(bad).await["state"], "dead");
+    // With traces exported a task created without a context starts a trace of its own: its
+    // command gets that one, never the worker's.
+    let plain = get(plain).await;
+    let (own, _) = parts(plain["traceparent"].as_str().unwrap());
+    let (given, _) = parts(plain["result"].as_str().unwrap());
+    assert_eq!(given, own, "{plain}");
+
+    let status = server.terminate(Duration::from_secs(20));
+    assert!(status.success(), "{status:?}");
+    let spans = wait_for("the spans", || {
+        let s = spans.lock().unwrap().clone();
+        let has = |t: &str, n: &str| s.iter().any(|x| x.trace == t && x.name == n);
+        (has(CLI_OK_TRACE, "sundial.task.complete") && has(CLI_FAIL_TRACE, "sundial.task.fail"))
+            .then_some(s)
+    })
+    .await;
+    let deliver = one(&spans, CLI_OK_TRACE, "sundial.task.deliver");
+    assert_eq!(
+        seen_span, deliver.id,
+        "the command got the delivery's context"
+    );
+    let complete = one(&spans, CLI_OK_TRACE, "sundial.task.complete");
+    assert_eq!(
+        complete.parent, deliver.id,
+        "the complete is the delivery's child"
+    );
+    let deliver = one(&spans, CLI_FAIL_TRACE, "sundial.task.deliver");
+    let fail = one(&spans, CLI_FAIL_TRACE, "sundial.task.fail");
+    assert_eq!(fail.parent, deliver.id, "the fail is the delivery's child");
+}
+
 /// Without `--otlp-endpoint` nothing is exported, and the caller's context is stored and handed
 /// on unchanged; a malformed `traceparent` is ignored (the task is created without one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -306,6 +411,34 @@ async fn without_an_endpoint_the_context_passes_through_and_bad_headers_are_igno
         .await
         .unwrap();
     assert_eq!(polled["tasks"][0]["traceparent"], sent.as_str());
+
+    // `sundial worker` hands a traced task's context to its command unchanged, and none of its
+    // own to an untraced task's.
+    let mut ids = Vec::new();
+    for trace in [Some(sent.as_str()), None] {
+        let mut req = http
+            .post(format!("{url}/v1/tasks"))
+            .json(&json!({"kind": "ok", "queue": "plain-cli"}));
+        if let Some(t) = trace {
+            req = req.header("traceparent", t);
+        }
+        let v: Value = req.send().await.unwrap().json().await.unwrap();
+        ids.push(v["id"].as_str().unwrap().to_string());
+    }
+    cli_worker(url, "plain-cli", 2).await;
+    let mut results = Vec::new();
+    for id in &ids {
+        let t: Value = http
+            .get(format!("{url}/v1/tasks/{id}"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        results.push(t["result"].clone());
+    }
+    assert_eq!(results, [json!(sent), json!("unset")]);
 
     for bad in [
         "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
