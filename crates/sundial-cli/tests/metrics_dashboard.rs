@@ -317,6 +317,107 @@ async fn dashboard_and_alerts_query_only_series_that_exist() {
     );
 }
 
+/// The label names a series may carry: each has a value from a fixed list or from names the
+/// operator chose (queues, shards, route templates), never an id, a kind or an attempt.
+const BOUNDED_LABELS: [&str; 12] = [
+    "queue",
+    "state",
+    "shard",
+    "outcome",
+    "reason",
+    "status",
+    "what",
+    "target",
+    "route",
+    "method",
+    "status_class",
+    "version",
+];
+
+/// `/metrics` after the whole exercise follows the Prometheus naming conventions: counters end in
+/// `_total` and nothing else does, histograms and time gauges are in base units (`_seconds`,
+/// `_bytes`; never milliseconds), every `sundial_` metric has `# HELP`, and label names come from
+/// a bounded set with no value that looks like an id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_follow_the_prometheus_naming_conventions() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    exercise(&server).await;
+    let text = scrape(&server.url).await;
+    let mut types: BTreeMap<String, String> = BTreeMap::new();
+    let mut helped = BTreeSet::new();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        match (words.next(), words.next(), words.next(), words.next()) {
+            (Some("#"), Some("TYPE"), Some(name), Some(kind)) => {
+                types.insert(name.to_string(), kind.to_string());
+            }
+            (Some("#"), Some("HELP"), Some(name), _) => {
+                helped.insert(name.to_string());
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        types.len() >= 25,
+        "found {} typed metrics\n{text}",
+        types.len()
+    );
+    let mut problems = Vec::new();
+    for (name, kind) in &types {
+        let total = name.ends_with("_total");
+        match kind.as_str() {
+            "counter" if !total => problems.push(format!("counter {name} does not end in _total")),
+            "counter" => {}
+            _ if total => problems.push(format!("{kind} {name} ends in _total")),
+            "histogram" | "summary"
+                if !(name.ends_with("_seconds") || name.ends_with("_bytes")) =>
+            {
+                problems.push(format!("{kind} {name} is not in a base unit"))
+            }
+            _ => {}
+        }
+        for unit in [
+            "_milliseconds",
+            "_ms",
+            "_millis",
+            "_microseconds",
+            "_minutes",
+            "_hours",
+            "_kilobytes",
+            "_megabytes",
+        ] {
+            if name.contains(&format!("{unit}_")) || name.ends_with(unit) {
+                problems.push(format!("{name} is in {unit}, not a base unit"));
+            }
+        }
+        if name.starts_with("sundial_") && !helped.contains(name) {
+            problems.push(format!("{name} has no # HELP"));
+        }
+    }
+    let id_like =
+        |v: &str| v.len() >= 32 && v.chars().filter(|c| c.is_ascii_hexdigit()).count() >= 32;
+    for line in text.lines().filter(|l| l.starts_with("sundial_")) {
+        let Some(open) = line.find('{') else { continue };
+        let inner = &line[open + 1..line.rfind('}').unwrap_or(line.len())];
+        for pair in inner.split("\",").filter(|p| !p.is_empty()) {
+            let Some((k, v)) = pair.split_once("=\"") else {
+                continue;
+            };
+            let k = k.trim_start_matches(',');
+            if k != "le" && !BOUNDED_LABELS.contains(&k) {
+                problems.push(format!("label {k} is not a bounded one: {line}"));
+            }
+            if id_like(v.trim_end_matches('"')) {
+                problems.push(format!("label {k} holds an id: {line}"));
+            }
+        }
+    }
+    problems.sort();
+    problems.dedup();
+    assert!(problems.is_empty(), "{}\n\n{text}", problems.join("\n"));
+}
+
 #[test]
 fn the_query_reader_finds_names_selectors_and_groupings() {
     let q = r#"histogram_quantile(0.99, sum by (le, queue) (rate(sundial_fire_lateness_seconds_bucket{queue=~"$queue", target="ready"}[5m]))) > 30"#;
