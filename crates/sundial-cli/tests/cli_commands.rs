@@ -401,4 +401,28 @@ async fn namespace_flag_and_env_choose_where_commands_act() {
         "{}",
         stderr(&got)
     );
+
+    // Metrics name the namespace in a label of its own, and the queue as the namespace knows it.
+    let text = sundial_cli::http_client_builder()
+        .build()
+        .unwrap()
+        .get(format!("{}/metrics", server.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let created = |ns: &str| {
+        text.lines().any(|l| {
+            l.starts_with("sundial_task_created_total{")
+                && l.contains(&format!("namespace=\"{ns}\""))
+                && l.contains("queue=\"mail\"")
+        })
+    };
+    assert!(created("acme") && created("default"), "{text}");
+    assert!(
+        !text.contains('\u{1f}'),
+        "no stored name leaks into a label"
+    );
 }

@@ -826,7 +826,7 @@ async fn health_metrics_and_openapi(backend: Backend) {
         .await
         .unwrap();
     assert!(
-        text.contains(r#"sundial_tasks{queue="metered",state="scheduled"} 1"#),
+        text.contains(r#"sundial_tasks{namespace="default",queue="metered",state="scheduled"} 1"#),
         "{text}"
     );
     assert!(text.contains("sundial_task_created_total"), "{text}");

@@ -319,7 +319,8 @@ async fn dashboard_and_alerts_query_only_series_that_exist() {
 
 /// The label names a series may carry: each has a value from a fixed list or from names the
 /// operator chose (queues, shards, route templates), never an id, a kind or an attempt.
-const BOUNDED_LABELS: [&str; 12] = [
+const BOUNDED_LABELS: [&str; 13] = [
+    "namespace",
     "queue",
     "state",
     "shard",
@@ -481,7 +482,7 @@ async fn a_fresh_server_reports_every_counter_from_the_start() {
         "not in a fresh scrape: {missing:?}\n{text}"
     );
     assert!(
-        text.contains(r#"sundial_lease_expiries_total{queue="default"} 0"#),
+        text.contains(r#"sundial_lease_expiries_total{namespace="default",queue="default"} 0"#),
         "{text}"
     );
     for p in [
@@ -499,11 +500,11 @@ async fn a_fresh_server_reports_every_counter_from_the_start() {
     let created = server.client().create(&t).await.unwrap();
     let text = scrape(&server.url).await;
     assert!(
-        text.contains(r#"sundial_task_dead_total{queue="fresh-queue"} 0"#),
+        text.contains(r#"sundial_task_dead_total{namespace="default",queue="fresh-queue"} 0"#),
         "{text}"
     );
     assert!(
-        text.contains(r#"sundial_task_created_total{queue="fresh-queue"} 1"#),
+        text.contains(r#"sundial_task_created_total{namespace="default",queue="fresh-queue"} 1"#),
         "{text}"
     );
     // Requests are counted by route template, not by the path sent.
@@ -525,7 +526,7 @@ async fn a_fresh_server_reports_every_counter_from_the_start() {
         .unwrap();
     let text = scrape(&server.url).await;
     assert!(
-        text.contains(r#"sundial_task_cancelled_total{queue="fresh-queue"} 1"#),
+        text.contains(r#"sundial_task_cancelled_total{namespace="default",queue="fresh-queue"} 1"#),
         "{text}"
     );
     assert!(
@@ -576,11 +577,11 @@ async fn a_past_run_at_is_not_counted_as_lateness() {
         );
     }
     assert!(
-        text.contains(r#"sundial_task_failures_total{queue="past"} 1"#),
+        text.contains(r#"sundial_task_failures_total{namespace="default",queue="past"} 1"#),
         "{text}"
     );
     assert!(
-        text.contains(r#"sundial_task_retries_total{queue="past"} 1"#),
+        text.contains(r#"sundial_task_retries_total{namespace="default",queue="past"} 1"#),
         "{text}"
     );
     for label in ["attempt=", "kind=", "id="] {

@@ -389,7 +389,7 @@ impl Inner {
                 )
                 .increment(record.count);
                 if let Some(t) = task {
-                    metrics::counter!("sundial_task_created_total", "queue" => t.queue.clone())
+                    metrics::counter!("sundial_task_created_total", "namespace" => sundial_core::namespace::namespace_of(&t.queue).to_string(), "queue" => sundial_core::namespace::local(&t.queue).to_string())
                         .increment(1);
                     self.sundial.notify_task(t);
                     if record.reason == FireReason::Schedule {

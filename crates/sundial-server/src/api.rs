@@ -577,7 +577,7 @@ pub async fn complete_task(
 /// A remote attempt ended: record how long it ran (the engine records in-process runs itself).
 fn record_duration(task: &sundial::Task) {
     if let Some(started) = task.started_at {
-        metrics::histogram!("sundial_task_duration_seconds", "queue" => task.queue.clone())
+        metrics::histogram!("sundial_task_duration_seconds", "namespace" => sundial_core::namespace::namespace_of(&task.queue).to_string(), "queue" => sundial_core::namespace::local(&task.queue).to_string())
             .record(task.updated_at.since(started).as_secs_f64());
     }
 }

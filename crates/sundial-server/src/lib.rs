@@ -227,10 +227,10 @@ impl TaskGauges {
             .map(|c| (c.queue.clone(), c.state.as_str()))
             .collect();
         for (queue, state) in seen.difference(&now) {
-            metrics::gauge!("sundial_tasks", "queue" => queue.clone(), "state" => *state).set(0.0);
+            metrics::gauge!("sundial_tasks", "namespace" => sundial_core::namespace::namespace_of(queue).to_string(), "queue" => sundial_core::namespace::local(queue).to_string(), "state" => *state).set(0.0);
         }
         for c in &counts {
-            metrics::gauge!("sundial_tasks", "queue" => c.queue.clone(), "state" => c.state.as_str())
+            metrics::gauge!("sundial_tasks", "namespace" => sundial_core::namespace::namespace_of(&c.queue).to_string(), "queue" => sundial_core::namespace::local(&c.queue).to_string(), "state" => c.state.as_str())
                 .set(c.count as f64);
         }
         for (queue, _) in now.difference(&seen) {
@@ -250,14 +250,14 @@ impl TaskGauges {
             sundial::register_queue_metrics(queue);
         }
         for queue in seen.difference(&now) {
-            metrics::gauge!("sundial_queue_lateness_seconds", "queue" => queue.clone()).set(0.0);
-            metrics::gauge!("sundial_queue_paused", "queue" => queue.clone()).set(0.0);
+            metrics::gauge!("sundial_queue_lateness_seconds", "namespace" => sundial_core::namespace::namespace_of(queue).to_string(), "queue" => sundial_core::namespace::local(queue).to_string()).set(0.0);
+            metrics::gauge!("sundial_queue_paused", "namespace" => sundial_core::namespace::namespace_of(queue).to_string(), "queue" => sundial_core::namespace::local(queue).to_string()).set(0.0);
         }
         for q in queues {
             let lateness = q.lateness.map_or(0.0, |d| d.as_secs_f64());
-            metrics::gauge!("sundial_queue_lateness_seconds", "queue" => q.queue.clone())
+            metrics::gauge!("sundial_queue_lateness_seconds", "namespace" => sundial_core::namespace::namespace_of(&q.queue).to_string(), "queue" => sundial_core::namespace::local(&q.queue).to_string())
                 .set(lateness);
-            metrics::gauge!("sundial_queue_paused", "queue" => q.queue.clone()).set(if q.paused {
+            metrics::gauge!("sundial_queue_paused", "namespace" => sundial_core::namespace::namespace_of(&q.queue).to_string(), "queue" => sundial_core::namespace::local(&q.queue).to_string()).set(if q.paused {
                 1.0
             } else {
                 0.0
@@ -584,7 +584,7 @@ pub fn prometheus_builder() -> PrometheusBuilder {
 /// Names follow the Prometheus conventions: base units (`_seconds`), `_total` on counters, one
 /// subject prefix in the singular (`sundial_task_`, `sundial_schedule_`, `sundial_workflow_`,
 /// `sundial_queue_`, `sundial_shard_`, `sundial_http_`); `sundial_tasks` is the number of tasks.
-/// Labels are bounded: queue, state, shard, an outcome from a fixed list, a route template;
+/// Labels are bounded: namespace (non-default namespaces have their own series), queue, state, shard, an outcome from a fixed list, a route template;
 /// never a kind, an attempt or an id.
 pub fn describe_metrics() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};

@@ -423,7 +423,7 @@ impl Sundial {
         };
         match self.engine.store.insert_idempotent(create).await? {
             sundial_store::IdempotentOutcome::Created(t) => {
-                metrics::counter!("sundial_task_created_total", "queue" => t.queue.clone())
+                metrics::counter!("sundial_task_created_total", "namespace" => sundial_core::namespace::namespace_of(&t.queue).to_string(), "queue" => sundial_core::namespace::local(&t.queue).to_string())
                     .increment(1);
                 self.engine.notify_task(&t);
                 Ok(Created {
@@ -478,7 +478,7 @@ impl Sundial {
         for i in inserted {
             match i {
                 Inserted::Created(t) => {
-                    metrics::counter!("sundial_task_created_total", "queue" => t.queue.clone())
+                    metrics::counter!("sundial_task_created_total", "namespace" => sundial_core::namespace::namespace_of(&t.queue).to_string(), "queue" => sundial_core::namespace::local(&t.queue).to_string())
                         .increment(1);
                     self.engine.notify_task(&t);
                     out.push(Scheduled::Created(t));
@@ -507,7 +507,7 @@ impl Sundial {
     pub async fn cancel(&self, id: TaskId) -> Result<Task, Error> {
         let now = self.engine.clock.now();
         let t = self.engine.store.cancel(id, now).await?;
-        metrics::counter!("sundial_task_cancelled_total", "queue" => t.queue.clone()).increment(1);
+        metrics::counter!("sundial_task_cancelled_total", "namespace" => sundial_core::namespace::namespace_of(&t.queue).to_string(), "queue" => sundial_core::namespace::local(&t.queue).to_string()).increment(1);
         self.engine.release_exclusive(&t);
         Ok(t)
     }

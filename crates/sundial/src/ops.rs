@@ -331,7 +331,7 @@ impl Sundial {
                 for t in &changed {
                     match action {
                         BulkAction::Cancel => {
-                            metrics::counter!("sundial_task_cancelled_total", "queue" => t.queue.clone())
+                            metrics::counter!("sundial_task_cancelled_total", "namespace" => sundial_core::namespace::namespace_of(&t.queue).to_string(), "queue" => sundial_core::namespace::local(&t.queue).to_string())
                                 .increment(1);
                             self.engine.release_exclusive(t)
                         }

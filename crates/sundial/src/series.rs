@@ -17,7 +17,7 @@ pub fn register_queue_metrics(queue: &str) {
         "sundial_task_retries_total",
         "sundial_lease_expiries_total",
     ] {
-        metrics::counter!(name, "queue" => queue.to_string()).increment(0);
+        metrics::counter!(name, "namespace" => sundial_core::namespace::namespace_of(queue).to_string(), "queue" => sundial_core::namespace::local(queue).to_string()).increment(0);
     }
 }
 

@@ -83,17 +83,25 @@ fn parse_buckets(text: &str, metric: &str) -> BTreeMap<String, Buckets> {
         };
         let mut queue = String::new();
         let mut le = None;
+        let mut default_namespace = true;
         for kv in labels.split(',') {
             if let Some((k, v)) = kv.split_once('=') {
                 let v = v.trim_matches('"');
                 match k.trim() {
                     "queue" => queue = v.to_string(),
                     "le" => le = Some(v.to_string()),
+                    // The UI shows the default namespace's queues.
+                    "namespace" => {
+                        default_namespace = v == sundial_core::namespace::DEFAULT_NAMESPACE;
+                    }
                     _ => {}
                 }
             }
         }
         let Some(le) = le else { continue };
+        if !default_namespace {
+            continue;
+        }
         // Bounds in microseconds as keys (+Inf as the largest).
         let bound = if le == "+Inf" {
             u64::MAX

@@ -73,7 +73,7 @@ impl Engine {
                 q.ready.notify_one();
             }
             if !tasks.is_empty() {
-                metrics::histogram!("sundial_poll_wait_seconds", "queue" => queue.to_string())
+                metrics::histogram!("sundial_poll_wait_seconds", "namespace" => sundial_core::namespace::namespace_of(queue).to_string(), "queue" => sundial_core::namespace::local(queue).to_string())
                     .record(now.since(start).as_secs_f64());
                 return Ok(tasks);
             }
@@ -107,7 +107,7 @@ impl Engine {
                 self.lease_granted(until);
             }
             if let Some(s) = t.started_at {
-                metrics::histogram!("sundial_dispatch_wait_seconds", "queue" => t.queue.clone())
+                metrics::histogram!("sundial_dispatch_wait_seconds", "namespace" => sundial_core::namespace::namespace_of(&t.queue).to_string(), "queue" => sundial_core::namespace::local(&t.queue).to_string())
                     .record(s.since(t.became_due_at()).as_secs_f64());
             }
         }

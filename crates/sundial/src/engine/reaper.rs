@@ -68,7 +68,7 @@ impl Reaper {
         {
             Ok(expired) => {
                 for t in &expired {
-                    metrics::counter!("sundial_lease_expiries_total", "queue" => t.queue.clone())
+                    metrics::counter!("sundial_lease_expiries_total", "namespace" => sundial_core::namespace::namespace_of(&t.queue).to_string(), "queue" => sundial_core::namespace::local(&t.queue).to_string())
                         .increment(1);
                     tracing::info!(id = %t.id, state = %t.state, "lease expired");
                     engine.notify_task(t);

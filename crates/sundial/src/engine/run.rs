@@ -65,7 +65,7 @@ impl Engine {
                     _ = wait_true(&mut aborting) => true,
                 };
             let started = engine.clock.now();
-            metrics::histogram!("sundial_fire_lateness_seconds", "queue" => task.queue.clone(), "target" => "handler")
+            metrics::histogram!("sundial_fire_lateness_seconds", "namespace" => sundial_core::namespace::namespace_of(&task.queue).to_string(), "queue" => sundial_core::namespace::local(&task.queue).to_string(), "target" => "handler")
                 .record(started.since(task.became_due_at()).as_secs_f64());
             let deadline = started.saturating_add(task.timeout());
             let answer = AttemptAnswer::kept_by_engine();
@@ -92,7 +92,7 @@ impl Engine {
                 }
             };
             let finished = engine.clock.now();
-            metrics::histogram!("sundial_task_duration_seconds", "queue" => task.queue.clone())
+            metrics::histogram!("sundial_task_duration_seconds", "namespace" => sundial_core::namespace::namespace_of(&task.queue).to_string(), "queue" => sundial_core::namespace::local(&task.queue).to_string())
                 .record(finished.since(started).as_secs_f64());
             let interrupted = *engine.aborting.borrow();
             // The concurrency limit bounds handler runs, not the bookkeeping after them: hand the
@@ -162,7 +162,7 @@ impl Engine {
         let result = result.map(|v| v.to_string());
         let now = self.clock.now();
         let t = self.store.complete(id, execution, now, result).await?;
-        metrics::counter!("sundial_task_succeeded_total", "queue" => t.queue.clone()).increment(1);
+        metrics::counter!("sundial_task_succeeded_total", "namespace" => sundial_core::namespace::namespace_of(&t.queue).to_string(), "queue" => sundial_core::namespace::local(&t.queue).to_string()).increment(1);
         self.release_exclusive(&t);
         Ok(t)
     }
@@ -193,13 +193,13 @@ impl Engine {
         let t = self.store.fail(id, execution, now, error, retry).await?;
         match t.state {
             TaskState::Dead => {
-                metrics::counter!("sundial_task_dead_total", "queue" => t.queue.clone())
+                metrics::counter!("sundial_task_dead_total", "namespace" => sundial_core::namespace::namespace_of(&t.queue).to_string(), "queue" => sundial_core::namespace::local(&t.queue).to_string())
                     .increment(1)
             }
-            _ => metrics::counter!("sundial_task_retries_total", "queue" => t.queue.clone())
+            _ => metrics::counter!("sundial_task_retries_total", "namespace" => sundial_core::namespace::namespace_of(&t.queue).to_string(), "queue" => sundial_core::namespace::local(&t.queue).to_string())
                 .increment(1),
         }
-        metrics::counter!("sundial_task_failures_total", "queue" => t.queue.clone()).increment(1);
+        metrics::counter!("sundial_task_failures_total", "namespace" => sundial_core::namespace::namespace_of(&t.queue).to_string(), "queue" => sundial_core::namespace::local(&t.queue).to_string()).increment(1);
         self.notify_task(&t);
         self.release_exclusive(&t);
         Ok(t)

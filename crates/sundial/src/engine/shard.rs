@@ -460,7 +460,7 @@ impl ShardLoop {
                     // Ready for workers: the fire is one point of the trace; the poll that takes
                     // the task delivers it (`sundial.task.deliver`).
                     drop(trace::task_span(Step::Fire, &task).entered());
-                    metrics::histogram!("sundial_fire_lateness_seconds", "queue" => task.queue.clone(), "target" => "ready")
+                    metrics::histogram!("sundial_fire_lateness_seconds", "namespace" => sundial_core::namespace::namespace_of(&task.queue).to_string(), "queue" => sundial_core::namespace::local(&task.queue).to_string(), "target" => "ready")
                         .record(now.since(task.became_due_at()).as_secs_f64());
                     readied_queues.insert(b.meta.queue.clone());
                 }
