@@ -86,8 +86,8 @@ pub use sundial_core::schedule::{
     ScheduleId, ScheduleSpec, SkippedTime, SpecError, TaskTemplate,
 };
 pub use sundial_store::{
-    FireCounts, FireOutcome, FirePage, FireReason, FireRecord, Schedule, SchedulePage, TICK_KIND,
-    TICK_QUEUE,
+    FireCounts, FireOutcome, FirePage, FireReason, FireRecord, Schedule, ScheduleFilter,
+    SchedulePage, TICK_KIND, TICK_QUEUE,
 };
 
 /// Most fire times one preview returns.
@@ -295,19 +295,18 @@ impl Schedules {
             .await?)
     }
 
-    /// Schedules whose id contains `fragment` (and paused or not, when `paused` is given), in
-    /// id order after `after`, at most `limit` (1 to 1,000): one store query.
+    /// The schedules `filter` keeps (of one namespace, whose id contains a fragment, paused or
+    /// not), in id order after `after`, at most `limit` (1 to 1,000): one store query.
     pub async fn search(
         &self,
-        fragment: &str,
-        paused: Option<bool>,
+        filter: &ScheduleFilter,
         after: Option<&ScheduleId>,
         limit: usize,
     ) -> Result<SchedulePage, Error> {
         Ok(self
             .inner
             .store
-            .search_schedules(fragment, paused, after, limit.clamp(1, 1_000))
+            .search_schedules(filter, after, limit.clamp(1, 1_000))
             .await?)
     }
 

@@ -95,6 +95,13 @@ impl Ns {
         namespace::qualify(&self.0, name)
     }
 
+    /// The stored form of a name a client of this namespace gave, refusing (`None`) one that
+    /// holds the separator: in the default namespace, whose names are stored unchanged, such a
+    /// name would be another namespace's stored name.
+    pub fn qualify_given(&self, name: &str) -> Option<String> {
+        (!name.contains(namespace::SEPARATOR)).then(|| self.qualify(name))
+    }
+
     /// Whether a stored name is this namespace's.
     pub fn owns(&self, stored: &str) -> bool {
         namespace::belongs(&self.0, stored)
@@ -185,5 +192,8 @@ mod tests {
         assert_eq!(acme.local(&stored), Some("emails"));
         assert_eq!(Ns::default().local(&stored), None);
         assert_eq!(acme.local("emails"), None);
+        assert_eq!(acme.qualify_given("emails"), Some(stored.clone()));
+        assert_eq!(Ns::default().qualify_given(&stored), None);
+        assert_eq!(acme.qualify_given(&stored), None);
     }
 }

@@ -31,8 +31,8 @@ use serde::{Deserialize, Serialize};
 use sundial::{Task, TaskSpec, Timestamp};
 use sundial_schedules::{
     Backfill, CreateSchedule, DstPolicy, Error, FireRecord, OverlapPolicy, Recurrence,
-    RepeatedTime, Schedule, ScheduleDef, ScheduleId, ScheduleSpec, Schedules, SkippedTime,
-    TaskTemplate,
+    RepeatedTime, Schedule, ScheduleDef, ScheduleFilter, ScheduleId, ScheduleSpec, Schedules,
+    SkippedTime, TaskTemplate,
 };
 
 use utoipa::{IntoParams, ToSchema};
@@ -41,6 +41,7 @@ use utoipa_axum::routes;
 
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{ApiJson, ApiQuery, parse_json};
+use crate::namespace::Ns;
 use crate::wire::CreateTask;
 use crate::{duration, time};
 
@@ -330,8 +331,12 @@ fn parse_duration(field: &str, s: &str) -> Result<Duration, ApiError> {
     duration::parse(s).map_err(|e| ApiError::invalid(field, e.to_string()))
 }
 
-fn schedule_id(s: &str) -> Result<ScheduleId, ApiError> {
-    ScheduleId::new(s).map_err(|e| ApiError::invalid("id", e.reason().to_string()))
+/// The stored id of schedule `s` of namespace `ns` (see [`crate::namespace`]).
+fn schedule_id(ns: &Ns, s: &str) -> Result<ScheduleId, ApiError> {
+    let stored = ns
+        .qualify_given(s)
+        .ok_or_else(|| ApiError::invalid("id", "control characters are not allowed".to_string()))?;
+    ScheduleId::new(stored).map_err(|e| ApiError::invalid("id", e.reason().to_string()))
 }
 
 fn dst(w: Option<DstWire>, base: DstPolicy) -> Result<DstPolicy, ApiError> {
@@ -383,7 +388,8 @@ fn recurrence(
     }
 }
 
-fn template(task: CreateTask) -> Result<TaskTemplate, ApiError> {
+/// The template of a request's `task` in namespace `ns` (queue and exclusive key qualified).
+fn template(ns: &Ns, task: CreateTask) -> Result<TaskTemplate, ApiError> {
     for (field, set) in [
         ("task.key", task.key.is_some()),
         ("task.run_at", task.run_at.is_some()),
@@ -400,7 +406,7 @@ fn template(task: CreateTask) -> Result<TaskTemplate, ApiError> {
         e.detail.field = e.detail.field.take().map(|f| format!("task.{f}"));
         e
     })?;
-    Ok(TaskTemplate {
+    let template = TaskTemplate {
         queue: spec.queue,
         kind: spec.kind,
         payload: spec.payload,
@@ -409,12 +415,13 @@ fn template(task: CreateTask) -> Result<TaskTemplate, ApiError> {
         timeout_ms: u64::try_from(spec.timeout.as_millis()).unwrap_or(u64::MAX),
         exclusive: spec.exclusive,
         target: spec.target,
-    })
+    };
+    Ok(template.in_namespace(ns.name()))
 }
 
 /// Applies the fields a request sets onto `def` (a fresh definition for `POST`, the stored one for
-/// `PATCH`).
-pub(crate) fn apply(def: &mut ScheduleDef, r: ScheduleRequest) -> Result<(), ApiError> {
+/// `PATCH`) of a schedule of namespace `ns`.
+pub(crate) fn apply(ns: &Ns, def: &mut ScheduleDef, r: ScheduleRequest) -> Result<(), ApiError> {
     if let Some(rec) = recurrence(r.cron, r.every, r.anchor)? {
         def.spec.recurrence = rec;
     }
@@ -440,7 +447,7 @@ pub(crate) fn apply(def: &mut ScheduleDef, r: ScheduleRequest) -> Result<(), Api
         def.end_at = Some(parse_time("end_at", &e)?);
     }
     if let Some(t) = r.task {
-        def.task = template(t)?;
+        def.task = template(ns, t)?;
     }
     Ok(())
 }
@@ -461,6 +468,8 @@ fn fire_view(f: &FireRecord) -> FireView {
     }
 }
 
+/// A schedule as its namespace sees it (id and queue without the namespace part; the handlers
+/// only ever load their own namespace's schedules).
 fn view(schedules: &Schedules, s: &Schedule, last: Option<Vec<FireView>>) -> ScheduleView {
     let d = &s.def;
     let (cron, every, anchor) = match &d.spec.recurrence {
@@ -472,7 +481,7 @@ fn view(schedules: &Schedules, s: &Schedule, last: Option<Vec<FireView>>) -> Sch
         ),
     };
     ScheduleView {
-        id: s.id.to_string(),
+        id: sundial_core::namespace::local(s.id.as_str()).to_string(),
         cron,
         every,
         anchor,
@@ -489,7 +498,7 @@ fn view(schedules: &Schedules, s: &Schedule, last: Option<Vec<FireView>>) -> Sch
         paused: s.paused,
         note: s.note.clone(),
         task: TaskTemplateView {
-            queue: d.task.queue.clone(),
+            queue: sundial_core::namespace::local(&d.task.queue).to_string(),
             kind: d.task.kind.clone(),
             payload: d.task.payload.clone(),
             max_attempts: d.task.max_attempts,
@@ -551,6 +560,7 @@ fn note(body: &[u8]) -> Result<Option<String>, ApiError> {
 )]
 pub async fn create(
     State(schedules): State<Schedules>,
+    ns: Ns,
     ApiJson(r): ApiJson<ScheduleRequest>,
 ) -> Result<Response, ApiError> {
     if r.cron.is_none() && r.every.is_none() {
@@ -562,11 +572,16 @@ pub async fn create(
             "the task each fire creates is required",
         ));
     };
-    let id = r.id.as_deref().map(schedule_id).transpose()?;
+    let id = match r.id.as_deref() {
+        Some(id) => Some(schedule_id(&ns, id)?),
+        // A fresh id of this namespace (the default namespace's are made by `create`).
+        None if !ns.is_default() => Some(schedule_id(&ns, &uuid::Uuid::now_v7().to_string())?),
+        None => None,
+    };
     let paused = r.paused.unwrap_or(false);
     let note = r.note.clone();
-    let mut def = ScheduleDef::new(ScheduleSpec::cron("* * * * *"), template(task)?);
-    apply(&mut def, r)?;
+    let mut def = ScheduleDef::new(ScheduleSpec::cron("* * * * *"), template(&ns, task)?);
+    apply(&ns, &mut def, r)?;
     let s = schedules
         .create(CreateSchedule {
             id,
@@ -590,6 +605,7 @@ pub async fn create(
 )]
 pub async fn list(
     State(schedules): State<Schedules>,
+    ns: Ns,
     ApiQuery(q): ApiQuery<PageQuery>,
 ) -> Result<Json<ScheduleList>, ApiError> {
     let limit = q.limit.unwrap_or(50);
@@ -599,9 +615,17 @@ pub async fn list(
             "limit must be between 1 and 1000",
         ));
     }
-    let after = q.cursor.as_deref().map(schedule_id).transpose()?;
+    let after = q
+        .cursor
+        .as_deref()
+        .map(|c| schedule_id(&ns, c))
+        .transpose()?;
+    let filter = ScheduleFilter {
+        namespace: Some(ns.name().to_string()),
+        ..ScheduleFilter::default()
+    };
     let page = schedules
-        .list(after.as_ref(), limit)
+        .search(&filter, after.as_ref(), limit)
         .await
         .map_err(api_error)?;
     Ok(Json(ScheduleList {
@@ -610,12 +634,19 @@ pub async fn list(
             .iter()
             .map(|s| view(&schedules, s, None))
             .collect(),
-        next_cursor: page.next_cursor.map(|c| c.to_string()),
+        next_cursor: page
+            .next_cursor
+            .map(|c| sundial_core::namespace::local(c.as_str()).to_string()),
     }))
 }
 
-async fn load(schedules: &Schedules, id: &str) -> Result<Schedule, ApiError> {
-    let id = ScheduleId::new(id).map_err(|_| ApiError::not_found("no such schedule"))?;
+/// Schedule `id` of namespace `ns`: `404` when there is none (another namespace's schedule of
+/// the same id is another schedule, and one named with a namespace part is never found).
+async fn load(schedules: &Schedules, ns: &Ns, id: &str) -> Result<Schedule, ApiError> {
+    let id = ns
+        .qualify_given(id)
+        .and_then(|stored| ScheduleId::new(stored).ok())
+        .ok_or_else(|| ApiError::not_found("no such schedule"))?;
     schedules
         .get(&id)
         .await
@@ -634,9 +665,10 @@ async fn load(schedules: &Schedules, id: &str) -> Result<Schedule, ApiError> {
 )]
 pub async fn get_one(
     State(schedules): State<Schedules>,
+    ns: Ns,
     Path(id): Path<String>,
 ) -> Result<Json<ScheduleView>, ApiError> {
-    let s = load(&schedules, &id).await?;
+    let s = load(&schedules, &ns, &id).await?;
     Ok(Json(full_view(&schedules, &s).await?))
 }
 
@@ -653,6 +685,7 @@ pub async fn get_one(
 )]
 pub async fn patch(
     State(schedules): State<Schedules>,
+    ns: Ns,
     Path(id): Path<String>,
     ApiJson(r): ApiJson<ScheduleRequest>,
 ) -> Result<Json<ScheduleView>, ApiError> {
@@ -665,9 +698,9 @@ pub async fn patch(
             "use POST /v1/schedules/{id}/pause or /unpause",
         ));
     }
-    let current = load(&schedules, &id).await?;
+    let current = load(&schedules, &ns, &id).await?;
     let mut def = current.def.clone();
-    apply(&mut def, r)?;
+    apply(&ns, &mut def, r)?;
     let s = schedules
         .update(&current.id, def)
         .await
@@ -686,9 +719,10 @@ pub async fn patch(
 )]
 pub async fn delete(
     State(schedules): State<Schedules>,
+    ns: Ns,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let s = load(&schedules, &id).await?;
+    let s = load(&schedules, &ns, &id).await?;
     schedules.delete(&s.id).await.map_err(api_error)?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -705,11 +739,12 @@ pub async fn delete(
 )]
 pub async fn pause(
     State(schedules): State<Schedules>,
+    ns: Ns,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Json<ScheduleView>, ApiError> {
     let note = note(&body)?;
-    let s = load(&schedules, &id).await?;
+    let s = load(&schedules, &ns, &id).await?;
     let s = schedules.pause(&s.id, note).await.map_err(api_error)?;
     Ok(Json(full_view(&schedules, &s).await?))
 }
@@ -726,11 +761,12 @@ pub async fn pause(
 )]
 pub async fn unpause(
     State(schedules): State<Schedules>,
+    ns: Ns,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Json<ScheduleView>, ApiError> {
     let note = note(&body)?;
-    let s = load(&schedules, &id).await?;
+    let s = load(&schedules, &ns, &id).await?;
     let s = schedules.unpause(&s.id, note).await.map_err(api_error)?;
     Ok(Json(full_view(&schedules, &s).await?))
 }
@@ -746,9 +782,10 @@ pub async fn unpause(
 )]
 pub async fn trigger(
     State(schedules): State<Schedules>,
+    ns: Ns,
     Path(id): Path<String>,
 ) -> Result<Json<FireView>, ApiError> {
-    let s = load(&schedules, &id).await?;
+    let s = load(&schedules, &ns, &id).await?;
     let f = schedules.trigger(&s.id).await.map_err(api_error)?;
     Ok(Json(fire_view(&f)))
 }
@@ -766,6 +803,7 @@ pub async fn trigger(
 )]
 pub async fn backfill(
     State(schedules): State<Schedules>,
+    ns: Ns,
     Path(id): Path<String>,
     ApiJson(r): ApiJson<BackfillRequest>,
 ) -> Result<Json<BackfillResponse>, ApiError> {
@@ -778,7 +816,7 @@ pub async fn backfill(
                 .map_err(|e| ApiError::invalid("overlap", e.reason().to_string()))
         })
         .transpose()?;
-    let s = load(&schedules, &id).await?;
+    let s = load(&schedules, &ns, &id).await?;
     let Backfill {
         recorded,
         already_recorded,
@@ -804,6 +842,7 @@ pub async fn backfill(
 )]
 pub async fn fires(
     State(schedules): State<Schedules>,
+    ns: Ns,
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<FiresQuery>,
 ) -> Result<Json<FireList>, ApiError> {
@@ -819,7 +858,7 @@ pub async fn fires(
         .as_deref()
         .map(|b| parse_time("before", b))
         .transpose()?;
-    let s = load(&schedules, &id).await?;
+    let s = load(&schedules, &ns, &id).await?;
     let page = schedules
         .fires(&s.id, before, limit)
         .await

@@ -22,8 +22,8 @@ use sundial_core::schedule::{ScheduleDef, ScheduleId};
 use sundial_core::{NewTask, Task, TaskId, Timestamp};
 use sundial_store::{
     ArmChange, FireApplied, FireCounts, FireOp, FireOutcome, FirePage, FireReason, FireRecord,
-    FireResult, Inserted, LastTask, NewSchedule, Schedule, ScheduleError, SchedulePage,
-    ScheduleStore, StoreError,
+    FireResult, Inserted, LastTask, NewSchedule, Schedule, ScheduleError, ScheduleFilter,
+    SchedulePage, ScheduleStore, StoreError,
 };
 use tokio_postgres::Row;
 use uuid::Uuid;
@@ -457,12 +457,12 @@ impl ScheduleStore for PostgresStore {
 
     async fn search_schedules(
         &self,
-        fragment: &str,
-        paused: Option<bool>,
+        filter: &ScheduleFilter,
         after: Option<&ScheduleId>,
         limit: usize,
     ) -> Result<SchedulePage, StoreError> {
-        let after = after.map_or("", |a| a.as_str());
+        let (after, end) = filter.id_range(after);
+        let from = i32::try_from(filter.searched_from() + 1).unwrap_or(i32::MAX);
         let client = self.client().await?;
         let rows = query(
             &client,
@@ -470,8 +470,11 @@ impl ScheduleStore for PostgresStore {
             &[
                 &after,
                 &limit_param(limit.saturating_add(1)),
-                &fragment,
-                &paused,
+                &filter.id_contains,
+                &filter.paused,
+                &from,
+                &end,
+                &filter.default_only(),
             ],
         )
         .await?;

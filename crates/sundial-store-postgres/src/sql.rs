@@ -105,7 +105,9 @@ pub(crate) struct ScheduleSql {
     pub lock: String,
     pub create: String,
     pub list: String,
-    /// Schedules whose id contains `$3` (and paused as `$4`, when not NULL) after `$1`.
+    /// Schedules whose id from character `$5` on contains `$3` (and paused as `$4`, when not
+    /// NULL) after `$1` and, when `$6` is not NULL, before it; with `$7`, only ids without the
+    /// namespace separator (the default namespace's).
     pub search: String,
     pub set_arm: String,
     pub update_def: String,
@@ -357,11 +359,15 @@ impl ScheduleSql {
                  VALUES ($1, $2, $3, $4, $5, $5) ON CONFLICT (id) DO NOTHING RETURNING {sc}"
             ),
             list: format!("SELECT {sc} FROM {schedules} WHERE id > $1 ORDER BY id LIMIT $2"),
-            // `strpos` compares bytes (case-sensitive), as `str::contains` does; the walk of
-            // the primary key stops at the limit's matches.
+            // `strpos` compares bytes (case-sensitive), as `str::contains` does, in the id as
+            // its namespace knows it (`substr` from $5); the walk of the primary key (ids
+            // `COLLATE "C"`: byte order), within the namespace's range of ids ($1, $6), stops at
+            // the limit's matches. The default namespace's ids have no chr(31).
             search: format!(
-                "SELECT {sc} FROM {schedules} WHERE id > $1 AND strpos(id, $3) > 0 \
-                 AND ($4::boolean IS NULL OR paused = $4) ORDER BY id LIMIT $2"
+                "SELECT {sc} FROM {schedules} WHERE id > $1 \
+                 AND ($6::text IS NULL OR id < $6) AND strpos(substr(id, $5), $3) > 0 \
+                 AND ($4::boolean IS NULL OR paused = $4) \
+                 AND (NOT $7::boolean OR strpos(id, chr(31)) = 0) ORDER BY id LIMIT $2"
             ),
             set_arm: format!(
                 "UPDATE {schedules} SET next_fire_at = $2, armed_tick = $3 WHERE id = $1 \

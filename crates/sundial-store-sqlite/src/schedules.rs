@@ -13,8 +13,8 @@ use sundial_core::schedule::{ScheduleDef, ScheduleId};
 use sundial_core::{Task, TaskId, Timestamp};
 use sundial_store::{
     ArmChange, FireApplied, FireCounts, FireOp, FireOutcome, FirePage, FireReason, FireRecord,
-    FireResult, Inserted, LastTask, NewSchedule, Schedule, ScheduleError, SchedulePage,
-    ScheduleStore, StoreError,
+    FireResult, Inserted, LastTask, NewSchedule, Schedule, ScheduleError, ScheduleFilter,
+    SchedulePage, ScheduleStore, StoreError,
 };
 
 use crate::{SqliteStore, backend, insert_many, rows};
@@ -427,19 +427,25 @@ impl ScheduleStore for SqliteStore {
 
     async fn search_schedules(
         &self,
-        fragment: &str,
-        paused: Option<bool>,
+        filter: &ScheduleFilter,
         after: Option<&ScheduleId>,
         limit: usize,
     ) -> Result<SchedulePage, StoreError> {
-        let after = after.map(|a| a.as_str().to_string()).unwrap_or_default();
-        let fragment = fragment.to_string();
+        let (after, end) = filter.id_range(after);
+        let fragment = filter.id_contains.clone();
+        let paused = filter.paused;
+        let from = filter.searched_from() as i64 + 1;
+        let default_only = filter.default_only();
         self.read(move |conn| {
-            // `instr` compares bytes (case-sensitive), as `str::contains` does; the walk of the
-            // primary key stops at `limit + 1` matches.
+            // `instr` compares bytes (case-sensitive), as `str::contains` does, in the id as its
+            // namespace knows it (`substr` from ?5); the walk of the primary key, within the
+            // namespace's range of ids (?1, ?6), stops at `limit + 1` matches. The default
+            // namespace's ids are those without the separator (char 31).
             let sql = format!(
-                "SELECT {SCHEDULE_COLUMNS} FROM schedules WHERE id > ?1 AND instr(id, ?3) > 0 \
-                 AND (?4 IS NULL OR paused = ?4) ORDER BY id LIMIT ?2"
+                "SELECT {SCHEDULE_COLUMNS} FROM schedules WHERE id > ?1 \
+                 AND (?6 IS NULL OR id < ?6) AND instr(substr(id, ?5), ?3) > 0 \
+                 AND (?4 IS NULL OR paused = ?4) \
+                 AND (NOT ?7 OR instr(id, char(31)) = 0) ORDER BY id LIMIT ?2"
             );
             let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
             let mut rows = stmt
@@ -447,7 +453,10 @@ impl ScheduleStore for SqliteStore {
                     after,
                     limit.saturating_add(1) as i64,
                     fragment,
-                    paused
+                    paused,
+                    from,
+                    end,
+                    default_only
                 ])
                 .map_err(backend)?;
             let mut schedules = Vec::new();

@@ -56,8 +56,8 @@ pub use ops::{
 pub use push::{PushSecret, PushSecretStore};
 pub use schedules::{
     Arm, ArmChange, FireApplied, FireCounts, FireOp, FireOutcome, FirePage, FireReason, FireRecord,
-    FireResult, LastTask, NewFire, NewSchedule, Schedule, ScheduleError, SchedulePage,
-    ScheduleStore, TICK_KIND, TICK_QUEUE,
+    FireResult, LastTask, NewFire, NewSchedule, Schedule, ScheduleError, ScheduleFilter,
+    SchedulePage, ScheduleStore, TICK_KIND, TICK_QUEUE,
 };
 pub use types::{
     ClaimOutcome, ClaimTarget, DeadGroup, DueClaim, DueEntry, DueKey, ERROR_GROUP_CHARS,

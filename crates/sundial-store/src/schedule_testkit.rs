@@ -24,7 +24,7 @@ use uuid::Uuid;
 
 use crate::{
     Arm, ArmChange, ClaimTarget, DueClaim, FireOp, FireOutcome, FireReason, FireResult, NewFire,
-    NewSchedule, ScheduleError, ScheduleStore, Store, TICK_KIND, TICK_QUEUE,
+    NewSchedule, ScheduleError, ScheduleFilter, ScheduleStore, Store, TICK_KIND, TICK_QUEUE,
 };
 
 /// Expands to one `#[tokio::test(flavor = "multi_thread", worker_threads = 2)]` per schedule
@@ -49,6 +49,7 @@ macro_rules! schedule_store_conformance {
         $crate::schedule_store_conformance!(@checks ($factory)
             schedule_create_get_list_round_trip
             schedule_search_finds_id_fragments_in_id_order
+            schedule_search_selects_one_namespace
             schedule_fire_records_task_and_arms_next
             schedule_repeated_fire_is_a_no_op
             schedule_failed_fire_stores_nothing
@@ -175,6 +176,15 @@ async fn state(tasks: &dyn Store, id: TaskId) -> TaskState {
         .state
 }
 
+/// A filter of the id fragment and the pause state only (every namespace).
+fn text(fragment: &str, paused: Option<bool>) -> ScheduleFilter {
+    ScheduleFilter {
+        id_contains: fragment.to_string(),
+        paused,
+        namespace: None,
+    }
+}
+
 /// `search_schedules` keeps the schedules whose id contains the fragment (case-sensitive, any
 /// position) and, when asked, those paused or not, in id order after
 /// the cursor, a page at a time.
@@ -211,7 +221,7 @@ pub async fn schedule_search_finds_id_fragments_in_id_order(
             .collect()
     };
     let all = s
-        .search_schedules("nightly", None, None, 100)
+        .search_schedules(&text("nightly", None), None, 100)
         .await
         .expect("search");
     assert_eq!(
@@ -220,44 +230,158 @@ pub async fn schedule_search_finds_id_fragments_in_id_order(
     );
     assert_eq!(all.next_cursor, None);
     let first = s
-        .search_schedules("nightly", None, None, 2)
+        .search_schedules(&text("nightly", None), None, 2)
         .await
         .expect("search");
     assert_eq!(names(&first), ["b-nightly", "nightly-a"]);
     let cursor = first.next_cursor.clone().expect("more");
     let rest = s
-        .search_schedules("nightly", None, Some(&cursor), 2)
+        .search_schedules(&text("nightly", None), Some(&cursor), 2)
         .await
         .expect("search");
     assert_eq!(names(&rest), ["nightly_z", "u.nightly"]);
     assert_eq!(rest.next_cursor, None);
     // Paused: ids 1, 3, 5 of the list above.
     let paused = s
-        .search_schedules("", Some(true), None, 100)
+        .search_schedules(&text("", Some(true)), None, 100)
         .await
         .expect("search");
     assert_eq!(names(&paused), ["b-nightly", "hourly", "u.nightly"]);
     let running = s
-        .search_schedules("nightly", Some(false), None, 100)
+        .search_schedules(&text("nightly", Some(false)), None, 100)
         .await
         .expect("search");
     assert_eq!(names(&running), ["nightly-a", "nightly_z"]);
     let dot = s
-        .search_schedules(".", None, None, 100)
+        .search_schedules(&text(".", None), None, 100)
         .await
         .expect("search");
     assert_eq!(names(&dot), ["u.nightly"]);
     // Wildcards of LIKE are plain characters here.
     let none = s
-        .search_schedules("%", None, None, 100)
+        .search_schedules(&text("%", None), None, 100)
         .await
         .expect("search");
     assert!(none.schedules.is_empty());
     let underscore = s
-        .search_schedules("_", None, None, 100)
+        .search_schedules(&text("_", None), None, 100)
         .await
         .expect("search");
     assert_eq!(names(&underscore), ["nightly_z"]);
+}
+
+/// `namespace` selects exactly one namespace's schedules by their stored ids (see
+/// `sundial_core::namespace`): the default namespace's are those without the separator, and a
+/// namespace whose name is another's prefix, or holds `_` (a LIKE wildcard), selects only its
+/// own. The same id in two namespaces is two schedules. The fragment is looked for in the id as
+/// its namespace knows it (a namespace's name is no match), and pages keep to the namespace.
+pub async fn schedule_search_selects_one_namespace(
+    _tasks: Arc<dyn Store>,
+    schedules: Arc<dyn ScheduleStore>,
+) {
+    use sundial_core::namespace::{local, qualify};
+    let s = schedules.as_ref();
+    let mut by_ns: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
+    for (i, (ns, id)) in [
+        ("default", "acme"),
+        ("default", "nightly"),
+        ("default", "zz"),
+        ("acme", "nightly"),
+        ("acme", "hourly"),
+        ("acme", "a-nightly"),
+        ("acm", "nightly"),
+        ("a_me", "nightly"),
+        ("abme", "nightly"),
+        ("acmea", "nightly"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        s.create_schedule(NewSchedule {
+            id: sid(&qualify(ns, id)),
+            def: def(),
+            paused: i % 2 == 1,
+            note: None,
+            arm: None,
+            now: at(0),
+        })
+        .await
+        .expect("the same id in another namespace is another schedule");
+        by_ns.entry(ns).or_default().push(id.to_string());
+    }
+    let in_ns = |ns: &str, fragment: &str, paused: Option<bool>| ScheduleFilter {
+        id_contains: fragment.to_string(),
+        paused,
+        namespace: Some(ns.to_string()),
+    };
+    let locals = |p: &crate::SchedulePage, ns: &str| -> Vec<String> {
+        p.schedules
+            .iter()
+            .map(|s| {
+                assert!(
+                    sundial_core::namespace::belongs(ns, s.id.as_str()),
+                    "{ns}: {}",
+                    s.id
+                );
+                local(s.id.as_str()).to_string()
+            })
+            .collect()
+    };
+    for (ns, mut want) in by_ns {
+        want.sort();
+        let f = in_ns(ns, "", None);
+        let all = s.search_schedules(&f, None, 100).await.expect("search");
+        assert_eq!(locals(&all, ns), want, "namespace {ns}");
+        assert!(all.schedules.iter().all(|x| f.matches(x)));
+        // A page at a time, the cursor a stored id of the namespace.
+        let mut seen = Vec::new();
+        let mut after = None;
+        loop {
+            let page = s
+                .search_schedules(&f, after.as_ref(), 1)
+                .await
+                .expect("page");
+            seen.extend(locals(&page, ns));
+            match page.next_cursor {
+                Some(c) => after = Some(c),
+                None => break,
+            }
+        }
+        assert_eq!(seen, want, "pages of {ns}");
+    }
+    // The fragment is looked for in the id as the namespace knows it.
+    let acme = s
+        .search_schedules(&in_ns("acme", "acme", None), None, 100)
+        .await
+        .expect("search");
+    assert!(acme.schedules.is_empty(), "{:?}", acme.schedules);
+    let nightly = s
+        .search_schedules(&in_ns("acme", "nightly", None), None, 100)
+        .await
+        .expect("search");
+    assert_eq!(locals(&nightly, "acme"), ["a-nightly", "nightly"]);
+    // Paused: acme's entries 3 and 5 above (nightly and a-nightly).
+    let paused = s
+        .search_schedules(&in_ns("acme", "", Some(true)), None, 100)
+        .await
+        .expect("search");
+    assert_eq!(locals(&paused, "acme"), ["a-nightly", "nightly"]);
+    let default = s
+        .search_schedules(&in_ns("default", "acme", None), None, 100)
+        .await
+        .expect("search");
+    assert_eq!(locals(&default, "default"), ["acme"]);
+    let none = s
+        .search_schedules(&in_ns("nowhere", "", None), None, 100)
+        .await
+        .expect("search");
+    assert!(none.schedules.is_empty());
+    // A cursor past the namespace's ids ends its list.
+    let past = s
+        .search_schedules(&in_ns("acme", "", None), Some(&sid("zzz")), 100)
+        .await
+        .expect("search");
+    assert!(past.schedules.is_empty());
 }
 
 /// Create, get and list: every field round-trips; ids are unique; pages have no gaps.

@@ -270,6 +270,75 @@ pub struct FireApplied {
     pub tick: Option<Box<Task>>,
 }
 
+/// Which schedules [`ScheduleStore::search_schedules`] returns: every field given must hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ScheduleFilter {
+    /// Only schedules whose id contains this, byte for byte (empty: every id). With a
+    /// `namespace`, the id as that namespace knows it (without its namespace part).
+    pub id_contains: String,
+    /// Only schedules paused (`true`) or not (`false`).
+    pub paused: Option<bool>,
+    /// Only schedules of this namespace, by their stored id (see `sundial_core::namespace`): the
+    /// default namespace's are the ids without the separator.
+    pub namespace: Option<String>,
+}
+
+impl ScheduleFilter {
+    /// Whether `s` is one the filter keeps (the reference the backends' queries follow).
+    pub fn matches(&self, s: &Schedule) -> bool {
+        let id = s.id.as_str();
+        let in_ns = self
+            .namespace
+            .as_ref()
+            .is_none_or(|ns| sundial_core::namespace::belongs(ns, id));
+        let searched = match &self.namespace {
+            Some(_) => sundial_core::namespace::local(id),
+            None => id,
+        };
+        in_ns
+            && searched.contains(self.id_contains.as_str())
+            && self.paused.is_none_or(|p| s.paused == p)
+    }
+
+    /// The range of stored ids the namespace's schedules lie in, for a backend's query: ids
+    /// greater than the first and, when given, less than the second. A namespace other than the
+    /// default one is one contiguous run of ids (all start with its stored prefix; ids compare
+    /// byte by byte), so a walk in id order can start and stop at it; the default namespace's
+    /// ids are spread out (the backend filters them by the absent separator).
+    pub fn id_range(&self, after: Option<&ScheduleId>) -> (String, Option<String>) {
+        let after = after.map_or("", |a| a.as_str()).to_string();
+        match self
+            .namespace
+            .as_deref()
+            .and_then(sundial_core::namespace::stored_prefix)
+        {
+            Some(prefix) => {
+                // Every id of the namespace is longer than its prefix, so greater than it; and
+                // less than the prefix with its last byte (the separator) raised by one.
+                let mut end = prefix.clone();
+                end.pop();
+                end.push(char::from(sundial_core::namespace::SEPARATOR as u8 + 1));
+                (after.max(prefix), Some(end))
+            }
+            None => (after, None),
+        }
+    }
+
+    /// How many characters of a stored id precede the part [`ScheduleFilter::id_contains`] is
+    /// looked for in (the namespace's stored prefix; namespace names are ASCII).
+    pub fn searched_from(&self) -> usize {
+        self.namespace
+            .as_deref()
+            .and_then(sundial_core::namespace::stored_prefix)
+            .map_or(0, |p| p.len())
+    }
+
+    /// Whether only the default namespace's schedules (ids without the separator) are kept.
+    pub fn default_only(&self) -> bool {
+        self.namespace.as_deref() == Some(sundial_core::namespace::DEFAULT_NAMESPACE)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct SchedulePage {
     pub schedules: Vec<Schedule>,
@@ -334,16 +403,16 @@ pub trait ScheduleStore: Send + Sync + 'static {
         limit: usize,
     ) -> Result<SchedulePage, StoreError>;
 
-    /// Schedules whose id contains `fragment` (byte for byte; an empty fragment matches every
-    /// id) and, when `paused` is given, that are paused or not as it says, in id order strictly
-    /// after `after`, at most `limit`: the search by a fragment of the id. One statement that
-    /// stops at `limit` matches; no index serves a substring, so it walks the ids until then.
-    /// The default pages through [`ScheduleStore::list_schedules`] (the reference the backends'
-    /// queries follow); backends override it with one query.
+    /// The schedules `filter` keeps ([`ScheduleFilter::matches`]: of one namespace, whose id
+    /// contains a fragment, paused or not), in id order strictly after `after`, at most `limit`:
+    /// a namespace's list and the search by a fragment of the id. One statement that stops at
+    /// `limit` matches; no index serves a substring, so it walks the ids until then (within the
+    /// namespace's range of ids, [`ScheduleFilter::id_range`], for a namespace other than the
+    /// default one). The default pages through [`ScheduleStore::list_schedules`] (the reference
+    /// the backends' queries follow); backends override it with one query.
     async fn search_schedules(
         &self,
-        fragment: &str,
-        paused: Option<bool>,
+        filter: &ScheduleFilter,
         after: Option<&ScheduleId>,
         limit: usize,
     ) -> Result<SchedulePage, StoreError> {
@@ -352,7 +421,7 @@ pub trait ScheduleStore: Send + Sync + 'static {
         loop {
             let page = self.list_schedules(after.as_ref(), 500).await?;
             for s in page.schedules {
-                if s.id.as_str().contains(fragment) && paused.is_none_or(|p| s.paused == p) {
+                if filter.matches(&s) {
                     found.push(s);
                     if found.len() > limit {
                         return Ok(SchedulePage::from_overfetched(found, limit));

@@ -188,6 +188,18 @@ impl TaskTemplate {
         self.timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
         self
     }
+    /// The same template in namespace `ns`: its queue and exclusive key are qualified (see
+    /// [`crate::namespace`]), as [`TaskSpec::in_namespace`] does for a task. A no-op for the
+    /// default namespace.
+    pub fn in_namespace(mut self, ns: &str) -> Self {
+        if ns != crate::namespace::DEFAULT_NAMESPACE {
+            self.queue = crate::namespace::qualify(ns, &self.queue);
+            if let Some(ex) = &mut self.exclusive {
+                ex.key = crate::namespace::qualify(ns, &ex.key);
+            }
+        }
+        self
+    }
 }
 
 /// A schedule as its owner defines it. [`ScheduleDef::validate`] checks every field.
@@ -353,7 +365,8 @@ impl ScheduleDef {
 
     /// The task of the fire at `nominal`, due at `due`. Its key is [`FireKey`]'s; buffered
     /// overlap policies run the schedule's tasks one at a time through the exclusive key
-    /// `schedule:<id>` (mode wait).
+    /// `schedule:<id>` (mode wait). Both keys are in the schedule id's namespace (see
+    /// [`crate::namespace`]); the queue is the template's, qualified when it was stored.
     pub fn task_for(
         &self,
         id: &ScheduleId,
@@ -374,7 +387,10 @@ impl ScheduleDef {
             .timeout(Duration::from_millis(t.timeout_ms));
         spec.exclusive = if self.overlap.is_buffered() {
             Some(Exclusive {
-                key: format!("schedule:{id}"),
+                key: {
+                    let (ns, local) = crate::namespace::split(id.as_str());
+                    crate::namespace::qualify(ns, &format!("schedule:{local}"))
+                },
                 mode: ExclusiveMode::Wait,
             })
         } else {
@@ -389,6 +405,11 @@ impl ScheduleDef {
 /// example `schedule:nightly@2024-03-10T07:00:00Z`. This is how a task carries its schedule id and
 /// nominal fire time: [`FireKey::parse`] reads them back (a handler can call it on
 /// `task.key`). The key also keeps a second live task for the same fire out of the queue.
+///
+/// A schedule of a namespace other than the default one makes the key in its namespace: the
+/// stored key is the namespace's qualified `schedule:<id>@…` (see [`crate::namespace`]), so its
+/// clients see `schedule:<id>@…` with the id as they know it, and [`FireKey::parse`] of the
+/// stored key gives back the stored (qualified) schedule id.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FireKey {
     pub schedule_id: ScheduleId,
@@ -397,14 +418,20 @@ pub struct FireKey {
 
 impl FireKey {
     pub fn format(id: &ScheduleId, nominal: Timestamp) -> String {
-        match super::to_jiff(nominal) {
+        let (ns, id) = crate::namespace::split(id.as_str());
+        let key = match super::to_jiff(nominal) {
             Some(t) => format!("schedule:{id}@{t}"),
             None => format!("schedule:{id}@{}ms", nominal.0),
-        }
+        };
+        crate::namespace::qualify(ns, &key)
     }
 
     /// Reads a key made by [`FireKey::format`]; `None` for any other key.
     pub fn parse(key: &str) -> Option<FireKey> {
+        if !crate::namespace::has_valid_namespace(key) {
+            return None;
+        }
+        let (ns, key) = crate::namespace::split(key);
         let rest = key.strip_prefix("schedule:")?;
         let (id, at) = rest.rsplit_once('@')?;
         let nominal = match at.strip_suffix("ms") {
@@ -412,7 +439,7 @@ impl FireKey {
             None => super::from_jiff(at.parse::<jiff::Timestamp>().ok()?),
         };
         Some(FireKey {
-            schedule_id: ScheduleId::new(id).ok()?,
+            schedule_id: ScheduleId::new(crate::namespace::qualify(ns, id)).ok()?,
             nominal,
         })
     }
@@ -527,5 +554,51 @@ mod tests {
         assert_eq!(t.exclusive.unwrap().key, "schedule:s1");
         assert_eq!(t.due_at, Timestamp(5));
         assert_eq!(t.key.as_deref(), Some("schedule:s1@1970-01-01T00:00:00Z"));
+    }
+
+    #[test]
+    fn a_namespaced_schedule_makes_its_tasks_in_its_namespace() {
+        use crate::namespace::{local, qualify};
+        let mut d = def().overlap(OverlapPolicy::BufferOne);
+        d.task = TaskTemplate::new("report")
+            .queue("reports")
+            .in_namespace("acme");
+        assert_eq!(d.task.queue, qualify("acme", "reports"));
+        let id = ScheduleId::new(qualify("acme", "s1")).unwrap();
+        let t = d
+            .task_for(
+                &id,
+                TaskId::MIN,
+                Timestamp(0),
+                Timestamp(5),
+                4,
+                &Limits::default(),
+            )
+            .unwrap();
+        assert_eq!(t.queue, qualify("acme", "reports"));
+        let key = t.key.clone().unwrap();
+        assert_eq!(key, qualify("acme", "schedule:s1@1970-01-01T00:00:00Z"));
+        assert_eq!(local(&key), "schedule:s1@1970-01-01T00:00:00Z");
+        assert_eq!(t.exclusive.unwrap().key, qualify("acme", "schedule:s1"));
+        // The stored key reads back as the stored id; the key as acme knows it as acme's id.
+        assert_eq!(FireKey::parse(&key).unwrap().schedule_id, id);
+        assert_eq!(
+            FireKey::parse(local(&key)).unwrap().schedule_id.as_str(),
+            "s1"
+        );
+        // A template's own exclusive key is qualified too.
+        let mut tpl = TaskTemplate::new("k");
+        tpl.exclusive = Some(Exclusive {
+            key: "one".into(),
+            mode: ExclusiveMode::Wait,
+        });
+        assert_eq!(
+            tpl.in_namespace("acme").exclusive.unwrap().key,
+            qualify("acme", "one")
+        );
+        assert_eq!(
+            TaskTemplate::new("k").in_namespace("default").queue,
+            "default"
+        );
     }
 }

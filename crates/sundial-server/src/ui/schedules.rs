@@ -2,17 +2,18 @@
 //! time zone (offset changes marked), its fire records, and pause, unpause (one or many),
 //! trigger, backfill and edit.
 //!
-//! The list pages through `ScheduleStore::list_schedules` in id order (the primary key). A search
-//! is one `ScheduleStore::search_schedules` query, which walks the ids in that order inside the
-//! database and stops at a page of matches: no index serves a substring, so a search that
-//! matches little walks every id, in SQL (`sundial-bench ui` measures it at 10,000 schedules).
+//! The list, and a search, is one `ScheduleStore::search_schedules` query of the default
+//! namespace's schedules (the web UI shows the default namespace), which walks the ids in id
+//! order (the primary key) inside the database and stops at a page of matches: no index serves a
+//! substring, so a search that matches little walks every id, in SQL (`sundial-bench ui`
+//! measures it at 10,000 schedules).
 
 use askama::Template;
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
-use sundial_schedules::{Recurrence, Schedule, ScheduleId, Schedules};
+use sundial_schedules::{Recurrence, Schedule, ScheduleFilter, ScheduleId, Schedules};
 
 use super::fmt;
 use super::tasks::lenient_time;
@@ -141,16 +142,17 @@ async fn list_page(
         ),
         None => None,
     };
-    // One store query either way: a page in id order, or the search that stops at a page of
-    // matches.
-    let page = if fragment.is_empty() && paused.is_none() {
-        schedules.list(after.as_ref(), PAGE).await
-    } else {
-        schedules
-            .search(&fragment, paused, after.as_ref(), PAGE)
-            .await
-    }
-    .map_err(api_error)?;
+    // One store query: the walk in id order that stops at a page of matches. The web UI shows
+    // the default namespace.
+    let filter = ScheduleFilter {
+        id_contains: fragment.clone(),
+        paused,
+        namespace: Some(sundial_core::namespace::DEFAULT_NAMESPACE.to_string()),
+    };
+    let page = schedules
+        .search(&filter, after.as_ref(), PAGE)
+        .await
+        .map_err(api_error)?;
     let found: Vec<Schedule> = page.schedules;
     let next = page.next_cursor;
     let next = next.map(|c| {
@@ -228,6 +230,10 @@ pub(crate) async fn show(
 }
 
 async fn load(schedules: &Schedules, id: &str) -> Result<Schedule, UiError> {
+    // The default namespace's schedules only (an id with a namespace part is another's).
+    if id.contains(sundial_core::namespace::SEPARATOR) {
+        return Err(UiError::not_found("no such schedule"));
+    }
     let sid = ScheduleId::new(id).map_err(|_| UiError::not_found("no such schedule"))?;
     schedules
         .get(&sid)
@@ -428,7 +434,7 @@ async fn schedule_action(st: &UiState, action: &str, f: &Fields) -> Result<Respo
                 ..ScheduleRequest::default()
             };
             let mut def = s.def.clone();
-            crate::schedules::apply(&mut def, req)?;
+            crate::schedules::apply(&crate::namespace::Ns::default(), &mut def, req)?;
             schedules.update(&s.id, def).await.map_err(api_error)?;
             "Saved and re-armed.".to_string()
         }
