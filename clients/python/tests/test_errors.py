@@ -199,6 +199,7 @@ def _stub(status: int, body):
         (401, "unauthenticated", Unauthorized, False),
         (403, "forbidden", Forbidden, False),
         (429, "too_many_polls", RateLimited, True),
+        (429, "quota", RateLimited, True),
         (500, "internal", InternalError, False),
         (501, "unsupported", Unsupported, False),
         (503, "shutting_down", ShuttingDown, True),

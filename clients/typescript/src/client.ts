@@ -55,10 +55,30 @@ export type ClientOptions = {
   headers?: Record<string, string>;
   /** A `fetch` to use instead of the global one (tests, proxies). */
   fetch?: typeof fetch;
+  /** The namespace to act in (default `$SUNDIAL_NAMESPACE`, else `default`): requests go under
+   * `/v1/namespaces/{ns}/`, but for the routes all namespaces share (see {@link inNamespace}). */
+  namespace?: string;
 };
 
 function env(name: string): string | undefined {
   return typeof process !== "undefined" ? process.env[name] : undefined;
+}
+
+/** The namespace of requests without a `/v1/namespaces/{ns}/` prefix. */
+export const DEFAULT_NAMESPACE = "default";
+
+/** Routes every namespace shares (tokens, namespaces, the audit log): never under a namespace. */
+const SHARED_ROUTES = ["/v1/tokens", "/v1/namespaces", "/v1/audit"];
+
+/**
+ * The path of an API route in `namespace`: `/v1/tasks` in `acme` is `/v1/namespaces/acme/tasks`.
+ * The default namespace (or none), the routes all namespaces share (`/v1/tokens`,
+ * `/v1/namespaces`, `/v1/audit`) and paths outside `/v1/` (`/healthz`, `/metrics`) keep their path.
+ */
+export function inNamespace(namespace: string | undefined, path: string): string {
+  if (!namespace || namespace === DEFAULT_NAMESPACE || !path.startsWith("/v1/")) return path;
+  const shared = SHARED_ROUTES.some((r) => path === r || ["/", "?", ":"].some((c) => path.startsWith(r + c)));
+  return shared ? path : `/v1/namespaces/${encodeURIComponent(namespace)}/${path.slice("/v1/".length)}`;
 }
 
 /** A duration for the wire: strings pass, numbers are milliseconds. */
@@ -167,6 +187,8 @@ function traceHeaders(trace?: TraceHeaders): Record<string, string> | undefined 
 /** Sundial's HTTP API. */
 export class SundialClient {
   readonly url: string;
+  /** The namespace this client acts in (`undefined`: the default one). */
+  readonly namespace: string | undefined;
   private readonly headers: Record<string, string>;
   private readonly timeoutMs: number;
   private readonly fetchImpl: typeof fetch;
@@ -174,6 +196,8 @@ export class SundialClient {
   constructor(options: ClientOptions | string = {}) {
     const o = typeof options === "string" ? { url: options } : options;
     this.url = (o.url ?? env("SUNDIAL_URL") ?? DEFAULT_URL).replace(/\/+$/, "");
+    const ns = o.namespace ?? env("SUNDIAL_NAMESPACE");
+    this.namespace = ns && ns !== DEFAULT_NAMESPACE ? ns : undefined;
     this.timeoutMs = o.timeoutMs ?? 30_000;
     this.fetchImpl = o.fetch ?? globalThis.fetch;
     const token = o.token ?? env("SUNDIAL_TOKEN");
@@ -192,7 +216,7 @@ export class SundialClient {
   }
 
   private async send(r: Request): Promise<unknown> {
-    const url = new URL(this.url + r.path);
+    const url = new URL(this.url + inNamespace(this.namespace, r.path));
     for (const [k, v] of Object.entries(r.query ?? {})) {
       if (Array.isArray(v)) for (const item of v) url.searchParams.append(k, item);
       else if (v !== undefined) url.searchParams.set(k, String(v));

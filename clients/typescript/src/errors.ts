@@ -80,7 +80,8 @@ export const AlreadyRunning = AlreadyExists;
 export class TooLarge extends ApiError { override name = "TooLarge"; }
 /** 422: well-formed but invalid; `field` (and `index` in a batch) name the culprit. */
 export class Invalid extends ApiError { override name = "Invalid"; }
-/** 429 (`too_many_polls`): too many requests; retry later (`retryAfterSeconds`). */
+/** 429: too many requests (`too_many_polls`), or a create over its namespace's quota (`quota`);
+ * retry later (`retryAfterSeconds`). */
 export class RateLimited extends ApiError { override name = "RateLimited"; override readonly retryable = true; }
 /** 500: the server failed. */
 export class InternalError extends ApiError { override name = "InternalError"; }
@@ -105,6 +106,7 @@ const BY_CODE: Record<string, ErrorClass> = {
   too_large: TooLarge,
   invalid: Invalid,
   too_many_polls: RateLimited,
+  quota: RateLimited,
   unavailable: Unavailable,
   shutting_down: ShuttingDown,
   internal: InternalError,

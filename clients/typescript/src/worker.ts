@@ -44,7 +44,7 @@ export type Handler = (job: Job) => unknown | Promise<unknown>;
 export type WorkerOptions = ClientOptions & {
   /** Tasks run at once (default 1). */
   concurrency?: number;
-  /** A client to use instead of one built from the options. */
+  /** A client to use instead of one built from the options (it brings its own `namespace`). */
   client?: SundialClient;
   /** The worker's name, recorded on its tasks (default `node-<pid>`). */
   name?: string;
@@ -98,6 +98,8 @@ export class Worker {
     options: WorkerOptions = {},
   ) {
     this.options = options;
+    // A given client polls in its own namespace; a second one beside it would be ignored.
+    if (options.client && options.namespace !== undefined) throw new RangeError("pass namespace to the client, not beside it");
     this.client = options.client ?? new SundialClient(options);
     this.concurrency = options.concurrency ?? 1;
     if (!(this.concurrency >= 1)) throw new RangeError("concurrency must be at least 1");

@@ -3,7 +3,7 @@
 :func:`verify_signature` for push deliveries."""
 
 from ._version import __version__
-from .client import DEFAULT_URL, AsyncClient, Client, Page
+from .client import DEFAULT_NAMESPACE, DEFAULT_URL, AsyncClient, Client, Page, in_namespace
 from .errors import (
     AlreadyExists,
     AlreadyRunning,
@@ -53,6 +53,8 @@ from .worker import Job, Permanent, Worker
 __all__ = [
     "__version__",
     "DEFAULT_URL",
+    "DEFAULT_NAMESPACE",
+    "in_namespace",
     "Client",
     "AsyncClient",
     "Page",

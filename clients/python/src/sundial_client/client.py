@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from typing import Any, AsyncIterator, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from urllib.parse import quote
 
 import httpx
 
@@ -20,15 +21,41 @@ from ._ops import Duration, Op, Page, Time
 from ._version import __version__ as _version
 from .errors import ConnectionFailed, error_from_response
 
-__all__ = ["Client", "AsyncClient", "Page", "DEFAULT_URL"]
+__all__ = ["Client", "AsyncClient", "Page", "DEFAULT_URL", "DEFAULT_NAMESPACE", "in_namespace"]
 
 #: Where the clients connect when given no URL and ``SUNDIAL_URL`` is not set.
 DEFAULT_URL = "http://127.0.0.1:7373"
 
+#: The namespace of requests without a ``/v1/namespaces/{ns}/`` prefix.
+DEFAULT_NAMESPACE = "default"
+
+#: Routes every namespace shares (tokens, namespaces, the audit log): never under a namespace.
+_SHARED_ROUTES = ("/v1/tokens", "/v1/namespaces", "/v1/audit")
 
 
 def _base_url(url: Optional[str]) -> str:
     return (url or os.environ.get("SUNDIAL_URL") or DEFAULT_URL).rstrip("/")
+
+
+def _namespace(namespace: Optional[str]) -> Optional[str]:
+    """The namespace a client acts in: the argument, else ``$SUNDIAL_NAMESPACE``; ``None`` for
+    the default namespace (whose paths take no prefix)."""
+    ns = namespace if namespace is not None else os.environ.get("SUNDIAL_NAMESPACE")
+    return ns if ns and ns != DEFAULT_NAMESPACE else None
+
+
+def _shared(path: str) -> bool:
+    return any(path == r or path.startswith((r + "/", r + "?", r + ":")) for r in _SHARED_ROUTES)
+
+
+def in_namespace(namespace: Optional[str], path: str) -> str:
+    """The path of an API route in ``namespace``: ``/v1/tasks`` in ``acme`` is
+    ``/v1/namespaces/acme/tasks``. The default namespace (or ``None``), the routes all
+    namespaces share (``/v1/tokens``, ``/v1/namespaces``, ``/v1/audit``) and paths outside
+    ``/v1/`` (``/healthz``, ``/metrics``) keep their path."""
+    if not namespace or namespace == DEFAULT_NAMESPACE or not path.startswith("/v1/") or _shared(path):
+        return path
+    return f"/v1/namespaces/{quote(namespace, safe='')}/{path[len('/v1/'):]}"
 
 
 def _headers(token: Optional[str], headers: Optional[Mapping[str, str]]) -> Dict[str, str]:
@@ -379,7 +406,10 @@ class Client(_Methods):
     """Blocking client. ``Client(url, token=...)``; use as a context manager or call
     :meth:`close`. ``url`` defaults to ``$SUNDIAL_URL``, else ``http://127.0.0.1:7373``; ``token``
     (default ``$SUNDIAL_TOKEN``) is sent as ``Authorization: Bearer``. ``timeout`` is in seconds
-    and applies to every request except polls, which wait up to their ``wait`` longer."""
+    and applies to every request except polls, which wait up to their ``wait`` longer.
+    ``namespace`` (default ``$SUNDIAL_NAMESPACE``, else ``default``) is the namespace every
+    request acts in: its paths go under ``/v1/namespaces/{ns}/``, except the routes all
+    namespaces share (tokens, namespaces, the audit log); see :func:`in_namespace`."""
 
     def __init__(
         self,
@@ -389,8 +419,11 @@ class Client(_Methods):
         timeout: float = 30.0,
         headers: Optional[Mapping[str, str]] = None,
         transport: Optional[httpx.BaseTransport] = None,
+        namespace: Optional[str] = None,
     ) -> None:
         self.url = _base_url(url)
+        #: The namespace this client acts in (``None``: the default one).
+        self.namespace = _namespace(namespace)
         self._timeout = timeout
         self._http = httpx.Client(
             base_url=self.url, headers=_headers(token, headers), timeout=timeout, transport=transport
@@ -412,7 +445,7 @@ class Client(_Methods):
         elif op.path.endswith("/poll"):
             timeout += 60.0
         try:
-            return self._http.request(op.method, op.path, timeout=timeout, **kw)
+            return self._http.request(op.method, in_namespace(self.namespace, op.path), timeout=timeout, **kw)
         except httpx.TransportError as e:
             raise _transport_error(op, e) from e
 
@@ -471,8 +504,11 @@ class AsyncClient(_Methods):
         timeout: float = 30.0,
         headers: Optional[Mapping[str, str]] = None,
         transport: Optional[httpx.AsyncBaseTransport] = None,
+        namespace: Optional[str] = None,
     ) -> None:
         self.url = _base_url(url)
+        #: The namespace this client acts in (``None``: the default one).
+        self.namespace = _namespace(namespace)
         self._timeout = timeout
         self._http = httpx.AsyncClient(
             base_url=self.url, headers=_headers(token, headers), timeout=timeout, transport=transport
@@ -494,7 +530,9 @@ class AsyncClient(_Methods):
         elif op.path.endswith("/poll"):
             timeout += 60.0
         try:
-            return await self._http.request(op.method, op.path, timeout=timeout, **kw)
+            return await self._http.request(
+                op.method, in_namespace(self.namespace, op.path), timeout=timeout, **kw
+            )
         except httpx.TransportError as e:
             raise _transport_error(op, e) from e
 

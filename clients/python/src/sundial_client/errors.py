@@ -16,7 +16,7 @@ reach the server at all are :class:`ConnectionFailed`.
 | :class:`StaleExecution` | 409 | ``stale_execution`` (``state``): stop working on the task |
 | :class:`TooLarge` | 413 | ``too_large`` |
 | :class:`Invalid` | 422 | ``invalid`` (``field``, ``index``) |
-| :class:`RateLimited` | 429 | ``too_many_polls`` |
+| :class:`RateLimited` | 429 | ``too_many_polls``, ``quota`` (a namespace's quota of live tasks or creates per second) |
 | :class:`Unavailable` | 503 | ``unavailable``, ``shutting_down`` (:class:`ShuttingDown`): retry later |
 | :class:`InternalError` | 500 | ``internal`` |
 | :class:`Unsupported` | 501 | ``unsupported`` |
@@ -148,7 +148,8 @@ class Invalid(ApiError):
 
 
 class RateLimited(ApiError):
-    """429: too many requests; retry later."""
+    """429: too many requests (``too_many_polls``), or a create over its namespace's quota
+    (``quota``); retry later, after ``retry_after`` seconds."""
 
     retryable = True
 
@@ -184,6 +185,7 @@ _BY_CODE: Dict[str, Type[ApiError]] = {
     "too_large": TooLarge,
     "invalid": Invalid,
     "too_many_polls": RateLimited,
+    "quota": RateLimited,
     "unavailable": Unavailable,
     "shutting_down": ShuttingDown,
     "internal": InternalError,

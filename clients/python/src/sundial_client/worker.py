@@ -111,9 +111,13 @@ class Worker:
         max_backoff: float = 10.0,
         handle_signals: bool = True,
         trace_hook: Optional[Callable[[Job], ContextManager[Any]]] = None,
+        namespace: Optional[str] = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if client is not None and namespace is not None:
+            # The client's own namespace is the one it polls; a second one would be ignored.
+            raise ValueError("pass namespace to the client, not beside it")
         self.queue = queue
         self.handler = handler
         self.concurrency = concurrency
@@ -126,6 +130,7 @@ class Worker:
         self.trace_hook = trace_hook
         self._url = url
         self._token = token
+        self._namespace = namespace
         self._client = client
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._stop: Optional[asyncio.Event] = None
@@ -161,7 +166,7 @@ class Worker:
         if self._stop_requested.is_set():
             self._stop.set()
         own_client = self._client is None
-        client = self._client or AsyncClient(self._url, token=self._token)
+        client = self._client or AsyncClient(self._url, token=self._token, namespace=self._namespace)
         installed = self._install_signals()
         executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="sundial-worker")
         running: Set[asyncio.Task[None]] = set()

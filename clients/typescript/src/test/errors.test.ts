@@ -198,6 +198,7 @@ for (const [status, code, cls, retryable] of [
   [401, "unauthenticated", Unauthorized, false],
   [403, "forbidden", Forbidden, false],
   [429, "too_many_polls", RateLimited, true],
+  [429, "quota", RateLimited, true],
   [500, "internal", InternalError, false],
   [501, "unsupported", Unsupported, false],
   [503, "shutting_down", ShuttingDown, true],
