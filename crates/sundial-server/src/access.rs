@@ -627,6 +627,11 @@ impl Access {
         read.map(Some).ok_or(Refusal::NoSuchNamespace)
     }
 
+    /// Whether namespace `ns` exists (`default` always does), as this node last read it.
+    pub async fn namespace_exists(&self, ns: &str) -> bool {
+        self.namespace(ns, "/v1/tasks").await.is_ok()
+    }
+
     /// Drops what this node remembers of namespace `ns` (after it was added here), so that it
     /// is usable at once.
     pub fn forget_namespace(&self, ns: &str) {

@@ -99,9 +99,13 @@ pub async fn create_task(
     TraceHeaders(incoming): TraceHeaders,
     ApiJson(body): ApiJson<CreateTask>,
 ) -> Result<Response, ApiError> {
-    let idempotency = body.idempotency_key.clone().map(|k| {
-        sundial::Idempotency::new(ns.qualify(&k)).version(body.idempotency_version.unwrap_or(0))
-    });
+    let idempotency = match body.idempotency_key.as_deref() {
+        Some(k) => Some(
+            sundial::Idempotency::new(ns.given("idempotency_key", k)?)
+                .version(body.idempotency_version.unwrap_or(0)),
+        ),
+        None => None,
+    };
     if idempotency.is_none() && body.idempotency_version.is_some() {
         return Err(ApiError::invalid(
             "idempotency_version",
@@ -115,7 +119,7 @@ pub async fn create_task(
     let spec = ns.spec(
         body.into_spec()?
             .trace(tracectx::stored_context(&span, incoming.as_ref())),
-    );
+    )?;
     match idempotency {
         None => created(&ns, st.sundial.schedule_task(spec).instrument(span).await?),
         Some(i) => {
@@ -197,7 +201,7 @@ pub async fn create_batch(
         .enumerate()
         .map(|(i, t)| {
             t.into_spec()
-                .map(|s| ns.spec(s.trace(stored.clone())))
+                .and_then(|s| ns.spec(s.trace(stored.clone())))
                 .map_err(|e| e.at_index(i))
         })
         .collect::<Result<Vec<TaskSpec>, ApiError>>()?;
@@ -462,7 +466,7 @@ pub async fn poll_queue(
     let tasks = st
         .sundial
         .poll(
-            &ns.qualify(&queue),
+            &ns.given("queue", &queue)?,
             Some(body.worker),
             body.kinds,
             max,

@@ -112,9 +112,26 @@ impl Ns {
         self.owns(stored).then(|| namespace::local(stored))
     }
 
-    /// A task spec of this namespace (queue, key and exclusive key qualified).
-    pub fn spec(&self, spec: TaskSpec) -> TaskSpec {
-        spec.in_namespace(&self.0)
+    /// The stored form of a name a client gave for `field`, or `422` when it holds the
+    /// separator (a control character no name may hold: in the default namespace, whose names
+    /// are stored unchanged, it would name another namespace's object).
+    pub fn given(&self, field: &str, name: &str) -> Result<String, crate::error::ApiError> {
+        self.qualify_given(name).ok_or_else(|| {
+            crate::error::ApiError::invalid(field, "control characters are not allowed")
+        })
+    }
+
+    /// A task spec a client gave, in this namespace (queue, key and exclusive key qualified);
+    /// `422` when one of them holds the separator.
+    pub fn spec(&self, spec: TaskSpec) -> Result<TaskSpec, crate::error::ApiError> {
+        self.given("queue", &spec.queue)?;
+        if let Some(k) = &spec.key {
+            self.given("key", k)?;
+        }
+        if let Some(ex) = &spec.exclusive {
+            self.given("exclusive", &ex.key)?;
+        }
+        Ok(spec.in_namespace(&self.0))
     }
 
     /// A stored task as this namespace sees it (its names unqualified); `None` when it is

@@ -295,11 +295,14 @@ pub fn task_filter(ns: &Ns, f: FilterFields<'_>) -> Result<TaskFilter, ApiError>
         // a bulk cancel of "everything scheduled" must not silently stop every schedule.
         exclude_internal: f.queue.is_none(),
         namespace: Some(ns.name().to_string()),
-        queue: f.queue.map(|q| ns.qualify(&q)),
+        queue: f.queue.map(|q| ns.given("queue", &q)).transpose()?,
         kind: f.kind,
         state: f.state,
-        key: f.key.map(|k| ns.qualify(&k)),
-        key_prefix: f.key_prefix.map(|p| ns.qualify(&p)),
+        key: f.key.map(|k| ns.given("key", &k)).transpose()?,
+        key_prefix: f
+            .key_prefix
+            .map(|p| ns.given("key_prefix", &p))
+            .transpose()?,
         tags: parse_tags(f.tag)?,
         error_group: f.error_group,
         due_after: parse_time("due_after", f.due_after)?,
@@ -554,7 +557,7 @@ pub async fn get_queue(
 async fn queue_view(st: &AppState, ns: &Ns, queue: &str) -> Result<Json<QueueView>, ApiError> {
     let q = st
         .sundial
-        .queue(&ns.qualify(queue))
+        .queue(&ns.given("queue", queue)?)
         .await?
         .and_then(|q| own_queue(ns, q))
         .ok_or_else(|| not_found_queue(queue))?;
@@ -605,7 +608,7 @@ pub async fn put_queue(
         target: body.target.map(TargetSpec::into_target).transpose()?,
     };
     st.sundial
-        .configure_queue(&ns.qualify(&queue), config)
+        .configure_queue(&ns.given("queue", &queue)?, config)
         .await
         .map_err(|e| match e {
             // The target is checked like a task's, and the error names its field.
@@ -631,7 +634,7 @@ pub async fn pause_queue(
     Path(queue): Path<String>,
 ) -> Result<Json<QueueView>, ApiError> {
     st.sundial
-        .pause_queue(&ns.qualify(&queue))
+        .pause_queue(&ns.given("queue", &queue)?)
         .await
         .map_err(|e| ApiError::from(e).with_field("queue"))?;
     queue_view(&st, &ns, &queue).await
@@ -652,7 +655,7 @@ pub async fn resume_queue(
     Path(queue): Path<String>,
 ) -> Result<Json<QueueView>, ApiError> {
     st.sundial
-        .resume_queue(&ns.qualify(&queue))
+        .resume_queue(&ns.given("queue", &queue)?)
         .await
         .map_err(|e| ApiError::from(e).with_field("queue"))?;
     queue_view(&st, &ns, &queue).await

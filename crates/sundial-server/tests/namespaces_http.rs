@@ -285,6 +285,29 @@ async fn two_namespaces_share_names_but_nothing_else() {
         "the default namespace's task stays: {list}"
     );
 
+    // A name holding the separator would be another namespace's stored name: refused, and
+    // nothing of acme's is reached through the default namespace.
+    let sneaky = "acme\u{1f}emails";
+    for body in [
+        json!({"kind": "k", "queue": sneaky}),
+        json!({"kind": "k", "key": "acme\u{1f}k1"}),
+        json!({"kind": "k", "idempotency_key": "acme\u{1f}order-1"}),
+    ] {
+        let (st, b, _) = call(&app, "POST", "/v1/tasks", Some(body.clone())).await;
+        assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {b}");
+    }
+    for (method, path) in [
+        ("POST", "/v1/queues/acme%1Femails/poll"),
+        ("POST", "/v1/queues/acme%1Femails/pause"),
+        ("GET", "/v1/queues/acme%1Femails"),
+        ("GET", "/v1/tasks?queue=acme%1Femails"),
+    ] {
+        let body = (method == "POST").then(|| json!({"worker": "w", "wait": "0s"}));
+        let body = if path.ends_with("/poll") { body } else { None };
+        let (st, b, _) = call(&app, method, path, body).await;
+        assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{method} {path}: {b}");
+    }
+
     // The routes all namespaces share are not a namespace's.
     for path in [
         "/v1/namespaces/acme/tokens",

@@ -720,3 +720,190 @@ async fn the_overview_shows_workers_and_the_dead_letters_group_the_whole_store()
     assert!(r.body.contains(&row("reports", "disk full", 5)));
     assert!(!r.body.contains(smtp), "{}", r.body);
 }
+
+#[tokio::test]
+async fn a_token_of_one_namespace_sees_its_namespace_and_an_admin_of_all_can_switch() {
+    let dir = tempfile::tempdir().unwrap();
+    let sundial = Sundial::open(dir.path()).await.unwrap();
+    let app = router(
+        sundial.clone(),
+        ServerConfig {
+            access: AccessConfig {
+                mode: AuthMode::Required,
+                ..AccessConfig::default()
+            },
+            ui: UiConfig {
+                enabled: true,
+                secure_cookies: false,
+            },
+            ..ServerConfig::default()
+        },
+    );
+    let store = sundial.access_store().unwrap().clone();
+    let (new, issued) = sundial_server::admin::new_token(
+        sundial_server::admin::CreateToken {
+            name: "root".into(),
+            scope: "admin".into(),
+            namespace: None,
+            expires_in: None,
+        },
+        sundial.clock().now(),
+    )
+    .unwrap();
+    store.create_token(new).await.unwrap();
+    let admin = issued.token;
+    api(
+        &app,
+        "POST",
+        "/v1/namespaces",
+        json!({"name": "acme"}),
+        Some(&admin),
+    )
+    .await;
+    let acme_token = api(
+        &app,
+        "POST",
+        "/v1/tokens",
+        json!({"name": "acme-ops", "scope": "producer", "namespace": "acme"}),
+        Some(&admin),
+    )
+    .await["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mine = api(
+        &app,
+        "POST",
+        "/v1/namespaces/acme/tasks",
+        json!({"kind": "acme-kind", "queue": "acme-queue", "delay": "1h"}),
+        Some(&admin),
+    )
+    .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let theirs = api(
+        &app,
+        "POST",
+        "/v1/tasks",
+        json!({"kind": "default-kind", "queue": "default-queue", "delay": "1h"}),
+        Some(&admin),
+    )
+    .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let login = |token: String| {
+        let app = app.clone();
+        async move {
+            let r = get(&app, "/ui/login", None).await;
+            let pre = cookie_pair(&r, "sundial_csrf").unwrap();
+            let csrf = csrf_of(&r.body);
+            let form = format!("csrf={csrf}&next=%2Fui%2Ftasks&token={token}");
+            let r = post_form(&app, "/ui/login", Some(&pre), &form).await;
+            assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+            cookie_pair(&r, "sundial_session").unwrap()
+        }
+    };
+
+    // The namespace's own token: its tasks, by the names it knows them by, and nothing else.
+    let session = login(acme_token).await;
+    let r = get(&app, "/ui/tasks", Some(&session)).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert!(
+        r.body.contains(&mine) && r.body.contains("acme-queue"),
+        "{}",
+        r.body
+    );
+    assert!(!r.body.contains(&theirs) && !r.body.contains('\u{1f}'));
+    assert!(
+        r.body.contains("Namespace <strong>acme</strong>"),
+        "no switcher for a bound token"
+    );
+    let r = get(&app, &format!("/ui/tasks/{theirs}"), Some(&session)).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    let r = get(&app, &format!("/ui/tasks/{mine}"), Some(&session)).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let r = get(&app, "/ui", Some(&session)).await;
+    assert!(
+        r.body.contains("acme-queue") && !r.body.contains("default-queue"),
+        "{}",
+        r.body
+    );
+    // It may act on its own task, not on the other namespace's.
+    let csrf = csrf_of(&r.body);
+    let r = post_form(
+        &app,
+        &format!("/ui/tasks/{theirs}/cancel"),
+        Some(&session),
+        &format!("csrf={csrf}"),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.body);
+    let r = post_form(
+        &app,
+        &format!("/ui/tasks/{mine}/trigger"),
+        Some(&session),
+        &format!("csrf={csrf}"),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+    // And it cannot switch.
+    let r = post_form(
+        &app,
+        "/ui/namespace",
+        Some(&session),
+        &format!("csrf={csrf}&namespace=default"),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.body);
+
+    // An admin of every namespace starts in default and switches with the form.
+    let session = login(admin).await;
+    let r = get(&app, "/ui/tasks", Some(&session)).await;
+    assert!(
+        r.body.contains(&theirs) && !r.body.contains(&mine),
+        "{}",
+        r.body
+    );
+    let csrf = csrf_of(&r.body);
+    let r = post_form(
+        &app,
+        "/ui/namespace",
+        Some(&session),
+        &format!("csrf={csrf}&namespace=nowhere"),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.body);
+    let r = post_form(
+        &app,
+        "/ui/namespace",
+        Some(&session),
+        &format!("csrf={csrf}&namespace=acme"),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+    let chosen = cookie_pair(&r, "sundial_ns").expect("the namespace cookie");
+    assert!(r.cookies.iter().any(|c| c.starts_with("sundial_ns=")
+        && c.contains("HttpOnly")
+        && c.contains("SameSite=Strict")));
+    let both = format!("{session}; {chosen}");
+    let r = get(&app, "/ui/tasks", Some(&both)).await;
+    assert!(
+        r.body.contains(&mine) && !r.body.contains(&theirs),
+        "{}",
+        r.body
+    );
+    // The switch is audited with its actor.
+    let actions = audit_actions(&sundial).await;
+    assert!(
+        actions
+            .iter()
+            .any(|(actor, action, target, status)| actor == "root"
+                && action == "POST /ui/namespace"
+                && target.as_deref() == Some("acme")
+                && *status == 303),
+        "{actions:?}"
+    );
+}

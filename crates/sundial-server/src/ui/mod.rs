@@ -115,6 +115,7 @@ pub fn router(state: UiState) -> Router {
         .route("/ui/", get(|| async { Redirect::to("/ui") }))
         .route("/ui/login", get(session::login_page).post(session::login))
         .route("/ui/logout", post(session::logout))
+        .route("/ui/namespace", post(overview::switch_namespace))
         .route("/ui/assets/ui.css", get(css))
         .route("/ui/assets/ui.js", get(js))
         .route("/ui/queues/{queue}/{action}", post(overview::queue_action))
@@ -171,6 +172,9 @@ pub(crate) struct Chrome {
     pub is_admin: bool,
     pub csrf: String,
     pub notice: Option<String>,
+    /// The namespace shown, and whether the viewer may choose another.
+    pub namespace: String,
+    pub may_switch_namespace: bool,
 }
 
 impl Chrome {
@@ -185,6 +189,8 @@ impl Chrome {
             is_admin: v.is_admin(),
             csrf: v.csrf.clone(),
             notice: None,
+            namespace: v.ns.name().to_string(),
+            may_switch_namespace: v.may_switch_namespace(),
         }
     }
 

@@ -67,7 +67,7 @@ impl LatenessWindow {
 
 /// Parses the `_bucket` lines of `metric` from a Prometheus text rendering, summed per value of
 /// the `queue` label (series without one go under `""`).
-fn parse_buckets(text: &str, metric: &str) -> BTreeMap<String, Buckets> {
+fn parse_buckets(text: &str, metric: &str, ns: &str) -> BTreeMap<String, Buckets> {
     let prefix = format!("{metric}_bucket");
     let mut out: BTreeMap<String, Buckets> = BTreeMap::new();
     for line in text.lines() {
@@ -83,23 +83,22 @@ fn parse_buckets(text: &str, metric: &str) -> BTreeMap<String, Buckets> {
         };
         let mut queue = String::new();
         let mut le = None;
-        let mut default_namespace = true;
+        // A series without the label is the default namespace's.
+        let mut in_namespace = ns == sundial_core::namespace::DEFAULT_NAMESPACE;
         for kv in labels.split(',') {
             if let Some((k, v)) = kv.split_once('=') {
                 let v = v.trim_matches('"');
                 match k.trim() {
                     "queue" => queue = v.to_string(),
                     "le" => le = Some(v.to_string()),
-                    // The UI shows the default namespace's queues.
-                    "namespace" => {
-                        default_namespace = v == sundial_core::namespace::DEFAULT_NAMESPACE;
-                    }
+                    // The viewer's namespace only.
+                    "namespace" => in_namespace = v == ns,
                     _ => {}
                 }
             }
         }
         let Some(le) = le else { continue };
-        if !default_namespace {
+        if !in_namespace {
             continue;
         }
         // Bounds in microseconds as keys (+Inf as the largest).
@@ -264,19 +263,22 @@ async fn overview(
 ) -> Result<Response, UiError> {
     let s = &st.app.sundial;
     let now = s.clock().now();
-    // The web UI shows the default namespace.
+    // The viewer's namespace's queues, by the names it knows them by.
     let infos: Vec<_> = s
         .queues()
         .await?
         .into_iter()
-        .filter(|q| crate::namespace::Ns::default().owns(&q.queue))
+        .filter_map(|mut q| {
+            q.queue = v.ns.local(&q.queue)?.to_string();
+            Some(q)
+        })
         .collect();
     // Lateness percentiles from the server's own histograms, over the last minutes.
     let rendered = st.app.config.prometheus.as_ref().map(|h| h.render());
     let (by_queue, schedule_lat, window) = match &rendered {
         Some(text) => {
-            let mut cur = parse_buckets(text, FIRE_LATENESS);
-            let sched = parse_buckets(text, SCHEDULE_LATENESS);
+            let mut cur = parse_buckets(text, FIRE_LATENESS, v.ns.name());
+            let sched = parse_buckets(text, SCHEDULE_LATENESS, v.ns.name());
             cur.insert("\u{0}schedules".to_string(), merged(sched.values()));
             let base = st
                 .lateness
@@ -319,7 +321,7 @@ async fn overview(
             let overdue = s
                 .list(
                     TaskFilter {
-                        queue: Some(info.queue.clone()),
+                        queue: Some(v.ns.qualify(&info.queue)),
                         state: Some(TaskState::Scheduled),
                         due_before: Some(Timestamp(now.0 + 1)),
                         ..TaskFilter::default()
@@ -425,7 +427,10 @@ async fn overview(
             now.0 - crate::ops::WORKERS_RECENT.as_millis() as i64,
         ))
         .into_iter()
-        .filter(|w| crate::namespace::Ns::default().owns(&w.queue))
+        .filter_map(|mut w| {
+            w.queue = v.ns.local(&w.queue)?.to_string();
+            Some(w)
+        })
         .map(|w| WorkerRow {
             worker: w.worker.unwrap_or_else(|| "(unnamed)".into()),
             href: format!("/ui/tasks?queue={}", enc(&w.queue)),
@@ -483,16 +488,17 @@ pub(crate) async fn queue_action(
         &body,
         format!("/ui/queues/{{queue}}/{word}"),
         Some(queue.clone()),
-        |_v, f| async move {
+        |v, f| async move {
             let r = async {
                 let s = &st2.app.sundial;
+                let stored = v.ns.given("queue", &queue)?;
                 let notice = match action.as_str() {
                     "pause" => {
-                        s.pause_queue(&queue).await?;
+                        s.pause_queue(&stored).await?;
                         format!("Queue {queue} paused: its due tasks wait.")
                     }
                     "resume" => {
-                        s.resume_queue(&queue).await?;
+                        s.resume_queue(&stored).await?;
                         format!("Queue {queue} resumed.")
                     }
                     _ => {
@@ -504,6 +510,50 @@ pub(crate) async fn queue_action(
                     _ => "/ui".to_string(),
                 };
                 Ok(see_other(&with_notice(&back, &notice)))
+            }
+            .await;
+            (None, r)
+        },
+    )
+    .await
+}
+
+/// `POST /ui/namespace`: a viewer of every namespace chooses the one the pages show (kept in a
+/// cookie); a token bound to a namespace keeps its own.
+pub(crate) async fn switch_namespace(
+    State(st): State<UiState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let st2 = st.clone();
+    let chosen = super::Fields::parse(&body)
+        .get("namespace")
+        .unwrap_or_default();
+    perform(
+        &st,
+        &headers,
+        &body,
+        "/ui/namespace".to_string(),
+        Some(chosen.clone()),
+        |v, _f| async move {
+            let r = async {
+                if !v.may_switch_namespace() {
+                    return Err(UiError::new(
+                        axum::http::StatusCode::FORBIDDEN,
+                        "this token belongs to one namespace; sign in with another token to see another",
+                    ));
+                }
+                let chosen = chosen.trim().to_string();
+                if !sundial_core::namespace::is_valid_name(&chosen)
+                    || !st2.access.namespace_exists(&chosen).await
+                {
+                    return Err(UiError::not_found(format!("no such namespace: {chosen:?}")));
+                }
+                let mut resp = see_other(&with_notice("/ui", &format!("Showing namespace {chosen}.")));
+                if let Some(c) = super::session::namespace_cookie(&st2, &chosen) {
+                    resp.headers_mut().append(axum::http::header::SET_COOKIE, c);
+                }
+                Ok(resp)
             }
             .await;
             (None, r)
@@ -528,7 +578,7 @@ sundial_fire_lateness_seconds_count{queue=\"a\",target=\"handler\"} 100
 
     #[test]
     fn percentiles_come_from_the_buckets() {
-        let b = parse_buckets(TEXT, FIRE_LATENESS);
+        let b = parse_buckets(TEXT, FIRE_LATENESS, "default");
         let a = &b["a"];
         assert_eq!(quantile(a, 0.5), Some(Duration::from_micros(1_000)));
         assert_eq!(quantile(a, 0.99), Some(Duration::from_micros(10_000)));
@@ -537,7 +587,7 @@ sundial_fire_lateness_seconds_count{queue=\"a\",target=\"handler\"} 100
 
     #[test]
     fn the_window_subtracts_an_older_snapshot() {
-        let b = parse_buckets(TEXT, FIRE_LATENESS);
+        let b = parse_buckets(TEXT, FIRE_LATENESS, "default");
         let mut w = LatenessWindow::default();
         assert!(w.baseline(Timestamp(0), &b).is_none());
         let (t, base) = w.baseline(Timestamp(60_000), &b).expect("a baseline");

@@ -2,8 +2,8 @@
 //! time zone (offset changes marked), its fire records, and pause, unpause (one or many),
 //! trigger, backfill and edit.
 //!
-//! The list, and a search, is one `ScheduleStore::search_schedules` query of the default
-//! namespace's schedules (the web UI shows the default namespace), which walks the ids in id
+//! The list, and a search, is one `ScheduleStore::search_schedules` query of the viewer's
+//! namespace's schedules, which walks the ids in id
 //! order (the primary key) inside the database and stops at a page of matches: no index serves a
 //! substring, so a search that matches little walks every id, in SQL (`sundial-bench ui`
 //! measures it at 10,000 schedules).
@@ -77,11 +77,16 @@ struct Row {
     missed: u64,
 }
 
+/// A stored name (schedule id, queue) as the viewer's namespace knows it.
+fn local(name: &str) -> &str {
+    sundial_core::namespace::local(name)
+}
+
 fn row(s: &Schedule) -> Row {
     let tz = zone(&s.def.spec.timezone);
     Row {
-        id: s.id.to_string(),
-        href: format!("/ui/schedule?id={}", enc(s.id.as_str())),
+        id: local(s.id.as_str()).to_string(),
+        href: format!("/ui/schedule?id={}", enc(local(s.id.as_str()))),
         recurrence: recurrence(s),
         timezone: s.def.spec.timezone.clone(),
         paused: s.paused,
@@ -89,7 +94,7 @@ fn row(s: &Schedule) -> Row {
             .next_fire_at
             .map(|t| in_zone(t, tz.as_ref()).0)
             .unwrap_or_else(|| "ended".into()),
-        queue: s.def.task.queue.clone(),
+        queue: local(&s.def.task.queue).to_string(),
         kind: s.def.task.kind.clone(),
         fired: s.counts.fired,
         skipped: s.counts.skipped,
@@ -137,17 +142,17 @@ async fn list_page(
     };
     let after = match q.get("cursor") {
         Some(c) => Some(
-            ScheduleId::new(&c)
+            ScheduleId::new(v.ns.given("cursor", &c)?)
                 .map_err(|e| UiError::bad_request(format!("cursor: {}", e.reason())))?,
         ),
         None => None,
     };
-    // One store query: the walk in id order that stops at a page of matches. The web UI shows
-    // the default namespace.
+    // One store query: the walk in id order that stops at a page of matches, in the viewer's
+    // namespace.
     let filter = ScheduleFilter {
         id_contains: fragment.clone(),
         paused,
-        namespace: Some(sundial_core::namespace::DEFAULT_NAMESPACE.to_string()),
+        namespace: Some(v.ns.name().to_string()),
     };
     let page = schedules
         .search(&filter, after.as_ref(), PAGE)
@@ -158,7 +163,7 @@ async fn list_page(
     let next = next.map(|c| {
         let rest = q.query_without(&["cursor", "notice"]);
         let sep = if rest.is_empty() { "" } else { "&" };
-        format!("/ui/schedules?{rest}{sep}cursor={}", enc(c.as_str()))
+        format!("/ui/schedules?{rest}{sep}cursor={}", enc(local(c.as_str())))
     });
     let t = ListPage {
         chrome: Chrome::new(v, "schedules", "Schedules").notice(q.get("notice")),
@@ -229,12 +234,12 @@ pub(crate) async fn show(
     page_or_error(&v, schedule_page(&st, &v, &q).await)
 }
 
-async fn load(schedules: &Schedules, id: &str) -> Result<Schedule, UiError> {
-    // The default namespace's schedules only (an id with a namespace part is another's).
-    if id.contains(sundial_core::namespace::SEPARATOR) {
-        return Err(UiError::not_found("no such schedule"));
-    }
-    let sid = ScheduleId::new(id).map_err(|_| UiError::not_found("no such schedule"))?;
+/// The viewer's namespace's schedule `id` (as the namespace knows it).
+async fn load(schedules: &Schedules, v: &Viewer, id: &str) -> Result<Schedule, UiError> {
+    let stored =
+        v.ns.qualify_given(id)
+            .ok_or_else(|| UiError::not_found("no such schedule"))?;
+    let sid = ScheduleId::new(stored).map_err(|_| UiError::not_found("no such schedule"))?;
     schedules
         .get(&sid)
         .await
@@ -247,7 +252,7 @@ async fn schedule_page(st: &UiState, v: &Viewer, q: &Fields) -> Result<Response,
     let id = q
         .get("id")
         .ok_or_else(|| UiError::bad_request("id is required"))?;
-    let s = load(schedules, &id).await?;
+    let s = load(schedules, v, &id).await?;
     let tz = zone(&s.def.spec.timezone);
     let now = st.app.sundial.clock().now();
     // The next 10 fires in the schedule's zone; a fire whose offset differs from the one before
@@ -297,7 +302,7 @@ async fn schedule_page(st: &UiState, v: &Viewer, q: &Fields) -> Result<Response,
     let more_fires = page.next_cursor.map(|c| {
         format!(
             "/ui/schedule?id={}&before={}",
-            enc(s.id.as_str()),
+            enc(local(s.id.as_str())),
             enc(&crate::time::format(c))
         )
     });
@@ -310,8 +315,9 @@ async fn schedule_page(st: &UiState, v: &Viewer, q: &Fields) -> Result<Response,
     };
     let d = &s.def;
     let t = SchedulePage {
-        chrome: Chrome::new(v, "schedules", format!("Schedule {}", s.id)).notice(q.get("notice")),
-        id: s.id.to_string(),
+        chrome: Chrome::new(v, "schedules", format!("Schedule {}", local(s.id.as_str())))
+            .notice(q.get("notice")),
+        id: local(s.id.as_str()).to_string(),
         recurrence: recurrence(&s),
         timezone: d.spec.timezone.clone(),
         dst: format!(
@@ -325,7 +331,7 @@ async fn schedule_page(st: &UiState, v: &Viewer, q: &Fields) -> Result<Response,
         jitter: crate::duration::format(std::time::Duration::from_millis(d.jitter_ms)),
         paused: s.paused,
         note: s.note.clone().unwrap_or_default(),
-        queue: d.task.queue.clone(),
+        queue: local(&d.task.queue).to_string(),
         kind: d.task.kind.clone(),
         payload: fmt::json(&d.task.payload),
         fired: s.counts.fired,
@@ -338,8 +344,8 @@ async fn schedule_page(st: &UiState, v: &Viewer, q: &Fields) -> Result<Response,
         every,
         tasks_href: format!(
             "/ui/tasks?queue={}&key_prefix={}",
-            enc(&d.task.queue),
-            enc(&format!("schedule:{}@", s.id))
+            enc(local(&d.task.queue)),
+            enc(&format!("schedule:{}@", local(s.id.as_str())))
         ),
         backfill_to: crate::time::format(now),
     };
@@ -368,17 +374,22 @@ pub(crate) async fn act(
         &body,
         route,
         fields.get("id"),
-        |_v, f| async move { (None, schedule_action(&st2, &action, &f).await) },
+        |v, f| async move { (None, schedule_action(&st2, &v, &action, &f).await) },
     )
     .await
 }
 
-async fn schedule_action(st: &UiState, action: &str, f: &Fields) -> Result<Response, UiError> {
+async fn schedule_action(
+    st: &UiState,
+    v: &Viewer,
+    action: &str,
+    f: &Fields,
+) -> Result<Response, UiError> {
     let schedules = schedules(st)?;
     let id = f
         .get("id")
         .ok_or_else(|| UiError::bad_request("id is required"))?;
-    let s = load(schedules, &id).await?;
+    let s = load(schedules, v, &id).await?;
     let notice = match action {
         "pause" => {
             schedules
@@ -434,14 +445,14 @@ async fn schedule_action(st: &UiState, action: &str, f: &Fields) -> Result<Respo
                 ..ScheduleRequest::default()
             };
             let mut def = s.def.clone();
-            crate::schedules::apply(&crate::namespace::Ns::default(), &mut def, req)?;
+            crate::schedules::apply(&v.ns, &mut def, req)?;
             schedules.update(&s.id, def).await.map_err(api_error)?;
             "Saved and re-armed.".to_string()
         }
         _ => return Err(UiError::not_found(format!("no such action: {action:?}"))),
     };
     Ok(see_other(&with_notice(
-        &format!("/ui/schedule?id={}", enc(s.id.as_str())),
+        &format!("/ui/schedule?id={}", enc(local(s.id.as_str()))),
         &notice,
     )))
 }
@@ -458,7 +469,7 @@ pub(crate) async fn bulk(State(st): State<UiState>, headers: HeaderMap, body: By
         &body,
         format!("/ui/schedules/bulk/{word}"),
         None,
-        |_v, f| async move {
+        |v, f| async move {
             let r = async {
                 let schedules = schedules(&st2)?;
                 let pause = match f.get("action").as_deref() {
@@ -472,7 +483,7 @@ pub(crate) async fn bulk(State(st): State<UiState>, headers: HeaderMap, body: By
                 }
                 let mut n = 0;
                 for id in &ids {
-                    let s = load(schedules, id).await?;
+                    let s = load(schedules, &v, id).await?;
                     if pause {
                         schedules.pause(&s.id, f.get("note")).await
                     } else {

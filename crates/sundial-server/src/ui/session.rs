@@ -28,7 +28,8 @@ use sundial_store::Scope;
 use askama::Template;
 
 use super::{Chrome, Fields, UiError, UiState, error_page, render, see_other};
-use crate::access::{Actor, DEFAULT_NAMESPACE, hex};
+use crate::access::{Actor, hex};
+use crate::namespace::Ns;
 
 /// The session cookie's name.
 pub const SESSION_COOKIE: &str = "sundial_session";
@@ -45,9 +46,23 @@ pub struct Viewer {
     pub csrf: String,
     /// A cookie to set with the page (a fresh CSRF cookie).
     pub set_cookie: Option<HeaderValue>,
+    /// The namespace the pages show and act in: a bound token's own; for a viewer of every
+    /// namespace, the one chosen with `POST /ui/namespace` (cookie `sundial_ns`), else `default`.
+    pub ns: Ns,
 }
 
 impl Viewer {
+    /// Whether the viewer may choose the namespace (a token bound to one may not).
+    pub fn may_switch_namespace(&self) -> bool {
+        !matches!(
+            &self.actor,
+            Actor::Token {
+                namespace: Some(_),
+                ..
+            }
+        )
+    }
+
     fn scope(&self) -> Option<Scope> {
         match &self.actor {
             Actor::Token { scope, .. } => Some(*scope),
@@ -87,8 +102,38 @@ impl Viewer {
             auth_on,
             csrf: String::new(),
             set_cookie: None,
+            ns: Ns::default(),
         }
     }
+}
+
+/// The cookie holding the namespace a viewer of every namespace chose.
+pub const NAMESPACE_COOKIE: &str = "sundial_ns";
+
+/// The namespace `actor` sees: its own when bound to one, else the chosen one if it still
+/// exists, else `default`.
+async fn viewer_namespace(st: &UiState, headers: &HeaderMap, actor: &Actor) -> Ns {
+    if let Actor::Token {
+        namespace: Some(ns),
+        ..
+    } = actor
+    {
+        return Ns(ns.clone());
+    }
+    match cookie(headers, NAMESPACE_COOKIE) {
+        Some(ns)
+            if sundial_core::namespace::is_valid_name(&ns)
+                && st.access.namespace_exists(&ns).await =>
+        {
+            Ns(ns)
+        }
+        _ => Ns::default(),
+    }
+}
+
+/// The `Set-Cookie` that makes `ns` the namespace of a viewer of every namespace.
+pub(crate) fn namespace_cookie(st: &UiState, ns: &str) -> Option<HeaderValue> {
+    set_cookie(st, NAMESPACE_COOKIE, ns, SESSION_MS / 1000)
 }
 
 type HmacSha256 = Hmac<Sha256>;
@@ -223,10 +268,6 @@ fn may_view(actor: &Actor) -> Result<(), &'static str> {
             scope: Scope::Worker,
             ..
         } => Err("a worker token cannot read; sign in with a reader, producer or admin token"),
-        Actor::Token {
-            namespace: Some(ns),
-            ..
-        } if ns != DEFAULT_NAMESPACE => Err("this token belongs to another namespace"),
         _ => Ok(()),
     }
 }
@@ -258,7 +299,9 @@ pub(crate) async fn viewer(
 ) -> Result<Viewer, Response> {
     let auth_on = st.access.auth_is_on().await.map_err(unavailable)?;
     if !auth_on {
-        return Ok(local_viewer(st, headers));
+        let mut v = local_viewer(st, headers);
+        v.ns = viewer_namespace(st, headers, &v.actor).await;
+        return Ok(v);
     }
     match session(st, headers).await {
         Ok(s) => {
@@ -268,11 +311,13 @@ pub(crate) async fn viewer(
                     UiError::new(StatusCode::FORBIDDEN, why),
                 ));
             }
+            let ns = viewer_namespace(st, headers, &s.actor).await;
             Ok(Viewer {
                 actor: s.actor,
                 auth_on: true,
                 csrf: s.csrf,
                 set_cookie: None,
+                ns,
             })
         }
         Err(NoSession::Missing(why)) => Err(login_redirect(here, why)),
@@ -288,6 +333,7 @@ fn local_viewer(st: &UiState, headers: &HeaderMap) -> Viewer {
         auth_on: false,
         csrf,
         set_cookie: set,
+        ns: Ns::default(),
     }
 }
 
@@ -347,7 +393,8 @@ pub(crate) async fn authorize_post(
     }
     let sent = fields.get("csrf").unwrap_or_default();
     if !auth_on {
-        let v = local_viewer(st, headers);
+        let mut v = local_viewer(st, headers);
+        v.ns = viewer_namespace(st, headers, &v.actor).await;
         if v.set_cookie.is_some() || !same(&v.csrf, &sent) {
             return Err((
                 Actor::Local,
@@ -380,11 +427,13 @@ pub(crate) async fn authorize_post(
             ),
         ));
     }
+    let ns = viewer_namespace(st, headers, &s.actor).await;
     let v = Viewer {
         actor: s.actor,
         auth_on: true,
         csrf: s.csrf,
         set_cookie: None,
+        ns,
     };
     if may_view(&v.actor).is_err() || !v.can_act() {
         return Err((
@@ -428,6 +477,8 @@ fn login_chrome(csrf: String, notice: Option<String>) -> Chrome {
         is_admin: false,
         csrf,
         notice,
+        namespace: String::new(),
+        may_switch_namespace: false,
     }
 }
 
@@ -449,6 +500,7 @@ pub(crate) async fn login_page(
         auth_on: true,
         csrf: csrf.clone(),
         set_cookie: set,
+        ns: Ns::default(),
     };
     render(
         &v,
@@ -497,6 +549,7 @@ async fn login_inner(
             auth_on: true,
             csrf: csrf.clone(),
             set_cookie: set_cookie(st, CSRF_COOKIE, &csrf, SESSION_MS / 1000),
+            ns: Ns::default(),
         };
         let mut resp = render(
             &v,

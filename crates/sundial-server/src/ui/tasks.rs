@@ -194,20 +194,23 @@ pub(crate) async fn list(
     }
     let api = api_query(&q);
     let now = st.app.sundial.clock().now();
-    let (rows, next, error) =
-        match crate::api::query_tasks(&st.app, &crate::namespace::Ns::default(), &api).await {
-            Ok(page) => (
-                page.tasks.iter().map(|t| TaskRow::of(t, now)).collect(),
-                page.next_cursor.map(|c| {
-                    let rest = q.query_without(&["cursor", "notice"]);
-                    let sep = if rest.is_empty() { "" } else { "&" };
-                    format!("/ui/tasks?{rest}{sep}cursor={c}")
-                }),
-                None,
-            ),
-            Err(e) => (Vec::new(), None, Some(UiError::from(e).message)),
-        };
-    let queues = queue_names(&st).await;
+    let (rows, next, error) = match crate::api::query_tasks(&st.app, &v.ns, &api).await {
+        Ok(page) => (
+            page.tasks
+                .iter()
+                .filter_map(|t| v.ns.own(t.clone()))
+                .map(|t| TaskRow::of(&t, now))
+                .collect(),
+            page.next_cursor.map(|c| {
+                let rest = q.query_without(&["cursor", "notice"]);
+                let sep = if rest.is_empty() { "" } else { "&" };
+                format!("/ui/tasks?{rest}{sep}cursor={c}")
+            }),
+            None,
+        ),
+        Err(e) => (Vec::new(), None, Some(UiError::from(e).message)),
+    };
+    let queues = queue_names(&st, &v.ns).await;
     let bulk_query = q.query_without(&["cursor", "notice", "limit", "internal", "key"]);
     let t = TasksPage {
         chrome: Chrome::new(&v, "tasks", "Tasks").notice(q.get("notice")),
@@ -228,13 +231,17 @@ pub(crate) async fn list(
 }
 
 /// The names of the queues that have tasks (from the maintained counters: no scan).
-pub(crate) async fn queue_names(st: &UiState) -> Vec<String> {
+pub(crate) async fn queue_names(st: &UiState, ns: &crate::namespace::Ns) -> Vec<String> {
     let mut names: Vec<String> = st
         .app
         .sundial
         .counts()
         .await
-        .map(|c| c.into_iter().map(|c| c.queue).collect())
+        .map(|c| {
+            c.into_iter()
+                .filter_map(|c| ns.local(&c.queue).map(str::to_string))
+                .collect()
+        })
         .unwrap_or_default();
     names.sort();
     names.dedup();
@@ -320,7 +327,7 @@ async fn task_page(
     let task = s
         .get(id)
         .await?
-        .and_then(|t| crate::namespace::Ns::default().own(t))
+        .and_then(|t| v.ns.own(t))
         .ok_or_else(|| UiError::not_found("no such task"))?;
     let history = s.attempts(id).await?;
     let now = s.clock().now();
@@ -444,7 +451,7 @@ pub(crate) async fn act(
         &body,
         route,
         Some(id.clone()),
-        |_v, f| async move { (None, task_action(&st2, &id, &action, &f).await) },
+        |v, f| async move { (None, task_action(&st2, &v, &id, &action, &f).await) },
     )
     .await
 }
@@ -471,6 +478,7 @@ fn route_word(action: &str) -> &str {
 
 async fn task_action(
     st: &UiState,
+    v: &Viewer,
     id: &str,
     action: &str,
     f: &Fields,
@@ -479,7 +487,7 @@ async fn task_action(
     let s = &st.app.sundial;
     s.get(tid)
         .await?
-        .and_then(|t| crate::namespace::Ns::default().own(t))
+        .and_then(|t| v.ns.own(t))
         .ok_or_else(|| UiError::not_found("no such task"))?;
     let notice = match action {
         "cancel" => match s.cancel(tid).await {
@@ -559,12 +567,13 @@ fn bulk_action(q: &Fields) -> Result<&'static str, UiError> {
 
 async fn run_bulk(
     st: &UiState,
+    ns: &crate::namespace::Ns,
     action: &str,
     q: &Fields,
     dry_run: bool,
 ) -> Result<sundial::BulkOutcome, UiError> {
     let req = bulk_request(q)?;
-    let filter = req.filter(&crate::namespace::Ns::default())?;
+    let filter = req.filter(ns)?;
     let s = &st.app.sundial;
     Ok(if action == "cancel" {
         s.cancel_matching(filter, dry_run).await?
@@ -594,7 +603,7 @@ pub(crate) async fn bulk_preview(
         };
     let result = async {
         let action = bulk_action(&q)?;
-        let out = run_bulk(&st, action, &q, true).await?;
+        let out = run_bulk(&st, &v.ns, action, &q, true).await?;
         Ok::<_, UiError>(BulkPage {
             chrome: Chrome::new(&v, "tasks", format!("Bulk {action}")),
             action,
@@ -619,10 +628,10 @@ pub(crate) async fn bulk_apply(
     let action = bulk_action(&Fields::parse(&body)).unwrap_or("{action}");
     let route = format!("/ui/tasks/bulk/{action}");
     let st2 = st.clone();
-    perform(&st, &headers, &body, route, None, |_v, q| async move {
+    perform(&st, &headers, &body, route, None, |v, q| async move {
         let result = async {
             let action = bulk_action(&q)?;
-            let out = run_bulk(&st2, action, &q, false).await?;
+            let out = run_bulk(&st2, &v.ns, action, &q, false).await?;
             let done = if action == "cancel" {
                 "Cancelled"
             } else {
@@ -705,8 +714,11 @@ async fn dead_page(st: &UiState, v: &Viewer, q: &Fields) -> Result<Response, UiE
     let queue = q.get("queue").unwrap_or_default();
     let mut by_queue: BTreeMap<String, u64> = BTreeMap::new();
     for c in s.counts().await? {
-        if c.state == TaskState::Dead && c.count > 0 {
-            *by_queue.entry(c.queue).or_default() += c.count;
+        if c.state == TaskState::Dead
+            && c.count > 0
+            && let Some(local) = v.ns.local(&c.queue)
+        {
+            *by_queue.entry(local.to_string()).or_default() += c.count;
         }
     }
     let queues = by_queue
@@ -728,13 +740,18 @@ async fn dead_page(st: &UiState, v: &Viewer, q: &Fields) -> Result<Response, UiE
     if let Some(c) = q.get("cursor") {
         api.push_str(&format!("&cursor={}", enc(&c)));
     }
-    let page = crate::api::query_tasks(&st.app, &crate::namespace::Ns::default(), &api).await?;
+    let page = crate::api::query_tasks(&st.app, &v.ns, &api).await?;
     let now = s.clock().now();
     // Across the whole store (or the queue): one aggregate over the index of dead tasks.
+    let stored_queue = v.ns.given("queue", &queue)?;
     let groups = s
-        .dead_groups((!queue.is_empty()).then_some(queue.as_str()), GROUPS)
+        .dead_groups((!queue.is_empty()).then_some(stored_queue.as_str()), GROUPS)
         .await?
         .into_iter()
+        .filter_map(|mut g| {
+            g.queue = v.ns.local(&g.queue)?.to_string();
+            Some(g)
+        })
         .map(|g| {
             // Exactly the group: its queue, dead, and its error group (a blank group, which
             // the form fields cannot carry, gets no links).
@@ -775,7 +792,12 @@ async fn dead_page(st: &UiState, v: &Viewer, q: &Fields) -> Result<Response, UiE
         queue,
         queues,
         groups,
-        rows: page.tasks.iter().map(|t| TaskRow::of(t, now)).collect(),
+        rows: page
+            .tasks
+            .iter()
+            .filter_map(|t| v.ns.own(t.clone()))
+            .map(|t| TaskRow::of(&t, now))
+            .collect(),
         next,
         retry_href,
     };
