@@ -323,7 +323,7 @@ async fn task_page(
 ) -> Result<Response, UiError> {
     let id = parse_id(id)?;
     let s = &st.app.sundial;
-    // The web UI shows the default namespace (another namespace's task reads as missing).
+    // The viewer's namespace's task only (another namespace's reads as missing).
     let task = s
         .get(id)
         .await?
