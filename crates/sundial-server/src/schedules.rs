@@ -18,6 +18,12 @@
 //! `dst.skipped`, `task.kind`, …) and the reason. Times are RFC 3339; durations are strings
 //! (`"15m"`). Fire times in responses are UTC. Every route is described in `/openapi.json` (tag
 //! `schedules`).
+//!
+//! Under `/v1/namespaces/{ns}/…` every route is namespace `ns`'s (see [`crate::namespace`]): a
+//! schedule id is the namespace's own (stored qualified), its task template's queue and
+//! exclusive key are qualified, so its fires create tasks in the namespace's queues, and the list
+//! and every by-id route see only the namespace's schedules (another's is `404`, as one that
+//! does not exist). Responses show ids and queues as the namespace knows them.
 
 use std::time::Duration;
 
@@ -406,6 +412,19 @@ fn template(ns: &Ns, task: CreateTask) -> Result<TaskTemplate, ApiError> {
         e.detail.field = e.detail.field.take().map(|f| format!("task.{f}"));
         e
     })?;
+    // A name with a namespace part of its own would be another namespace's (in the default
+    // namespace, whose names are stored as given).
+    for (field, name) in [
+        ("task.queue", Some(&spec.queue)),
+        ("task.exclusive", spec.exclusive.as_ref().map(|e| &e.key)),
+    ] {
+        if name.is_some_and(|n| n.contains(sundial_core::namespace::SEPARATOR)) {
+            return Err(ApiError::invalid(
+                field,
+                "control characters are not allowed",
+            ));
+        }
+    }
     let template = TaskTemplate {
         queue: spec.queue,
         kind: spec.kind,

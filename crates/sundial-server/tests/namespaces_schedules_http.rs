@@ -216,6 +216,20 @@ async fn schedules_belong_to_one_namespace() {
     )
     .await;
     assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
+    // So is one in the task template's queue or exclusive key: no fire lands in acme's queues.
+    for task in [
+        json!({"kind": "k", "queue": "acme\u{1f}reports"}),
+        json!({"kind": "k", "exclusive": {"key": "acme\u{1f}one"}}),
+    ] {
+        let (st, b) = call(
+            &app,
+            "POST",
+            "/v1/schedules",
+            Some(json!({"id": "sneaky", "every": "1h", "task": task})),
+        )
+        .await;
+        assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{task}: {b}");
+    }
     let (_, list) = call(&app, "GET", "/v1/namespaces/acme/schedules", None).await;
     assert_eq!(schedule_ids(&list), want, "{list}");
 
