@@ -162,6 +162,7 @@ async fn count_status(
     let filter = WorkflowFilter {
         workflow_type: Some(workflow_type.to_string()),
         status: Some(status),
+        ..WorkflowFilter::default()
     };
     let mut n = 0u64;
     let mut after: Option<String> = None;

@@ -33,6 +33,13 @@
 //! ```
 //!
 //! Every route is described in `/openapi.json` (tags `workflows` and `workflow workers`).
+//!
+//! Under `/v1/namespaces/{ns}/…` every route is namespace `ns`'s (see [`crate::namespace`]): a
+//! workflow id is the namespace's own (stored qualified), its workflow tasks, timers, child
+//! starts and activities are in the namespace's workflow queues, so the worker polls hand out
+//! the namespace's only, and the children a worker's commands start are the namespace's
+//! workflows. Another namespace's workflow, workflow task or activity answers `404`, as one that
+//! does not exist. Responses show workflow ids as the namespace knows them.
 
 use axum::Json;
 use axum::Router;
@@ -45,10 +52,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sundial_workflow::remote::{
     CompleteActivity, CompleteWorkflowTask, FailActivity, PollActivities, PollWorkflowTasks,
+    WorkflowTaskOutcome, WorkflowTaskView,
 };
 use sundial_workflow::{
     Error, IdReusePolicy, StartWorkflow, WorkflowFilter, WorkflowRun, WorkflowStatus, Workflows,
 };
+use sundial_workflow::{Event, WorkflowEvent};
 
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -56,6 +65,7 @@ use utoipa_axum::routes;
 
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{ApiJson, ApiQuery, parse_json};
+use crate::namespace::Ns;
 use crate::time;
 
 /// The workflow routes and their OpenAPI description.
@@ -215,9 +225,56 @@ pub(crate) fn api_error(e: Error) -> ApiError {
     }
 }
 
+/// A workflow id as its namespace knows it (the handlers only ever load their own namespace's
+/// workflows, and a workflow's parent is of its namespace).
+fn local(stored: &str) -> String {
+    sundial_core::namespace::local(stored).to_string()
+}
+
+/// The stored id of workflow `id` of namespace `ns`; `None` for an id holding the separator
+/// (which would name another namespace's workflow).
+fn stored_id(ns: &Ns, id: &str) -> Result<String, ApiError> {
+    ns.qualify_given(id)
+        .ok_or_else(|| ApiError::not_found("no such workflow"))
+}
+
+/// History events as the namespace knows them: a run's start names its parent by the parent's
+/// stored id. (Commands name children as the workflow code did.)
+fn local_events(events: &mut [WorkflowEvent]) {
+    for e in events {
+        if let Event::WorkflowStarted {
+            parent_workflow_id: Some(p),
+            ..
+        } = &mut e.event
+        {
+            *p = local(p);
+        }
+    }
+}
+
+/// A claimed workflow task as the worker's namespace knows it.
+fn local_task(mut v: WorkflowTaskView) -> WorkflowTaskView {
+    v.workflow_id = local(&v.workflow_id);
+    local_events(&mut v.history);
+    v
+}
+
+/// Another namespace's kernel task (workflow task or activity) answers a worker's call as one
+/// that does not exist would.
+async fn own_kernel_task(
+    workflows: &Workflows,
+    ns: &Ns,
+    id: sundial::TaskId,
+) -> Result<(), ApiError> {
+    match workflows.sundial().get(id).await? {
+        Some(t) if !ns.owns(&t.queue) => Err(sundial::Error::NotFound.into()),
+        _ => Ok(()),
+    }
+}
+
 fn view(r: &WorkflowRun) -> WorkflowView {
     WorkflowView {
-        id: r.workflow_id.clone(),
+        id: local(&r.workflow_id),
         run_id: *r.run_id.as_uuid(),
         workflow_type: r.workflow_type.clone(),
         status: r.status.as_str().to_string(),
@@ -227,7 +284,7 @@ fn view(r: &WorkflowRun) -> WorkflowView {
             .map(|s| serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.to_string()))),
         error: r.error.clone(),
         history_length: r.history_len,
-        parent_id: r.parent.as_ref().map(|p| p.workflow_id.clone()),
+        parent_id: r.parent.as_ref().map(|p| local(&p.workflow_id)),
         continued_from: r.continued_from.map(|id| *id.as_uuid()),
         continued_to: r.continued_to.map(|id| *id.as_uuid()),
         created_at: time::format(r.created_at),
@@ -259,6 +316,7 @@ fn optional_body<T: DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiErr
 )]
 pub async fn start(
     State(workflows): State<Workflows>,
+    ns: Ns,
     ApiJson(r): ApiJson<StartRequest>,
 ) -> Result<Response, ApiError> {
     let id_reuse = match r.id_reuse.as_deref() {
@@ -273,11 +331,14 @@ pub async fn start(
     let mut req =
         StartWorkflow::new(r.workflow_type, r.input.unwrap_or(Value::Null)).id_reuse(id_reuse);
     req.workflow_id = r.id;
-    let run = workflows.start(req).await.map_err(api_error)?;
+    let run = workflows
+        .start_in(ns.name(), req)
+        .await
+        .map_err(api_error)?;
     Ok((
         StatusCode::CREATED,
         Json(StartResponse {
-            id: run.workflow_id,
+            id: local(&run.workflow_id),
             run_id: *run.run_id.as_uuid(),
             status: run.status.as_str().to_string(),
         }),
@@ -296,6 +357,7 @@ pub async fn start(
 )]
 pub async fn list(
     State(workflows): State<Workflows>,
+    ns: Ns,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<WorkflowList>, ApiError> {
     let limit = q.limit.unwrap_or(50);
@@ -316,20 +378,30 @@ pub async fn list(
     let filter = WorkflowFilter {
         workflow_type: q.workflow_type,
         status,
+        namespace: Some(ns.name().to_string()),
     };
+    let after = q
+        .cursor
+        .as_deref()
+        .map(|c| {
+            ns.qualify_given(c)
+                .ok_or_else(|| ApiError::invalid("cursor", "not a cursor of this list"))
+        })
+        .transpose()?;
     let page = workflows
-        .list(&filter, q.cursor.as_deref(), limit)
+        .list(&filter, after.as_deref(), limit)
         .await
         .map_err(api_error)?;
     Ok(Json(WorkflowList {
         workflows: page.runs.iter().map(view).collect(),
-        next_cursor: page.next_cursor,
+        next_cursor: page.next_cursor.map(|c| local(&c)),
     }))
 }
 
-async fn load(workflows: &Workflows, id: &str) -> Result<WorkflowRun, ApiError> {
+/// Workflow `id` of namespace `ns` (its current run): `404` when there is none.
+async fn load(workflows: &Workflows, ns: &Ns, id: &str) -> Result<WorkflowRun, ApiError> {
     workflows
-        .get(id)
+        .get(&stored_id(ns, id)?)
         .await
         .map_err(api_error)?
         .ok_or_else(|| ApiError::not_found("no such workflow"))
@@ -346,9 +418,10 @@ async fn load(workflows: &Workflows, id: &str) -> Result<WorkflowRun, ApiError> 
 )]
 pub async fn get_one(
     State(workflows): State<Workflows>,
+    ns: Ns,
     Path(id): Path<String>,
 ) -> Result<Json<WorkflowView>, ApiError> {
-    Ok(Json(view(&load(&workflows, &id).await?)))
+    Ok(Json(view(&load(&workflows, &ns, &id).await?)))
 }
 
 #[utoipa::path(
@@ -365,12 +438,13 @@ pub async fn get_one(
 )]
 pub async fn signal(
     State(workflows): State<Workflows>,
+    ns: Ns,
     Path((id, name)): Path<(String, String)>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let r: SignalRequest = optional_body(&body)?;
     workflows
-        .signal(&id, &name, r.input.unwrap_or(Value::Null))
+        .signal(&stored_id(&ns, &id)?, &name, r.input.unwrap_or(Value::Null))
         .await
         .map_err(api_error)?;
     Ok(StatusCode::ACCEPTED.into_response())
@@ -389,11 +463,15 @@ pub async fn signal(
 )]
 pub async fn cancel(
     State(workflows): State<Workflows>,
+    ns: Ns,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let r: ReasonRequest = optional_body(&body)?;
-    workflows.cancel(&id, r.reason).await.map_err(api_error)?;
+    workflows
+        .cancel(&stored_id(&ns, &id)?, r.reason)
+        .await
+        .map_err(api_error)?;
     Ok(StatusCode::ACCEPTED.into_response())
 }
 
@@ -410,6 +488,7 @@ pub async fn cancel(
 )]
 pub async fn terminate(
     State(workflows): State<Workflows>,
+    ns: Ns,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Json<WorkflowView>, ApiError> {
@@ -417,7 +496,10 @@ pub async fn terminate(
     let reason = r
         .reason
         .unwrap_or_else(|| "terminated over HTTP".to_string());
-    let run = workflows.terminate(&id, &reason).await.map_err(api_error)?;
+    let run = workflows
+        .terminate(&stored_id(&ns, &id)?, &reason)
+        .await
+        .map_err(api_error)?;
     Ok(Json(view(&run)))
 }
 
@@ -432,9 +514,17 @@ pub async fn terminate(
 )]
 pub async fn history(
     State(workflows): State<Workflows>,
+    ns: Ns,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(workflows.history_json(&id).await.map_err(api_error)?))
+    let run = load(&workflows, &ns, &id).await?;
+    let mut events = workflows.history(run.run_id).await.map_err(api_error)?;
+    local_events(&mut events);
+    Ok(Json(serde_json::json!({
+        "workflow_id": local(&run.workflow_id),
+        "run_id": run.run_id,
+        "events": events,
+    })))
 }
 
 // ---- Remote workers -----------------------------------------------------------------------------
@@ -524,9 +614,16 @@ fn task_id(raw: &str) -> Result<sundial::TaskId, ApiError> {
 )]
 pub async fn poll_workflow_tasks(
     State(workflows): State<Workflows>,
+    ns: Ns,
     ApiJson(r): ApiJson<PollWorkflowTasks>,
 ) -> Result<Json<Value>, ApiError> {
-    let tasks = workflows.poll_workflow_tasks(r).await.map_err(api_error)?;
+    let tasks: Vec<WorkflowTaskView> = workflows
+        .poll_workflow_tasks_in(ns.name(), r)
+        .await
+        .map_err(api_error)?
+        .into_iter()
+        .map(local_task)
+        .collect();
     Ok(Json(serde_json::json!({ "tasks": tasks })))
 }
 
@@ -543,13 +640,22 @@ pub async fn poll_workflow_tasks(
 )]
 pub async fn complete_workflow_task(
     State(workflows): State<Workflows>,
+    ns: Ns,
     Path(task): Path<String>,
     ApiJson(r): ApiJson<CompleteWorkflowTask>,
 ) -> Result<Response, ApiError> {
-    let outcome = workflows
-        .complete_workflow_task(task_id(&task)?, r)
+    let id = task_id(&task)?;
+    own_kernel_task(&workflows, &ns, id).await?;
+    let outcome = match workflows
+        .complete_workflow_task(id, r)
         .await
-        .map_err(api_error)?;
+        .map_err(api_error)?
+    {
+        WorkflowTaskOutcome::Stale { task } => WorkflowTaskOutcome::Stale {
+            task: Box::new(local_task(*task)),
+        },
+        other => other,
+    };
     Ok(Json(outcome).into_response())
 }
 
@@ -564,9 +670,13 @@ pub async fn complete_workflow_task(
 )]
 pub async fn poll_activities(
     State(workflows): State<Workflows>,
+    ns: Ns,
     ApiJson(r): ApiJson<PollActivities>,
 ) -> Result<Json<Value>, ApiError> {
-    let tasks = workflows.poll_activities(r).await.map_err(api_error)?;
+    let tasks = workflows
+        .poll_activities_in(ns.name(), r)
+        .await
+        .map_err(api_error)?;
     Ok(Json(serde_json::json!({ "tasks": tasks })))
 }
 
@@ -582,11 +692,14 @@ pub async fn poll_activities(
 )]
 pub async fn complete_activity(
     State(workflows): State<Workflows>,
+    ns: Ns,
     Path(task): Path<String>,
     ApiJson(r): ApiJson<CompleteActivity>,
 ) -> Result<Json<Value>, ApiError> {
+    let id = task_id(&task)?;
+    own_kernel_task(&workflows, &ns, id).await?;
     workflows
-        .finish_activity(task_id(&task)?, r.execution_id, Ok(r.result))
+        .finish_activity(id, r.execution_id, Ok(r.result))
         .await
         .map_err(api_error)?;
     Ok(Json(serde_json::json!({ "status": "recorded" })))
@@ -604,12 +717,15 @@ pub async fn complete_activity(
 )]
 pub async fn fail_activity(
     State(workflows): State<Workflows>,
+    ns: Ns,
     Path(task): Path<String>,
     ApiJson(r): ApiJson<FailActivity>,
 ) -> Result<Json<Value>, ApiError> {
+    let id = task_id(&task)?;
+    own_kernel_task(&workflows, &ns, id).await?;
     workflows
         .finish_activity(
-            task_id(&task)?,
+            id,
             r.execution_id,
             Err((r.error, r.retryable.unwrap_or(true))),
         )

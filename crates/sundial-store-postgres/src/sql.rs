@@ -142,6 +142,8 @@ pub(crate) struct WorkflowSql {
     pub close: String,
     pub cancel_ids: String,
     pub cancel_run_tasks: String,
+    /// `cancel_run_tasks` in the workflow queues `$4`, `$5` (a namespace other than the default).
+    pub cancel_run_tasks_in: String,
     pub list: String,
     /// Retention: up to `$2` runs closed before `$1` with their histories, markers and ids'
     /// pointers; rows another writer holds are skipped (`SKIP LOCKED`), locked in the order of
@@ -239,11 +241,22 @@ impl WorkflowSql {
                  WHERE queue IN ('{WORKFLOW_QUEUE}', '{ACTIVITY_QUEUE}') AND key IS NOT NULL \
                  AND state IN {LIVE} AND key ~>=~ $1 AND key ~<~ $2 RETURNING id"
             ),
+            // The same in a namespace's workflow queues ($4, $5; see
+            // `sundial_core::namespace`), which the partial index above does not cover: the
+            // index of keys `tasks_key_id` (`text_pattern_ops`) serves the key range.
+            cancel_run_tasks_in: format!(
+                "UPDATE {tasks} SET state = 'cancelled', updated_at = $3, finished_at = $3, \
+                 lease_expires_at = NULL, last_error = '{why}' \
+                 WHERE queue IN ($4, $5) AND key IS NOT NULL \
+                 AND state IN {LIVE} AND key ~>=~ $1 AND key ~<~ $2 RETURNING id"
+            ),
             list: format!(
                 "SELECT {rc} FROM {ids} w JOIN {runs} r ON r.run_id = w.run_id \
                  WHERE ($1::text IS NULL OR w.workflow_id > $1::text) \
                  AND ($2::text IS NULL OR r.workflow_type = $2::text) \
                  AND ($3::text IS NULL OR r.status = $3::text) \
+                 AND ($5::text IS NULL OR starts_with(w.workflow_id, $5::text)) \
+                 AND (NOT $6::boolean OR strpos(w.workflow_id, chr(31)) = 0) \
                  ORDER BY w.workflow_id LIMIT $4"
             ),
         }

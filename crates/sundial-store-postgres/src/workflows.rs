@@ -23,7 +23,7 @@ use sundial_store::{
     AppendOp, Appended, Committed, Fence, HistoryEvent, IdReusePolicy, Inserted, NewEvent, NewRun,
     ParentLink, StartedRun, StoreError, TerminateOp, Terminated, WorkflowFilter, WorkflowPage,
     WorkflowRun, WorkflowStatus, WorkflowStore, WorkflowStoreError, WorkflowTaskCommit,
-    run_task_key_prefix,
+    activity_queue, run_task_key_prefix, workflow_queue,
 };
 use tokio_postgres::Row;
 use uuid::Uuid;
@@ -180,25 +180,38 @@ impl PostgresStore {
         Ok(out)
     }
 
-    /// Cancels every live task keyed under the run's prefix, in both workflow queues.
+    /// Cancels every live task keyed under the run's prefix, in both workflow queues of the
+    /// namespace of `workflow_id` (the run's).
     async fn cancel_run_tasks(
         &self,
         tx: &impl GenericClient,
         run: RunId,
+        workflow_id: &str,
         now: Timestamp,
     ) -> Result<Vec<TaskId>, StoreError> {
         let lo = run_task_key_prefix(&run);
         // '/' + 1 = '0': in byte order, every key starting with the prefix is in [lo, hi).
         let hi = format!("{}0", lo.trim_end_matches('/'));
-        let mut out: Vec<TaskId> = query(
-            tx,
-            &self.sql.workflows.cancel_run_tasks,
-            &[&lo, &hi, &now.0],
-        )
-        .await?
-        .iter()
-        .map(|r| col::<Uuid>(r, 0).map(TaskId))
-        .collect::<Result<_, _>>()?;
+        let ns = sundial_core::namespace::namespace_of(workflow_id);
+        let rows = if ns == sundial_core::namespace::DEFAULT_NAMESPACE {
+            query(
+                tx,
+                &self.sql.workflows.cancel_run_tasks,
+                &[&lo, &hi, &now.0],
+            )
+            .await?
+        } else {
+            query(
+                tx,
+                &self.sql.workflows.cancel_run_tasks_in,
+                &[&lo, &hi, &now.0, &workflow_queue(ns), &activity_queue(ns)],
+            )
+            .await?
+        };
+        let mut out: Vec<TaskId> = rows
+            .iter()
+            .map(|r| col::<Uuid>(r, 0).map(TaskId))
+            .collect::<Result<_, _>>()?;
         out.sort();
         Ok(out)
     }
@@ -449,7 +462,10 @@ impl PostgresStore {
         let mut next_run = None;
         let mut parent = None;
         if let Some(close) = op.close {
-            cancelled.extend(self.cancel_run_tasks(tx, op.run_id, op.now).await?);
+            cancelled.extend(
+                self.cancel_run_tasks(tx, op.run_id, &run.workflow_id, op.now)
+                    .await?,
+            );
             let next_id = op.continue_as.as_ref().map(|n| n.run_id);
             self.close_run(
                 tx,
@@ -499,7 +515,10 @@ impl PostgresStore {
             Some(t) => self.cancel_ids(tx, &[t], op.now).await?,
             None => Vec::new(),
         };
-        cancelled.extend(self.cancel_run_tasks(tx, op.run_id, op.now).await?);
+        cancelled.extend(
+            self.cancel_run_tasks(tx, op.run_id, &run.workflow_id, op.now)
+                .await?,
+        );
         self.close_run(
             tx,
             op.run_id,
@@ -563,6 +582,8 @@ impl WorkflowStore for PostgresStore {
                 &filter.workflow_type.as_deref(),
                 &filter.status.map(|s| s.as_str()),
                 &limit_param(limit.saturating_add(1)),
+                &filter.id_prefix(),
+                &filter.default_only(),
             ],
         )
         .await?;

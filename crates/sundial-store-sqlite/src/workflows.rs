@@ -10,10 +10,10 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use sundial_core::{NewTask, RunId, Task, TaskId, Timestamp};
 use sundial_store::{
-    ACTIVITY_QUEUE, AppendOp, Appended, Committed, Fence, HistoryEvent, IdReusePolicy, Inserted,
-    NewEvent, NewRun, ParentLink, StartedRun, StoreError, TerminateOp, Terminated, WORKFLOW_QUEUE,
-    WorkflowFilter, WorkflowPage, WorkflowRun, WorkflowStatus, WorkflowStore, WorkflowStoreError,
-    WorkflowTaskCommit, run_task_key_prefix,
+    AppendOp, Appended, Committed, Fence, HistoryEvent, IdReusePolicy, Inserted, NewEvent, NewRun,
+    ParentLink, StartedRun, StoreError, TerminateOp, Terminated, WorkflowFilter, WorkflowPage,
+    WorkflowRun, WorkflowStatus, WorkflowStore, WorkflowStoreError, WorkflowTaskCommit,
+    activity_queue, run_task_key_prefix, workflow_queue,
 };
 
 use crate::{SqliteStore, backend, insert_many, rows};
@@ -172,12 +172,15 @@ fn cancel_ids(
     Ok(out)
 }
 
-/// Cancels every live task keyed under the run's prefix, in both workflow queues.
+/// Cancels every live task keyed under the run's prefix, in both workflow queues of the
+/// namespace of `workflow_id` (the run's).
 fn cancel_run_tasks(
     conn: &Connection,
     run: RunId,
+    workflow_id: &str,
     now: Timestamp,
 ) -> Result<Vec<TaskId>, StoreError> {
+    let ns = sundial_core::namespace::namespace_of(workflow_id);
     let lo = run_task_key_prefix(&run);
     // '/' + 1 = '0': every key starting with the prefix sorts in [lo, hi).
     let hi = format!("{}0", &lo[..lo.len() - 1]);
@@ -190,7 +193,7 @@ fn cancel_run_tasks(
         )
         .map_err(backend)?;
     let mut out = Vec::new();
-    for queue in [WORKFLOW_QUEUE, ACTIVITY_QUEUE] {
+    for queue in [workflow_queue(ns), activity_queue(ns)] {
         let ids: Vec<Vec<u8>> = stmt
             .query_map(params![queue, lo, hi, now.0, CANCEL_REASON], |r| r.get(0))
             .map_err(backend)?
@@ -372,7 +375,7 @@ fn commit(conn: &Connection, op: WorkflowTaskCommit) -> Result<Committed, Workfl
         if !close.status.is_closed() {
             return Err(StoreError::CloseAsRunning.into());
         }
-        cancelled.extend(cancel_run_tasks(conn, op.run_id, op.now)?);
+        cancelled.extend(cancel_run_tasks(conn, op.run_id, &run.workflow_id, op.now)?);
         let next_id = op.continue_as.as_ref().map(|n| n.run_id);
         close_run(
             conn,
@@ -419,7 +422,7 @@ fn terminate(conn: &Connection, op: TerminateOp) -> Result<Terminated, WorkflowS
         Some(t) => cancel_ids(conn, &[t], op.now)?,
         None => Vec::new(),
     };
-    cancelled.extend(cancel_run_tasks(conn, op.run_id, op.now)?);
+    cancelled.extend(cancel_run_tasks(conn, op.run_id, &run.workflow_id, op.now)?);
     close_run(
         conn,
         op.run_id,
@@ -533,15 +536,23 @@ impl WorkflowStore for SqliteStore {
                 "SELECT {RUN_COLUMNS} FROM workflows w JOIN workflow_runs r ON r.run_id = w.run_id \
                  WHERE (?1 IS NULL OR w.workflow_id > ?1) \
                  AND (?2 IS NULL OR r.workflow_type = ?2) AND (?3 IS NULL OR r.status = ?3) \
+                 AND (?5 IS NULL OR substr(w.workflow_id, 1, length(?5)) = ?5) \
+                 AND (NOT ?6 OR instr(w.workflow_id, char(31)) = 0) \
                  ORDER BY w.workflow_id LIMIT ?4"
             );
+            // ?5: the namespace's stored prefix of ids (ASCII, so `length` counts its bytes);
+            // ?6: the default namespace's, the ids without the separator (char 31).
+            let prefix = filter.id_prefix();
+            let default_only = filter.default_only();
             let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
             let mut rows = stmt
                 .query(params![
                     after,
                     filter.workflow_type,
                     filter.status.map(|s| s.as_str()),
-                    limit.saturating_add(1) as i64
+                    limit.saturating_add(1) as i64,
+                    prefix,
+                    default_only
                 ])
                 .map_err(backend)?;
             let mut runs = Vec::new();

@@ -68,7 +68,8 @@ pub use workflows::{
     ACTIVITY_KIND_PREFIX, ACTIVITY_QUEUE, AppendOp, Appended, CHILD_KIND, Committed, HistoryEvent,
     IdReusePolicy, NewEvent, NewRun, ParentLink, RunClose, StartedRun, TIMER_KIND, TerminateOp,
     Terminated, WORKFLOW_KIND_PREFIX, WORKFLOW_QUEUE, WorkflowFilter, WorkflowPage, WorkflowRun,
-    WorkflowStatus, WorkflowStore, WorkflowStoreError, WorkflowTaskCommit, run_task_key_prefix,
+    WorkflowStatus, WorkflowStore, WorkflowStoreError, WorkflowTaskCommit, activity_queue,
+    run_task_key_prefix, workflow_queue,
 };
 
 /// What the engine needs from a database.

@@ -22,7 +22,8 @@ use crate::{
     ACTIVITY_KIND_PREFIX, ACTIVITY_QUEUE, AppendOp, ClaimOutcome, ClaimTarget, DueClaim, Fence,
     IdReusePolicy, NewEvent, NewRun, ParentLink, RunClose, Store, StoreError, TIMER_KIND,
     TerminateOp, WORKFLOW_KIND_PREFIX, WORKFLOW_QUEUE, WorkflowFilter, WorkflowRun, WorkflowStatus,
-    WorkflowStore, WorkflowStoreError, WorkflowTaskCommit, run_task_key_prefix,
+    WorkflowStore, WorkflowStoreError, WorkflowTaskCommit, activity_queue, run_task_key_prefix,
+    workflow_queue,
 };
 
 /// Expands to one `#[tokio::test(flavor = "multi_thread", worker_threads = 2)]` per workflow
@@ -46,6 +47,8 @@ macro_rules! workflow_store_conformance {
     ($factory:expr $(,)?) => {
         $crate::workflow_store_conformance!(@checks ($factory)
             workflow_start_get_list_round_trip
+            workflow_list_selects_one_namespace
+            workflow_close_cancels_the_namespace_tasks
             workflow_id_reuse_policies
             workflow_append_keeps_one_pending_task
             workflow_append_marker_is_once
@@ -247,6 +250,7 @@ pub async fn workflow_start_get_list_round_trip(
     let filter = WorkflowFilter {
         workflow_type: Some("order".into()),
         status: Some(WorkflowStatus::Running),
+        ..WorkflowFilter::default()
     };
     let p1 = w.list_workflows(&filter, None, 2).await.expect("list");
     let ids: Vec<&str> = p1.runs.iter().map(|r| r.workflow_id.as_str()).collect();
@@ -262,6 +266,7 @@ pub async fn workflow_start_get_list_round_trip(
     let done = WorkflowFilter {
         workflow_type: None,
         status: Some(WorkflowStatus::Completed),
+        ..WorkflowFilter::default()
     };
     assert!(
         w.list_workflows(&done, None, 10)
@@ -270,6 +275,114 @@ pub async fn workflow_start_get_list_round_trip(
             .runs
             .is_empty()
     );
+}
+
+/// `namespace` selects exactly one namespace's workflows by their stored ids (see
+/// `sundial_core::namespace`): the default namespace's are those without the separator, and a
+/// namespace whose name is another's prefix, or holds `_` (a LIKE wildcard), selects only its
+/// own. The same id in two namespaces is two workflows; pages keep to the namespace.
+pub async fn workflow_list_selects_one_namespace(
+    _tasks: Arc<dyn Store>,
+    workflows: Arc<dyn WorkflowStore>,
+) {
+    use sundial_core::namespace::qualify;
+    let w = workflows.as_ref();
+    let mut by_ns: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
+    for (ns, id) in [
+        ("default", "acme"),
+        ("default", "order-1"),
+        ("acme", "order-1"),
+        ("acme", "order-2"),
+        ("acm", "order-1"),
+        ("a_me", "order-1"),
+        ("abme", "order-1"),
+    ] {
+        let stored = qualify(ns, id);
+        w.start_run(new_run(&stored, "order"), IdReusePolicy::RejectDuplicate)
+            .await
+            .expect("the same id in another namespace is another workflow");
+        by_ns.entry(ns).or_default().push(stored);
+    }
+    for (ns, mut want) in by_ns {
+        want.sort();
+        let filter = WorkflowFilter {
+            namespace: Some(ns.to_string()),
+            ..WorkflowFilter::default()
+        };
+        let all = w.list_workflows(&filter, None, 100).await.expect("list");
+        let ids: Vec<String> = all.runs.iter().map(|r| r.workflow_id.clone()).collect();
+        assert_eq!(ids, want, "namespace {ns}");
+        assert!(all.runs.iter().all(|r| filter.matches(r)));
+        let mut seen = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = w
+                .list_workflows(&filter, after.as_deref(), 1)
+                .await
+                .expect("page");
+            seen.extend(page.runs.iter().map(|r| r.workflow_id.clone()));
+            match page.next_cursor {
+                Some(c) => after = Some(c),
+                None => break,
+            }
+        }
+        assert_eq!(seen, want, "pages of {ns}");
+    }
+    let none = WorkflowFilter {
+        namespace: Some("nowhere".into()),
+        ..WorkflowFilter::default()
+    };
+    assert!(
+        w.list_workflows(&none, None, 100)
+            .await
+            .expect("list")
+            .runs
+            .is_empty()
+    );
+}
+
+/// Closing a run of a namespace other than the default one cancels what it left outstanding in
+/// that namespace's workflow queues ([`workflow_queue`], [`activity_queue`]), as for the
+/// default namespace's runs.
+pub async fn workflow_close_cancels_the_namespace_tasks(
+    tasks: Arc<dyn Store>,
+    workflows: Arc<dyn WorkflowStore>,
+) {
+    let w = workflows.as_ref();
+    let id = sundial_core::namespace::qualify("acme", "order-1");
+    let mut r = new_run(&id, "order");
+    r.first_task = TaskSpec::new(format!("{WORKFLOW_KIND_PREFIX}order"))
+        .queue(workflow_queue("acme"))
+        .payload(json!({ "run": r.run_id.to_string() }))
+        .validate(fresh_task_id(), at(0), SHARDS, &Limits::default())
+        .expect("valid workflow task");
+    w.start_run(r.clone(), IdReusePolicy::AllowDuplicate)
+        .await
+        .expect("start");
+    let mut timer = timer_task(r.run_id, 1, at(86_400_000));
+    timer.queue = workflow_queue("acme");
+    let mut act = activity_task(r.run_id, 2);
+    act.queue = activity_queue("acme");
+    let mut op = commit_op(r.run_id, 1, r.first_task.id);
+    op.tasks = vec![timer.clone(), act.clone()];
+    w.commit_workflow_task(op).await.expect("commit");
+    let t = w
+        .terminate(TerminateOp {
+            run_id: r.run_id,
+            event: ev(30, "terminated"),
+            reason: "operator".into(),
+            parent: None,
+            now: at(30),
+        })
+        .await
+        .expect("terminate");
+    let mut cancelled = t.cancelled.clone();
+    cancelled.sort();
+    let mut expected = vec![timer.id, act.id];
+    expected.sort();
+    assert_eq!(cancelled, expected);
+    assert_eq!(state(tasks.as_ref(), timer.id).await, TaskState::Cancelled);
+    assert_eq!(state(tasks.as_ref(), act.id).await, TaskState::Cancelled);
 }
 
 async fn complete_run(w: &dyn WorkflowStore, run: &NewRun, status: WorkflowStatus) {

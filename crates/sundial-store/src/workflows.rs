@@ -46,6 +46,18 @@ pub const TIMER_KIND: &str = "sundial.workflow.timer";
 /// Kind of the task that starts a child workflow.
 pub const CHILD_KIND: &str = "sundial.workflow.child";
 
+/// The queue of the workflow tasks, timers and child starts of namespace `ns`'s workflows:
+/// [`WORKFLOW_QUEUE`], qualified (see `sundial_core::namespace`; unchanged for the default
+/// namespace). A workflow's namespace is its workflow id's.
+pub fn workflow_queue(ns: &str) -> String {
+    sundial_core::namespace::qualify(ns, WORKFLOW_QUEUE)
+}
+
+/// The queue of the activities of namespace `ns`'s workflows: [`ACTIVITY_QUEUE`], qualified.
+pub fn activity_queue(ns: &str) -> String {
+    sundial_core::namespace::qualify(ns, ACTIVITY_QUEUE)
+}
+
 /// The key prefix of the timer, activity and child-start tasks of a run: `wf:<run id>/`.
 pub fn run_task_key_prefix(run: &RunId) -> String {
     format!("wf:{run}/")
@@ -312,6 +324,37 @@ pub struct Terminated {
 pub struct WorkflowFilter {
     pub workflow_type: Option<String>,
     pub status: Option<WorkflowStatus>,
+    /// Only workflows of this namespace, by their stored workflow id (see
+    /// `sundial_core::namespace`): the default namespace's are the ids without the separator.
+    pub namespace: Option<String>,
+}
+
+impl WorkflowFilter {
+    /// Whether the current run `r` is one the filter keeps (the reference the backends' queries
+    /// follow).
+    pub fn matches(&self, r: &WorkflowRun) -> bool {
+        self.workflow_type
+            .as_ref()
+            .is_none_or(|t| &r.workflow_type == t)
+            && self.status.is_none_or(|s| r.status == s)
+            && self
+                .namespace
+                .as_ref()
+                .is_none_or(|ns| sundial_core::namespace::belongs(ns, &r.workflow_id))
+    }
+
+    /// The namespace's stored prefix of workflow ids, for a backend's query: `Some` for a
+    /// namespace other than the default one.
+    pub fn id_prefix(&self) -> Option<String> {
+        self.namespace
+            .as_deref()
+            .and_then(sundial_core::namespace::stored_prefix)
+    }
+
+    /// Whether only the default namespace's workflows (ids without the separator) are kept.
+    pub fn default_only(&self) -> bool {
+        self.namespace.as_deref() == Some(sundial_core::namespace::DEFAULT_NAMESPACE)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -237,6 +237,23 @@ fn check_text(field: &'static str, v: &str, max: usize) -> Result<(), Error> {
     Ok(())
 }
 
+/// Checks a workflow id: 1 to [`MAX_WORKFLOW_ID_LEN`] bytes, no control characters and no
+/// leading or trailing whitespace. The id may carry a namespace (see `sundial_core::namespace`):
+/// the rules apply to the id as its namespace knows it.
+fn check_workflow_id(field: &'static str, id: &str) -> Result<(), Error> {
+    if !sundial_core::namespace::has_valid_namespace(id) {
+        return Err(Error::Invalid {
+            field,
+            reason: "the namespace part is not a namespace name".into(),
+        });
+    }
+    check_text(
+        field,
+        sundial_core::namespace::local(id),
+        MAX_WORKFLOW_ID_LEN,
+    )
+}
+
 /// The workflow runtime and management API. Cheap to clone.
 #[derive(Clone)]
 pub struct Workflows {
@@ -290,7 +307,8 @@ impl Workflows {
             let i = i.clone();
             let push = push.clone();
             async move {
-                if ctx.task.queue == ACTIVITY_QUEUE
+                // (An activity of any namespace: its queue is the namespace's activity queue.)
+                if sundial_core::namespace::local(&ctx.task.queue) == ACTIVITY_QUEUE
                     && ctx.task.kind.starts_with(ACTIVITY_KIND_PREFIX)
                 {
                     i.on_activity(ctx).await.map(|()| None)
@@ -430,10 +448,26 @@ impl Workflows {
     /// Starts a run. Refused while a run of the same workflow id is running, or when the id
     /// reuse policy refuses to follow the closed one.
     pub async fn start(&self, req: StartWorkflow) -> Result<WorkflowRun, Error> {
+        self.start_in(sundial_core::namespace::DEFAULT_NAMESPACE, req)
+            .await
+    }
+
+    /// Starts a run of a workflow of namespace `ns` (see `sundial_core::namespace`): the
+    /// request's workflow id (or the new run's id) is the namespace's, stored qualified, and the
+    /// run's workflow tasks, timers, activities and children are in that namespace's queues.
+    /// The returned run carries the stored id.
+    pub async fn start_in(&self, ns: &str, req: StartWorkflow) -> Result<WorkflowRun, Error> {
         check_name("type", &req.workflow_type)?;
         let run_id = RunId(uuid::Uuid::now_v7());
-        let workflow_id = req.workflow_id.unwrap_or_else(|| run_id.to_string());
-        check_text("id", &workflow_id, MAX_WORKFLOW_ID_LEN)?;
+        let local = req.workflow_id.unwrap_or_else(|| run_id.to_string());
+        if local.contains(sundial_core::namespace::SEPARATOR) {
+            return Err(Error::Invalid {
+                field: "id",
+                reason: "no control characters and no leading or trailing whitespace".into(),
+            });
+        }
+        let workflow_id = sundial_core::namespace::qualify(ns, &local);
+        check_workflow_id("id", &workflow_id)?;
         self.check_size("input", &req.input)?;
         let now = self.inner.now();
         let run = self.inner.new_run(
@@ -492,9 +526,12 @@ impl Workflows {
                     data: data.clone(),
                 }],
                 marker: marker.map(str::to_string),
-                workflow_task: self
-                    .inner
-                    .workflow_task(run.run_id, &run.workflow_type, now)?,
+                workflow_task: self.inner.workflow_task(
+                    run.run_id,
+                    &run.workflow_type,
+                    sundial_core::namespace::namespace_of(&run.workflow_id),
+                    now,
+                )?,
                 now,
             };
             match self.inner.store.append(op).await {

@@ -45,7 +45,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sundial::{ExecutionId, Task, TaskId, TaskState, Timestamp};
 use sundial_core::RunId;
-use sundial_store::{ACTIVITY_KIND_PREFIX, ACTIVITY_QUEUE, WORKFLOW_KIND_PREFIX, WORKFLOW_QUEUE};
+use sundial_store::{ACTIVITY_KIND_PREFIX, WORKFLOW_KIND_PREFIX};
 use sundial_store::{WorkflowRun, WorkflowStoreError};
 
 use crate::event::{Event, WorkflowEvent};
@@ -249,6 +249,17 @@ impl Workflows {
         &self,
         req: PollWorkflowTasks,
     ) -> Result<Vec<WorkflowTaskView>, Error> {
+        self.poll_workflow_tasks_in(sundial_core::namespace::DEFAULT_NAMESPACE, req)
+            .await
+    }
+
+    /// [`Workflows::poll_workflow_tasks`] of the workflows of namespace `ns` (their workflow
+    /// queue; see `sundial_core::namespace`). The views carry stored workflow ids.
+    pub async fn poll_workflow_tasks_in(
+        &self,
+        ns: &str,
+        req: PollWorkflowTasks,
+    ) -> Result<Vec<WorkflowTaskView>, Error> {
         let (max, wait) = check_poll(
             "types",
             &req.types,
@@ -264,7 +275,13 @@ impl Workflows {
         let tasks = self
             .inner
             .sundial
-            .poll(WORKFLOW_QUEUE, Some(req.worker), Some(kinds), max, wait)
+            .poll(
+                &sundial_store::workflow_queue(ns),
+                Some(req.worker),
+                Some(kinds),
+                max,
+                wait,
+            )
             .await?;
         let mut out = Vec::with_capacity(tasks.len());
         for t in tasks {
@@ -438,6 +455,17 @@ impl Workflows {
         &self,
         req: PollActivities,
     ) -> Result<Vec<ActivityTaskView>, Error> {
+        self.poll_activities_in(sundial_core::namespace::DEFAULT_NAMESPACE, req)
+            .await
+    }
+
+    /// [`Workflows::poll_activities`] of the workflows of namespace `ns` (their activity
+    /// queue; see `sundial_core::namespace`).
+    pub async fn poll_activities_in(
+        &self,
+        ns: &str,
+        req: PollActivities,
+    ) -> Result<Vec<ActivityTaskView>, Error> {
         let (max, wait) = check_poll(
             "names",
             &req.names,
@@ -453,7 +481,13 @@ impl Workflows {
         let tasks = self
             .inner
             .sundial
-            .poll(ACTIVITY_QUEUE, Some(req.worker), Some(kinds), max, wait)
+            .poll(
+                &sundial_store::activity_queue(ns),
+                Some(req.worker),
+                Some(kinds),
+                max,
+                wait,
+            )
             .await?;
         let mut out = Vec::with_capacity(tasks.len());
         for t in tasks {
@@ -503,6 +537,7 @@ impl Workflows {
             .append_marked(
                 RunId(view.run_id),
                 &view.workflow_type,
+                sundial_core::namespace::namespace_of(&task.queue),
                 event,
                 Some(format!("activity:{}", view.cmd)),
             )

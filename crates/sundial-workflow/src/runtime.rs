@@ -29,11 +29,12 @@ use serde_json::{Value, json};
 use sundial::{
     Backoff, ExecutionId, HandlerError, Sundial, Task, TaskContext, TaskId, TaskSpec, Timestamp,
 };
-use sundial_core::{NewTask, RunId, ValidationError};
+use sundial_core::{NewTask, RunId, ValidationError, namespace};
 use sundial_store::{
-    ACTIVITY_KIND_PREFIX, ACTIVITY_QUEUE, AppendOp, CHILD_KIND, Committed, IdReusePolicy, NewEvent,
-    NewRun, ParentLink, RunClose, TIMER_KIND, WORKFLOW_KIND_PREFIX, WORKFLOW_QUEUE, WorkflowRun,
-    WorkflowStatus, WorkflowStore, WorkflowStoreError, WorkflowTaskCommit, run_task_key_prefix,
+    ACTIVITY_KIND_PREFIX, AppendOp, CHILD_KIND, Committed, IdReusePolicy, NewEvent, NewRun,
+    ParentLink, RunClose, TIMER_KIND, WORKFLOW_KIND_PREFIX, WorkflowRun, WorkflowStatus,
+    WorkflowStore, WorkflowStoreError, WorkflowTaskCommit, activity_queue, run_task_key_prefix,
+    workflow_queue,
 };
 use tokio::sync::watch;
 
@@ -111,14 +112,16 @@ impl Inner {
         spec.validate(id, now, cfg.shard_count, &cfg.limits)
     }
 
+    /// A workflow task of `run`, a run of namespace `ns` (in that namespace's workflow queue).
     pub fn workflow_task(
         &self,
         run: RunId,
         workflow_type: &str,
+        ns: &str,
         now: Timestamp,
     ) -> Result<NewTask, ValidationError> {
         let spec = TaskSpec::new(format!("{WORKFLOW_KIND_PREFIX}{workflow_type}"))
-            .queue(WORKFLOW_QUEUE)
+            .queue(workflow_queue(ns))
             .payload(json!({"run": run.to_string(), "type": workflow_type}))
             .max_attempts(WORKFLOW_TASK_ATTEMPTS)
             .backoff(backoff())
@@ -156,7 +159,12 @@ impl Inner {
                 at: now,
                 data: json_text(&started),
             },
-            first_task: self.workflow_task(run_id, workflow_type, now)?,
+            first_task: self.workflow_task(
+                run_id,
+                workflow_type,
+                namespace::namespace_of(workflow_id),
+                now,
+            )?,
             now,
         })
     }
@@ -226,17 +234,23 @@ impl Inner {
                 data: json_text(&event),
             }],
             marker: Some(format!("child:{}", link.cmd)),
-            workflow_task: self.workflow_task(link.run_id, &parent.workflow_type, now)?,
+            workflow_task: self.workflow_task(
+                link.run_id,
+                &parent.workflow_type,
+                namespace::namespace_of(&parent.workflow_id),
+                now,
+            )?,
             now,
         }))
     }
 
-    /// Appends one event from outside the workflow code; a closed or unknown run, or a marker
-    /// seen before, is not an error here.
+    /// Appends one event from outside the workflow code to `run`, a run of namespace `ns`; a
+    /// closed or unknown run, or a marker seen before, is not an error here.
     pub(crate) async fn append_marked(
         &self,
         run: RunId,
         workflow_type: &str,
+        ns: &str,
         event: Event,
         marker: Option<String>,
     ) -> Result<(), HandlerError> {
@@ -249,7 +263,7 @@ impl Inner {
             }],
             marker,
             workflow_task: self
-                .workflow_task(run, workflow_type, now)
+                .workflow_task(run, workflow_type, ns, now)
                 .map_err(retryable)?,
             now,
         };
@@ -473,6 +487,18 @@ impl Inner {
         now: Timestamp,
     ) -> Result<WorkflowTaskCommit, Error> {
         let prefix = run_task_key_prefix(&run.run_id);
+        // The run's namespace (its workflow id's): its timers, activities and child starts go to
+        // that namespace's queues, and the children it names are that namespace's workflows.
+        let ns = namespace::namespace_of(&run.workflow_id);
+        let child_id = |id: &str| -> Result<String, Error> {
+            if id.contains(namespace::SEPARATOR) {
+                return Err(Error::Invalid {
+                    field: "child",
+                    reason: format!("child workflow id {id:?}: control characters are not allowed"),
+                });
+            }
+            Ok(namespace::qualify(ns, id))
+        };
         let step = |cmd: u32| json!({"run": run.run_id.to_string(), "type": run.workflow_type, "cmd": cmd});
         let mut tasks = Vec::new();
         let mut cancel = Vec::new();
@@ -497,7 +523,7 @@ impl Inner {
                     payload["input"] = input.clone();
                     payload["max_attempts"] = json!(max_attempts);
                     let spec = TaskSpec::new(format!("{ACTIVITY_KIND_PREFIX}{name}"))
-                        .queue(ACTIVITY_QUEUE)
+                        .queue(activity_queue(ns))
                         .key(format!("{prefix}act/{cmd}"))
                         .payload(payload)
                         .max_attempts(attempts)
@@ -519,7 +545,7 @@ impl Inner {
                 }
                 Event::TimerStarted { cmd, fire_at, task } => {
                     let spec = TaskSpec::new(TIMER_KIND)
-                        .queue(WORKFLOW_QUEUE)
+                        .queue(workflow_queue(ns))
                         .key(format!("{prefix}timer/{cmd}"))
                         .payload(step(*cmd))
                         .run_at(*fire_at)
@@ -539,10 +565,10 @@ impl Inner {
                     payload["action"] = json!("start");
                     payload["parent_workflow_id"] = json!(run.workflow_id);
                     payload["child_type"] = json!(workflow_type);
-                    payload["child_id"] = json!(workflow_id);
+                    payload["child_id"] = json!(child_id(workflow_id)?);
                     payload["input"] = input.clone();
                     let spec = TaskSpec::new(CHILD_KIND)
-                        .queue(WORKFLOW_QUEUE)
+                        .queue(workflow_queue(ns))
                         .key(format!("{prefix}child/{cmd}"))
                         .payload(payload)
                         .max_attempts(WORKFLOW_TASK_ATTEMPTS)
@@ -564,9 +590,9 @@ impl Inner {
                     // No key: it must survive the parent's own close in this very commit.
                     let mut payload = step(*cmd);
                     payload["action"] = json!("cancel");
-                    payload["child_id"] = json!(workflow_id);
+                    payload["child_id"] = json!(child_id(workflow_id)?);
                     let spec = TaskSpec::new(CHILD_KIND)
-                        .queue(WORKFLOW_QUEUE)
+                        .queue(workflow_queue(ns))
                         .payload(payload)
                         .max_attempts(WORKFLOW_TASK_ATTEMPTS)
                         .backoff(backoff())
@@ -672,6 +698,7 @@ impl Inner {
         self.append_marked(
             s.run,
             &s.workflow_type,
+            namespace::namespace_of(&task.queue),
             Event::TimerFired { cmd: s.cmd },
             Some(format!("timer:{}", s.cmd)),
         )
@@ -718,6 +745,7 @@ impl Inner {
                 .append_marked(
                     s.run,
                     &s.workflow_type,
+                    namespace::namespace_of(&task.queue),
                     Event::ActivityFailed {
                         cmd: s.cmd,
                         error,
@@ -768,8 +796,14 @@ impl Inner {
             },
             Some(Err(e)) => return Err(e),
         };
-        self.append_marked(s.run, &s.workflow_type, event, Some(marker))
-            .await
+        self.append_marked(
+            s.run,
+            &s.workflow_type,
+            namespace::namespace_of(&task.queue),
+            event,
+            Some(marker),
+        )
+        .await
     }
 
     /// An attempt of an activity with an HTTP target: the push handler calls it with the
@@ -812,8 +846,14 @@ impl Inner {
             },
             Err(e) => return Err(e),
         };
-        self.append_marked(s.run, &s.workflow_type, event, Some(marker))
-            .await
+        self.append_marked(
+            s.run,
+            &s.workflow_type,
+            namespace::namespace_of(&task.queue),
+            event,
+            Some(marker),
+        )
+        .await
     }
 
     // ---- child workflows --------------------------------------------------------------------
@@ -845,6 +885,7 @@ impl Inner {
                 .append_marked(
                     child.run_id,
                     &child.workflow_type,
+                    namespace::namespace_of(&child.workflow_id),
                     Event::CancelRequested {
                         reason: Some("the parent workflow cancelled it".into()),
                     },
@@ -923,7 +964,13 @@ impl Inner {
                 }
             }
         };
-        self.append_marked(s.run, &s.workflow_type, event, Some(marker))
-            .await
+        self.append_marked(
+            s.run,
+            &s.workflow_type,
+            namespace::namespace_of(&task.queue),
+            event,
+            Some(marker),
+        )
+        .await
     }
 }

@@ -1,6 +1,6 @@
 //! Workflows: the list by type and status, a run's page (its history as a timeline, what it
 //! waits for: activities, timers; the signals it got; its result or error) and signal, cancel,
-//! terminate.
+//! terminate. The web UI shows the default namespace's workflows.
 
 use std::collections::BTreeMap;
 
@@ -71,6 +71,7 @@ async fn list_page(st: &UiState, v: &Viewer, q: &Fields) -> Result<Response, UiE
     let filter = WorkflowFilter {
         workflow_type: q.get("type"),
         status,
+        namespace: Some(sundial_core::namespace::DEFAULT_NAMESPACE.to_string()),
     };
     let cursor = q.get("cursor");
     let page = wf
@@ -201,6 +202,10 @@ async fn run_page(st: &UiState, v: &Viewer, q: &Fields) -> Result<Response, UiEr
     let id = q
         .get("id")
         .ok_or_else(|| UiError::bad_request("id is required"))?;
+    if id.contains(sundial_core::namespace::SEPARATOR) {
+        // Another namespace's workflow.
+        return Err(UiError::not_found("no such workflow"));
+    }
     let run: WorkflowRun = wf
         .get(&id)
         .await
@@ -332,6 +337,10 @@ async fn workflow_action(st: &UiState, action: &str, f: &Fields) -> Result<Respo
     let id = f
         .get("id")
         .ok_or_else(|| UiError::bad_request("id is required"))?;
+    if id.contains(sundial_core::namespace::SEPARATOR) {
+        // Another namespace's workflow.
+        return Err(UiError::not_found("no such workflow"));
+    }
     let notice = match action {
         "signal" => {
             let name = f
