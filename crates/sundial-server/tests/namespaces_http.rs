@@ -387,9 +387,53 @@ async fn a_namespace_over_its_quota_gets_429_and_others_do_not() {
     assert_eq!(st, StatusCode::TOO_MANY_REQUESTS, "{b}");
     assert_eq!(headers.get("retry-after").unwrap(), "1");
 
-    // Other namespaces are not held back.
+    // Other namespaces are not held back: while the limited namespace is refused over and
+    // over, a default task due now still reaches a worker within its poll.
+    let engine = sundial.start();
+    let (st, due, _) = call(
+        &app,
+        "POST",
+        "/v1/tasks",
+        Some(json!({"kind": "now", "queue": "fast"})),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED);
+    let hammer = {
+        let app = app.clone();
+        let later = later.clone();
+        tokio::spawn(async move {
+            let mut refused = 0;
+            for _ in 0..200 {
+                let (st, _, _) = call(
+                    &app,
+                    "POST",
+                    "/v1/namespaces/limited/tasks",
+                    Some(later.clone()),
+                )
+                .await;
+                if st == StatusCode::TOO_MANY_REQUESTS {
+                    refused += 1;
+                }
+            }
+            refused
+        })
+    };
+    let (st, b, _) = call(
+        &app,
+        "POST",
+        "/v1/queues/fast/poll",
+        Some(json!({"worker": "w", "wait": "5s"})),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(b["tasks"][0]["id"], due["id"], "{b}");
+    assert!(
+        hammer.await.unwrap() > 150,
+        "the limited namespace stayed limited"
+    );
     for _ in 0..20 {
         let (st, b, _) = call(&app, "POST", "/v1/tasks", Some(later.clone())).await;
         assert_eq!(st, StatusCode::CREATED, "{b}");
     }
+    engine.shutdown(std::time::Duration::from_secs(5)).await;
 }
