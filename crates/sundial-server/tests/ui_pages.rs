@@ -794,6 +794,20 @@ async fn a_token_of_one_namespace_sees_its_namespace_and_an_admin_of_all_can_swi
         .unwrap()
         .to_string();
 
+    for (path, id) in [
+        ("/v1/namespaces/acme/workflows", "wf-acme"),
+        ("/v1/workflows", "wf-default"),
+    ] {
+        api(
+            &app,
+            "POST",
+            path,
+            json!({"type": "order", "id": id}),
+            Some(&admin),
+        )
+        .await;
+    }
+
     let login = |token: String| {
         let app = app.clone();
         async move {
@@ -849,6 +863,26 @@ async fn a_token_of_one_namespace_sees_its_namespace_and_an_admin_of_all_can_swi
     )
     .await;
     assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.body);
+    // Its workflows, not the other namespace's.
+    let r = get(&app, "/ui/workflows", Some(&session)).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert!(
+        r.body.contains("wf-acme") && !r.body.contains("wf-default"),
+        "{}",
+        r.body
+    );
+    let r = get(&app, "/ui/workflow?id=wf-acme", Some(&session)).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let r = get(&app, "/ui/workflow?id=wf-default", Some(&session)).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    let r = post_form(
+        &app,
+        "/ui/workflow/cancel",
+        Some(&session),
+        &format!("csrf={csrf}&id=wf-default"),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.body);
     // And it cannot switch.
     let r = post_form(
         &app,

@@ -1,6 +1,6 @@
 //! Workflows: the list by type and status, a run's page (its history as a timeline, what it
 //! waits for: activities, timers; the signals it got; its result or error) and signal, cancel,
-//! terminate. The web UI shows the default namespace's workflows.
+//! terminate, of the viewer's namespace (ids shown as the namespace knows them).
 
 use std::collections::BTreeMap;
 
@@ -71,9 +71,12 @@ async fn list_page(st: &UiState, v: &Viewer, q: &Fields) -> Result<Response, UiE
     let filter = WorkflowFilter {
         workflow_type: q.get("type"),
         status,
-        namespace: Some(sundial_core::namespace::DEFAULT_NAMESPACE.to_string()),
+        namespace: Some(v.ns.name().to_string()),
     };
-    let cursor = q.get("cursor");
+    let cursor = q
+        .get("cursor")
+        .map(|c| v.ns.given("cursor", &c))
+        .transpose()?;
     let page = wf
         .list(&filter, cursor.as_deref(), 50)
         .await
@@ -81,7 +84,7 @@ async fn list_page(st: &UiState, v: &Viewer, q: &Fields) -> Result<Response, UiE
     let next = page.next_cursor.map(|c| {
         let rest = q.query_without(&["cursor", "notice"]);
         let sep = if rest.is_empty() { "" } else { "&" };
-        format!("/ui/workflows?{rest}{sep}cursor={}", enc(&c))
+        format!("/ui/workflows?{rest}{sep}cursor={}", enc(local(&c)))
     });
     let t = ListPage {
         chrome: Chrome::new(v, "workflows", "Workflows").notice(q.get("notice")),
@@ -94,8 +97,8 @@ async fn list_page(st: &UiState, v: &Viewer, q: &Fields) -> Result<Response, UiE
             .runs
             .iter()
             .map(|r| Row {
-                id: r.workflow_id.clone(),
-                href: format!("/ui/workflow?id={}", enc(&r.workflow_id)),
+                id: local(&r.workflow_id).to_string(),
+                href: format!("/ui/workflow?id={}", enc(local(&r.workflow_id))),
                 workflow_type: r.workflow_type.clone(),
                 status: r.status.as_str(),
                 events: r.history_len,
@@ -197,17 +200,25 @@ fn describe(e: &Event) -> (String, &'static str, String) {
     (kind, class, detail)
 }
 
+/// A stored workflow id as the viewer's namespace knows it.
+fn local(stored: &str) -> &str {
+    sundial_core::namespace::local(stored)
+}
+
+/// The stored id of the viewer's namespace's workflow `id` (`404` for one naming another
+/// namespace's).
+fn stored(v: &Viewer, id: &str) -> Result<String, UiError> {
+    v.ns.qualify_given(id)
+        .ok_or_else(|| UiError::not_found("no such workflow"))
+}
+
 async fn run_page(st: &UiState, v: &Viewer, q: &Fields) -> Result<Response, UiError> {
     let wf = workflows(st)?;
     let id = q
         .get("id")
         .ok_or_else(|| UiError::bad_request("id is required"))?;
-    if id.contains(sundial_core::namespace::SEPARATOR) {
-        // Another namespace's workflow.
-        return Err(UiError::not_found("no such workflow"));
-    }
     let run: WorkflowRun = wf
-        .get(&id)
+        .get(&stored(v, &id)?)
         .await
         .map_err(api_error)?
         .ok_or_else(|| UiError::not_found("no such workflow"))?;
@@ -270,9 +281,13 @@ async fn run_page(st: &UiState, v: &Viewer, q: &Fields) -> Result<Response, UiEr
     }
     let running = run.status == WorkflowStatus::Running;
     let t = RunPage {
-        chrome: Chrome::new(v, "workflows", format!("Workflow {}", run.workflow_id))
-            .notice(q.get("notice")),
-        id: run.workflow_id.clone(),
+        chrome: Chrome::new(
+            v,
+            "workflows",
+            format!("Workflow {}", local(&run.workflow_id)),
+        )
+        .notice(q.get("notice")),
+        id: local(&run.workflow_id).to_string(),
         run_id: run.run_id.to_string(),
         workflow_type: run.workflow_type.clone(),
         status: run.status.as_str(),
@@ -283,12 +298,12 @@ async fn run_page(st: &UiState, v: &Viewer, q: &Fields) -> Result<Response, UiEr
         parent: run
             .parent
             .as_ref()
-            .map(|p| p.workflow_id.clone())
+            .map(|p| local(&p.workflow_id).to_string())
             .unwrap_or_default(),
         parent_href: run
             .parent
             .as_ref()
-            .map(|p| format!("/ui/workflow?id={}", enc(&p.workflow_id)))
+            .map(|p| format!("/ui/workflow?id={}", enc(local(&p.workflow_id))))
             .unwrap_or_default(),
         created: fmt::at(run.created_at),
         closed: run.closed_at.map(fmt::at).unwrap_or_default(),
@@ -327,20 +342,22 @@ pub(crate) async fn act(
         &body,
         route,
         fields.get("id"),
-        |_v, f| async move { (None, workflow_action(&st2, &action, &f).await) },
+        |v, f| async move { (None, workflow_action(&st2, &v, &action, &f).await) },
     )
     .await
 }
 
-async fn workflow_action(st: &UiState, action: &str, f: &Fields) -> Result<Response, UiError> {
+async fn workflow_action(
+    st: &UiState,
+    v: &Viewer,
+    action: &str,
+    f: &Fields,
+) -> Result<Response, UiError> {
     let wf = workflows(st)?;
     let id = f
         .get("id")
         .ok_or_else(|| UiError::bad_request("id is required"))?;
-    if id.contains(sundial_core::namespace::SEPARATOR) {
-        // Another namespace's workflow.
-        return Err(UiError::not_found("no such workflow"));
-    }
+    let stored_id = stored(v, &id)?;
     let notice = match action {
         "signal" => {
             let name = f
@@ -351,18 +368,22 @@ async fn workflow_action(st: &UiState, action: &str, f: &Fields) -> Result<Respo
                     .map_err(|e| UiError::bad_request(format!("input is not JSON: {e}")))?,
                 None => Value::Null,
             };
-            wf.signal(&id, &name, input).await.map_err(api_error)?;
+            wf.signal(&stored_id, &name, input)
+                .await
+                .map_err(api_error)?;
             format!("Signal {name} sent.")
         }
         "cancel" => {
-            wf.cancel(&id, f.get("reason")).await.map_err(api_error)?;
+            wf.cancel(&stored_id, f.get("reason"))
+                .await
+                .map_err(api_error)?;
             "Cancel requested: the workflow sees it and may compensate.".to_string()
         }
         "terminate" => {
             let reason = f
                 .get("reason")
                 .unwrap_or_else(|| "terminated from the web UI".to_string());
-            wf.terminate(&id, &reason).await.map_err(api_error)?;
+            wf.terminate(&stored_id, &reason).await.map_err(api_error)?;
             "Terminated.".to_string()
         }
         _ => return Err(UiError::not_found(format!("no such action: {action:?}"))),
