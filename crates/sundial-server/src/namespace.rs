@@ -57,6 +57,22 @@ pub async fn select(mut req: Request) -> Request {
     req
 }
 
+/// Kinds starting with `sundial.` are Sundial's own (schedule ticks, workflow timers and child
+/// starts): their handlers act on what the payload names, so a client may not create one (in
+/// any namespace, it could otherwise fire another namespace's schedule).
+pub fn check_kind_given(field: &str, kind: &str) -> Result<(), crate::error::ApiError> {
+    if kind.starts_with(sundial_core::INTERNAL_QUEUE_PREFIX) {
+        return Err(crate::error::ApiError::invalid(
+            field,
+            format!(
+                "kinds starting with {:?} are Sundial's own",
+                sundial_core::INTERNAL_QUEUE_PREFIX
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The request's namespace, for handlers: never fails (no prefix is the default namespace).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ns(pub String);
@@ -124,6 +140,7 @@ impl Ns {
     /// A task spec a client gave, in this namespace (queue, key and exclusive key qualified);
     /// `422` when one of them holds the separator.
     pub fn spec(&self, spec: TaskSpec) -> Result<TaskSpec, crate::error::ApiError> {
+        check_kind_given("kind", &spec.kind)?;
         self.given("queue", &spec.queue)?;
         if let Some(k) = &spec.key {
             self.given("key", k)?;
@@ -138,6 +155,11 @@ impl Ns {
     /// another namespace's task.
     pub fn own(&self, mut task: Task) -> Option<Task> {
         if !self.owns(&task.queue) {
+            return None;
+        }
+        // Sundial's own queues are shared (schedule ticks): a task there keyed in another
+        // namespace is that namespace's.
+        if task.key.as_deref().is_some_and(|k| !self.owns(k)) {
             return None;
         }
         if !self.is_default() {

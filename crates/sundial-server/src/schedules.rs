@@ -412,6 +412,7 @@ fn template(ns: &Ns, task: CreateTask) -> Result<TaskTemplate, ApiError> {
         e.detail.field = e.detail.field.take().map(|f| format!("task.{f}"));
         e
     })?;
+    crate::namespace::check_kind_given("task.kind", &spec.kind)?;
     // A name with a namespace part of its own would be another namespace's (in the default
     // namespace, whose names are stored as given).
     for (field, name) in [

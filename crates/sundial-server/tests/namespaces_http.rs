@@ -292,6 +292,9 @@ async fn two_namespaces_share_names_but_nothing_else() {
         json!({"kind": "k", "queue": sneaky}),
         json!({"kind": "k", "key": "acme\u{1f}k1"}),
         json!({"kind": "k", "idempotency_key": "acme\u{1f}order-1"}),
+        // Sundial's own kinds act on what their payload names (a tick fires the schedule it
+        // names, in whichever namespace): no client creates one.
+        json!({"kind": "sundial.schedule.tick", "queue": "sundial.schedules", "payload": {"schedule": "x"}}),
     ] {
         let (st, b, _) = call(&app, "POST", "/v1/tasks", Some(body.clone())).await;
         assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {b}");
