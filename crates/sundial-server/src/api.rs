@@ -446,6 +446,7 @@ pub async fn poll_queue(
     ApiJson(body): ApiJson<PollRequest>,
 ) -> Result<Json<PollResponse>, ApiError> {
     check_queue_name(&st, &queue)?;
+    crate::namespace::check_queue_given("queue", &queue)?;
     check_worker_name(&body.worker)?;
     let max = match body.max {
         None => 1,

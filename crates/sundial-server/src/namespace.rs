@@ -73,6 +73,22 @@ pub fn check_kind_given(field: &str, kind: &str) -> Result<(), crate::error::Api
     Ok(())
 }
 
+/// Queues starting with `sundial.` are Sundial's own (schedule ticks, workflow steps): no client
+/// creates a task in one or polls one through the task API (the workflow worker routes serve
+/// the workflow queues).
+pub fn check_queue_given(field: &str, queue: &str) -> Result<(), crate::error::ApiError> {
+    if sundial_core::is_internal_queue(queue) {
+        return Err(crate::error::ApiError::invalid(
+            field,
+            format!(
+                "queues starting with {:?} are Sundial's own",
+                sundial_core::INTERNAL_QUEUE_PREFIX
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The request's namespace, for handlers: never fails (no prefix is the default namespace).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ns(pub String);
@@ -141,6 +157,7 @@ impl Ns {
     /// `422` when one of them holds the separator.
     pub fn spec(&self, spec: TaskSpec) -> Result<TaskSpec, crate::error::ApiError> {
         check_kind_given("kind", &spec.kind)?;
+        check_queue_given("queue", &spec.queue)?;
         self.given("queue", &spec.queue)?;
         if let Some(k) = &spec.key {
             self.given("key", k)?;

@@ -413,6 +413,7 @@ fn template(ns: &Ns, task: CreateTask) -> Result<TaskTemplate, ApiError> {
         e
     })?;
     crate::namespace::check_kind_given("task.kind", &spec.kind)?;
+    crate::namespace::check_queue_given("task.queue", &spec.queue)?;
     // A name with a namespace part of its own would be another namespace's (in the default
     // namespace, whose names are stored as given).
     for (field, name) in [

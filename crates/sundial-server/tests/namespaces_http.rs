@@ -295,12 +295,14 @@ async fn two_namespaces_share_names_but_nothing_else() {
         // Sundial's own kinds act on what their payload names (a tick fires the schedule it
         // names, in whichever namespace): no client creates one.
         json!({"kind": "sundial.schedule.tick", "queue": "sundial.schedules", "payload": {"schedule": "x"}}),
+        json!({"kind": "k", "queue": "sundial.workflows"}),
     ] {
         let (st, b, _) = call(&app, "POST", "/v1/tasks", Some(body.clone())).await;
         assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {b}");
     }
     for (method, path) in [
         ("POST", "/v1/queues/acme%1Femails/poll"),
+        ("POST", "/v1/queues/sundial.schedules/poll"),
         ("POST", "/v1/queues/acme%1Femails/pause"),
         ("GET", "/v1/queues/acme%1Femails"),
         ("GET", "/v1/tasks?queue=acme%1Femails"),
