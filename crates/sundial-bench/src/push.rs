@@ -27,6 +27,7 @@ use clap::Args;
 use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 use sundial::{Config, Sundial, Target, TaskSpec, Timestamp};
+use sundial_core::namespace::DEFAULT_NAMESPACE;
 use sundial_push::{AddressPolicy, ClientConfig, PushConfig, PushExecutor};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -254,7 +255,7 @@ async fn open(common: &Common, args: &PushArgs, sinks: &[&Sink]) -> Result<(Sund
             .clone(),
         sundial.clock().clone(),
     )?;
-    exec.add_secret(None, None).await?;
+    exec.add_secret(DEFAULT_NAMESPACE, None, None).await?;
     sundial.set_push_handler(exec.handler(&sundial));
     Ok((sundial, dir))
 }

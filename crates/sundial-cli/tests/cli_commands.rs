@@ -339,6 +339,51 @@ async fn worker_kills_a_command_past_the_task_timeout() {
     assert!(dead.last_error.unwrap().contains("timeout"));
 }
 
+/// `sundial push secret …` acts on the namespace `--namespace` names: each namespace lists its
+/// own secrets, and another namespace's secret cannot be revoked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_secrets_follow_the_namespace_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let out = sundial(&server, &["namespace", "add", "acme"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let default = json_out(&sundial(&server, &["push", "secret", "add", "--json"]).await);
+    let acme = json_out(
+        &sundial(
+            &server,
+            &["push", "secret", "add", "--namespace", "acme", "--json"],
+        )
+        .await,
+    );
+    let ids = |v: &Value| -> Vec<Value> {
+        v["secrets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].clone())
+            .collect()
+    };
+    let listed = json_out(&sundial(&server, &["push", "secret", "ls", "--json"]).await);
+    assert_eq!(ids(&listed), vec![default["id"].clone()]);
+    let listed = json_out(
+        &sundial(
+            &server,
+            &["push", "secret", "ls", "--namespace", "acme", "--json"],
+        )
+        .await,
+    );
+    assert_eq!(ids(&listed), vec![acme["id"].clone()]);
+    let acme_id = acme["id"].as_str().unwrap();
+    let out = sundial(&server, &["push", "secret", "revoke", acme_id]).await;
+    assert!(!out.status.success(), "another namespace's secret");
+    let out = sundial(
+        &server,
+        &["push", "secret", "revoke", acme_id, "--namespace", "acme"],
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespace_flag_and_env_choose_where_commands_act() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,12 +1,15 @@
 //! The push executor: the in-process handler the engine runs for every task that carries a
-//! target. It reads the active signing secrets (cached briefly, so a rotation reaches every node
-//! within [`PushConfig::secret_refresh`]), makes the call and turns the answer into the
-//! attempt's result or error.
+//! target. It reads the active signing secrets of the task's namespace (the namespace of its
+//! stored queue name; cached briefly per namespace, so a rotation reaches every node within
+//! [`PushConfig::secret_refresh`]), makes the call and turns the answer into the attempt's
+//! result or error. A namespace with no active secret sends its calls unsigned (no
+//! `webhook-signature` header), whatever other namespaces have.
 //!
 //! Concurrency is the engine's: it claims a push task only with a free permit of the task's
 //! destination (per host and port) and of the global push cap, so calls to a slow or dead
 //! receiver wait in the store, not in memory, and never hold the permits of other receivers.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -58,7 +61,8 @@ pub struct PushExecutor {
     secrets: Arc<dyn PushSecretStore>,
     clock: Arc<dyn Clock>,
     refresh: Duration,
-    cache: Mutex<Option<KeyCache>>,
+    /// The active keys per namespace, each read at its own time.
+    cache: Mutex<HashMap<String, KeyCache>>,
 }
 
 impl PushExecutor {
@@ -72,7 +76,7 @@ impl PushExecutor {
             secrets,
             clock,
             refresh: config.secret_refresh,
-            cache: Mutex::new(None),
+            cache: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -80,18 +84,27 @@ impl PushExecutor {
         &self.client
     }
 
-    /// Forgets the cached secrets (after a rotation made on this node).
+    /// Forgets every namespace's cached secrets.
     pub fn invalidate_secrets(&self) {
         if let Ok(mut c) = self.cache.lock() {
-            *c = None;
+            c.clear();
         }
     }
 
-    /// Adds a signing secret (`secret`, or a fresh random one). With `rotate_overlap`, every
-    /// other active secret stops signing after that overlap, so receivers have that long to
-    /// move to the new one (both signatures are sent meanwhile).
+    /// Forgets one namespace's cached secrets (after a change made on this node).
+    fn invalidate_namespace(&self, namespace: &str) {
+        if let Ok(mut c) = self.cache.lock() {
+            c.remove(namespace);
+        }
+    }
+
+    /// Adds a signing secret to `namespace` (`secret`, or a fresh random one). With
+    /// `rotate_overlap`, every other active secret of that namespace stops signing after that
+    /// overlap, so receivers have that long to move to the new one (both signatures are sent
+    /// meanwhile); other namespaces' secrets are untouched.
     pub async fn add_secret(
         &self,
+        namespace: &str,
         secret: Option<String>,
         rotate_overlap: Option<Duration>,
     ) -> Result<PushSecret, SecretAddError> {
@@ -105,6 +118,7 @@ impl PushExecutor {
         let now = self.clock.now();
         let row = PushSecret {
             id: format!("ps_{}", uuid::Uuid::now_v7().simple()),
+            namespace: namespace.to_string(),
             secret,
             created_at: now,
             expires_at: None,
@@ -114,16 +128,16 @@ impl PushExecutor {
             .add_push_secret(row.clone(), until)
             .await
             .map_err(SecretAddError::Store)?;
-        self.invalidate_secrets();
+        self.invalidate_namespace(namespace);
         Ok(row)
     }
 
-    /// Every secret, oldest first, with whether it signs now.
-    pub async fn secrets(&self) -> Result<Vec<(PushSecret, bool)>, StoreError> {
+    /// Every secret of `namespace`, oldest first, with whether it signs now.
+    pub async fn secrets(&self, namespace: &str) -> Result<Vec<(PushSecret, bool)>, StoreError> {
         let now = self.clock.now();
         Ok(self
             .secrets
-            .push_secrets()
+            .push_secrets(namespace)
             .await?
             .into_iter()
             .map(|s| {
@@ -133,27 +147,28 @@ impl PushExecutor {
             .collect())
     }
 
-    /// Stops a secret signing now. Answers whether it exists.
-    pub async fn revoke_secret(&self, id: &str) -> Result<bool, StoreError> {
+    /// Stops a secret of `namespace` signing now. Answers whether the namespace has it
+    /// (another namespace's secret: `false`, and it keeps signing).
+    pub async fn revoke_secret(&self, namespace: &str, id: &str) -> Result<bool, StoreError> {
         let found = self
             .secrets
-            .expire_push_secret(id, self.clock.now())
+            .expire_push_secret(namespace, id, self.clock.now())
             .await?;
-        self.invalidate_secrets();
+        self.invalidate_namespace(namespace);
         Ok(found)
     }
 
-    /// The secrets that sign now, oldest first.
-    pub async fn active_keys(&self) -> Result<Arc<Vec<SigningKey>>, StoreError> {
+    /// The secrets of `namespace` that sign now, oldest first (empty: its calls go unsigned).
+    pub async fn active_keys(&self, namespace: &str) -> Result<Arc<Vec<SigningKey>>, StoreError> {
         let now = self.clock.now();
         if let Ok(c) = self.cache.lock()
-            && let Some(c) = c.as_ref()
+            && let Some(c) = c.get(namespace)
             && now.0 >= c.read_at.0
             && now.since(c.read_at) < self.refresh
         {
             return Ok(c.keys.clone());
         }
-        let all = self.secrets.push_secrets().await?;
+        let all = self.secrets.push_secrets(namespace).await?;
         let mut keys = Vec::new();
         for s in all.iter().filter(|s| s.is_active(now)) {
             match SigningKey::parse(&s.secret) {
@@ -165,10 +180,13 @@ impl PushExecutor {
         }
         let keys = Arc::new(keys);
         if let Ok(mut c) = self.cache.lock() {
-            *c = Some(KeyCache {
-                read_at: now,
-                keys: keys.clone(),
-            });
+            c.insert(
+                namespace.to_string(),
+                KeyCache {
+                    read_at: now,
+                    keys: keys.clone(),
+                },
+            );
         }
         Ok(keys)
     }
@@ -185,14 +203,16 @@ impl PushExecutor {
     }
 
     /// Delivers one attempt of `task` to `target` (its own, its queue's default, or a workflow
-    /// activity's), with the task's payload as the body.
+    /// activity's), with the task's payload as the body, signed with the active secrets of the
+    /// task's namespace.
     pub async fn deliver_to(
         &self,
         target: &Target,
         task: &Task,
         execution: ExecutionId,
     ) -> Delivery {
-        let keys = match self.active_keys().await {
+        let namespace = sundial_core::namespace::namespace_of(&task.queue);
+        let keys = match self.active_keys(namespace).await {
             Ok(k) => k,
             Err(e) => {
                 return Delivery {

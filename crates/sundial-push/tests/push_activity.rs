@@ -11,6 +11,7 @@ use common::{Behaviour, Sink};
 use serde_json::{Value, json};
 use sundial::{Backoff, Running, Sundial};
 use sundial_core::Target;
+use sundial_core::namespace::DEFAULT_NAMESPACE;
 use sundial_push::{AddressPolicy, ClientConfig, PushConfig, PushExecutor, StaticLookup};
 use sundial_workflow::{
     RetryPolicy, StartWorkflow, WorkflowContext, WorkflowError, WorkflowStatus, Workflows,
@@ -46,7 +47,9 @@ async fn env(sink: &Sink) -> Env {
         sundial.clock().clone(),
     )
     .expect("executor");
-    exec.add_secret(None, None).await.expect("secret");
+    exec.add_secret(DEFAULT_NAMESPACE, None, None)
+        .await
+        .expect("secret");
     let workflows = Workflows::attach(&sundial).expect("workflows");
     sundial.set_push_handler(workflows.push_handler(exec.handler(&sundial)));
     let url = sink.url("/charge");

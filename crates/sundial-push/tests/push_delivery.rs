@@ -18,6 +18,7 @@ use common::{Behaviour, Received, Sink, now_ms};
 use hmac::{KeyInit, Mac};
 use sundial::{Backoff, Config, Running, Sundial, Task, TaskSpec, TaskState};
 use sundial_core::Target;
+use sundial_core::namespace::DEFAULT_NAMESPACE;
 use sundial_push::{AddressPolicy, ClientConfig, PushConfig, PushExecutor, StaticLookup};
 
 struct Env {
@@ -174,7 +175,12 @@ fn ok_sink() -> Behaviour {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delivers_at_the_due_time_signed_and_keeps_the_answer() {
     let e = env().await;
-    let secret = e.exec.add_secret(None, None).await.expect("secret").secret;
+    let secret = e
+        .exec
+        .add_secret(DEFAULT_NAMESPACE, None, None)
+        .await
+        .expect("secret")
+        .secret;
     let sink = Sink::start("127.0.0.1", ok_sink()).await;
     let task = e
         .sundial
@@ -378,10 +384,14 @@ async fn each_outcome_class() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rotation_signs_with_both_secrets_until_the_overlap_ends() {
     let e = env().await;
-    let old = e.exec.add_secret(None, None).await.unwrap();
+    let old = e
+        .exec
+        .add_secret(DEFAULT_NAMESPACE, None, None)
+        .await
+        .unwrap();
     let new = e
         .exec
-        .add_secret(None, Some(Duration::from_millis(600)))
+        .add_secret(DEFAULT_NAMESPACE, None, Some(Duration::from_millis(600)))
         .await
         .unwrap();
     let sink = Sink::start("127.0.0.1", ok_sink()).await;
@@ -415,9 +425,101 @@ async fn rotation_signs_with_both_secrets_until_the_overlap_ends() {
     assert_eq!(r.header("webhook-signature").unwrap().split(' ').count(), 1);
     spec_verify(&new.secret, r).expect("new secret verifies");
     assert!(spec_verify(&old.secret, r).is_err());
-    let listed = e.exec.secrets().await.unwrap();
+    let listed = e.exec.secrets(DEFAULT_NAMESPACE).await.unwrap();
     let active: Vec<bool> = listed.iter().map(|(_, a)| *a).collect();
     assert_eq!(active, vec![false, true]);
+}
+
+/// A push task is signed with its own namespace's active secrets only (the namespace of its
+/// stored queue name); a namespace with none sends its calls unsigned even while others have
+/// secrets; a rotation in one namespace leaves the others' signatures alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_namespace_signs_with_its_own_secrets() {
+    let e = env().await;
+    let default = e
+        .exec
+        .add_secret(DEFAULT_NAMESPACE, None, None)
+        .await
+        .unwrap();
+    let acme = e.exec.add_secret("acme", None, None).await.unwrap();
+    assert_eq!(acme.namespace, "acme");
+    let sink = Sink::start("127.0.0.1", ok_sink()).await;
+    let deliver = |ns: &'static str, path: &'static str| {
+        let spec = TaskSpec::new("k")
+            .target(Target::new(sink.url(path)))
+            .in_namespace(ns);
+        let sundial = e.sundial.clone();
+        async move {
+            let id = sundial.schedule(spec).await.unwrap();
+            let done = wait_done(&sundial, id, Duration::from_secs(10)).await;
+            assert_eq!(done.state, TaskState::Succeeded, "{:?}", done.last_error);
+        }
+    };
+    let by_path = |path: &str| -> Received {
+        sink.requests()
+            .into_iter()
+            .find(|r| r.path == path)
+            .expect("request")
+    };
+    deliver("acme", "/acme").await;
+    deliver(DEFAULT_NAMESPACE, "/default").await;
+    deliver("beta", "/beta").await;
+
+    let r = by_path("/acme");
+    assert_eq!(r.header("webhook-signature").unwrap().split(' ').count(), 1);
+    spec_verify(&acme.secret, &r).expect("acme's secret verifies acme's call");
+    assert!(
+        spec_verify(&default.secret, &r).is_err(),
+        "default's secret does not sign acme's call"
+    );
+    let r = by_path("/default");
+    assert_eq!(r.header("webhook-signature").unwrap().split(' ').count(), 1);
+    spec_verify(&default.secret, &r).expect("default's secret verifies");
+    assert!(spec_verify(&acme.secret, &r).is_err());
+    let r = by_path("/beta");
+    assert_eq!(
+        r.header("webhook-signature"),
+        None,
+        "a namespace without secrets sends unsigned calls"
+    );
+    assert!(r.header("webhook-id").is_some());
+
+    // A rotation in acme: acme's calls carry both of acme's signatures, default's still one.
+    let acme2 = e
+        .exec
+        .add_secret("acme", None, Some(Duration::from_secs(3600)))
+        .await
+        .unwrap();
+    deliver("acme", "/acme2").await;
+    deliver(DEFAULT_NAMESPACE, "/default2").await;
+    let r = by_path("/acme2");
+    assert_eq!(r.header("webhook-signature").unwrap().split(' ').count(), 2);
+    spec_verify(&acme.secret, &r).expect("old acme secret");
+    spec_verify(&acme2.secret, &r).expect("new acme secret");
+    assert!(spec_verify(&default.secret, &r).is_err());
+    let r = by_path("/default2");
+    assert_eq!(r.header("webhook-signature").unwrap().split(' ').count(), 1);
+    spec_verify(&default.secret, &r).expect("default's secret verifies");
+    let default_listed = e.exec.secrets(DEFAULT_NAMESPACE).await.unwrap();
+    assert_eq!(default_listed.len(), 1);
+    assert!(default_listed[0].1, "default's secret is still active");
+    assert_eq!(default_listed[0].0.expires_at, None);
+
+    // Revoking acme's secret through another namespace finds nothing and changes nothing.
+    assert!(
+        !e.exec
+            .revoke_secret(DEFAULT_NAMESPACE, &acme2.id)
+            .await
+            .unwrap()
+    );
+    assert!(
+        e.exec
+            .secrets("acme")
+            .await
+            .unwrap()
+            .iter()
+            .all(|(_, a)| *a)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use common::{Behaviour, Sink};
 use sundial::{Backoff, QueueConfig, Running, Sundial, Task, TaskSpec, TaskState};
 use sundial_core::Target;
+use sundial_core::namespace::DEFAULT_NAMESPACE;
 use sundial_push::{
     AddressPolicy, ClientConfig, PUSH_WORKER, PushConfig, PushExecutor, QueuePushConfig,
     StaticLookup,
@@ -49,7 +50,9 @@ async fn env() -> Env {
         sundial.clock().clone(),
     )
     .expect("executor");
-    exec.add_secret(None, None).await.expect("secret");
+    exec.add_secret(DEFAULT_NAMESPACE, None, None)
+        .await
+        .expect("secret");
     sundial.set_push_handler(exec.handler(&sundial));
     sundial_push::queue::spawn(
         sundial.clone(),

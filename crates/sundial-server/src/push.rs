@@ -1,5 +1,9 @@
 //! The push delivery routes: the signing secrets (an administrator's business).
 //!
+//! Secrets are per namespace: under `/v1/namespaces/{ns}/push/secrets…` the routes act on
+//! namespace `ns`'s secrets, which sign the push calls of that namespace's tasks only; the
+//! unprefixed paths are the default namespace's. Another namespace's secret id is `404`.
+//!
 //! ```text
 //! GET    /v1/push/secrets             every secret (masked), oldest first, with whether it signs
 //! POST   /v1/push/secrets             add one (given, or generated); shown once in full   201 | 422
@@ -22,6 +26,7 @@ use utoipa_axum::routes;
 
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::ApiJson;
+use crate::namespace::Ns;
 use crate::{duration, time};
 
 /// How long the previous secrets keep signing after a rotation when no overlap is given.
@@ -120,9 +125,10 @@ fn add_error(e: SecretAddError) -> ApiError {
 )]
 pub async fn list_secrets(
     State(exec): State<Arc<PushExecutor>>,
+    ns: Ns,
 ) -> Result<Json<SecretList>, ApiError> {
     let secrets = exec
-        .secrets()
+        .secrets(ns.name())
         .await
         .map_err(|e| ApiError::from(sundial::Error::Store(e)))?
         .into_iter()
@@ -142,9 +148,13 @@ pub async fn list_secrets(
 )]
 pub async fn add_secret(
     State(exec): State<Arc<PushExecutor>>,
+    ns: Ns,
     ApiJson(req): ApiJson<AddSecret>,
 ) -> Result<(StatusCode, Json<SecretView>), ApiError> {
-    let s = exec.add_secret(req.secret, None).await.map_err(add_error)?;
+    let s = exec
+        .add_secret(ns.name(), req.secret, None)
+        .await
+        .map_err(add_error)?;
     Ok((StatusCode::CREATED, Json(SecretView::new(s, true, true))))
 }
 
@@ -159,6 +169,7 @@ pub async fn add_secret(
 )]
 pub async fn rotate_secret(
     State(exec): State<Arc<PushExecutor>>,
+    ns: Ns,
     ApiJson(req): ApiJson<RotateSecret>,
 ) -> Result<(StatusCode, Json<SecretView>), ApiError> {
     let overlap = match req.overlap {
@@ -166,7 +177,7 @@ pub async fn rotate_secret(
         None => DEFAULT_ROTATION_OVERLAP,
     };
     let s = exec
-        .add_secret(req.secret, Some(overlap))
+        .add_secret(ns.name(), req.secret, Some(overlap))
         .await
         .map_err(add_error)?;
     Ok((StatusCode::CREATED, Json(SecretView::new(s, true, true))))
@@ -183,14 +194,15 @@ pub async fn rotate_secret(
 )]
 pub async fn revoke_secret(
     State(exec): State<Arc<PushExecutor>>,
+    ns: Ns,
     Path(id): Path<String>,
 ) -> Result<Json<SecretList>, ApiError> {
     let found = exec
-        .revoke_secret(&id)
+        .revoke_secret(ns.name(), &id)
         .await
         .map_err(|e| ApiError::from(sundial::Error::Store(e)))?;
     if !found {
         return Err(ApiError::not_found(format!("no push secret {id}")));
     }
-    list_secrets(State(exec)).await
+    list_secrets(State(exec), ns).await
 }

@@ -348,3 +348,197 @@ async fn a_queue_default_target_over_http() {
     );
     running.shutdown(Duration::from_secs(1)).await;
 }
+
+/// One request the sink received: its headers (names lower-cased) and body.
+struct Received {
+    path: String,
+    headers: std::collections::HashMap<String, String>,
+    body: String,
+}
+
+fn parse_request(text: &str) -> Received {
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let mut lines = head.lines();
+    let path = lines.next().unwrap().split(' ').nth(1).unwrap().to_string();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    Received {
+        path,
+        headers,
+        body: body.to_string(),
+    }
+}
+
+impl Received {
+    /// The `v1,` signatures of the call.
+    fn signatures(&self) -> Vec<String> {
+        self.headers
+            .get("webhook-signature")
+            .map(|s| s.split(' ').map(str::to_string).collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether `secret` signed the call.
+    fn signed_by(&self, secret: &str) -> bool {
+        let key = sundial_push::SigningKey::parse(secret).unwrap();
+        let ts: i64 = self.headers["webhook-timestamp"].parse().unwrap();
+        let want = key.sign(&self.headers["webhook-id"], ts, self.body.as_bytes());
+        self.signatures().contains(&want)
+    }
+}
+
+async fn next_call(rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> Received {
+    let text = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    parse_request(&text)
+}
+
+fn ids(list: &Value) -> Vec<String> {
+    list["secrets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Secrets are per namespace: `/v1/namespaces/acme/push/secrets…` adds, lists, rotates and
+/// revokes acme's secrets only (another namespace's id is 404), and a task of acme is signed
+/// with acme's secret and not default's, a default task with default's and not acme's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_and_signatures_are_per_namespace() {
+    let (addr, mut rx) = sink().await;
+    let dir = tempfile::tempdir().unwrap();
+    let sundial = Sundial::open(dir.path()).await.unwrap();
+    let app = router(sundial.clone(), config(&[addr.to_string()]));
+    let running = sundial.start();
+    let (s, b) = call(
+        &app,
+        "POST",
+        "/v1/namespaces",
+        Some(json!({"name": "acme"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+
+    let (s, default) = call(&app, "POST", "/v1/push/secrets", Some(json!({}))).await;
+    assert_eq!(s, StatusCode::CREATED, "{default}");
+    let (s, acme) = call(
+        &app,
+        "POST",
+        "/v1/namespaces/acme/push/secrets",
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{acme}");
+    let (d_id, d_secret) = (
+        default["id"].as_str().unwrap(),
+        default["secret"].as_str().unwrap(),
+    );
+    let (a_id, a_secret) = (
+        acme["id"].as_str().unwrap(),
+        acme["secret"].as_str().unwrap(),
+    );
+    assert_ne!(d_secret, a_secret);
+
+    // Each namespace lists its own; another namespace's id is not found, and stays active.
+    let (_, list) = call(&app, "GET", "/v1/push/secrets", None).await;
+    assert_eq!(ids(&list), vec![d_id.to_string()]);
+    let (_, list) = call(&app, "GET", "/v1/namespaces/acme/push/secrets", None).await;
+    assert_eq!(ids(&list), vec![a_id.to_string()]);
+    let (s, _) = call(&app, "DELETE", &format!("/v1/push/secrets/{a_id}"), None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _) = call(
+        &app,
+        "DELETE",
+        &format!("/v1/namespaces/acme/push/secrets/{d_id}"),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (_, list) = call(&app, "GET", "/v1/namespaces/acme/push/secrets", None).await;
+    assert_eq!(list["secrets"][0]["active"], true);
+    let (_, list) = call(&app, "GET", "/v1/push/secrets", None).await;
+    assert_eq!(list["secrets"][0]["active"], true);
+
+    // Delivery: acme's task with acme's secret only, default's with default's only.
+    let task = |path: &str| {
+        json!({
+            "kind": "k", "payload": {"p": path},
+            "target": {"url": format!("http://{addr}{path}")}
+        })
+    };
+    let (s, b) = call(
+        &app,
+        "POST",
+        "/v1/namespaces/acme/tasks",
+        Some(task("/acme")),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let r = next_call(&mut rx).await;
+    assert_eq!(r.path, "/acme");
+    assert_eq!(r.signatures().len(), 1, "{:?}", r.headers);
+    assert!(r.signed_by(a_secret), "acme's secret signs acme's task");
+    assert!(!r.signed_by(d_secret), "default's secret does not");
+
+    let (s, b) = call(&app, "POST", "/v1/tasks", Some(task("/default"))).await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let r = next_call(&mut rx).await;
+    assert_eq!(r.path, "/default");
+    assert_eq!(r.signatures().len(), 1, "{:?}", r.headers);
+    assert!(
+        r.signed_by(d_secret),
+        "default's secret signs default's task"
+    );
+    assert!(!r.signed_by(a_secret), "acme's secret does not");
+
+    // A rotation in acme expires acme's old secret after the overlap, not default's.
+    let (s, acme2) = call(
+        &app,
+        "POST",
+        "/v1/namespaces/acme/push/secrets:rotate",
+        Some(json!({"overlap": "1h"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{acme2}");
+    let a2_secret = acme2["secret"].as_str().unwrap();
+    let (_, list) = call(&app, "GET", "/v1/namespaces/acme/push/secrets", None).await;
+    let secrets = list["secrets"].as_array().unwrap();
+    assert_eq!(secrets.len(), 2);
+    assert!(secrets[0]["expires_at"].is_string(), "{list}");
+    assert!(secrets[1]["expires_at"].is_null(), "{list}");
+    let (_, list) = call(&app, "GET", "/v1/push/secrets", None).await;
+    assert_eq!(ids(&list), vec![d_id.to_string()]);
+    assert!(list["secrets"][0]["expires_at"].is_null(), "{list}");
+    let (s, b) = call(
+        &app,
+        "POST",
+        "/v1/namespaces/acme/tasks",
+        Some(task("/acme2")),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{b}");
+    let r = next_call(&mut rx).await;
+    assert_eq!(r.path, "/acme2");
+    assert_eq!(r.signatures().len(), 2, "{:?}", r.headers);
+    assert!(r.signed_by(a_secret) && r.signed_by(a2_secret));
+    assert!(!r.signed_by(d_secret));
+
+    // Revoking within acme works on acme's own id.
+    let (s, after) = call(
+        &app,
+        "DELETE",
+        &format!("/v1/namespaces/acme/push/secrets/{a_id}"),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{after}");
+    assert_eq!(after["secrets"][0]["active"], false);
+    assert_eq!(ids(&after).len(), 2);
+    running.shutdown(Duration::from_secs(1)).await;
+}

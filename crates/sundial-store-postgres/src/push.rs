@@ -1,5 +1,7 @@
-//! The [`PushSecretStore`] of the PostgreSQL store: table `push_secrets` (migration 7).
-//! A rotation is one transaction: the insert (a reused id fails it) and the expiry of the others.
+//! The [`PushSecretStore`] of the PostgreSQL store: table `push_secrets` (migration 7), with its
+//! `namespace` column (migration 15; rows older than it are the default namespace's).
+//! A rotation is one transaction: the insert (a reused id fails it) and the expiry of the same
+//! namespace's others.
 
 use async_trait::async_trait;
 use sundial_core::Timestamp;
@@ -22,19 +24,21 @@ impl PushSql {
         let t = format!("{s}.push_secrets");
         PushSql {
             insert: format!(
-                "INSERT INTO {t} (id, secret, created_at, expires_at) VALUES ($1, $2, $3, $4)"
+                "INSERT INTO {t} (id, namespace, secret, created_at, expires_at) \
+                 VALUES ($1, $2, $3, $4, $5)"
             ),
             expire_others: format!(
                 "UPDATE {t} SET expires_at = $2 \
-                 WHERE id <> $1 AND (expires_at IS NULL OR expires_at > $2)"
+                 WHERE namespace = $3 AND id <> $1 AND (expires_at IS NULL OR expires_at > $2)"
             ),
             list: format!(
-                "SELECT id, secret, created_at, expires_at FROM {t} ORDER BY created_at, id"
+                "SELECT id, namespace, secret, created_at, expires_at FROM {t} \
+                 WHERE namespace = $1 ORDER BY created_at, id"
             ),
-            exists: format!("SELECT 1 FROM {t} WHERE id = $1"),
+            exists: format!("SELECT 1 FROM {t} WHERE id = $1 AND namespace = $2"),
             expire_one: format!(
                 "UPDATE {t} SET expires_at = $2 \
-                 WHERE id = $1 AND (expires_at IS NULL OR expires_at > $2)"
+                 WHERE id = $1 AND namespace = $3 AND (expires_at IS NULL OR expires_at > $2)"
             ),
         }
     }
@@ -53,37 +57,59 @@ impl PushSecretStore for PostgresStore {
         query(
             &tx,
             &self.sql.push.insert,
-            &[&secret.id, &secret.secret, &secret.created_at.0, &expires],
+            &[
+                &secret.id,
+                &secret.namespace,
+                &secret.secret,
+                &secret.created_at.0,
+                &expires,
+            ],
         )
         .await?;
         if let Some(at) = expire_others_at {
-            query(&tx, &self.sql.push.expire_others, &[&secret.id, &at.0]).await?;
+            query(
+                &tx,
+                &self.sql.push.expire_others,
+                &[&secret.id, &at.0, &secret.namespace],
+            )
+            .await?;
         }
         tx.commit().await.map_err(pg)
     }
 
-    async fn push_secrets(&self) -> Result<Vec<PushSecret>, StoreError> {
+    async fn push_secrets(&self, namespace: &str) -> Result<Vec<PushSecret>, StoreError> {
         let client = self.client().await?;
-        query(&client, &self.sql.push.list, &[])
+        query(&client, &self.sql.push.list, &[&namespace])
             .await?
             .iter()
             .map(|r| {
                 Ok(PushSecret {
                     id: col(r, 0)?,
-                    secret: col(r, 1)?,
-                    created_at: Timestamp(col(r, 2)?),
-                    expires_at: col::<Option<i64>>(r, 3)?.map(Timestamp),
+                    namespace: col(r, 1)?,
+                    secret: col(r, 2)?,
+                    created_at: Timestamp(col(r, 3)?),
+                    expires_at: col::<Option<i64>>(r, 4)?.map(Timestamp),
                 })
             })
             .collect()
     }
 
-    async fn expire_push_secret(&self, id: &str, at: Timestamp) -> Result<bool, StoreError> {
+    async fn expire_push_secret(
+        &self,
+        namespace: &str,
+        id: &str,
+        at: Timestamp,
+    ) -> Result<bool, StoreError> {
         let client = self.client().await?;
-        let exists = query_opt(&client, &self.sql.push.exists, &[&id])
+        let exists = query_opt(&client, &self.sql.push.exists, &[&id, &namespace])
             .await?
             .is_some();
-        query(&client, &self.sql.push.expire_one, &[&id, &at.0]).await?;
+        query(
+            &client,
+            &self.sql.push.expire_one,
+            &[&id, &at.0, &namespace],
+        )
+        .await?;
         Ok(exists)
     }
 }

@@ -449,6 +449,16 @@ CREATE INDEX tasks_dead_error ON {schema}.tasks
     (queue, (left(split_part(last_error, E'\n', 1), 200)), id) WHERE state = 'dead';
 "#,
     },
+    Migration {
+        version: 15,
+        name: "push secrets per namespace",
+        // Every secret stored before is the default namespace's.
+        sql: r#"
+ALTER TABLE {schema}.push_secrets
+    ADD COLUMN namespace text COLLATE "C" NOT NULL DEFAULT 'default';
+CREATE INDEX push_secrets_namespace ON {schema}.push_secrets (namespace, created_at, id);
+"#,
+    },
 ];
 
 /// The schema version this build writes (the highest migration it knows).

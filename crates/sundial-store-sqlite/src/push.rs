@@ -1,4 +1,5 @@
-//! The [`PushSecretStore`] of the embedded store: table `push_secrets` (migration 5).
+//! The [`PushSecretStore`] of the embedded store: table `push_secrets` (migration 6), with its
+//! `namespace` column (migration 14; rows older than it are the default namespace's).
 
 use async_trait::async_trait;
 use rusqlite::params;
@@ -19,12 +20,13 @@ impl PushSecretStore for SqliteStore {
                 // Insert first: a reused id fails here, before the rotation touches anything,
                 // and the savepoint of this write is rolled back.
                 conn.prepare_cached(
-                    "INSERT INTO push_secrets (id, secret, created_at, expires_at) \
-                     VALUES (?1, ?2, ?3, ?4)",
+                    "INSERT INTO push_secrets (id, namespace, secret, created_at, expires_at) \
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
                 )
                 .map_err(backend)?
                 .execute(params![
                     secret.id,
+                    secret.namespace,
                     secret.secret,
                     secret.created_at.0,
                     secret.expires_at.map(|t| t.0)
@@ -33,10 +35,11 @@ impl PushSecretStore for SqliteStore {
                 if let Some(at) = expire_others_at {
                     conn.prepare_cached(
                         "UPDATE push_secrets SET expires_at = ?2 \
-                         WHERE id <> ?1 AND (expires_at IS NULL OR expires_at > ?2)",
+                         WHERE namespace = ?3 AND id <> ?1 \
+                         AND (expires_at IS NULL OR expires_at > ?2)",
                     )
                     .map_err(backend)?
-                    .execute(params![secret.id, at.0])
+                    .execute(params![secret.id, at.0, secret.namespace])
                     .map_err(backend)?;
                 }
                 Ok(())
@@ -44,21 +47,23 @@ impl PushSecretStore for SqliteStore {
             .await
     }
 
-    async fn push_secrets(&self) -> Result<Vec<PushSecret>, StoreError> {
-        self.read(|conn| {
+    async fn push_secrets(&self, namespace: &str) -> Result<Vec<PushSecret>, StoreError> {
+        let namespace = namespace.to_string();
+        self.read(move |conn| {
             let mut stmt = conn
                 .prepare_cached(
-                    "SELECT id, secret, created_at, expires_at FROM push_secrets \
-                     ORDER BY created_at, id",
+                    "SELECT id, namespace, secret, created_at, expires_at FROM push_secrets \
+                     WHERE namespace = ?1 ORDER BY created_at, id",
                 )
                 .map_err(backend)?;
             let rows = stmt
-                .query_map([], |r| {
+                .query_map(params![namespace], |r| {
                     Ok(PushSecret {
                         id: r.get(0)?,
-                        secret: r.get(1)?,
-                        created_at: Timestamp(r.get(2)?),
-                        expires_at: r.get::<_, Option<i64>>(3)?.map(Timestamp),
+                        namespace: r.get(1)?,
+                        secret: r.get(2)?,
+                        created_at: Timestamp(r.get(3)?),
+                        expires_at: r.get::<_, Option<i64>>(4)?.map(Timestamp),
                     })
                 })
                 .map_err(backend)?;
@@ -67,21 +72,28 @@ impl PushSecretStore for SqliteStore {
         .await
     }
 
-    async fn expire_push_secret(&self, id: &str, at: Timestamp) -> Result<bool, StoreError> {
+    async fn expire_push_secret(
+        &self,
+        namespace: &str,
+        id: &str,
+        at: Timestamp,
+    ) -> Result<bool, StoreError> {
         let id = id.to_string();
+        let namespace = namespace.to_string();
         self.writer
             .write(move |conn| {
                 let exists = conn
-                    .prepare_cached("SELECT 1 FROM push_secrets WHERE id = ?1")
+                    .prepare_cached("SELECT 1 FROM push_secrets WHERE id = ?1 AND namespace = ?2")
                     .map_err(backend)?
-                    .exists(params![id])
+                    .exists(params![id, namespace])
                     .map_err(backend)?;
                 conn.prepare_cached(
                     "UPDATE push_secrets SET expires_at = ?2 \
-                     WHERE id = ?1 AND (expires_at IS NULL OR expires_at > ?2)",
+                     WHERE id = ?1 AND namespace = ?3 \
+                     AND (expires_at IS NULL OR expires_at > ?2)",
                 )
                 .map_err(backend)?
-                .execute(params![id, at.0])
+                .execute(params![id, at.0, namespace])
                 .map_err(backend)?;
                 Ok(exists)
             })

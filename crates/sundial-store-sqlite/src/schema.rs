@@ -41,6 +41,9 @@
 //!   signing secrets of push delivery with their expiry (a rotation sets the previous ones').
 //! - `tasks.traceparent`, `tasks.tracestate` (migration 12): the W3C trace context of the request
 //!   that created the task, continued by the steps that run it (NULL when it came with none).
+//! - `push_secrets.namespace` (migration 14): the namespace whose calls a secret signs
+//!   (`'default'` for the secrets stored before it), and `push_secrets_namespace (namespace,
+//!   created_at, id)`, one namespace's secrets in list order.
 
 use rusqlite::Connection;
 
@@ -342,6 +345,11 @@ ALTER TABLE tasks ADD COLUMN tracestate TEXT;
     r#"
 CREATE INDEX tasks_dead_error ON tasks (queue, substr(last_error, 1, CASE WHEN instr(last_error, char(10)) > 0 THEN min(instr(last_error, char(10)) - 1, 200) ELSE 200 END), id)
     WHERE state = 'dead';
+"#,
+    // 14: push secrets per namespace; every secret stored before is the default namespace's.
+    r#"
+ALTER TABLE push_secrets ADD COLUMN namespace TEXT NOT NULL DEFAULT 'default';
+CREATE INDEX push_secrets_namespace ON push_secrets (namespace, created_at, id);
 "#,
 ];
 

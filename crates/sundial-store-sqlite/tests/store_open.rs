@@ -1,11 +1,11 @@
 //! Opening the embedded store: the shard count it records and adopts, the lock that keeps a second
-//! opener out.
+//! opener out, data written before a migration read after it.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic on failure
 
 use std::path::Path;
 
 use sundial_core::{Limits, NewTask, TaskId, TaskSpec, Timestamp};
-use sundial_store::Store;
+use sundial_store::{PushSecretStore, Store};
 use sundial_store_sqlite::{ShardCountOrigin, SqliteError, SqliteOptions, SqliteStore};
 
 const NOW: Timestamp = Timestamp(1_700_000_000_000);
@@ -48,7 +48,8 @@ fn insert(store: &SqliteStore, tasks: Vec<NewTask>) {
 /// Makes the database look as a build before the shard count was recorded left it: version 3,
 /// without what migrations 4 (the store's facts), 5 (operations), 6 (push delivery), 7 (fire
 /// retention), 8 (idempotency), 9 (access), 10 (workflow run retention), 11 (push attempts'
-/// answers: dropped with `task_attempts`) and 12 (trace context) added.
+/// answers: dropped with `task_attempts`), 12 (trace context) and 14 (the namespace of push
+/// secrets: dropped with `push_secrets`) added.
 fn forget_shard_count(dir: &Path) {
     let conn = rusqlite::Connection::open(dir.join("sundial.db")).unwrap();
     conn.execute_batch(
@@ -161,4 +162,33 @@ fn a_second_opener_is_refused_naming_the_holder() {
     // Released with the last clone.
     let again = open(dir.path(), 4);
     assert_eq!(again.shards().count, 4);
+}
+
+/// Push secrets stored before they had a namespace (version 13) are the default namespace's
+/// after the migration, and still sign there; no other namespace sees them.
+#[test]
+fn push_secrets_older_than_namespaces_are_the_default_namespaces() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(open(dir.path(), 4));
+    let conn = rusqlite::Connection::open(dir.path().join("sundial.db")).unwrap();
+    conn.execute_batch(
+        "DROP INDEX push_secrets_namespace;
+         ALTER TABLE push_secrets DROP COLUMN namespace;
+         INSERT INTO push_secrets (id, secret, created_at, expires_at)
+             VALUES ('ps_old', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', 5, NULL);
+         PRAGMA user_version = 13;",
+    )
+    .unwrap();
+    drop(conn);
+    let store = open(dir.path(), 4);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let default = rt.block_on(store.push_secrets("default")).unwrap();
+    assert_eq!(default.len(), 1);
+    assert_eq!(default[0].id, "ps_old");
+    assert_eq!(default[0].namespace, "default");
+    assert!(default[0].is_active(NOW));
+    assert!(rt.block_on(store.push_secrets("acme")).unwrap().is_empty());
 }

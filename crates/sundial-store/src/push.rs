@@ -4,6 +4,11 @@
 //! conformance suite (`push_testkit`). A secret signs while it is active (`expires_at` unset or
 //! later than now); a rotation adds a new secret and, in the same write, sets the others to
 //! expire at the end of the overlap, so for that while every call carries two signatures.
+//!
+//! Every secret belongs to one namespace (`sundial_core::namespace`): a push task is signed with
+//! its own namespace's active secrets only, a rotation expires only the same namespace's others,
+//! and listing and expiring see one namespace's secrets (another namespace's id is unknown).
+//! Secrets stored before namespaces existed are the default namespace's.
 
 use async_trait::async_trait;
 use sundial_core::Timestamp;
@@ -15,6 +20,8 @@ use crate::StoreError;
 pub struct PushSecret {
     /// A short public name (`ps_…`), never the secret itself.
     pub id: String,
+    /// The namespace whose push calls it signs (`default` for secrets older than namespaces).
+    pub namespace: String,
     /// The `whsec_…` secret.
     pub secret: String,
     pub created_at: Timestamp,
@@ -30,19 +37,27 @@ impl PushSecret {
 
 #[async_trait]
 pub trait PushSecretStore: Send + Sync {
-    /// Adds `secret`. With `expire_others_at`, every other secret still active at that time is
-    /// set to expire then, in the same transaction (a rotation). A reused id is refused and
-    /// nothing is written.
+    /// Adds `secret` to its namespace. With `expire_others_at`, every other secret of the same
+    /// namespace still active at that time is set to expire then, in the same transaction (a
+    /// rotation); other namespaces' secrets are untouched. A reused id (in any namespace) is
+    /// refused and nothing is written.
     async fn add_push_secret(
         &self,
         secret: PushSecret,
         expire_others_at: Option<Timestamp>,
     ) -> Result<(), StoreError>;
 
-    /// Every secret, expired ones included, oldest first (by creation time, then id).
-    async fn push_secrets(&self) -> Result<Vec<PushSecret>, StoreError>;
+    /// Every secret of `namespace`, expired ones included, oldest first (by creation time, then
+    /// id).
+    async fn push_secrets(&self, namespace: &str) -> Result<Vec<PushSecret>, StoreError>;
 
-    /// Sets one secret to expire at `at` (no later than it already would). Answers whether the
-    /// secret exists.
-    async fn expire_push_secret(&self, id: &str, at: Timestamp) -> Result<bool, StoreError>;
+    /// Sets one secret of `namespace` to expire at `at` (no later than it already would).
+    /// Answers whether the namespace has that secret (another namespace's id: `false`, and
+    /// nothing changes).
+    async fn expire_push_secret(
+        &self,
+        namespace: &str,
+        id: &str,
+        at: Timestamp,
+    ) -> Result<bool, StoreError>;
 }

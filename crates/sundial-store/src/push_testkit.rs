@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use sundial_core::Timestamp;
+use sundial_core::namespace::DEFAULT_NAMESPACE;
 
 use crate::{PushSecret, PushSecretStore};
 
@@ -32,13 +33,20 @@ macro_rules! push_store_conformance {
             push_secret_rotation_expires_the_others_at_once
             push_secret_expiry_never_moves_later
             push_secret_reused_id_is_refused
+            push_secrets_are_separate_per_namespace
+            push_secret_rotation_stays_in_its_namespace
         );
     };
 }
 
 fn secret(id: &str, at: i64) -> PushSecret {
+    secret_in(DEFAULT_NAMESPACE, id, at)
+}
+
+fn secret_in(ns: &str, id: &str, at: i64) -> PushSecret {
     PushSecret {
         id: id.into(),
+        namespace: ns.into(),
         secret: format!("whsec_{id}AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"),
         created_at: Timestamp(at),
         expires_at: None,
@@ -47,7 +55,12 @@ fn secret(id: &str, at: i64) -> PushSecret {
 
 /// Added secrets read back exactly, oldest first; an empty store has none.
 pub async fn push_secrets_round_trip_oldest_first(s: Arc<dyn PushSecretStore>) {
-    assert!(s.push_secrets().await.expect("list").is_empty());
+    assert!(
+        s.push_secrets(DEFAULT_NAMESPACE)
+            .await
+            .expect("list")
+            .is_empty()
+    );
     let mut b = secret("ps_b", 20);
     b.expires_at = Some(Timestamp(99));
     s.add_push_secret(b.clone(), None).await.expect("add b");
@@ -57,7 +70,7 @@ pub async fn push_secrets_round_trip_oldest_first(s: Arc<dyn PushSecretStore>) {
     s.add_push_secret(secret("ps_c", 20), None)
         .await
         .expect("add c");
-    let got = s.push_secrets().await.expect("list");
+    let got = s.push_secrets(DEFAULT_NAMESPACE).await.expect("list");
     assert_eq!(got, vec![secret("ps_a", 10), b, secret("ps_c", 20)]);
 }
 
@@ -73,7 +86,7 @@ pub async fn push_secret_rotation_expires_the_others_at_once(s: Arc<dyn PushSecr
     s.add_push_secret(secret("ps_3", 3), Some(Timestamp(100)))
         .await
         .expect("rotate");
-    let got = s.push_secrets().await.expect("list");
+    let got = s.push_secrets(DEFAULT_NAMESPACE).await.expect("list");
     let exp: Vec<(&str, Option<i64>)> = got
         .iter()
         .map(|p| (p.id.as_str(), p.expires_at.map(|t| t.0)))
@@ -96,19 +109,19 @@ pub async fn push_secret_expiry_never_moves_later(s: Arc<dyn PushSecretStore>) {
         .await
         .expect("add");
     assert!(
-        s.expire_push_secret("ps_x", Timestamp(40))
+        s.expire_push_secret(DEFAULT_NAMESPACE, "ps_x", Timestamp(40))
             .await
             .expect("expire")
     );
     assert!(
-        s.expire_push_secret("ps_x", Timestamp(80))
+        s.expire_push_secret(DEFAULT_NAMESPACE, "ps_x", Timestamp(80))
             .await
             .expect("expire")
     );
-    let got = s.push_secrets().await.expect("list");
+    let got = s.push_secrets(DEFAULT_NAMESPACE).await.expect("list");
     assert_eq!(got[0].expires_at, Some(Timestamp(40)));
     assert!(
-        !s.expire_push_secret("ps_nope", Timestamp(1))
+        !s.expire_push_secret(DEFAULT_NAMESPACE, "ps_nope", Timestamp(1))
             .await
             .expect("expire")
     );
@@ -123,7 +136,122 @@ pub async fn push_secret_reused_id_is_refused(s: Arc<dyn PushSecretStore>) {
     again.secret = "whsec_other".into();
     assert!(s.add_push_secret(again, Some(Timestamp(5))).await.is_err());
     assert_eq!(
-        s.push_secrets().await.expect("list"),
+        s.push_secrets(DEFAULT_NAMESPACE).await.expect("list"),
         vec![secret("ps_1", 1)]
+    );
+}
+
+/// Each namespace lists only its own secrets; expiring another namespace's secret by its id
+/// answers "no such secret" and changes nothing; an id is unique across namespaces.
+pub async fn push_secrets_are_separate_per_namespace(s: Arc<dyn PushSecretStore>) {
+    s.add_push_secret(secret("ps_d", 1), None)
+        .await
+        .expect("add default");
+    s.add_push_secret(secret_in("acme", "ps_a", 2), None)
+        .await
+        .expect("add acme");
+    s.add_push_secret(secret_in("beta", "ps_b", 3), None)
+        .await
+        .expect("add beta");
+    assert_eq!(
+        s.push_secrets(DEFAULT_NAMESPACE).await.expect("list"),
+        vec![secret("ps_d", 1)]
+    );
+    assert_eq!(
+        s.push_secrets("acme").await.expect("list"),
+        vec![secret_in("acme", "ps_a", 2)]
+    );
+    assert!(s.push_secrets("empty").await.expect("list").is_empty());
+
+    assert!(
+        !s.expire_push_secret(DEFAULT_NAMESPACE, "ps_a", Timestamp(5))
+            .await
+            .expect("expire"),
+        "another namespace's secret is not found"
+    );
+    assert!(
+        !s.expire_push_secret("beta", "ps_a", Timestamp(5))
+            .await
+            .expect("expire")
+    );
+    assert_eq!(
+        s.push_secrets("acme").await.expect("list")[0].expires_at,
+        None,
+        "and it is untouched"
+    );
+    assert!(
+        s.expire_push_secret("acme", "ps_a", Timestamp(5))
+            .await
+            .expect("expire")
+    );
+    assert_eq!(
+        s.push_secrets("acme").await.expect("list")[0].expires_at,
+        Some(Timestamp(5))
+    );
+
+    // An id taken in one namespace is refused in another, and nothing is written.
+    assert!(
+        s.add_push_secret(secret_in("beta", "ps_d", 9), Some(Timestamp(7)))
+            .await
+            .is_err()
+    );
+    assert_eq!(
+        s.push_secrets("beta").await.expect("list"),
+        vec![secret_in("beta", "ps_b", 3)]
+    );
+    assert_eq!(
+        s.push_secrets(DEFAULT_NAMESPACE).await.expect("list"),
+        vec![secret("ps_d", 1)]
+    );
+}
+
+/// A rotation expires the other secrets of its own namespace only: other namespaces' active
+/// secrets keep signing, each namespace rotating on its own.
+pub async fn push_secret_rotation_stays_in_its_namespace(s: Arc<dyn PushSecretStore>) {
+    s.add_push_secret(secret("ps_d1", 1), None)
+        .await
+        .expect("add default");
+    s.add_push_secret(secret_in("acme", "ps_a1", 2), None)
+        .await
+        .expect("add acme");
+    s.add_push_secret(secret_in("beta", "ps_b1", 3), None)
+        .await
+        .expect("add beta");
+    s.add_push_secret(secret_in("acme", "ps_a2", 4), Some(Timestamp(100)))
+        .await
+        .expect("rotate acme");
+    let expiries = |v: Vec<PushSecret>| -> Vec<(String, Option<i64>)> {
+        v.into_iter()
+            .map(|p| (p.id, p.expires_at.map(|t| t.0)))
+            .collect()
+    };
+    assert_eq!(
+        expiries(s.push_secrets("acme").await.expect("list")),
+        vec![("ps_a1".into(), Some(100)), ("ps_a2".into(), None)]
+    );
+    assert_eq!(
+        expiries(s.push_secrets(DEFAULT_NAMESPACE).await.expect("list")),
+        vec![("ps_d1".into(), None)]
+    );
+    assert_eq!(
+        expiries(s.push_secrets("beta").await.expect("list")),
+        vec![("ps_b1".into(), None)]
+    );
+
+    s.add_push_secret(secret("ps_d2", 5), Some(Timestamp(50)))
+        .await
+        .expect("rotate default");
+    assert_eq!(
+        expiries(s.push_secrets(DEFAULT_NAMESPACE).await.expect("list")),
+        vec![("ps_d1".into(), Some(50)), ("ps_d2".into(), None)]
+    );
+    assert_eq!(
+        expiries(s.push_secrets("acme").await.expect("list")),
+        vec![("ps_a1".into(), Some(100)), ("ps_a2".into(), None)],
+        "acme's are as acme's rotation left them"
+    );
+    assert_eq!(
+        expiries(s.push_secrets("beta").await.expect("list")),
+        vec![("ps_b1".into(), None)]
     );
 }
