@@ -18,9 +18,27 @@ pub struct Credentials {
     /// certificate a private CA signed.
     #[arg(long, env = "SUNDIAL_CA_FILE", global = true)]
     pub ca_file: Option<PathBuf>,
-    /// The namespace to act in (default: `default`); requests go to `/v1/namespaces/{ns}/…`.
+    /// The namespace to act in (set from [`NamespaceArg`] by the commands that act in one).
+    #[arg(skip)]
+    pub namespace: Option<String>,
+}
+
+/// `--namespace` / `SUNDIAL_NAMESPACE`: the namespace a command acts in (default: `default`);
+/// its requests go to `/v1/namespaces/{ns}/…`. Flattened into the commands of a namespace's
+/// API (not the admin ones, whose own `--namespace` means something else).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct NamespaceArg {
+    /// The namespace to act in (default: `default`).
     #[arg(long, env = "SUNDIAL_NAMESPACE", global = true)]
     pub namespace: Option<String>,
+}
+
+impl Credentials {
+    /// These credentials acting in the namespace `ns` names.
+    pub fn in_namespace(mut self, ns: &NamespaceArg) -> Self {
+        self.namespace = ns.namespace.clone();
+        self
+    }
 }
 
 /// Routes every namespace shares (tokens, namespaces, the audit log): never under a namespace.

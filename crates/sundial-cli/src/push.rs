@@ -14,6 +14,8 @@ pub struct PushArgs {
     server: String,
     #[command(flatten)]
     credentials: sundial_cli::Credentials,
+    #[command(flatten)]
+    ns: sundial_cli::connect::NamespaceArg,
     /// Print the API's JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -49,7 +51,8 @@ enum SecretCommand {
     Revoke { id: String },
 }
 
-pub async fn run(args: PushArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(mut args: PushArgs) -> anyhow::Result<ExitCode> {
+    args.credentials = args.credentials.clone().in_namespace(&args.ns);
     let client = Client::with_credentials(&args.server, &args.credentials)
         .context("cannot build the HTTP client")?;
     let json = args.json;

@@ -16,6 +16,8 @@ pub struct QueueArgs {
     server: String,
     #[command(flatten)]
     credentials: sundial_cli::Credentials,
+    #[command(flatten)]
+    ns: sundial_cli::connect::NamespaceArg,
     /// Print the API's JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -62,7 +64,8 @@ enum QueueCommand {
     },
 }
 
-pub async fn run(args: QueueArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(mut args: QueueArgs) -> anyhow::Result<ExitCode> {
+    args.credentials = args.credentials.clone().in_namespace(&args.ns);
     let client = Client::with_credentials(&args.server, &args.credentials)
         .context("cannot build the HTTP client")?;
     let json = args.json;

@@ -21,6 +21,8 @@ pub struct ScheduleArgs {
     server: String,
     #[command(flatten)]
     credentials: sundial_cli::Credentials,
+    #[command(flatten)]
+    ns: sundial_cli::connect::NamespaceArg,
     /// Print the API's JSON.
     #[arg(long, global = true)]
     json: bool,
@@ -383,7 +385,8 @@ fn fire_table(fires: &[FireView]) -> String {
     output::table(&["FIRE TIME", "OUTCOME", "REASON", "TASK"], &rows)
 }
 
-pub async fn run(args: ScheduleArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(mut args: ScheduleArgs) -> anyhow::Result<ExitCode> {
+    args.credentials = args.credentials.clone().in_namespace(&args.ns);
     use reqwest::Method;
     let api = Api {
         http: args

@@ -22,6 +22,8 @@ pub struct TaskArgs {
     server: String,
     #[command(flatten)]
     credentials: sundial_cli::Credentials,
+    #[command(flatten)]
+    ns: sundial_cli::connect::NamespaceArg,
     /// Print the API's JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -257,7 +259,8 @@ struct LsArgs {
     cursor: Option<String>,
 }
 
-pub async fn run(args: TaskArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(mut args: TaskArgs) -> anyhow::Result<ExitCode> {
+    args.credentials = args.credentials.clone().in_namespace(&args.ns);
     let client = Client::with_credentials(&args.server, &args.credentials)
         .context("cannot build the HTTP client")?;
     let json = args.json;

@@ -39,6 +39,8 @@ pub struct WorkerArgs {
     server: String,
     #[command(flatten)]
     credentials: sundial_cli::Credentials,
+    #[command(flatten)]
+    ns: sundial_cli::connect::NamespaceArg,
     /// The queue to take tasks from.
     #[arg(long, short)]
     queue: String,
@@ -126,7 +128,8 @@ fn check_program(program: &str) -> anyhow::Result<()> {
     anyhow::bail!("the command {program:?} is not found on PATH")
 }
 
-pub async fn run(args: WorkerArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(mut args: WorkerArgs) -> anyhow::Result<ExitCode> {
+    args.credentials = args.credentials.clone().in_namespace(&args.ns);
     if let Some(program) = args.command.first() {
         check_program(program)?;
     }

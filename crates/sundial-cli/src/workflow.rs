@@ -24,6 +24,8 @@ pub struct WorkflowArgs {
     server: String,
     #[command(flatten)]
     credentials: sundial_cli::Credentials,
+    #[command(flatten)]
+    ns: sundial_cli::connect::NamespaceArg,
     /// Print the API's JSON.
     #[arg(long, global = true)]
     json: bool,
@@ -249,7 +251,8 @@ fn print_history(v: &Value) {
     }
 }
 
-pub async fn run(args: WorkflowArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(mut args: WorkflowArgs) -> anyhow::Result<ExitCode> {
+    args.credentials = args.credentials.clone().in_namespace(&args.ns);
     let api = Api {
         http: args
             .credentials

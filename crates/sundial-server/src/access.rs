@@ -96,6 +96,9 @@ pub const TOKEN_PREFIX: &str = "sdl_";
 /// The namespace of every request until namespaces are chosen per request.
 pub const DEFAULT_NAMESPACE: &str = "default";
 
+/// The push secret routes: a namespace's, but an admin's only.
+pub const PUSH_SECRETS: &str = "/v1/push/secrets";
+
 /// Routes (by template prefix) that only an admin may use, whatever the method.
 pub const ADMIN_PREFIXES: &[&str] = &["/v1/tokens", "/v1/namespaces", "/v1/audit"];
 
@@ -148,7 +151,8 @@ pub fn requirement(method: &Method, route: &str, config: &AccessConfig) -> Requi
         "/openapi.json" if config.open_openapi => return Requirement::Open,
         _ => {}
     }
-    if ADMIN_PREFIXES.iter().any(|p| route.starts_with(p)) {
+    // Push secrets sign a namespace's calls: an admin's (of the namespace, or of all).
+    if ADMIN_PREFIXES.iter().any(|p| route.starts_with(p)) || route.starts_with(PUSH_SECRETS) {
         return Requirement::Scope(Scope::Admin);
     }
     let worker = route == "/v1/queues/{queue}/poll"
