@@ -85,6 +85,7 @@ fn created(ns: &Ns, task: sundial::Task) -> Result<Response, ApiError> {
     request_body = CreateTask,
     responses(
         (status = 201, description = "Stored durably", body = TaskView),
+        (status = 200, description = "A repeat of an earlier create with the same idempotency key, version and body: the task it created, nothing new stored", body = TaskView),
         (status = 400, description = "Not JSON", body = ErrorBody),
         (status = 409, description = "A live task of the queue holds the key (`existing_id`); nothing stored", body = ErrorBody),
         (status = 429, description = "Over the namespace's quota of live tasks or creates per second (`quota`, with `Retry-After`); nothing stored", body = ErrorBody),
