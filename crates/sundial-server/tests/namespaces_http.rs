@@ -4,40 +4,14 @@
 //! paths without a namespace are the `default` namespace, as before namespaces existed.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic on failure
 
-use axum::body::Body;
-use axum::http::{HeaderMap, Request, StatusCode};
+mod common;
+
+use common::call_with_headers as call;
+
+use axum::http::StatusCode;
 use serde_json::{Value, json};
 use sundial::Sundial;
 use sundial_server::{ServerConfig, router};
-use tower::ServiceExt;
-
-async fn call(
-    app: &axum::Router,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-) -> (StatusCode, Value, HeaderMap) {
-    let req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("content-type", "application/json")
-        .body(match body {
-            Some(b) => Body::from(b.to_string()),
-            None => Body::empty(),
-        })
-        .unwrap();
-    let resp = app.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let headers = resp.headers().clone();
-    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-        headers,
-    )
-}
 
 fn ids(list: &Value) -> Vec<String> {
     list["tasks"]

@@ -4,43 +4,19 @@
 //! responses show ids and queues as the namespace knows them.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic on failure
 
+mod common;
+
+use common::call;
+
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use serde_json::{Value, json};
 use sundial::{ManualClock, Sundial, Timestamp};
 use sundial_server::{ServerConfig, router};
-use tower::ServiceExt;
 
 /// 2024-01-01T00:00:00Z.
 const T0: Timestamp = Timestamp(1_704_067_200_000);
-
-async fn call(
-    app: &axum::Router,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-) -> (StatusCode, Value) {
-    let req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("content-type", "application/json")
-        .body(match body {
-            Some(b) => Body::from(b.to_string()),
-            None => Body::empty(),
-        })
-        .unwrap();
-    let resp = app.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
-}
 
 fn schedule_ids(list: &Value) -> Vec<String> {
     list["schedules"]

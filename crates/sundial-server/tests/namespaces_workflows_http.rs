@@ -5,38 +5,14 @@
 //! that namespace; responses show workflow ids as the namespace knows them.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic on failure
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
+mod common;
+
+use common::call;
+
+use axum::http::StatusCode;
 use serde_json::{Value, json};
 use sundial::Sundial;
 use sundial_server::{ServerConfig, router};
-use tower::ServiceExt;
-
-async fn call(
-    app: &axum::Router,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-) -> (StatusCode, Value) {
-    let req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("content-type", "application/json")
-        .body(match body {
-            Some(b) => Body::from(b.to_string()),
-            None => Body::empty(),
-        })
-        .unwrap();
-    let resp = app.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
-}
 
 fn workflow_ids(list: &Value) -> Vec<String> {
     list["workflows"]

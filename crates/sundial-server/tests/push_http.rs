@@ -3,40 +3,16 @@
 //! a loopback sink allowed by the server's push policy.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic on failure
 
+mod common;
+
+use common::call;
+
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use serde_json::{Value, json};
 use sundial::Sundial;
 use sundial_server::{ServerConfig, router};
-use tower::ServiceExt;
-
-async fn call(
-    app: &axum::Router,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-) -> (StatusCode, Value) {
-    let req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("content-type", "application/json")
-        .body(match body {
-            Some(b) => Body::from(b.to_string()),
-            None => Body::empty(),
-        })
-        .unwrap();
-    let resp = app.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
-}
 
 fn config(allow: &[String]) -> ServerConfig {
     let mut c = ServerConfig::default();

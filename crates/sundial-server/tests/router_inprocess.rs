@@ -2,38 +2,14 @@
 //! not use by default.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic on failure
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
-use serde_json::{Value, json};
+mod common;
+
+use common::call;
+
+use axum::http::StatusCode;
+use serde_json::json;
 use sundial::Sundial;
 use sundial_server::{ServerConfig, router};
-use tower::ServiceExt;
-
-async fn call(
-    app: &axum::Router,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-) -> (StatusCode, Value) {
-    let req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("content-type", "application/json")
-        .body(match body {
-            Some(b) => Body::from(b.to_string()),
-            None => Body::empty(),
-        })
-        .unwrap();
-    let resp = app.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
-}
 
 #[tokio::test]
 async fn limits_come_from_the_config_and_metrics_need_a_handle() {
