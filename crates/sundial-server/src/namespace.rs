@@ -174,11 +174,6 @@ impl Ns {
         if !self.owns(&task.queue) {
             return None;
         }
-        // Sundial's own queues are shared (schedule ticks): a task there keyed in another
-        // namespace is that namespace's.
-        if task.key.as_deref().is_some_and(|k| !self.owns(k)) {
-            return None;
-        }
         if !self.is_default() {
             task.queue = namespace::local(&task.queue).to_string();
             task.key = task.key.map(|k| namespace::local(&k).to_string());

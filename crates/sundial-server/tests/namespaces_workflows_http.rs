@@ -128,6 +128,18 @@ async fn workflows_belong_to_one_namespace() {
     want.sort();
     let (_, list) = call(&app, "GET", "/v1/namespaces/acme/workflows", None).await;
     assert_eq!(workflow_ids(&list), want, "{list}");
+    // The runs' own kernel tasks (keyed by run id, in acme's workflow queue) are acme's to see.
+    let (_, internal) = call(
+        &app,
+        "GET",
+        "/v1/namespaces/acme/tasks?internal=true&queue=sundial.workflows",
+        None,
+    )
+    .await;
+    assert!(
+        !internal["tasks"].as_array().unwrap().is_empty(),
+        "{internal}"
+    );
     let (_, p1) = call(&app, "GET", "/v1/namespaces/acme/workflows?limit=1", None).await;
     let cursor = p1["next_cursor"].as_str().unwrap().to_string();
     assert!(!cursor.contains('\u{1f}'), "{cursor:?}");
