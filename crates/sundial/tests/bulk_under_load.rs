@@ -22,6 +22,10 @@ struct Size {
     /// Bound of the fires' p99 while the bulk action runs, whatever the baseline (the long
     /// form's figure on a quiet machine; `u64::MAX` in the short form).
     p99_ms: u64,
+    /// How much the fires' p99 during the bulk action may exceed three times the baseline's. The
+    /// short form runs in a debug build beside other tests: its slack only tells "fires keep
+    /// going" from "fires wait for the bulk action" (which takes about 10 s there).
+    slack_ms: u64,
 }
 
 fn size() -> Size {
@@ -30,12 +34,14 @@ fn size() -> Size {
             bulk_tasks: 100_000,
             fires_per_second: 1_000,
             p99_ms: 250,
+            slack_ms: 500,
         }
     } else {
         Size {
             bulk_tasks: 20_000,
             fires_per_second: 200,
             p99_ms: u64::MAX,
+            slack_ms: 3_000,
         }
     }
 }
@@ -168,7 +174,7 @@ async fn bulk_cancel_runs_while_fires_keep_their_lateness() {
         "fires were created while the bulk cancel ran"
     );
     assert!(
-        d99 <= 3 * b99 + 500 && d99 <= size.p99_ms,
+        d99 <= 3 * b99 + size.slack_ms && d99 <= size.p99_ms,
         "fire lateness while the bulk cancel ran: p50 {d50} ms, p99 {d99} ms, max {dmax} ms; \
          before it: p50 {b50} ms, p99 {b99} ms, max {bmax} ms"
     );
