@@ -2,7 +2,9 @@
 //! that claims and a complete each cost one durable write, record included, and no separate
 //! append; a request whose writes change nothing (a duplicate, a refusal) gets its record
 //! appended after the answer, with the answer's status. The access store is wrapped to count
-//! the appends the access layer makes on its own.
+//! the appends the access layer makes on its own. On PostgreSQL every write route is walked:
+//! operator, schedule, workflow, push-secret and admin writes commit their record with the
+//! action too.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic on failure
 
 use std::sync::Arc;
@@ -22,14 +24,14 @@ use sundial_store::{
 use sundial_store_sqlite::{SqliteOptions, SqliteStore};
 use tower::ServiceExt;
 
-/// The embedded store's access tables, counting the appends made outside a request's write.
-struct CountingAccess {
-    inner: Arc<SqliteStore>,
+/// A store's access tables, counting the appends made outside a request's write.
+struct CountingAccess<S = SqliteStore> {
+    inner: Arc<S>,
     appends: AtomicUsize,
 }
 
 #[async_trait]
-impl AccessStore for CountingAccess {
+impl<S: AccessStore> AccessStore for CountingAccess<S> {
     async fn create_token(&self, token: NewToken) -> Result<TokenRecord, StoreError> {
         self.inner.create_token(token).await
     }
@@ -86,12 +88,25 @@ impl AccessStore for CountingAccess {
 }
 
 async fn call(app: &axum::Router, method: &str, uri: &str, body: Value) -> (StatusCode, Value) {
-    let req = Request::builder()
+    call_as(app, None, method, uri, body).await
+}
+
+/// [`call`] with `Authorization: Bearer <token>` when a token is given.
+async fn call_as(
+    app: &axum::Router,
+    token: Option<&str>,
+    method: &str,
+    uri: &str,
+    body: Value,
+) -> (StatusCode, Value) {
+    let mut req = Request::builder()
         .method(method)
         .uri(uri)
-        .header("content-type", "application/json")
-        .body(Body::from(body.to_string()))
-        .unwrap();
+        .header("content-type", "application/json");
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let req = req.body(Body::from(body.to_string())).unwrap();
     let resp = app.clone().oneshot(req).await.unwrap();
     let status = resp.status();
     let bytes = to_bytes(resp.into_body(), 1 << 20).await.unwrap();
@@ -101,7 +116,7 @@ async fn call(app: &axum::Router, method: &str, uri: &str, body: Value) -> (Stat
     )
 }
 
-async fn newest(access: &CountingAccess) -> AuditRecord {
+async fn newest(access: &dyn AccessStore) -> AuditRecord {
     access
         .list_audit(&AuditFilter::default(), 1)
         .await
@@ -138,7 +153,7 @@ async fn write_requests_commit_their_audit_record_with_their_action() {
     assert_eq!(status, StatusCode::CREATED, "{task}");
     let id = task["id"].as_str().unwrap().to_string();
     assert_eq!(appends(), 0, "the create's record rode with the insert");
-    let r = newest(&access).await;
+    let r = newest(&*access).await;
     assert_eq!(
         (
             r.record.action.as_str(),
@@ -158,7 +173,7 @@ async fn write_requests_commit_their_audit_record_with_their_action() {
     .await;
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(appends(), 1);
-    assert_eq!(newest(&access).await.record.status, 409);
+    assert_eq!(newest(&*access).await.record.status, 409);
 
     // A worker's poll that claims, then its complete: each one write, record inside.
     let (status, polled) = call(
@@ -183,7 +198,7 @@ async fn write_requests_commit_their_audit_record_with_their_action() {
     .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(appends(), 1, "the complete's record rode with it");
-    let r = newest(&access).await;
+    let r = newest(&*access).await;
     assert_eq!(
         (
             r.record.action.as_str(),
@@ -197,7 +212,7 @@ async fn write_requests_commit_their_audit_record_with_their_action() {
     let (status, _) = call(&app, "POST", &format!("/v1/tasks/{id}/cancel"), json!({})).await;
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(appends(), 2);
-    assert_eq!(newest(&access).await.record.status, 409);
+    assert_eq!(newest(&*access).await.record.status, 409);
 
     // Every request has exactly one record.
     let all = access
@@ -206,4 +221,201 @@ async fn write_requests_commit_their_audit_record_with_their_action() {
         .unwrap();
     assert_eq!(all.records.len(), 5, "{:?}", all.records);
     running.shutdown(std::time::Duration::from_secs(1)).await;
+}
+
+/// Every write route on PostgreSQL: each successful write commits its record in its own
+/// transaction (no append by the access layer), and every request has exactly one record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_write_route_on_postgres_commits_its_record_with_its_action() {
+    use sundial_store::{PushSecretStore, ScheduleStore, WorkflowStore};
+    use sundial_store_postgres::testkit::{TestSchema, database_url};
+    use sundial_store_postgres::{PostgresOptions, PostgresStore};
+
+    let Some(url) = database_url() else { return };
+    let guard = TestSchema::new(&url);
+    let store = Arc::new(
+        PostgresStore::connect(
+            &url,
+            PostgresOptions {
+                schema: guard.schema.clone(),
+                pool_size: 4,
+                ..PostgresOptions::default()
+            },
+        )
+        .await
+        .unwrap(),
+    );
+    let access = Arc::new(CountingAccess {
+        inner: store.clone(),
+        appends: AtomicUsize::new(0),
+    });
+    let schedules: Arc<dyn ScheduleStore> = store.clone();
+    let workflows: Arc<dyn WorkflowStore> = store.clone();
+    let push: Arc<dyn PushSecretStore> = store.clone();
+    let sundial = Sundial::builder()
+        .access_store(access.clone())
+        .schedule_store(schedules)
+        .workflow_store(workflows)
+        .push_secret_store(push)
+        .with_store(store.clone())
+        .unwrap();
+    let running = sundial.start();
+    let app = router(sundial.clone(), ServerConfig::default());
+    let mut requests = 0usize;
+    // The first token (auth is off until one exists): the admin the rest runs as.
+    let (status, admin) = call(
+        &app,
+        "POST",
+        "/v1/tokens",
+        json!({"name": "admin", "scope": "admin"}),
+    )
+    .await;
+    requests += 1;
+    assert_eq!(status, StatusCode::CREATED, "{admin}");
+    assert_eq!(access.appends.load(Ordering::SeqCst), 0);
+    let admin = admin["token"].as_str().unwrap().to_string();
+    // `method path body` must succeed with its own write carrying the record.
+    macro_rules! write_ok {
+        ($method:expr, $path:expr, $body:expr) => {{
+            let path: &str = &$path;
+            let (status, body) = call_as(&app, Some(&admin), $method, path, $body).await;
+            requests += 1;
+            assert!(status.is_success(), "{} {path}: {status} {body}", $method);
+            assert_eq!(
+                access.appends.load(Ordering::SeqCst),
+                0,
+                "{} {path}: its record was appended on its own, not with its write",
+                $method
+            );
+            let r = newest(&*access).await;
+            assert_eq!(r.record.status, status.as_u16(), "{} {path}", $method);
+            body
+        }};
+    }
+
+    // Admin: a namespace and a token, then the token's revoke.
+    write_ok!("POST", "/v1/namespaces", json!({"name": "acme"}));
+    let token = write_ok!(
+        "POST",
+        "/v1/tokens",
+        json!({"name": "ci", "scope": "reader"})
+    );
+    let token_id = token["id"].as_str().unwrap().to_string();
+    write_ok!("POST", format!("/v1/tokens/{token_id}/revoke"), json!({}));
+
+    // Queue settings and pause.
+    write_ok!(
+        "PUT",
+        "/v1/queues/ops",
+        json!({"retention": {"succeeded": "1h"}})
+    );
+    write_ok!("POST", "/v1/queues/ops/pause", json!({}));
+    write_ok!("POST", "/v1/queues/ops/resume", json!({}));
+
+    // Tasks: a create, its trigger, cancel and retry; a batch, its bulk cancel and bulk retry.
+    let task = write_ok!(
+        "POST",
+        "/v1/tasks",
+        json!({"queue": "ops", "kind": "k", "delay": "1h"})
+    );
+    let id = task["id"].as_str().unwrap().to_string();
+    write_ok!("POST", format!("/v1/tasks/{id}/trigger"), json!({}));
+    write_ok!("POST", format!("/v1/tasks/{id}/cancel"), json!({}));
+    write_ok!("POST", format!("/v1/tasks/{id}/retry"), json!({}));
+    write_ok!(
+        "POST",
+        "/v1/tasks:batch",
+        json!({"tasks": [
+            {"queue": "bulk", "kind": "k", "delay": "1h"},
+            {"queue": "bulk", "kind": "k", "delay": "1h"}
+        ]})
+    );
+    write_ok!("POST", "/v1/tasks:cancel", json!({"queue": "bulk"}));
+    write_ok!("POST", "/v1/tasks:retry", json!({"queue": "bulk"}));
+
+    // A worker: poll, heartbeat, fail.
+    write_ok!("POST", "/v1/tasks", json!({"queue": "work", "kind": "k"}));
+    let polled = write_ok!(
+        "POST",
+        "/v1/queues/work/poll",
+        json!({"worker": "w", "max": 1, "wait": "5s"})
+    );
+    let claimed = &polled["tasks"][0];
+    let (work_id, exec) = (
+        claimed["id"].as_str().unwrap().to_string(),
+        claimed["execution_id"].as_str().unwrap().to_string(),
+    );
+    write_ok!(
+        "POST",
+        format!("/v1/tasks/{work_id}/heartbeat"),
+        json!({"execution_id": exec})
+    );
+    write_ok!(
+        "POST",
+        format!("/v1/tasks/{work_id}/fail"),
+        json!({"execution_id": exec, "error": "boom", "retryable": false})
+    );
+
+    // Schedules.
+    write_ok!(
+        "POST",
+        "/v1/schedules",
+        json!({"id": "nightly", "every": "1h", "task": {"kind": "report"}})
+    );
+    write_ok!("PATCH", "/v1/schedules/nightly", json!({"every": "2h"}));
+    write_ok!("POST", "/v1/schedules/nightly/pause", json!({}));
+    write_ok!("POST", "/v1/schedules/nightly/unpause", json!({}));
+    write_ok!("POST", "/v1/schedules/nightly/trigger", json!({}));
+    write_ok!(
+        "POST",
+        "/v1/schedules/nightly/backfill",
+        json!({"from": "2026-01-01T00:00:00Z", "to": "2026-01-01T04:00:00Z"})
+    );
+    write_ok!("DELETE", "/v1/schedules/nightly", json!({}));
+
+    // Workflows (a type this process does not run: the run is stored and waits).
+    write_ok!(
+        "POST",
+        "/v1/workflows",
+        json!({"type": "order", "id": "o-1", "input": {}})
+    );
+    write_ok!(
+        "POST",
+        "/v1/workflows/o-1/signals/paid",
+        json!({"input": {"amount": 5}})
+    );
+    write_ok!(
+        "POST",
+        "/v1/workflows/o-1/terminate",
+        json!({"reason": "test"})
+    );
+    write_ok!(
+        "POST",
+        "/v1/workflows",
+        json!({"type": "order", "id": "o-2", "input": {}})
+    );
+    write_ok!(
+        "POST",
+        "/v1/workflows/o-2/cancel",
+        json!({"reason": "test"})
+    );
+
+    // Push secrets: a rotation, then the old secret's removal.
+    let first = write_ok!("POST", "/v1/push/secrets", json!({}));
+    write_ok!("POST", "/v1/push/secrets:rotate", json!({}));
+    let first_id = first["id"].as_str().unwrap().to_string();
+    write_ok!("DELETE", format!("/v1/push/secrets/{first_id}"), json!({}));
+
+    let all = access
+        .list_audit(&AuditFilter::default(), 1_000)
+        .await
+        .unwrap();
+    assert_eq!(
+        all.records.len(),
+        requests,
+        "one record a request: {:?}",
+        all.records
+    );
+    running.shutdown(std::time::Duration::from_secs(1)).await;
+    drop(guard);
 }

@@ -8,6 +8,7 @@
 use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
 use sundial_core::{Timestamp, TokenId};
+use sundial_store::audit_scope::{self, PendingAudit};
 use sundial_store::{
     AccessStore, AuditFilter, AuditPage, AuditRecord, Namespace, NamespaceError, NewAuditRecord,
     NewToken, Scope, StoreError, TokenRecord,
@@ -71,6 +72,20 @@ fn audit_from_row(r: &Row) -> Result<AuditRecord, StoreError> {
             status: u16::try_from(status).map_err(|_| corrupt("audit status", status))?,
         },
     })
+}
+
+/// A request's audit record inserted in a write's transaction (see
+/// [`PostgresStore::audit_in`]), to be reported as written once that transaction commits.
+#[must_use = "report the record with `committed` after the commit"]
+pub(crate) struct AuditInTx(Option<(PendingAudit, i64)>);
+
+impl AuditInTx {
+    /// The transaction that holds the record committed.
+    pub(crate) fn committed(self) {
+        if let Some((a, seq)) = self.0 {
+            a.written(seq);
+        }
+    }
 }
 
 impl PostgresStore {
@@ -140,6 +155,24 @@ impl PostgresStore {
         col(&row, 0)
     }
 
+    /// Inserts the claimed record of the request being served (if any) inside the caller's
+    /// transaction, whose write changed something; report it with [`AuditInTx::committed`]
+    /// once that transaction committed. Dropping the result instead (the commit failed) leaves
+    /// the record pending for the access layer.
+    pub(crate) async fn audit_in(
+        &self,
+        tx: &impl GenericClient,
+        audit: Option<PendingAudit>,
+    ) -> Result<AuditInTx, StoreError> {
+        match audit {
+            None => Ok(AuditInTx(None)),
+            Some(a) => {
+                let seq = self.insert_audit_in(tx, a.record()).await?;
+                Ok(AuditInTx(Some((a, seq))))
+            }
+        }
+    }
+
     /// Inserts the audit records of a group of calls inside the caller's transaction; their
     /// `seq`s, in order.
     pub(crate) async fn insert_audits_in(
@@ -169,10 +202,17 @@ impl PostgresStore {
 #[async_trait]
 impl AccessStore for PostgresStore {
     async fn create_token(&self, t: NewToken) -> Result<TokenRecord, StoreError> {
-        let client = self.client().await?;
-        self.insert_token(&client, &t, "VALUES ($1, $2, $3, $4, $5, $6, $7)")
+        let audit = audit_scope::claim_pending();
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        let record = self
+            .insert_token(&tx, &t, "VALUES ($1, $2, $3, $4, $5, $6, $7)")
             .await?
-            .ok_or_else(|| corrupt("token", "no row returned by the insert"))
+            .ok_or_else(|| corrupt("token", "no row returned by the insert"))?;
+        let audit = self.audit_in(&tx, audit).await?;
+        tx.commit().await.map_err(pg)?;
+        audit.committed();
+        Ok(record)
     }
 
     async fn create_first_token(&self, t: NewToken) -> Result<Option<TokenRecord>, StoreError> {
@@ -225,25 +265,33 @@ impl AccessStore for PostgresStore {
         id: TokenId,
         now: Timestamp,
     ) -> Result<Option<TokenRecord>, StoreError> {
-        let client = self.client().await?;
+        let audit = audit_scope::claim_pending();
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
         let sql = self.access_sql(&format!(
             "UPDATE {{schema}}.api_tokens SET revoked_at = COALESCE(revoked_at, $2) \
              WHERE id = $1 RETURNING {TOKEN_COLUMNS}"
         ));
-        query_opt(&client, &sql, &[&id.0, &now.0])
-            .await?
-            .map(|r| token_from_row(&r))
-            .transpose()
+        let Some(row) = query_opt(&tx, &sql, &[&id.0, &now.0]).await? else {
+            return Ok(None);
+        };
+        let record = token_from_row(&row)?;
+        let audit = self.audit_in(&tx, audit).await?;
+        tx.commit().await.map_err(pg)?;
+        audit.committed();
+        Ok(Some(record))
     }
 
     async fn create_namespace(&self, ns: Namespace) -> Result<Namespace, NamespaceError> {
-        let client = self.client().await?;
+        let audit = audit_scope::claim_pending();
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
         let sql = self.access_sql(&format!(
             "INSERT INTO {{schema}}.namespaces ({NAMESPACE_COLUMNS}) VALUES ($1, $2, $3, $4) \
              ON CONFLICT (name) DO NOTHING RETURNING {NAMESPACE_COLUMNS}"
         ));
         let row = query_opt(
-            &client,
+            &tx,
             &sql,
             &[
                 &ns.name,
@@ -253,10 +301,14 @@ impl AccessStore for PostgresStore {
             ],
         )
         .await?;
-        match row {
-            Some(r) => Ok(namespace_from_row(&r)?),
-            None => Err(NamespaceError::AlreadyExists),
-        }
+        let Some(r) = row else {
+            return Err(NamespaceError::AlreadyExists);
+        };
+        let created = namespace_from_row(&r)?;
+        let audit = self.audit_in(&tx, audit).await?;
+        tx.commit().await.map_err(pg)?;
+        audit.committed();
+        Ok(created)
     }
 
     async fn get_namespace(&self, name: &str) -> Result<Option<Namespace>, StoreError> {

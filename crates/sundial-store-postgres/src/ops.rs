@@ -7,6 +7,7 @@
 
 use deadpool_postgres::GenericClient;
 use sundial_core::{ExecutionId, Task, TaskId, TaskState, Timestamp};
+use sundial_store::audit_scope;
 use sundial_store::{
     Attempt, AttemptHistory, AttemptOutcome, AttemptResponse, QueueConfig, QueueSettings,
     RetentionRules, Selected, StoreError, TaskFilter, TransitionError, prefix_upper_bound,
@@ -381,12 +382,18 @@ impl PostgresStore {
     ) -> Result<QueueSettings, StoreError> {
         let json =
             serde_json::to_string(config).map_err(|e| StoreError::encode("queue settings", e))?;
-        let client = self.client().await?;
-        let rows = query(&client, &self.ops.queue_put, &[&queue, &json, &now.0]).await?;
+        let audit = audit_scope::claim_pending();
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        let rows = query(&tx, &self.ops.queue_put, &[&queue, &json, &now.0]).await?;
         let r = rows.first().ok_or(StoreError::NoRow {
             what: "queue settings upsert",
         })?;
-        queue_from_row(r)
+        let settings = queue_from_row(r)?;
+        let audit = self.audit_in(&tx, audit).await?;
+        tx.commit().await.map_err(pg)?;
+        audit.committed();
+        Ok(settings)
     }
 
     pub(crate) async fn ops_set_queue_paused(
@@ -395,12 +402,18 @@ impl PostgresStore {
         paused: bool,
         now: Timestamp,
     ) -> Result<QueueSettings, StoreError> {
-        let client = self.client().await?;
-        let rows = query(&client, &self.ops.queue_pause, &[&queue, &paused, &now.0]).await?;
+        let audit = audit_scope::claim_pending();
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        let rows = query(&tx, &self.ops.queue_pause, &[&queue, &paused, &now.0]).await?;
         let r = rows.first().ok_or(StoreError::NoRow {
             what: "queue pause upsert",
         })?;
-        queue_from_row(r)
+        let settings = queue_from_row(r)?;
+        let audit = self.audit_in(&tx, audit).await?;
+        tx.commit().await.map_err(pg)?;
+        audit.committed();
+        Ok(settings)
     }
 
     pub(crate) async fn ops_earliest_waiting(
@@ -491,13 +504,25 @@ impl PostgresStore {
         due_at: Timestamp,
         now: Timestamp,
     ) -> Result<Task, TransitionError> {
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(&self.ops.retry).await.map_err(pg)?;
-        match client.query_opt(&stmt, &[&id.0, &due_at.0, &now.0]).await {
-            Ok(Some(r)) => return Ok(task_from_row(&r)?),
-            Ok(None) => {}
-            Err(e) if is_unique_violation(&e) => {}
-            Err(e) => return Err(pg(e).into()),
+        let audit = audit_scope::claim_pending();
+        let mut client = self.client().await?;
+        {
+            let tx = client.transaction().await.map_err(pg)?;
+            let stmt = tx.prepare_cached(&self.ops.retry).await.map_err(pg)?;
+            match tx.query_opt(&stmt, &[&id.0, &due_at.0, &now.0]).await {
+                Ok(Some(r)) => {
+                    let task = task_from_row(&r)?;
+                    let audit = self.audit_in(&tx, audit).await?;
+                    tx.commit().await.map_err(pg)?;
+                    audit.committed();
+                    return Ok(task);
+                }
+                // Nothing changed (the transaction rolls back as it drops; after a unique
+                // violation it could run nothing more): the refusal is read outside it.
+                Ok(None) => {}
+                Err(e) if is_unique_violation(&e) => {}
+                Err(e) => return Err(pg(e).into()),
+            }
         }
         let Some(task) = self.task_in(&client, id).await? else {
             return Err(TransitionError::NotFound);
@@ -534,16 +559,26 @@ impl PostgresStore {
             return Ok(Vec::new());
         }
         let uuids: Vec<Uuid> = ids.iter().map(|i| i.0).collect();
-        let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(&self.ops.retry_many)
-            .await
-            .map_err(pg)?;
-        match client.query(&stmt, &[&uuids, &due_at.0, &now.0]).await {
-            Ok(rows) => tasks_from_rows(&rows),
+        let audit = audit_scope::claim_pending();
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        let stmt = tx.prepare_cached(&self.ops.retry_many).await.map_err(pg)?;
+        match tx.query(&stmt, &[&uuids, &due_at.0, &now.0]).await {
+            Ok(rows) => {
+                let tasks = tasks_from_rows(&rows)?;
+                // A batch that changed nothing leaves the record pending.
+                let audit = audit.filter(|_| !tasks.is_empty());
+                let audit = self.audit_in(&tx, audit).await?;
+                tx.commit().await.map_err(pg)?;
+                audit.committed();
+                Ok(tasks)
+            }
             // Two of the batch share a key, or a holder appeared meanwhile: one at a time, each
-            // skipped when its key is taken.
+            // skipped when its key is taken (the first retry that changes something carries the
+            // request's record).
             Err(e) if is_unique_violation(&e) => {
+                drop(tx);
+                drop(audit);
                 drop(client);
                 let mut out = Vec::new();
                 for id in ids {
@@ -568,9 +603,17 @@ impl PostgresStore {
             return Ok(Vec::new());
         }
         let uuids: Vec<Uuid> = ids.iter().map(|i| i.0).collect();
-        let client = self.client().await?;
-        let rows = query(&client, &self.ops.cancel_many, &[&uuids, &now.0]).await?;
-        tasks_from_rows(&rows)
+        let audit = audit_scope::claim_pending();
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        let rows = query(&tx, &self.ops.cancel_many, &[&uuids, &now.0]).await?;
+        let tasks = tasks_from_rows(&rows)?;
+        // A batch that changed nothing leaves the record pending.
+        let audit = audit.filter(|_| !tasks.is_empty());
+        let audit = self.audit_in(&tx, audit).await?;
+        tx.commit().await.map_err(pg)?;
+        audit.committed();
+        Ok(tasks)
     }
 
     /// [`sundial_store::Store::purge_tasks`] on `client` (a plain connection, or the caller's

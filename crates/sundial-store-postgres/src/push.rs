@@ -5,6 +5,7 @@
 
 use async_trait::async_trait;
 use sundial_core::Timestamp;
+use sundial_store::audit_scope;
 use sundial_store::{PushSecret, PushSecretStore, StoreError};
 
 use crate::rows::col;
@@ -51,6 +52,7 @@ impl PushSecretStore for PostgresStore {
         secret: PushSecret,
         expire_others_at: Option<Timestamp>,
     ) -> Result<(), StoreError> {
+        let audit = audit_scope::claim_pending();
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
         let expires = secret.expires_at.map(|t| t.0);
@@ -74,7 +76,10 @@ impl PushSecretStore for PostgresStore {
             )
             .await?;
         }
-        tx.commit().await.map_err(pg)
+        let audit = self.audit_in(&tx, audit).await?;
+        tx.commit().await.map_err(pg)?;
+        audit.committed();
+        Ok(())
     }
 
     async fn push_secrets(&self, namespace: &str) -> Result<Vec<PushSecret>, StoreError> {
@@ -100,16 +105,19 @@ impl PushSecretStore for PostgresStore {
         id: &str,
         at: Timestamp,
     ) -> Result<bool, StoreError> {
-        let client = self.client().await?;
-        let exists = query_opt(&client, &self.sql.push.exists, &[&id, &namespace])
+        let audit = audit_scope::claim_pending();
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        let exists = query_opt(&tx, &self.sql.push.exists, &[&id, &namespace])
             .await?
             .is_some();
-        query(
-            &client,
-            &self.sql.push.expire_one,
-            &[&id, &at.0, &namespace],
-        )
-        .await?;
-        Ok(exists)
+        if !exists {
+            return Ok(false);
+        }
+        query(&tx, &self.sql.push.expire_one, &[&id, &at.0, &namespace]).await?;
+        let audit = self.audit_in(&tx, audit).await?;
+        tx.commit().await.map_err(pg)?;
+        audit.committed();
+        Ok(true)
     }
 }

@@ -20,6 +20,7 @@ use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
 use sundial_core::schedule::{ScheduleDef, ScheduleId};
 use sundial_core::{NewTask, Task, TaskId, Timestamp};
+use sundial_store::audit_scope;
 use sundial_store::{
     ArmChange, FireApplied, FireCounts, FireOp, FireOutcome, FirePage, FireReason, FireRecord,
     FireResult, Inserted, LastTask, NewSchedule, Schedule, ScheduleError, ScheduleFilter,
@@ -413,6 +414,7 @@ impl ScheduleStore for PostgresStore {
         s: NewSchedule,
     ) -> Result<(Schedule, Option<Task>), ScheduleError> {
         let def = def_json(&s.def)?;
+        let audit = audit_scope::claim_pending();
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
         let id = s.id.as_str();
@@ -434,7 +436,9 @@ impl ScheduleStore for PostgresStore {
                 .ok_or(ScheduleError::NotFound)?;
             schedule = schedule_from_row(&row)?;
         }
+        let audit = self.audit_in(&tx, audit).await?;
         tx.commit().await.map_err(pg)?;
+        audit.committed();
         Ok((schedule, armed.tick))
     }
 
@@ -493,6 +497,7 @@ impl ScheduleStore for PostgresStore {
         now: Timestamp,
     ) -> Result<(Schedule, Option<Task>), ScheduleError> {
         let def = def_json(&def)?;
+        let audit = audit_scope::claim_pending();
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
         let current = self.lock_schedule(&tx, id).await?;
@@ -509,7 +514,9 @@ impl ScheduleStore for PostgresStore {
         .await?
         .ok_or(ScheduleError::NotFound)?;
         let schedule = schedule_from_row(&row)?;
+        let audit = self.audit_in(&tx, audit).await?;
         tx.commit().await.map_err(pg)?;
+        audit.committed();
         Ok((schedule, armed.tick))
     }
 
@@ -520,20 +527,27 @@ impl ScheduleStore for PostgresStore {
         note: Option<String>,
         now: Timestamp,
     ) -> Result<Schedule, ScheduleError> {
-        let client = self.client().await?;
-        match query_opt(
-            &client,
+        let audit = audit_scope::claim_pending();
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        let Some(row) = query_opt(
+            &tx,
             &self.sql.schedules.set_paused,
             &[&id.as_str(), &paused, &note, &now.0],
         )
         .await?
-        {
-            Some(r) => Ok(schedule_from_row(&r)?),
-            None => Err(ScheduleError::NotFound),
-        }
+        else {
+            return Err(ScheduleError::NotFound);
+        };
+        let schedule = schedule_from_row(&row)?;
+        let audit = self.audit_in(&tx, audit).await?;
+        tx.commit().await.map_err(pg)?;
+        audit.committed();
+        Ok(schedule)
     }
 
     async fn delete_schedule(&self, id: &ScheduleId, now: Timestamp) -> Result<(), ScheduleError> {
+        let audit = audit_scope::claim_pending();
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
         let Some(row) = query_opt(&tx, &self.sql.schedules.delete, &[&id.as_str()]).await? else {
@@ -543,15 +557,27 @@ impl ScheduleStore for PostgresStore {
             self.cancel_tick(&tx, TaskId(tick), now).await?;
         }
         query(&tx, &self.sql.schedules.delete_fires, &[&id.as_str()]).await?;
+        let audit = self.audit_in(&tx, audit).await?;
         tx.commit().await.map_err(pg)?;
+        audit.committed();
         Ok(())
     }
 
     async fn fire(&self, op: FireOp) -> Result<FireApplied, ScheduleError> {
+        // A manual trigger or backfill carries its request's record when it recorded a fire
+        // (or armed a tick); the schedule loop runs outside any request and carries none.
+        let audit = audit_scope::claim_pending();
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
         let applied = self.fire_in(&tx, op).await?;
+        let changed = applied.tick.is_some()
+            || applied
+                .fires
+                .iter()
+                .any(|f| matches!(f, FireResult::Recorded { .. }));
+        let audit = self.audit_in(&tx, audit.filter(|_| changed)).await?;
         tx.commit().await.map_err(pg)?;
+        audit.committed();
         Ok(applied)
     }
 

@@ -19,6 +19,7 @@ use std::collections::HashSet;
 use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
 use sundial_core::{NewTask, RunId, Task, TaskId, Timestamp};
+use sundial_store::audit_scope;
 use sundial_store::{
     AppendOp, Appended, Committed, Fence, HistoryEvent, IdReusePolicy, Inserted, NewEvent, NewRun,
     ParentLink, StartedRun, StoreError, TerminateOp, Terminated, WorkflowFilter, WorkflowPage,
@@ -545,12 +546,16 @@ impl WorkflowStore for PostgresStore {
         run: NewRun,
         reuse: IdReusePolicy,
     ) -> Result<StartedRun, WorkflowStoreError> {
+        // Every answer but an error changed the run: it carries the request's record.
+        let audit = audit_scope::claim_pending();
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
         self.claim_workflow_id(&tx, &run.workflow_id, run.run_id, Some(reuse))
             .await?;
         let started = self.create_run(&tx, run).await?;
+        let audit = self.audit_in(&tx, audit).await?;
         tx.commit().await.map_err(pg)?;
+        audit.committed();
         Ok(started)
     }
 
@@ -637,10 +642,14 @@ impl WorkflowStore for PostgresStore {
     }
 
     async fn append(&self, op: AppendOp) -> Result<Appended, WorkflowStoreError> {
+        // Every answer but an error changed the run: it carries the request's record.
+        let audit = audit_scope::claim_pending();
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
         let appended = self.append_in(&tx, op).await?;
+        let audit = self.audit_in(&tx, audit).await?;
         tx.commit().await.map_err(pg)?;
+        audit.committed();
         Ok(appended)
     }
 
@@ -648,18 +657,26 @@ impl WorkflowStore for PostgresStore {
         &self,
         op: WorkflowTaskCommit,
     ) -> Result<Committed, WorkflowStoreError> {
+        // Every answer but an error changed the run: it carries the request's record.
+        let audit = audit_scope::claim_pending();
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
         let committed = self.commit_in(&tx, op).await?;
+        let audit = self.audit_in(&tx, audit).await?;
         tx.commit().await.map_err(pg)?;
+        audit.committed();
         Ok(committed)
     }
 
     async fn terminate(&self, op: TerminateOp) -> Result<Terminated, WorkflowStoreError> {
+        // Every answer but an error changed the run: it carries the request's record.
+        let audit = audit_scope::claim_pending();
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
         let terminated = self.terminate_in(&tx, op).await?;
+        let audit = self.audit_in(&tx, audit).await?;
         tx.commit().await.map_err(pg)?;
+        audit.committed();
         Ok(terminated)
     }
 

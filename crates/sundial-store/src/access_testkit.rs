@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use sundial_core::{Timestamp, TokenId};
+use sundial_core::{TaskId, Timestamp, TokenId};
 use uuid::Uuid;
 
 use crate::audit_scope::{self, AuditScope, AuditWrite};
@@ -70,6 +70,17 @@ macro_rules! access_store_conformance {
             }
             let (tasks, access) = $crate::access_testkit::AuditedFixture::stores(&fixture);
             $crate::access_testkit::access_audit_rides_with_the_request_write(tasks, access).await;
+            drop(fixture);
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn access_audit_rides_with_operator_and_admin_writes() {
+            let fixture = ($factory)().await;
+            if $crate::testkit::Fixture::store(&fixture).is_none() {
+                return;
+            }
+            let (tasks, access) = $crate::access_testkit::AuditedFixture::stores(&fixture);
+            $crate::access_testkit::access_audit_rides_with_operator_and_admin_writes(tasks, access)
+                .await;
             drop(fixture);
         }
     };
@@ -598,4 +609,118 @@ pub async fn access_audit_rides_with_the_request_write(
         .amend_audit(i64::MAX, 200, None)
         .await
         .expect("amend of nothing");
+}
+
+/// Runs `write` inside a fresh request scope for `action`; where the scope's record stands after.
+async fn scoped<F: std::future::Future>(action: &str, write: F) -> (F::Output, AuditWrite) {
+    let scope = AuditScope::new(audit(2, "admin", "default", action, None));
+    let out = scope.run(write).await;
+    (out, scope.write())
+}
+
+/// Asserts that a scoped write carried its request's record into its own commit, and that the
+/// record is in the log.
+async fn assert_carried(access: &dyn AccessStore, action: &str, write: AuditWrite) {
+    let AuditWrite::Written { seq } = write else {
+        panic!("{action}: its write did not carry the record: {write:?}");
+    };
+    let log = audit_log(access).await;
+    let found = log.iter().find(|r| r.seq == seq);
+    assert_eq!(
+        found.map(|r| r.record.action.as_str()),
+        Some(action),
+        "{action}: record {seq} in the log: {log:?}"
+    );
+}
+
+/// The operator's and the admin's writes (queue settings and pause, retries, bulk changes,
+/// tokens and namespaces) each commit their request's audit record with the write itself, so
+/// there is no action without its record; a write that changes nothing (a refusal, an empty
+/// batch, a duplicate) leaves the record pending for the caller.
+pub async fn access_audit_rides_with_operator_and_admin_writes(
+    tasks: Arc<dyn Store>,
+    access: Arc<dyn AccessStore>,
+) {
+    let t0 = at(1_000);
+    let action = "PUT /v1/queues/{queue}";
+    let (r, w) = scoped(
+        action,
+        tasks.put_queue_config("ops-audited", crate::QueueConfig::default(), t0),
+    )
+    .await;
+    r.expect("put_queue_config");
+    assert_carried(&*access, action, w).await;
+
+    let action = "POST /v1/queues/{queue}/pause";
+    let (r, w) = scoped(action, tasks.set_queue_paused("ops-audited", true, t0)).await;
+    r.expect("set_queue_paused");
+    assert_carried(&*access, action, w).await;
+
+    // Retry: a cancelled task becomes due again, carrying the record; a second retry of the same
+    // (now live) task is refused and leaves the record pending.
+    let one = due_task("ops-audited", "k", 0);
+    let one_id = one.id;
+    tasks.insert(vec![one]).await.expect("insert");
+    tasks.cancel(one_id, t0).await.expect("cancel");
+    let action = "POST /v1/tasks/{id}/retry";
+    let (r, w) = scoped(action, tasks.retry(one_id, t0, t0)).await;
+    r.expect("retry");
+    assert_carried(&*access, action, w).await;
+    let (r, w) = scoped(action, tasks.retry(one_id, t0, t0)).await;
+    assert!(r.is_err(), "a live task is not retried: {r:?}");
+    assert_eq!(w, AuditWrite::Pending, "a refused retry writes no record");
+
+    // Bulk: a batch that changes something carries the record; one that changes nothing does not.
+    let many: Vec<_> = (0..3).map(|_| due_task("ops-audited", "k", 0)).collect();
+    let ids: Vec<TaskId> = many.iter().map(|t| t.id).collect();
+    tasks.insert(many).await.expect("insert");
+    let action = "POST /v1/tasks/cancel";
+    let (r, w) = scoped(action, tasks.cancel_many(ids.clone(), t0)).await;
+    assert_eq!(r.expect("cancel_many").len(), 3);
+    assert_carried(&*access, action, w).await;
+    let (r, w) = scoped(action, tasks.cancel_many(ids.clone(), t0)).await;
+    assert!(r.expect("cancel_many").is_empty(), "cancelled already");
+    assert_eq!(
+        w,
+        AuditWrite::Pending,
+        "a batch that changed nothing writes no record"
+    );
+    let action = "POST /v1/tasks/retry";
+    let (r, w) = scoped(action, tasks.retry_many(ids.clone(), t0, t0)).await;
+    assert_eq!(r.expect("retry_many").len(), 3);
+    assert_carried(&*access, action, w).await;
+    let (r, w) = scoped(action, tasks.retry_many(ids, t0, t0)).await;
+    assert!(r.expect("retry_many").is_empty(), "live again already");
+    assert_eq!(w, AuditWrite::Pending);
+
+    // Tokens and namespaces.
+    let action = "POST /v1/tokens";
+    let t = token("audited", Scope::Reader, None, 1_000);
+    let token_id = t.id;
+    let (r, w) = scoped(action, access.create_token(t)).await;
+    r.expect("create_token");
+    assert_carried(&*access, action, w).await;
+    let action = "POST /v1/tokens/{id}/revoke";
+    let (r, w) = scoped(action, access.revoke_token(token_id, t0)).await;
+    assert!(r.expect("revoke_token").is_some());
+    assert_carried(&*access, action, w).await;
+    let (r, w) = scoped(action, access.revoke_token(TokenId(Uuid::new_v4()), t0)).await;
+    assert!(r.expect("revoke_token").is_none(), "no such token");
+    assert_eq!(w, AuditWrite::Pending, "revoking nothing writes no record");
+    let action = "POST /v1/namespaces";
+    let ns = Namespace {
+        name: "audited".into(),
+        max_live_tasks: None,
+        max_creates_per_second: None,
+        created_at: t0,
+    };
+    let (r, w) = scoped(action, access.create_namespace(ns.clone())).await;
+    r.expect("create_namespace");
+    assert_carried(&*access, action, w).await;
+    let (r, w) = scoped(action, access.create_namespace(ns)).await;
+    assert!(
+        matches!(r, Err(NamespaceError::AlreadyExists)),
+        "a second create is refused: {r:?}"
+    );
+    assert_eq!(w, AuditWrite::Pending, "a refused create writes no record");
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use sundial_core::Timestamp;
 use sundial_core::namespace::DEFAULT_NAMESPACE;
 
+use crate::audit_scope::{AuditScope, AuditWrite};
 use crate::{PushSecret, PushSecretStore};
 
 /// One `#[tokio::test]` per check, each on a fresh store from `$factory`.
@@ -35,6 +36,7 @@ macro_rules! push_store_conformance {
             push_secret_reused_id_is_refused
             push_secrets_are_separate_per_namespace
             push_secret_rotation_stays_in_its_namespace
+            push_secret_writes_carry_their_request_audit_record
         );
     };
 }
@@ -254,4 +256,47 @@ pub async fn push_secret_rotation_stays_in_its_namespace(s: Arc<dyn PushSecretSt
         expiries(s.push_secrets("beta").await.expect("list")),
         vec![("ps_b1".into(), None)]
     );
+}
+
+/// Where a request's audit record stands after `write` ran inside the request's scope.
+async fn audited<F: std::future::Future>(action: &str, write: F) -> (F::Output, AuditWrite) {
+    let scope = AuditScope::new(crate::NewAuditRecord {
+        at: Timestamp(1),
+        actor_id: None,
+        actor: "local".into(),
+        namespace: DEFAULT_NAMESPACE.into(),
+        action: action.into(),
+        target: None,
+        status: 200,
+        request_id: format!("req-{action}"),
+    });
+    let out = scope.run(write).await;
+    (out, scope.write())
+}
+
+/// Adding and expiring a secret commit the request's audit record with the write itself;
+/// expiring a secret that does not exist leaves it pending for the caller.
+pub async fn push_secret_writes_carry_their_request_audit_record(s: Arc<dyn PushSecretStore>) {
+    let written = |w: AuditWrite| matches!(w, AuditWrite::Written { .. });
+    let (r, w) = audited(
+        "POST /v1/push/secrets",
+        s.add_push_secret(secret("audited", 10), None),
+    )
+    .await;
+    r.expect("add");
+    assert!(written(w), "add: {w:?}");
+    let (r, w) = audited(
+        "POST /v1/push/secrets/{id}/expire",
+        s.expire_push_secret(DEFAULT_NAMESPACE, "audited", Timestamp(20)),
+    )
+    .await;
+    assert!(r.expect("expire"), "the secret exists");
+    assert!(written(w), "expire: {w:?}");
+    let (r, w) = audited(
+        "POST /v1/push/secrets/{id}/expire",
+        s.expire_push_secret(DEFAULT_NAMESPACE, "nowhere", Timestamp(20)),
+    )
+    .await;
+    assert!(!r.expect("expire"), "no such secret");
+    assert_eq!(w, AuditWrite::Pending, "expiring nothing writes no record");
 }

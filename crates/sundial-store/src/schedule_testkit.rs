@@ -22,6 +22,7 @@ use sundial_core::schedule::{ScheduleDef, ScheduleId, ScheduleSpec, TaskTemplate
 use sundial_core::{ExecutionId, Limits, NewTask, TaskId, TaskSpec, TaskState, Timestamp};
 use uuid::Uuid;
 
+use crate::audit_scope::{AuditScope, AuditWrite};
 use crate::{
     Arm, ArmChange, ClaimTarget, DueClaim, FireOp, FireOutcome, FireReason, FireResult, NewFire,
     NewSchedule, ScheduleError, ScheduleFilter, ScheduleStore, Store, TICK_KIND, TICK_QUEUE,
@@ -62,6 +63,7 @@ macro_rules! schedule_store_conformance {
             schedule_for_fire_reads_schedules_with_their_last_task
             schedule_stranded_lists_armed_schedules_whose_tick_is_not_live
             schedule_purge_fires_deletes_old_records_and_keeps_counters
+            schedule_writes_carry_their_request_audit_record
         );
     };
 }
@@ -1170,4 +1172,100 @@ pub async fn schedule_purge_fires_deletes_old_records_and_keeps_counters(
         .expect("exists")
         .counts;
     assert_eq!(after, before, "counters are kept on the schedule");
+}
+
+/// Where a request's audit record stands after `write` ran inside the request's scope.
+async fn audited<F: Future>(action: &str, write: F) -> (F::Output, AuditWrite) {
+    let scope = AuditScope::new(crate::NewAuditRecord {
+        at: at(0),
+        actor_id: None,
+        actor: "local".into(),
+        namespace: "default".into(),
+        action: action.into(),
+        target: None,
+        status: 200,
+        request_id: format!("req-{action}"),
+    });
+    let out = scope.run(write).await;
+    (out, scope.write())
+}
+
+/// Every schedule write a request makes (create, update, pause, manual trigger, delete) commits
+/// the request's audit record with the write itself; a refused write leaves it pending for the
+/// caller.
+pub async fn schedule_writes_carry_their_request_audit_record(
+    _tasks: Arc<dyn Store>,
+    schedules: Arc<dyn ScheduleStore>,
+) {
+    let s = schedules.as_ref();
+    let id = sid("audited");
+    let written = |w: AuditWrite| matches!(w, AuditWrite::Written { .. });
+    let (r, w) = audited(
+        "POST /v1/schedules",
+        s.create_schedule(NewSchedule {
+            id: id.clone(),
+            def: def(),
+            paused: false,
+            note: None,
+            arm: Some(arm(&id, at(MIN))),
+            now: at(0),
+        }),
+    )
+    .await;
+    r.expect("create");
+    assert!(written(w), "create: {w:?}");
+    let (r, w) = audited(
+        "POST /v1/schedules",
+        s.create_schedule(NewSchedule {
+            id: id.clone(),
+            def: def(),
+            paused: false,
+            note: None,
+            arm: None,
+            now: at(0),
+        }),
+    )
+    .await;
+    assert!(matches!(r, Err(ScheduleError::AlreadyExists)), "{r:?}");
+    assert_eq!(w, AuditWrite::Pending, "a refused create writes no record");
+
+    let (r, w) = audited(
+        "PUT /v1/schedules/{id}",
+        s.update_schedule(&id, def(), ArmChange::Keep, at(1)),
+    )
+    .await;
+    r.expect("update");
+    assert!(written(w), "update: {w:?}");
+    let (r, w) = audited(
+        "POST /v1/schedules/{id}/pause",
+        s.set_paused(&id, true, None, at(2)),
+    )
+    .await;
+    r.expect("pause");
+    assert!(written(w), "pause: {w:?}");
+    let (r, w) = audited(
+        "POST /v1/schedules/{id}/pause",
+        s.set_paused(&sid("nope"), true, None, at(2)),
+    )
+    .await;
+    assert!(matches!(r, Err(ScheduleError::NotFound)), "{r:?}");
+    assert_eq!(w, AuditWrite::Pending);
+
+    let trigger = || {
+        let task = fire_task(&def(), &id, at(3));
+        FireOp {
+            schedule_id: id.clone(),
+            expect_armed: None,
+            fires: vec![NewFire::fired(at(3), FireReason::Trigger, task)],
+            arm: ArmChange::Keep,
+            now: at(3),
+        }
+    };
+    let (r, w) = audited("POST /v1/schedules/{id}/trigger", s.fire(trigger())).await;
+    r.expect("trigger");
+    assert!(written(w), "trigger: {w:?}");
+
+    let (r, w) = audited("DELETE /v1/schedules/{id}", s.delete_schedule(&id, at(4))).await;
+    r.expect("delete");
+    assert!(written(w), "delete: {w:?}");
 }
