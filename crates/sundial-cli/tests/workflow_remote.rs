@@ -283,3 +283,47 @@ async fn one_worker_serves_many_runs() {
     assert_eq!(attempts.load(Ordering::SeqCst), n);
     running.abort();
 }
+
+/// A worker of one namespace serves that namespace's runs and leaves another namespace's alone:
+/// the same workflow id in `acme` and in `default`, one worker for `acme`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_namespaced_worker_serves_its_namespace_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let url = server.url.clone();
+    let (status, body) = post(&format!("{url}/v1/namespaces"), json!({"name": "acme"})).await;
+    assert_eq!(status, 201, "{body}");
+    let acme = format!("{url}/v1/namespaces/acme");
+    for start in [format!("{acme}/workflows"), format!("{url}/v1/workflows")] {
+        let (status, body) = post(
+            &start,
+            json!({"type": "greet", "id": "g-1", "input": "ada"}),
+        )
+        .await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let attempts = Arc::new(AtomicU32::new(0));
+    let w = worker(&url, attempts.clone()).namespace("acme").unwrap();
+    let running = tokio::spawn(w.run());
+    let (status, body) = post(
+        &format!("{acme}/workflows/g-1/signals/go"),
+        json!({"input": "now"}),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let mut tries = 0;
+    let done = loop {
+        let v = get(&format!("{acme}/workflows/g-1")).await;
+        if v["status"] != "running" {
+            break v;
+        }
+        tries += 1;
+        assert!(tries < 2_400, "acme's run did not finish: {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(attempts.load(Ordering::SeqCst), 1);
+    // The default namespace's run of the same id was never picked up.
+    assert_eq!(history_types(&url, "g-1").await, vec!["workflow_started"]);
+    running.abort();
+}

@@ -169,9 +169,17 @@ impl Ns {
     }
 
     /// A stored task as this namespace sees it (its names unqualified); `None` when it is
-    /// another namespace's task.
+    /// another namespace's task. A schedule tick sits in Sundial's one shared tick queue (a
+    /// default-namespace name) but belongs to its schedule's namespace: the stored schedule id
+    /// its payload names decides.
     pub fn own(&self, mut task: Task) -> Option<Task> {
         if !self.owns(&task.queue) {
+            return None;
+        }
+        if task.kind == sundial_store::TICK_KIND
+            && let Some(schedule) = task.payload.get("schedule").and_then(|s| s.as_str())
+            && !self.owns(schedule)
+        {
             return None;
         }
         if !self.is_default() {

@@ -45,7 +45,7 @@ async fn schedules_belong_to_one_namespace() {
         .open(dir.path())
         .await
         .unwrap();
-    let app = router(sundial, ServerConfig::default());
+    let app = router(sundial.clone(), ServerConfig::default());
     let (st, b) = call(
         &app,
         "POST",
@@ -129,6 +129,35 @@ async fn schedules_belong_to_one_namespace() {
     assert_eq!(st, StatusCode::OK);
     let (st, _) = call(&app, "GET", &format!("/v1/schedules/{fresh_id}"), None).await;
     assert_eq!(st, StatusCode::NOT_FOUND);
+
+    // Schedule ticks share one internal queue, but each is its schedule's namespace's: the
+    // default namespace's internal tasks name only its own schedules (acme's are not even
+    // reachable by id), and acme sees none of default's.
+    let (st, internal) = call(&app, "GET", "/v1/tasks?internal=true&limit=100", None).await;
+    assert_eq!(st, StatusCode::OK, "{internal}");
+    let mut ticked: Vec<String> = internal["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["kind"] == "sundial.schedule.tick")
+        .map(|t| t["payload"]["schedule"].as_str().unwrap().to_string())
+        .collect();
+    ticked.sort();
+    assert_eq!(ticked, ["d-only", "nightly"], "{internal}");
+    let sundial_store = sundial.schedule_store().unwrap().clone();
+    let acme_nightly = sundial_core::schedule::ScheduleId::new(sundial_core::namespace::qualify(
+        "acme", "nightly",
+    ))
+    .unwrap();
+    let acme_tick = sundial_store
+        .get_schedule(&acme_nightly)
+        .await
+        .unwrap()
+        .unwrap()
+        .armed_tick
+        .expect("acme's nightly is armed");
+    let (st, _) = call(&app, "GET", &format!("/v1/tasks/{acme_tick}"), None).await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "another namespace's tick");
 
     // Lists are per namespace, a page at a time too (the cursor as the namespace knows it).
     let (_, list) = call(&app, "GET", "/v1/schedules", None).await;

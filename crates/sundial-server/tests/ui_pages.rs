@@ -808,6 +808,40 @@ async fn a_token_of_one_namespace_sees_its_namespace_and_an_admin_of_all_can_swi
         .await;
     }
 
+    // A dead task in each namespace, with an error of its own.
+    let mut stepper = sundial.stepper();
+    for base in ["/v1/namespaces/acme", "/v1"] {
+        let ns = if base == "/v1" { "default" } else { "acme" };
+        api(
+            &app,
+            "POST",
+            &format!("{base}/tasks"),
+            json!({"kind": "k", "queue": format!("{ns}-dead"), "max_attempts": 1}),
+            Some(&admin),
+        )
+        .await;
+        stepper.settle().await;
+        let got = api(
+            &app,
+            "POST",
+            &format!("{base}/queues/{ns}-dead/poll"),
+            json!({"worker": "w", "max": 1, "wait": "0s"}),
+            Some(&admin),
+        )
+        .await;
+        let t = &got["tasks"][0];
+        let failed = api(
+            &app,
+            "POST",
+            &format!("{base}/tasks/{}/fail", t["id"].as_str().unwrap()),
+            json!({"execution_id": t["execution_id"], "error": format!("{ns} boom"),
+                   "retryable": false}),
+            Some(&admin),
+        )
+        .await;
+        assert_eq!(failed["state"], "dead", "{got} {failed}");
+    }
+
     let login = |token: String| {
         let app = app.clone();
         async move {
@@ -842,6 +876,14 @@ async fn a_token_of_one_namespace_sees_its_namespace_and_an_admin_of_all_can_swi
     let r = get(&app, "/ui", Some(&session)).await;
     assert!(
         r.body.contains("acme-queue") && !r.body.contains("default-queue"),
+        "{}",
+        r.body
+    );
+    // Its dead letters: the groups of its own queues only.
+    let r = get(&app, "/ui/dead", Some(&session)).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert!(
+        r.body.contains("acme boom") && !r.body.contains("default boom"),
         "{}",
         r.body
     );

@@ -173,10 +173,10 @@ use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, PoolError, 
 use sundial_core::{ExclusiveMode, ExecutionId, NewTask, Task, TaskId, Timestamp};
 use sundial_store::audit_scope::{self, PendingAudit};
 use sundial_store::{
-    AttemptHistory, ClaimOutcome, ClaimTarget, DeadGroup, DueClaim, DueEntry, DueKey, Fence,
-    IdempotencyDecision, IdempotentCreate, IdempotentOutcome, Inserted, QueueConfig, QueueSettings,
-    ReadyClaim, RetentionRules, Retry, Selected, StateCount, Store, StoreError, TaskFilter,
-    TaskPage, TransitionError, idempotency_decision, idempotency_remembered,
+    AttemptHistory, ClaimOutcome, ClaimTarget, DeadGroup, DeadGroupFilter, DueClaim, DueEntry,
+    DueKey, Fence, IdempotencyDecision, IdempotentCreate, IdempotentOutcome, Inserted, QueueConfig,
+    QueueSettings, ReadyClaim, RetentionRules, Retry, Selected, StateCount, Store, StoreError,
+    TaskFilter, TaskPage, TransitionError, idempotency_decision, idempotency_remembered,
 };
 use thiserror::Error;
 use tokio_postgres::types::ToSql;
@@ -1455,14 +1455,15 @@ impl Store for PostgresStore {
 
     async fn dead_groups(
         &self,
-        queue: Option<&str>,
+        filter: DeadGroupFilter<'_>,
         limit: usize,
     ) -> Result<Vec<DeadGroup>, StoreError> {
+        let (prefix, default_only) = filter.namespace_test();
         let client = self.client().await?;
         let rows = query(
             &client,
             &self.sql.dead_groups,
-            &[&queue, &limit_param(limit)],
+            &[&filter.queue, &limit_param(limit), &prefix, &default_only],
         )
         .await?;
         rows.iter()

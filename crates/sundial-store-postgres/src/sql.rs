@@ -664,6 +664,8 @@ impl Sql {
                 "SELECT queue, g, n, newest FROM (SELECT queue, {g} AS g, count(*)::bigint AS n, \
                  max(id::text COLLATE \"C\")::uuid AS newest \
                  FROM {tasks} WHERE state = 'dead' AND ($1::text IS NULL OR queue = $1) \
+                 AND ($3::text IS NULL OR starts_with(queue, $3)) \
+                 AND (NOT $4::bool OR strpos(queue, chr(31)) = 0) \
                  GROUP BY queue, {g}) d \
                  ORDER BY n DESC, queue COLLATE \"C\", g IS NOT NULL, g COLLATE \"C\" LIMIT $2",
                 g = ERROR_GROUP_SQL

@@ -34,10 +34,10 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 use sundial_core::{ExecutionId, NewTask, Task, TaskId, TaskState, Timestamp};
 use sundial_store::{
-    AttemptHistory, ClaimOutcome, ClaimTarget, DeadGroup, DueClaim, DueEntry, DueKey, Fence,
-    IdempotencyDecision, IdempotentCreate, IdempotentOutcome, Inserted, QueueConfig, QueueSettings,
-    ReadyClaim, RetentionRules, Retry, Selected, StateCount, Store, StoreError, TaskFilter,
-    TaskPage, TransitionError, idempotency_decision, idempotency_remembered,
+    AttemptHistory, ClaimOutcome, ClaimTarget, DeadGroup, DeadGroupFilter, DueClaim, DueEntry,
+    DueKey, Fence, IdempotencyDecision, IdempotentCreate, IdempotentOutcome, Inserted, QueueConfig,
+    QueueSettings, ReadyClaim, RetentionRules, Retry, Selected, StateCount, Store, StoreError,
+    TaskFilter, TaskPage, TransitionError, idempotency_decision, idempotency_remembered,
 };
 use thiserror::Error;
 
@@ -1381,12 +1381,21 @@ impl Store for SqliteStore {
 
     async fn dead_groups(
         &self,
-        queue: Option<&str>,
+        filter: DeadGroupFilter<'_>,
         limit: usize,
     ) -> Result<Vec<DeadGroup>, StoreError> {
-        let queue = queue.map(str::to_string);
-        self.read(move |conn| ops::dead_groups(conn, queue.as_deref(), limit))
-            .await
+        let queue = filter.queue.map(str::to_string);
+        let (prefix, default_only) = filter.namespace_test();
+        self.read(move |conn| {
+            ops::dead_groups(
+                conn,
+                queue.as_deref(),
+                prefix.as_deref(),
+                default_only,
+                limit,
+            )
+        })
+        .await
     }
 
     async fn queue_settings(&self, queue: &str) -> Result<Option<QueueSettings>, StoreError> {

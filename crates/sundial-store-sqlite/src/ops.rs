@@ -382,17 +382,27 @@ pub(crate) const ERROR_GROUP_SQL: &str = "substr(last_error, 1, CASE WHEN instr(
 pub(crate) fn dead_groups(
     conn: &Connection,
     queue: Option<&str>,
+    prefix: Option<&str>,
+    default_only: bool,
     limit: usize,
 ) -> Result<Vec<DeadGroup>, StoreError> {
+    // The namespace test as the task list makes it: an exact prefix, or no separator (char 31).
     let sql = format!(
         "SELECT queue, {g} AS g, count(*) AS n, max(id) FROM tasks INDEXED BY tasks_dead_error \
-         WHERE state = 'dead' AND (?1 IS NULL OR queue = ?1) GROUP BY queue, {g} \
+         WHERE state = 'dead' AND (?1 IS NULL OR queue = ?1) \
+         AND (?3 IS NULL OR substr(queue, 1, length(?3)) = ?3) \
+         AND (NOT ?4 OR instr(queue, char(31)) = 0) GROUP BY queue, {g} \
          ORDER BY n DESC, queue, g IS NOT NULL, g LIMIT ?2",
         g = ERROR_GROUP_SQL
     );
     let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
     let mut found = stmt
-        .query(params![queue, limit.min(i64::MAX as usize) as i64])
+        .query(params![
+            queue,
+            limit.min(i64::MAX as usize) as i64,
+            prefix,
+            default_only
+        ])
         .map_err(backend)?;
     let mut out = Vec::new();
     while let Some(r) = found.next().map_err(backend)? {

@@ -10,9 +10,10 @@ use async_trait::async_trait;
 use sundial_core::{ExecutionId, NewTask, Task, TaskId, Timestamp};
 
 use crate::{
-    AttemptHistory, ClaimOutcome, DeadGroup, DueClaim, DueEntry, DueKey, Fence, IdempotentCreate,
-    IdempotentOutcome, Inserted, QueueConfig, QueueSettings, ReadyClaim, RetentionRules, Retry,
-    Selected, StateCount, Store, StoreError, TaskFilter, TaskPage, TransitionError,
+    AttemptHistory, ClaimOutcome, DeadGroup, DeadGroupFilter, DueClaim, DueEntry, DueKey, Fence,
+    IdempotentCreate, IdempotentOutcome, Inserted, QueueConfig, QueueSettings, ReadyClaim,
+    RetentionRules, Retry, Selected, StateCount, Store, StoreError, TaskFilter, TaskPage,
+    TransitionError,
 };
 
 /// One forwarded call, as [`Hooks::enter`] sees it.
@@ -246,11 +247,11 @@ impl<H: Hooks> Store for Forwarding<H> {
     }
     async fn dead_groups(
         &self,
-        queue: Option<&str>,
+        filter: DeadGroupFilter<'_>,
         limit: usize,
     ) -> Result<Vec<DeadGroup>, StoreError> {
         let _g = self.enter("dead_groups", None);
-        self.inner.dead_groups(queue, limit).await
+        self.inner.dead_groups(filter, limit).await
     }
     async fn queue_settings(&self, queue: &str) -> Result<Option<QueueSettings>, StoreError> {
         let _g = self.enter("queue_settings", None);

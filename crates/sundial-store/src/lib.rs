@@ -60,9 +60,10 @@ pub use schedules::{
     SchedulePage, ScheduleStore, TICK_KIND, TICK_QUEUE,
 };
 pub use types::{
-    ClaimOutcome, ClaimTarget, DeadGroup, DueClaim, DueEntry, DueKey, ERROR_GROUP_CHARS,
-    IdempotencyDecision, IdempotentCreate, IdempotentOutcome, Inserted, ReadyClaim, Retry,
-    StateCount, TaskFilter, TaskPage, error_group, idempotency_decision, idempotency_remembered,
+    ClaimOutcome, ClaimTarget, DeadGroup, DeadGroupFilter, DueClaim, DueEntry, DueKey,
+    ERROR_GROUP_CHARS, IdempotencyDecision, IdempotentCreate, IdempotentOutcome, Inserted,
+    ReadyClaim, Retry, StateCount, TaskFilter, TaskPage, error_group, idempotency_decision,
+    idempotency_remembered,
 };
 pub use workflows::{
     ACTIVITY_KIND_PREFIX, ACTIVITY_QUEUE, AppendOp, Appended, CHILD_KIND, Committed, HistoryEvent,
@@ -198,11 +199,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// The dead tasks grouped by queue and error group ([`error_group`] of the last error),
     /// the largest groups first (ties by queue, then error, no error first), at most `limit`
-    /// groups; with `queue`, only that queue's. One aggregate over an index of the dead tasks
-    /// by `(queue, error group)`, never a read of the task rows.
+    /// groups, of the tasks `filter` selects. One aggregate over an index of the dead tasks by
+    /// `(queue, error group)`, never a read of the task rows.
     async fn dead_groups(
         &self,
-        queue: Option<&str>,
+        filter: DeadGroupFilter<'_>,
         limit: usize,
     ) -> Result<Vec<DeadGroup>, StoreError>;
 

@@ -317,7 +317,10 @@ pub async fn error_group_filter_selects_exactly_a_dead_letter_group(store: Arc<d
         assert_eq!(selected, expected, "select {filter:?}");
     }
     // Every row of the dead letters is exactly what its filter selects, page by page.
-    let groups = s.dead_groups(None, 100).await.expect("dead_groups");
+    let groups = s
+        .dead_groups(crate::DeadGroupFilter::default(), 100)
+        .await
+        .expect("dead_groups");
     assert_eq!(groups.len(), 7);
     for g in &groups {
         let error = g
@@ -361,7 +364,10 @@ pub async fn error_group_filter_selects_exactly_a_dead_letter_group(store: Arc<d
         .expect("retry_many");
     assert_eq!(retried.len(), 3);
     assert!(listed(s, filter).await.is_empty());
-    let after = s.dead_groups(None, 100).await.expect("dead_groups");
+    let after = s
+        .dead_groups(crate::DeadGroupFilter::default(), 100)
+        .await
+        .expect("dead_groups");
     assert_eq!(after.len(), 6);
     assert!(
         after

@@ -2440,8 +2440,8 @@ pub async fn next_lease_expiry_is_earliest_running_lease(store: Arc<dyn Store>) 
 
 /// `dead_groups` counts every dead task (and only dead ones) by queue and error group (the
 /// error's first line, at most 200 characters, counted in characters), largest first, ties by
-/// queue then error; names each group's newest task; honours the queue and the limit; and
-/// follows a retry out of the dead state.
+/// queue then error; names each group's newest task; honours the queue, the namespace and the
+/// limit; and follows a retry out of the dead state.
 pub async fn dead_groups_count_every_dead_task_by_queue_and_error(store: Arc<dyn Store>) {
     let s = store.as_ref();
     async fn dead(s: &dyn Store, queue: &str, error: &str) -> Task {
@@ -2479,7 +2479,10 @@ pub async fn dead_groups_count_every_dead_task_by_queue_and_error(store: Arc<dyn
         count: n,
         newest,
     };
-    let all = s.dead_groups(None, 100).await.expect("dead_groups");
+    let all = s
+        .dead_groups(crate::DeadGroupFilter::default(), 100)
+        .await
+        .expect("dead_groups");
     let x200 = "x".repeat(200);
     let acc200 = "é".repeat(200);
     assert_eq!(crate::error_group(&long_x), x200);
@@ -2494,22 +2497,56 @@ pub async fn dead_groups_count_every_dead_task_by_queue_and_error(store: Arc<dyn
         ]
     );
     assert_eq!(
-        s.dead_groups(None, 2).await.expect("dead_groups"),
+        s.dead_groups(crate::DeadGroupFilter::default(), 2)
+            .await
+            .expect("dead_groups"),
         all[..2].to_vec()
     );
     assert_eq!(
-        s.dead_groups(Some("b"), 100).await.expect("dead_groups"),
+        s.dead_groups(crate::DeadGroupFilter::queue("b"), 100)
+            .await
+            .expect("dead_groups"),
         vec![all[1].clone(), all[3].clone()]
     );
     assert!(
-        s.dead_groups(Some("none"), 100)
+        s.dead_groups(crate::DeadGroupFilter::queue("none"), 100)
+            .await
+            .expect("dead_groups")
+            .is_empty()
+    );
+    // A namespace's groups: only its queues (by stored name); the default namespace's are the
+    // names without a namespace part.
+    let acme_q = sundial_core::namespace::qualify("acme", "a");
+    let acme = dead(s, &acme_q, "boom").await;
+    let in_ns = |ns: &'static str| crate::DeadGroupFilter {
+        queue: None,
+        namespace: Some(ns),
+    };
+    assert_eq!(
+        s.dead_groups(in_ns("acme"), 100)
+            .await
+            .expect("dead_groups"),
+        vec![row(&acme_q, "boom", 1, acme.id)]
+    );
+    assert_eq!(
+        s.dead_groups(in_ns("default"), 100)
+            .await
+            .expect("dead_groups"),
+        all,
+        "the default namespace's groups leave acme's out"
+    );
+    assert!(
+        s.dead_groups(in_ns("other"), 100)
             .await
             .expect("dead_groups")
             .is_empty()
     );
     // A retried task leaves its group; the group's newest is recomputed.
     s.retry(a3.id, at(2_000), at(20)).await.expect("retry");
-    let after = s.dead_groups(Some("a"), 100).await.expect("dead_groups");
+    let after = s
+        .dead_groups(crate::DeadGroupFilter::queue("a"), 100)
+        .await
+        .expect("dead_groups");
     assert_eq!(after[0].count, 2);
     assert!(after[0].newest > a1.id);
     assert_ne!(after[0].newest, a3.id);

@@ -282,6 +282,38 @@ pub fn error_group(error: &str) -> String {
         .collect()
 }
 
+/// Which dead tasks [`crate::Store::dead_groups`] groups: every field given must hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeadGroupFilter<'a> {
+    /// Only this queue's (its stored name).
+    pub queue: Option<&'a str>,
+    /// Only the queues of this namespace, by their stored names (see `sundial_core::namespace`):
+    /// the default namespace's are the names without the separator.
+    pub namespace: Option<&'a str>,
+}
+
+impl<'a> DeadGroupFilter<'a> {
+    /// Every dead task of `queue` (a stored name).
+    pub fn queue(queue: &'a str) -> Self {
+        DeadGroupFilter {
+            queue: Some(queue),
+            namespace: None,
+        }
+    }
+
+    /// The stored-name prefix of the namespace's queues, and whether only names without a
+    /// namespace part (the default namespace's) count: what the stores' queries test.
+    pub fn namespace_test(&self) -> (Option<String>, bool) {
+        match self.namespace {
+            None => (None, false),
+            Some(ns) => match sundial_core::namespace::stored_prefix(ns) {
+                Some(prefix) => (Some(prefix), false),
+                None => (None, true),
+            },
+        }
+    }
+}
+
 /// The dead tasks of one queue whose last errors fall in one group ([`error_group`]): a row of
 /// the dead letters.
 #[derive(Debug, Clone, PartialEq, Eq)]

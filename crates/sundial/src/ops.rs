@@ -62,13 +62,16 @@ enum BulkAction {
 impl Sundial {
     /// The dead tasks grouped by queue and error group (the last error's first line, at most
     /// 200 characters), the largest groups first, at most `limit` groups (of `queue`, when
-    /// given): one aggregate query over an index of the dead tasks.
+    /// given) and of `namespace` (when given): one aggregate query over an index of the dead
+    /// tasks.
     pub async fn dead_groups(
         &self,
         queue: Option<&str>,
+        namespace: Option<&str>,
         limit: usize,
     ) -> Result<Vec<DeadGroup>, Error> {
-        Ok(self.engine.store.dead_groups(queue, limit).await?)
+        let filter = sundial_store::DeadGroupFilter { queue, namespace };
+        Ok(self.engine.store.dead_groups(filter, limit).await?)
     }
 
     /// Every queue that has tasks or stored settings, by name.

@@ -742,10 +742,14 @@ async fn dead_page(st: &UiState, v: &Viewer, q: &Fields) -> Result<Response, UiE
     }
     let page = crate::api::query_tasks(&st.app, &v.ns, &api).await?;
     let now = s.clock().now();
-    // Across the whole store (or the queue): one aggregate over the index of dead tasks.
+    // Across the namespace (or the queue): one aggregate over the index of dead tasks.
     let stored_queue = v.ns.given("queue", &queue)?;
     let groups = s
-        .dead_groups((!queue.is_empty()).then_some(stored_queue.as_str()), GROUPS)
+        .dead_groups(
+            (!queue.is_empty()).then_some(stored_queue.as_str()),
+            Some(v.ns.name()),
+            GROUPS,
+        )
         .await?
         .into_iter()
         .filter_map(|mut g| {

@@ -57,6 +57,12 @@ pub enum RemoteError {
     /// [`RemoteWorker::token`]: not a valid header value.
     #[error("the token is not a valid header value")]
     BadToken,
+    /// [`RemoteWorker::namespace`]: not a namespace name.
+    #[error(
+        "{0:?} is not a namespace name (1 to 63 lower-case letters, digits, '-' and '_', \
+         starting with a letter)"
+    )]
+    BadNamespace(String),
 }
 
 /// What a remote activity function is given.
@@ -112,9 +118,22 @@ type RemoteActivityFn =
 struct Client {
     http: reqwest::Client,
     base: Arc<str>,
+    /// `/v1/namespaces/{ns}` for a worker of another namespace than `default` (every `/v1`
+    /// path is sent under it); empty for the default namespace.
+    namespace_prefix: Arc<str>,
 }
 
 impl Client {
+    /// The URL of the API path `path` (`/v1/…`), in the worker's namespace.
+    fn url(&self, path: &str) -> String {
+        match path.strip_prefix("/v1/") {
+            Some(rest) if !self.namespace_prefix.is_empty() => {
+                format!("{}{}/{rest}", self.base, self.namespace_prefix)
+            }
+            _ => format!("{}{path}", self.base),
+        }
+    }
+
     async fn post<T: DeserializeOwned>(
         &self,
         path: &str,
@@ -131,7 +150,7 @@ impl Client {
     ) -> Result<T, RemoteError> {
         let resp = self
             .http
-            .post(format!("{}{path}", self.base))
+            .post(self.url(path))
             .timeout(timeout)
             .json(body)
             .send()
@@ -214,6 +233,7 @@ impl RemoteWorker {
                 http: http_client(&HttpSettings::default())
                     .unwrap_or_else(|_| reqwest::Client::new()),
                 base: server_url.trim_end_matches('/').into(),
+                namespace_prefix: "".into(),
             },
             http: HttpSettings::default(),
             name: format!("remote-worker-{}", uuid::Uuid::new_v4().simple()),
@@ -278,6 +298,21 @@ impl RemoteWorker {
             });
         }
         Ok(())
+    }
+
+    /// Serves the workflows and activities of namespace `ns` (default: `default`): every call
+    /// goes to `/v1/namespaces/{ns}/…`, so the worker polls that namespace's queues and acts on
+    /// its runs only. Its token must be one of that namespace or of all namespaces.
+    pub fn namespace(mut self, ns: &str) -> Result<Self, RemoteError> {
+        if !sundial_core::namespace::is_valid_name(ns) {
+            return Err(RemoteError::BadNamespace(ns.to_string()));
+        }
+        self.client.namespace_prefix = if ns == sundial_core::namespace::DEFAULT_NAMESPACE {
+            "".into()
+        } else {
+            format!("/v1/namespaces/{ns}").into()
+        };
+        Ok(self)
     }
 
     /// The worker name the server records on the tasks it claims.
@@ -546,5 +581,46 @@ fn invalid(e: crate::Error) -> RemoteError {
             field: "name",
             reason: other.to_string(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_namespace_puts_every_api_path_under_its_prefix() {
+        let w = RemoteWorker::new("http://127.0.0.1:7373/");
+        assert_eq!(
+            w.client.url("/v1/workflow-tasks/poll"),
+            "http://127.0.0.1:7373/v1/workflow-tasks/poll"
+        );
+        let Ok(w) = w.namespace("acme") else {
+            panic!("acme is a namespace name")
+        };
+        assert_eq!(
+            w.client.url("/v1/workflow-tasks/poll"),
+            "http://127.0.0.1:7373/v1/namespaces/acme/workflow-tasks/poll"
+        );
+        assert_eq!(
+            w.client.url("/v1/tasks/t/heartbeat"),
+            "http://127.0.0.1:7373/v1/namespaces/acme/tasks/t/heartbeat"
+        );
+        let Ok(w) = w.namespace("default") else {
+            panic!("default is a namespace name")
+        };
+        assert_eq!(
+            w.client.url("/v1/workflow-activities/poll"),
+            "http://127.0.0.1:7373/v1/workflow-activities/poll"
+        );
+        for bad in ["", "Acme", "a/b", "1st"] {
+            assert!(
+                matches!(
+                    RemoteWorker::new("http://127.0.0.1:7373").namespace(bad),
+                    Err(RemoteError::BadNamespace(_))
+                ),
+                "{bad:?}"
+            );
+        }
     }
 }
