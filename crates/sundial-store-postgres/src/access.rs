@@ -74,20 +74,6 @@ fn audit_from_row(r: &Row) -> Result<AuditRecord, StoreError> {
     })
 }
 
-/// A request's audit record inserted in a write's transaction (see
-/// [`PostgresStore::audit_in`]), to be reported as written once that transaction commits.
-#[must_use = "report the record with `committed` after the commit"]
-pub(crate) struct AuditInTx(Option<(PendingAudit, i64)>);
-
-impl AuditInTx {
-    /// The transaction that holds the record committed.
-    pub(crate) fn committed(self) {
-        if let Some((a, seq)) = self.0 {
-            a.written(seq);
-        }
-    }
-}
-
 impl PostgresStore {
     fn access_sql(&self, body: &str) -> String {
         body.replace("{schema}", &self.schema.ident)
@@ -155,22 +141,20 @@ impl PostgresStore {
         col(&row, 0)
     }
 
-    /// Inserts the claimed record of the request being served (if any) inside the caller's
-    /// transaction, whose write changed something; report it with [`AuditInTx::committed`]
-    /// once that transaction committed. Dropping the result instead (the commit failed) leaves
-    /// the record pending for the access layer.
-    pub(crate) async fn audit_in(
+    /// Commits `tx`, whose write changed something, with the request's claimed record (if
+    /// any) inserted in it; the record is reported written once the commit succeeded.
+    pub(crate) async fn commit_audited(
         &self,
-        tx: &impl GenericClient,
+        tx: deadpool_postgres::Transaction<'_>,
         audit: Option<PendingAudit>,
-    ) -> Result<AuditInTx, StoreError> {
-        match audit {
-            None => Ok(AuditInTx(None)),
-            Some(a) => {
-                let seq = self.insert_audit_in(tx, a.record()).await?;
-                Ok(AuditInTx(Some((a, seq))))
-            }
-        }
+    ) -> Result<(), StoreError> {
+        let Some(audit) = audit else {
+            return tx.commit().await.map_err(pg);
+        };
+        let seq = self.insert_audit_in(&tx, audit.record()).await?;
+        tx.commit().await.map_err(pg)?;
+        audit.written(seq);
+        Ok(())
     }
 
     /// Inserts the audit records of a group of calls inside the caller's transaction; their
@@ -209,9 +193,7 @@ impl AccessStore for PostgresStore {
             .insert_token(&tx, &t, "VALUES ($1, $2, $3, $4, $5, $6, $7)")
             .await?
             .ok_or_else(|| corrupt("token", "no row returned by the insert"))?;
-        let audit = self.audit_in(&tx, audit).await?;
-        tx.commit().await.map_err(pg)?;
-        audit.committed();
+        self.commit_audited(tx, audit).await?;
         Ok(record)
     }
 
@@ -276,9 +258,7 @@ impl AccessStore for PostgresStore {
             return Ok(None);
         };
         let record = token_from_row(&row)?;
-        let audit = self.audit_in(&tx, audit).await?;
-        tx.commit().await.map_err(pg)?;
-        audit.committed();
+        self.commit_audited(tx, audit).await?;
         Ok(Some(record))
     }
 
@@ -305,9 +285,7 @@ impl AccessStore for PostgresStore {
             return Err(NamespaceError::AlreadyExists);
         };
         let created = namespace_from_row(&r)?;
-        let audit = self.audit_in(&tx, audit).await?;
-        tx.commit().await.map_err(pg)?;
-        audit.committed();
+        self.commit_audited(tx, audit).await?;
         Ok(created)
     }
 

@@ -390,9 +390,7 @@ impl PostgresStore {
             what: "queue settings upsert",
         })?;
         let settings = queue_from_row(r)?;
-        let audit = self.audit_in(&tx, audit).await?;
-        tx.commit().await.map_err(pg)?;
-        audit.committed();
+        self.commit_audited(tx, audit).await?;
         Ok(settings)
     }
 
@@ -410,9 +408,7 @@ impl PostgresStore {
             what: "queue pause upsert",
         })?;
         let settings = queue_from_row(r)?;
-        let audit = self.audit_in(&tx, audit).await?;
-        tx.commit().await.map_err(pg)?;
-        audit.committed();
+        self.commit_audited(tx, audit).await?;
         Ok(settings)
     }
 
@@ -512,9 +508,7 @@ impl PostgresStore {
             match tx.query_opt(&stmt, &[&id.0, &due_at.0, &now.0]).await {
                 Ok(Some(r)) => {
                     let task = task_from_row(&r)?;
-                    let audit = self.audit_in(&tx, audit).await?;
-                    tx.commit().await.map_err(pg)?;
-                    audit.committed();
+                    self.commit_audited(tx, audit).await?;
                     return Ok(task);
                 }
                 // Nothing changed (the transaction rolls back as it drops; after a unique
@@ -568,9 +562,7 @@ impl PostgresStore {
                 let tasks = tasks_from_rows(&rows)?;
                 // A batch that changed nothing leaves the record pending.
                 let audit = audit.filter(|_| !tasks.is_empty());
-                let audit = self.audit_in(&tx, audit).await?;
-                tx.commit().await.map_err(pg)?;
-                audit.committed();
+                self.commit_audited(tx, audit).await?;
                 Ok(tasks)
             }
             // Two of the batch share a key, or a holder appeared meanwhile: one at a time, each
@@ -610,9 +602,7 @@ impl PostgresStore {
         let tasks = tasks_from_rows(&rows)?;
         // A batch that changed nothing leaves the record pending.
         let audit = audit.filter(|_| !tasks.is_empty());
-        let audit = self.audit_in(&tx, audit).await?;
-        tx.commit().await.map_err(pg)?;
-        audit.committed();
+        self.commit_audited(tx, audit).await?;
         Ok(tasks)
     }
 

@@ -76,9 +76,7 @@ impl PushSecretStore for PostgresStore {
             )
             .await?;
         }
-        let audit = self.audit_in(&tx, audit).await?;
-        tx.commit().await.map_err(pg)?;
-        audit.committed();
+        self.commit_audited(tx, audit).await?;
         Ok(())
     }
 
@@ -115,9 +113,7 @@ impl PushSecretStore for PostgresStore {
             return Ok(false);
         }
         query(&tx, &self.sql.push.expire_one, &[&id, &at.0, &namespace]).await?;
-        let audit = self.audit_in(&tx, audit).await?;
-        tx.commit().await.map_err(pg)?;
-        audit.committed();
+        self.commit_audited(tx, audit).await?;
         Ok(true)
     }
 }

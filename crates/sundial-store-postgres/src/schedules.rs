@@ -436,9 +436,7 @@ impl ScheduleStore for PostgresStore {
                 .ok_or(ScheduleError::NotFound)?;
             schedule = schedule_from_row(&row)?;
         }
-        let audit = self.audit_in(&tx, audit).await?;
-        tx.commit().await.map_err(pg)?;
-        audit.committed();
+        self.commit_audited(tx, audit).await?;
         Ok((schedule, armed.tick))
     }
 
@@ -514,9 +512,7 @@ impl ScheduleStore for PostgresStore {
         .await?
         .ok_or(ScheduleError::NotFound)?;
         let schedule = schedule_from_row(&row)?;
-        let audit = self.audit_in(&tx, audit).await?;
-        tx.commit().await.map_err(pg)?;
-        audit.committed();
+        self.commit_audited(tx, audit).await?;
         Ok((schedule, armed.tick))
     }
 
@@ -540,9 +536,7 @@ impl ScheduleStore for PostgresStore {
             return Err(ScheduleError::NotFound);
         };
         let schedule = schedule_from_row(&row)?;
-        let audit = self.audit_in(&tx, audit).await?;
-        tx.commit().await.map_err(pg)?;
-        audit.committed();
+        self.commit_audited(tx, audit).await?;
         Ok(schedule)
     }
 
@@ -557,9 +551,7 @@ impl ScheduleStore for PostgresStore {
             self.cancel_tick(&tx, TaskId(tick), now).await?;
         }
         query(&tx, &self.sql.schedules.delete_fires, &[&id.as_str()]).await?;
-        let audit = self.audit_in(&tx, audit).await?;
-        tx.commit().await.map_err(pg)?;
-        audit.committed();
+        self.commit_audited(tx, audit).await?;
         Ok(())
     }
 
@@ -575,9 +567,7 @@ impl ScheduleStore for PostgresStore {
                 .fires
                 .iter()
                 .any(|f| matches!(f, FireResult::Recorded { .. }));
-        let audit = self.audit_in(&tx, audit.filter(|_| changed)).await?;
-        tx.commit().await.map_err(pg)?;
-        audit.committed();
+        self.commit_audited(tx, audit.filter(|_| changed)).await?;
         Ok(applied)
     }
 

@@ -553,9 +553,7 @@ impl WorkflowStore for PostgresStore {
         self.claim_workflow_id(&tx, &run.workflow_id, run.run_id, Some(reuse))
             .await?;
         let started = self.create_run(&tx, run).await?;
-        let audit = self.audit_in(&tx, audit).await?;
-        tx.commit().await.map_err(pg)?;
-        audit.committed();
+        self.commit_audited(tx, audit).await?;
         Ok(started)
     }
 
@@ -647,9 +645,7 @@ impl WorkflowStore for PostgresStore {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
         let appended = self.append_in(&tx, op).await?;
-        let audit = self.audit_in(&tx, audit).await?;
-        tx.commit().await.map_err(pg)?;
-        audit.committed();
+        self.commit_audited(tx, audit).await?;
         Ok(appended)
     }
 
@@ -662,9 +658,7 @@ impl WorkflowStore for PostgresStore {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
         let committed = self.commit_in(&tx, op).await?;
-        let audit = self.audit_in(&tx, audit).await?;
-        tx.commit().await.map_err(pg)?;
-        audit.committed();
+        self.commit_audited(tx, audit).await?;
         Ok(committed)
     }
 
@@ -674,9 +668,7 @@ impl WorkflowStore for PostgresStore {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
         let terminated = self.terminate_in(&tx, op).await?;
-        let audit = self.audit_in(&tx, audit).await?;
-        tx.commit().await.map_err(pg)?;
-        audit.committed();
+        self.commit_audited(tx, audit).await?;
         Ok(terminated)
     }
 

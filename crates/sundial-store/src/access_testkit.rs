@@ -14,7 +14,7 @@ use sundial_core::{TaskId, Timestamp, TokenId};
 use uuid::Uuid;
 
 use crate::audit_scope::{self, AuditScope, AuditWrite};
-use crate::testkit::{Fixture, at, due_task, make_ready, ready_claim};
+use crate::testkit::{Fixture, at, due_task, in_audit_scope, make_ready, ready_claim};
 use crate::{
     AccessStore, AuditFilter, Namespace, NamespaceError, NewAuditRecord, NewToken, Scope, Store,
     TransitionError,
@@ -611,13 +611,6 @@ pub async fn access_audit_rides_with_the_request_write(
         .expect("amend of nothing");
 }
 
-/// Runs `write` inside a fresh request scope for `action`; where the scope's record stands after.
-async fn scoped<F: std::future::Future>(action: &str, write: F) -> (F::Output, AuditWrite) {
-    let scope = AuditScope::new(audit(2, "admin", "default", action, None));
-    let out = scope.run(write).await;
-    (out, scope.write())
-}
-
 /// Asserts that a scoped write carried its request's record into its own commit, and that the
 /// record is in the log.
 async fn assert_carried(access: &dyn AccessStore, action: &str, write: AuditWrite) {
@@ -643,7 +636,7 @@ pub async fn access_audit_rides_with_operator_and_admin_writes(
 ) {
     let t0 = at(1_000);
     let action = "PUT /v1/queues/{queue}";
-    let (r, w) = scoped(
+    let (r, w) = in_audit_scope(
         action,
         tasks.put_queue_config("ops-audited", crate::QueueConfig::default(), t0),
     )
@@ -652,7 +645,7 @@ pub async fn access_audit_rides_with_operator_and_admin_writes(
     assert_carried(&*access, action, w).await;
 
     let action = "POST /v1/queues/{queue}/pause";
-    let (r, w) = scoped(action, tasks.set_queue_paused("ops-audited", true, t0)).await;
+    let (r, w) = in_audit_scope(action, tasks.set_queue_paused("ops-audited", true, t0)).await;
     r.expect("set_queue_paused");
     assert_carried(&*access, action, w).await;
 
@@ -663,10 +656,10 @@ pub async fn access_audit_rides_with_operator_and_admin_writes(
     tasks.insert(vec![one]).await.expect("insert");
     tasks.cancel(one_id, t0).await.expect("cancel");
     let action = "POST /v1/tasks/{id}/retry";
-    let (r, w) = scoped(action, tasks.retry(one_id, t0, t0)).await;
+    let (r, w) = in_audit_scope(action, tasks.retry(one_id, t0, t0)).await;
     r.expect("retry");
     assert_carried(&*access, action, w).await;
-    let (r, w) = scoped(action, tasks.retry(one_id, t0, t0)).await;
+    let (r, w) = in_audit_scope(action, tasks.retry(one_id, t0, t0)).await;
     assert!(r.is_err(), "a live task is not retried: {r:?}");
     assert_eq!(w, AuditWrite::Pending, "a refused retry writes no record");
 
@@ -675,10 +668,10 @@ pub async fn access_audit_rides_with_operator_and_admin_writes(
     let ids: Vec<TaskId> = many.iter().map(|t| t.id).collect();
     tasks.insert(many).await.expect("insert");
     let action = "POST /v1/tasks/cancel";
-    let (r, w) = scoped(action, tasks.cancel_many(ids.clone(), t0)).await;
+    let (r, w) = in_audit_scope(action, tasks.cancel_many(ids.clone(), t0)).await;
     assert_eq!(r.expect("cancel_many").len(), 3);
     assert_carried(&*access, action, w).await;
-    let (r, w) = scoped(action, tasks.cancel_many(ids.clone(), t0)).await;
+    let (r, w) = in_audit_scope(action, tasks.cancel_many(ids.clone(), t0)).await;
     assert!(r.expect("cancel_many").is_empty(), "cancelled already");
     assert_eq!(
         w,
@@ -686,10 +679,10 @@ pub async fn access_audit_rides_with_operator_and_admin_writes(
         "a batch that changed nothing writes no record"
     );
     let action = "POST /v1/tasks/retry";
-    let (r, w) = scoped(action, tasks.retry_many(ids.clone(), t0, t0)).await;
+    let (r, w) = in_audit_scope(action, tasks.retry_many(ids.clone(), t0, t0)).await;
     assert_eq!(r.expect("retry_many").len(), 3);
     assert_carried(&*access, action, w).await;
-    let (r, w) = scoped(action, tasks.retry_many(ids, t0, t0)).await;
+    let (r, w) = in_audit_scope(action, tasks.retry_many(ids, t0, t0)).await;
     assert!(r.expect("retry_many").is_empty(), "live again already");
     assert_eq!(w, AuditWrite::Pending);
 
@@ -697,14 +690,14 @@ pub async fn access_audit_rides_with_operator_and_admin_writes(
     let action = "POST /v1/tokens";
     let t = token("audited", Scope::Reader, None, 1_000);
     let token_id = t.id;
-    let (r, w) = scoped(action, access.create_token(t)).await;
+    let (r, w) = in_audit_scope(action, access.create_token(t)).await;
     r.expect("create_token");
     assert_carried(&*access, action, w).await;
     let action = "POST /v1/tokens/{id}/revoke";
-    let (r, w) = scoped(action, access.revoke_token(token_id, t0)).await;
+    let (r, w) = in_audit_scope(action, access.revoke_token(token_id, t0)).await;
     assert!(r.expect("revoke_token").is_some());
     assert_carried(&*access, action, w).await;
-    let (r, w) = scoped(action, access.revoke_token(TokenId(Uuid::new_v4()), t0)).await;
+    let (r, w) = in_audit_scope(action, access.revoke_token(TokenId(Uuid::new_v4()), t0)).await;
     assert!(r.expect("revoke_token").is_none(), "no such token");
     assert_eq!(w, AuditWrite::Pending, "revoking nothing writes no record");
     let action = "POST /v1/namespaces";
@@ -714,10 +707,10 @@ pub async fn access_audit_rides_with_operator_and_admin_writes(
         max_creates_per_second: None,
         created_at: t0,
     };
-    let (r, w) = scoped(action, access.create_namespace(ns.clone())).await;
+    let (r, w) = in_audit_scope(action, access.create_namespace(ns.clone())).await;
     r.expect("create_namespace");
     assert_carried(&*access, action, w).await;
-    let (r, w) = scoped(action, access.create_namespace(ns)).await;
+    let (r, w) = in_audit_scope(action, access.create_namespace(ns)).await;
     assert!(
         matches!(r, Err(NamespaceError::AlreadyExists)),
         "a second create is refused: {r:?}"

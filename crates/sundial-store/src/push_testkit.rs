@@ -9,7 +9,8 @@ use std::sync::Arc;
 use sundial_core::Timestamp;
 use sundial_core::namespace::DEFAULT_NAMESPACE;
 
-use crate::audit_scope::{AuditScope, AuditWrite};
+use crate::audit_scope::AuditWrite;
+use crate::testkit::in_audit_scope;
 use crate::{PushSecret, PushSecretStore};
 
 /// One `#[tokio::test]` per check, each on a fresh store from `$factory`.
@@ -258,41 +259,25 @@ pub async fn push_secret_rotation_stays_in_its_namespace(s: Arc<dyn PushSecretSt
     );
 }
 
-/// Where a request's audit record stands after `write` ran inside the request's scope.
-async fn audited<F: std::future::Future>(action: &str, write: F) -> (F::Output, AuditWrite) {
-    let scope = AuditScope::new(crate::NewAuditRecord {
-        at: Timestamp(1),
-        actor_id: None,
-        actor: "local".into(),
-        namespace: DEFAULT_NAMESPACE.into(),
-        action: action.into(),
-        target: None,
-        status: 200,
-        request_id: format!("req-{action}"),
-    });
-    let out = scope.run(write).await;
-    (out, scope.write())
-}
-
 /// Adding and expiring a secret commit the request's audit record with the write itself;
 /// expiring a secret that does not exist leaves it pending for the caller.
 pub async fn push_secret_writes_carry_their_request_audit_record(s: Arc<dyn PushSecretStore>) {
     let written = |w: AuditWrite| matches!(w, AuditWrite::Written { .. });
-    let (r, w) = audited(
+    let (r, w) = in_audit_scope(
         "POST /v1/push/secrets",
         s.add_push_secret(secret("audited", 10), None),
     )
     .await;
     r.expect("add");
     assert!(written(w), "add: {w:?}");
-    let (r, w) = audited(
+    let (r, w) = in_audit_scope(
         "POST /v1/push/secrets/{id}/expire",
         s.expire_push_secret(DEFAULT_NAMESPACE, "audited", Timestamp(20)),
     )
     .await;
     assert!(r.expect("expire"), "the secret exists");
     assert!(written(w), "expire: {w:?}");
-    let (r, w) = audited(
+    let (r, w) = in_audit_scope(
         "POST /v1/push/secrets/{id}/expire",
         s.expire_push_secret(DEFAULT_NAMESPACE, "nowhere", Timestamp(20)),
     )

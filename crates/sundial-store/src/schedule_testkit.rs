@@ -22,7 +22,8 @@ use sundial_core::schedule::{ScheduleDef, ScheduleId, ScheduleSpec, TaskTemplate
 use sundial_core::{ExecutionId, Limits, NewTask, TaskId, TaskSpec, TaskState, Timestamp};
 use uuid::Uuid;
 
-use crate::audit_scope::{AuditScope, AuditWrite};
+use crate::audit_scope::AuditWrite;
+use crate::testkit::in_audit_scope;
 use crate::{
     Arm, ArmChange, ClaimTarget, DueClaim, FireOp, FireOutcome, FireReason, FireResult, NewFire,
     NewSchedule, ScheduleError, ScheduleFilter, ScheduleStore, Store, TICK_KIND, TICK_QUEUE,
@@ -1174,22 +1175,6 @@ pub async fn schedule_purge_fires_deletes_old_records_and_keeps_counters(
     assert_eq!(after, before, "counters are kept on the schedule");
 }
 
-/// Where a request's audit record stands after `write` ran inside the request's scope.
-async fn audited<F: Future>(action: &str, write: F) -> (F::Output, AuditWrite) {
-    let scope = AuditScope::new(crate::NewAuditRecord {
-        at: at(0),
-        actor_id: None,
-        actor: "local".into(),
-        namespace: "default".into(),
-        action: action.into(),
-        target: None,
-        status: 200,
-        request_id: format!("req-{action}"),
-    });
-    let out = scope.run(write).await;
-    (out, scope.write())
-}
-
 /// Every schedule write a request makes (create, update, pause, manual trigger, delete) commits
 /// the request's audit record with the write itself; a refused write leaves it pending for the
 /// caller.
@@ -1200,7 +1185,7 @@ pub async fn schedule_writes_carry_their_request_audit_record(
     let s = schedules.as_ref();
     let id = sid("audited");
     let written = |w: AuditWrite| matches!(w, AuditWrite::Written { .. });
-    let (r, w) = audited(
+    let (r, w) = in_audit_scope(
         "POST /v1/schedules",
         s.create_schedule(NewSchedule {
             id: id.clone(),
@@ -1214,7 +1199,7 @@ pub async fn schedule_writes_carry_their_request_audit_record(
     .await;
     r.expect("create");
     assert!(written(w), "create: {w:?}");
-    let (r, w) = audited(
+    let (r, w) = in_audit_scope(
         "POST /v1/schedules",
         s.create_schedule(NewSchedule {
             id: id.clone(),
@@ -1229,21 +1214,21 @@ pub async fn schedule_writes_carry_their_request_audit_record(
     assert!(matches!(r, Err(ScheduleError::AlreadyExists)), "{r:?}");
     assert_eq!(w, AuditWrite::Pending, "a refused create writes no record");
 
-    let (r, w) = audited(
+    let (r, w) = in_audit_scope(
         "PUT /v1/schedules/{id}",
         s.update_schedule(&id, def(), ArmChange::Keep, at(1)),
     )
     .await;
     r.expect("update");
     assert!(written(w), "update: {w:?}");
-    let (r, w) = audited(
+    let (r, w) = in_audit_scope(
         "POST /v1/schedules/{id}/pause",
         s.set_paused(&id, true, None, at(2)),
     )
     .await;
     r.expect("pause");
     assert!(written(w), "pause: {w:?}");
-    let (r, w) = audited(
+    let (r, w) = in_audit_scope(
         "POST /v1/schedules/{id}/pause",
         s.set_paused(&sid("nope"), true, None, at(2)),
     )
@@ -1261,11 +1246,11 @@ pub async fn schedule_writes_carry_their_request_audit_record(
             now: at(3),
         }
     };
-    let (r, w) = audited("POST /v1/schedules/{id}/trigger", s.fire(trigger())).await;
+    let (r, w) = in_audit_scope("POST /v1/schedules/{id}/trigger", s.fire(trigger())).await;
     r.expect("trigger");
     assert!(written(w), "trigger: {w:?}");
 
-    let (r, w) = audited("DELETE /v1/schedules/{id}", s.delete_schedule(&id, at(4))).await;
+    let (r, w) = in_audit_scope("DELETE /v1/schedules/{id}", s.delete_schedule(&id, at(4))).await;
     r.expect("delete");
     assert!(written(w), "delete: {w:?}");
 }

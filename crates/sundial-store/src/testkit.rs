@@ -212,6 +212,26 @@ pub(crate) fn due_task(queue: &str, kind: &str, due: i64) -> NewTask {
     make(TaskSpec::new(kind).queue(queue).run_at(at(due)), at(0))
 }
 
+/// Runs `write` inside a fresh request scope (see [`crate::audit_scope`]) whose record is
+/// `action`'s: what `write` returned, and where the record stands after.
+pub(crate) async fn in_audit_scope<F: Future>(
+    action: &str,
+    write: F,
+) -> (F::Output, crate::audit_scope::AuditWrite) {
+    let scope = crate::audit_scope::AuditScope::new(crate::NewAuditRecord {
+        at: at(0),
+        actor_id: None,
+        actor: "local".into(),
+        namespace: "default".into(),
+        action: action.into(),
+        target: None,
+        status: 200,
+        request_id: format!("req-{action}"),
+    });
+    let out = scope.run(write).await;
+    (out, scope.write())
+}
+
 pub(crate) async fn insert(s: &dyn Store, t: NewTask) -> Task {
     let id = t.id;
     let mut out = s.insert(vec![t]).await.expect("insert");

@@ -18,7 +18,8 @@ use serde_json::json;
 use sundial_core::{ExecutionId, Limits, NewTask, RunId, TaskId, TaskSpec, TaskState, Timestamp};
 use uuid::Uuid;
 
-use crate::audit_scope::{AuditScope, AuditWrite};
+use crate::audit_scope::AuditWrite;
+use crate::testkit::in_audit_scope;
 use crate::{
     ACTIVITY_KIND_PREFIX, ACTIVITY_QUEUE, AppendOp, ClaimOutcome, ClaimTarget, DueClaim, Fence,
     IdReusePolicy, NewEvent, NewRun, ParentLink, RunClose, Store, StoreError, TIMER_KIND,
@@ -1009,22 +1010,6 @@ pub async fn workflow_purge_deletes_closed_runs_only(
         .expect("start b again");
 }
 
-/// Where a request's audit record stands after `write` ran inside the request's scope.
-async fn audited<F: std::future::Future>(action: &str, write: F) -> (F::Output, AuditWrite) {
-    let scope = AuditScope::new(crate::NewAuditRecord {
-        at: at(0),
-        actor_id: None,
-        actor: "local".into(),
-        namespace: "default".into(),
-        action: action.into(),
-        target: None,
-        status: 200,
-        request_id: format!("req-{action}"),
-    });
-    let out = scope.run(write).await;
-    (out, scope.write())
-}
-
 /// Every workflow write a request makes (start, signal, a worker's commit, terminate) commits the
 /// request's audit record with the write itself; a write that is refused (a duplicate marker, a
 /// stale commit, a run no longer running) leaves it pending for the caller.
@@ -1035,7 +1020,7 @@ pub async fn workflow_writes_carry_their_request_audit_record(
     let w = workflows.as_ref();
     let written = |w: AuditWrite| matches!(w, AuditWrite::Written { .. });
     let r = new_run("audited", "order");
-    let (out, a) = audited(
+    let (out, a) = in_audit_scope(
         "POST /v1/workflows",
         w.start_run(r.clone(), IdReusePolicy::AllowDuplicate),
     )
@@ -1043,14 +1028,14 @@ pub async fn workflow_writes_carry_their_request_audit_record(
     out.expect("start");
     assert!(written(a), "start: {a:?}");
 
-    let (out, a) = audited(
+    let (out, a) = in_audit_scope(
         "POST /v1/workflows/{id}/signal",
         w.append(append_op(r.run_id, "signal", Some("signal:1"))),
     )
     .await;
     out.expect("append");
     assert!(written(a), "signal: {a:?}");
-    let (out, a) = audited(
+    let (out, a) = in_audit_scope(
         "POST /v1/workflows/{id}/signal",
         w.append(append_op(r.run_id, "signal", Some("signal:1"))),
     )
@@ -1058,7 +1043,7 @@ pub async fn workflow_writes_carry_their_request_audit_record(
     assert!(matches!(out, Err(WorkflowStoreError::Duplicate)), "{out:?}");
     assert_eq!(a, AuditWrite::Pending, "a duplicate writes no record");
 
-    let (out, a) = audited(
+    let (out, a) = in_audit_scope(
         "POST /v1/workflow-tasks/{id}/complete",
         w.commit_workflow_task(commit_op(r.run_id, 1, r.first_task.id)),
     )
@@ -1068,7 +1053,7 @@ pub async fn workflow_writes_carry_their_request_audit_record(
         "{out:?}"
     );
     assert_eq!(a, AuditWrite::Pending, "a stale commit writes no record");
-    let (out, a) = audited(
+    let (out, a) = in_audit_scope(
         "POST /v1/workflow-tasks/{id}/complete",
         w.commit_workflow_task(commit_op(r.run_id, 2, r.first_task.id)),
     )
@@ -1083,14 +1068,14 @@ pub async fn workflow_writes_carry_their_request_audit_record(
         parent: None,
         now: at(ms),
     };
-    let (out, a) = audited(
+    let (out, a) = in_audit_scope(
         "POST /v1/workflows/{id}/terminate",
         w.terminate(terminate(30)),
     )
     .await;
     out.expect("terminate");
     assert!(written(a), "terminate: {a:?}");
-    let (out, a) = audited(
+    let (out, a) = in_audit_scope(
         "POST /v1/workflows/{id}/terminate",
         w.terminate(terminate(40)),
     )
