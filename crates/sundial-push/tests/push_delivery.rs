@@ -552,8 +552,11 @@ async fn a_receiver_that_is_down_does_not_delay_calls_to_others() {
     e.sundial.schedule_many(specs).await.unwrap();
     let got = fast.wait_for(20, Duration::from_secs(10)).await;
     let worst = got.iter().map(|r| r.at_ms - (due.0 + 100)).max().unwrap();
+    // A fast call queued behind the slow receiver's slots would wait for a slow call to end:
+    // 2 s. The bound sits well below that and leaves room for a loaded machine's store commits
+    // (754 ms was seen once with another process saturating the disk).
     assert!(
-        worst < 500,
+        worst < 1_500,
         "the fast receiver's calls were up to {worst} ms late"
     );
     assert!(got.iter().all(|r| r.at_ms >= due.0 + 100), "never early");
