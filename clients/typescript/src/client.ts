@@ -600,7 +600,9 @@ async function* paged<T>(fetchPage: (cursor: string | null) => Promise<Page<T>>)
   for (;;) {
     const page: Page<T> = await fetchPage(cursor);
     yield* page.items;
-    if (!page.nextCursor || page.items.length === 0) return;
+    // A page may be short, even empty, and still have a cursor: the server bounds the tasks
+    // one page visits. Only the end of the cursors ends the iteration.
+    if (!page.nextCursor) return;
     cursor = page.nextCursor;
   }
 }

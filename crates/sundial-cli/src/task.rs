@@ -369,6 +369,11 @@ pub async fn run(mut args: TaskArgs) -> anyhow::Result<ExitCode> {
                 } else {
                     out!("{}", task_table(&page.tasks));
                     if let Some(c) = page.next_cursor {
+                        // A page stops after a bounded number of candidates, so it may be
+                        // short, even empty, and still have more behind it.
+                        if page.tasks.is_empty() {
+                            outln!("no matching tasks in this stretch; older ones may match");
+                        }
                         outln!("next cursor: {c}");
                     }
                 }

@@ -258,11 +258,16 @@ pub async fn get_task(
 }
 
 /// List tasks, newest first, a page at a time.
+///
+/// A page visits a bounded number of candidate tasks (2,000, read from the index of one of the
+/// filters): when they run out before `limit` matches are found, the page holds the matches
+/// found, possibly none, and a `next_cursor` to continue below them. A short or empty page may
+/// therefore have a cursor; only `next_cursor: null` means no more matches.
 #[utoipa::path(
     get, path = "/v1/tasks", tag = "tasks",
     params(ListQuery),
     responses(
-        (status = 200, description = "A page of tasks", body = TaskList),
+        (status = 200, description = "A page of tasks: at most `limit`, possibly fewer (even none) with a `next_cursor` when the page stopped at its bound of visited candidates", body = TaskList),
         (status = 422, description = "Unknown parameter or bad value", body = ErrorBody),
     )
 )]

@@ -499,7 +499,8 @@ pub struct ListQuery {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
 pub struct TaskList {
     pub tasks: Vec<TaskView>,
-    /// Pass as `cursor` for the next page; `null` on the last page.
+    /// Pass as `cursor` for the next page; `null` on the last page. A page that stopped at its
+    /// bound of visited candidates has one even with fewer than `limit` tasks, or none.
     pub next_cursor: Option<String>,
 }
 

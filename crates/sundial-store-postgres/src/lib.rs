@@ -174,9 +174,10 @@ use sundial_core::{ExclusiveMode, ExecutionId, NewTask, Task, TaskId, Timestamp}
 use sundial_store::audit_scope::{self, PendingAudit};
 use sundial_store::{
     AttemptHistory, ClaimOutcome, ClaimTarget, DeadGroup, DeadGroupFilter, DueClaim, DueEntry,
-    DueKey, Fence, IdempotencyDecision, IdempotentCreate, IdempotentOutcome, Inserted, QueueConfig,
-    QueueSettings, ReadyClaim, RetentionRules, Retry, Selected, StateCount, Store, StoreError,
-    TaskFilter, TaskPage, TransitionError, idempotency_decision, idempotency_remembered,
+    DueKey, Fence, IdempotencyDecision, IdempotentCreate, IdempotentOutcome, Inserted,
+    LIST_VISIT_BUDGET, QueueConfig, QueueSettings, ReadyClaim, RetentionRules, Retry, SelectPage,
+    StateCount, Store, StoreError, TaskFilter, TaskPage, TransitionError, idempotency_decision,
+    idempotency_remembered, page_cursor,
 };
 use thiserror::Error;
 use tokio_postgres::types::ToSql;
@@ -1108,16 +1109,25 @@ impl Store for PostgresStore {
 
     async fn list(&self, filter: &TaskFilter, limit: usize) -> Result<TaskPage, StoreError> {
         // One row more than asked for tells whether another page follows.
-        let rows = self
-            .list_filtered(filter, &self.sql.columns, limit.saturating_add(1))
+        let found = self
+            .list_filtered(
+                filter,
+                &self.sql.columns,
+                limit.saturating_add(1),
+                LIST_VISIT_BUDGET,
+            )
             .await?;
-        let mut tasks = tasks_from_rows(&rows)?;
-        let next_cursor = if tasks.len() > limit {
-            tasks.truncate(limit);
-            tasks.last().map(|t| t.id)
-        } else {
-            None
-        };
+        let mut tasks = tasks_from_rows(&found.rows)?;
+        let n = tasks.len();
+        tasks.truncate(limit);
+        let next_cursor = page_cursor(
+            n,
+            limit,
+            tasks.last().map(|t| t.id),
+            found.visited,
+            LIST_VISIT_BUDGET,
+            found.oldest,
+        );
         Ok(TaskPage { tasks, next_cursor })
     }
 
@@ -1534,7 +1544,7 @@ impl Store for PostgresStore {
         self.ops_retry(id, due_at, now).await
     }
 
-    async fn select(&self, filter: &TaskFilter, limit: usize) -> Result<Vec<Selected>, StoreError> {
+    async fn select(&self, filter: &TaskFilter, limit: usize) -> Result<SelectPage, StoreError> {
         self.ops_select(filter, limit).await
     }
 

@@ -9,8 +9,9 @@ use deadpool_postgres::GenericClient;
 use sundial_core::{ExecutionId, Task, TaskId, TaskState, Timestamp};
 use sundial_store::audit_scope;
 use sundial_store::{
-    Attempt, AttemptHistory, AttemptOutcome, AttemptResponse, QueueConfig, QueueSettings,
-    RetentionRules, Selected, StoreError, TaskFilter, TransitionError, prefix_upper_bound,
+    Attempt, AttemptHistory, AttemptOutcome, AttemptResponse, LIST_VISIT_BUDGET, ListDriver,
+    QueueConfig, QueueSettings, RetentionRules, SelectPage, Selected, StoreError, TaskFilter,
+    TransitionError, page_cursor, prefix_upper_bound,
 };
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
@@ -140,9 +141,6 @@ fn queue_from_row(r: &Row) -> Result<QueueSettings, StoreError> {
     })
 }
 
-/// The `WHERE … ORDER BY … LIMIT` query behind `list` and `select`: `columns` (qualified `t.`)
-/// of tasks matching `filter`, newest id first. With tags the first tag drives through
-/// `task_tags (key, value, task_id)`; otherwise the planner picks among the search indexes.
 /// A `json` value as its text (the binary form of `json` is the text itself).
 struct JsonText(String);
 
@@ -159,127 +157,277 @@ impl<'a> tokio_postgres::types::FromSql<'a> for JsonText {
     }
 }
 
+/// Positional parameters of a statement being built.
+#[derive(Default)]
+struct Args(Vec<Box<dyn ToSql + Sync + Send>>);
+
+impl Args {
+    /// Adds `v` and answers its placeholder (`$n`).
+    fn add(&mut self, v: Box<dyn ToSql + Sync + Send>) -> String {
+        self.0.push(v);
+        format!("${}", self.0.len())
+    }
+}
+
+/// The candidates of a page: `SELECT <id> AS id … ORDER BY <id> DESC LIMIT <budget>` from the
+/// driving index of `driver` (see [`ListDriver`]), below the cursor, with only the conditions
+/// that index serves.
+///
+/// A driving state is compared with `(SELECT $n::text)`, a value the planner only learns when
+/// the statement runs: a known terminal state would let it prove the predicate of the partial
+/// index `tasks_finished (queue, state, shard, finished_at)` and read every task of that state
+/// from it, to sort them by id, where the budget wants the first of `(state, id)` in order.
+fn driver_sql(
+    tasks: &str,
+    tags_table: &str,
+    filter: &TaskFilter,
+    driver: ListDriver,
+    budget: &str,
+    args: &mut Args,
+) -> String {
+    let (from, idcol, mut conds) = match driver {
+        ListDriver::Tag => {
+            let mut conds = String::new();
+            if let Some((k, v)) = filter.tags.first() {
+                let k = args.add(Box::new(k.clone()));
+                let v = args.add(Box::new(v.clone()));
+                conds = format!(" AND g.key = {k} AND g.value = {v}");
+            }
+            (format!("{tags_table} g"), "g.task_id", conds)
+        }
+        _ => (format!("{tasks} d"), "d.id", String::new()),
+    };
+    let mut order = "";
+    match driver {
+        ListDriver::Key => {
+            if let Some(k) = &filter.key {
+                let k = args.add(Box::new(k.clone()));
+                conds.push_str(&format!(" AND d.key IS NOT NULL AND d.key = {k}"));
+            }
+        }
+        ListDriver::DeadGroup => {
+            // The partial index `tasks_dead_error (queue, <group>, id) WHERE state = 'dead'`:
+            // its predicate is implied by a literal, not by a parameter of a cached plan.
+            let q = args.add(Box::new(filter.queue.clone()));
+            let g = args.add(Box::new(filter.error_group.clone()));
+            conds.push_str(&format!(
+                " AND d.queue = {q} AND d.state = 'dead' AND {} = {g}",
+                crate::sql::ERROR_GROUP_SQL
+            ));
+        }
+        ListDriver::QueueState | ListDriver::Queue => {
+            let q = args.add(Box::new(filter.queue.clone()));
+            conds.push_str(&format!(" AND d.queue = {q}"));
+            if driver == ListDriver::QueueState
+                && let Some(st) = filter.state
+            {
+                let st = args.add(Box::new(st.as_str()));
+                conds.push_str(&format!(" AND d.state = (SELECT {st}::text)"));
+                order = "d.state DESC, ";
+            }
+        }
+        ListDriver::Kind => {
+            let k = args.add(Box::new(filter.kind.clone()));
+            conds.push_str(&format!(" AND d.kind = {k}"));
+        }
+        ListDriver::State => {
+            if let Some(st) = filter.state {
+                // Bounds, not an equality: an equality makes `state` a constant of the order,
+                // and the planner may then walk the primary key and filter. With `ORDER BY
+                // state, id` only `tasks_state_id` gives the order without a sort.
+                let st = args.add(Box::new(st.as_str()));
+                conds.push_str(&format!(
+                    " AND d.state >= (SELECT {st}::text) AND d.state <= (SELECT {st}::text)"
+                ));
+                order = "d.state DESC, ";
+            }
+        }
+        ListDriver::Tag | ListDriver::Id => {}
+    }
+    if let Some(b) = filter.before {
+        let b = args.add(Box::new(b.0));
+        conds.push_str(&format!(" AND {idcol} < {b}"));
+    }
+    format!(
+        "SELECT {idcol} AS id FROM {from} WHERE true{conds} ORDER BY {order}{idcol} DESC LIMIT {budget}"
+    )
+}
+
+/// Every condition of `filter` but the cursor, on `t` (the task row of a candidate).
+fn conditions(tags_table: &str, filter: &TaskFilter, args: &mut Args) -> String {
+    let mut sql = String::new();
+    for (k, v) in &filter.tags {
+        let k = args.add(Box::new(k.clone()));
+        let v = args.add(Box::new(v.clone()));
+        sql.push_str(&format!(
+            " AND EXISTS (SELECT 1 FROM {tags_table} h WHERE h.key = {k} AND h.value = {v} \
+             AND h.task_id = t.id)"
+        ));
+    }
+    if let Some(q) = &filter.queue {
+        let q = args.add(Box::new(q.clone()));
+        sql.push_str(&format!(" AND t.queue = {q}"));
+    }
+    if let Some(k) = &filter.kind {
+        let k = args.add(Box::new(k.clone()));
+        sql.push_str(&format!(" AND t.kind = {k}"));
+    }
+    if let Some(st) = filter.state {
+        // The states are a closed set of plain words.
+        sql.push_str(&format!(" AND t.state = '{}'", st.as_str()));
+    }
+    if let Some(k) = &filter.key {
+        let k = args.add(Box::new(k.clone()));
+        sql.push_str(&format!(" AND t.key = {k}"));
+    }
+    if let Some(p) = &filter.key_prefix {
+        // Byte-order comparisons (no collation), which `tasks_key_id (key text_pattern_ops)`
+        // serves; its predicate is implied.
+        let lo = args.add(Box::new(p.clone()));
+        sql.push_str(&format!(" AND t.key IS NOT NULL AND t.key ~>=~ {lo}"));
+        if let Some(upper) = prefix_upper_bound(p) {
+            let hi = args.add(Box::new(upper));
+            sql.push_str(&format!(" AND t.key ~<~ {hi}"));
+        }
+    }
+    if let Some(g) = &filter.error_group {
+        let g = args.add(Box::new(g.clone()));
+        sql.push_str(&format!(" AND {} = {g}", crate::sql::ERROR_GROUP_SQL));
+    }
+    let ranges = [
+        (filter.due_after, "t.due_at >="),
+        (filter.due_before, "t.due_at <"),
+        (filter.created_after, "t.created_at >="),
+        (filter.created_before, "t.created_at <"),
+    ];
+    for (t, cmp) in ranges {
+        if let Some(t) = t {
+            let t = args.add(Box::new(t.0));
+            sql.push_str(&format!(" AND {cmp} {t}"));
+        }
+    }
+    if filter.exclude_internal {
+        // `starts_with` is exact (no LIKE wildcards, whatever the collation).
+        let p = args.add(Box::new(sundial_core::INTERNAL_QUEUE_PREFIX));
+        sql.push_str(&format!(" AND NOT starts_with(t.queue, {p})"));
+    }
+    if let Some(ns) = &filter.namespace {
+        match sundial_core::namespace::stored_prefix(ns) {
+            Some(prefix) => {
+                let p = args.add(Box::new(prefix));
+                sql.push_str(&format!(" AND starts_with(t.queue, {p})"));
+            }
+            // The default namespace's names are those without the separator (chr(31)).
+            None => sql.push_str(" AND strpos(t.queue, chr(31)) = 0"),
+        }
+    }
+    sql
+}
+
+/// The query behind `list` and `select`: `columns` (qualified `t.`) of at most `limit` tasks
+/// matching `filter`, newest id first, found among at most `budget` candidates of the driving
+/// index ([`TaskFilter::list_driver`]), followed by two columns: how many candidates were
+/// visited and the oldest of them (the same on every row; one row of NULL task columns when
+/// nothing matched).
+///
+/// The candidates are an ordered, limited subquery holding only the driving index's conditions,
+/// so a page that fills early joins only the rows it returns; the other filters apply to the
+/// joined task rows. A `key_prefix` without a better driver first probes `tasks_key_id` for at
+/// most `budget + 1` keys of the range ([`TaskFilter::probes_key_prefix`]): a range that fits
+/// the budget is the candidate set, a larger one leaves the candidates to the driver.
 pub(crate) fn filtered(
     tasks: &str,
     tags_table: &str,
     filter: &TaskFilter,
     columns: &str,
     limit: usize,
+    budget: usize,
 ) -> (String, Vec<Box<dyn ToSql + Sync + Send>>) {
-    let mut args: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
-    let mut sql;
-    let mut push = |sql: &mut String, cond: &str, v: Box<dyn ToSql + Sync + Send>| {
-        args.push(v);
-        sql.push_str(&cond.replace('$', &format!("${}", args.len())));
-    };
-    let order;
-    match filter.tags.split_first() {
-        Some(((k, v), rest)) => {
-            sql = format!(
-                "SELECT {columns} FROM {tags_table} g JOIN {tasks} t ON t.id = g.task_id \
-                 WHERE true"
-            );
-            push(&mut sql, " AND g.key = $", Box::new(k.clone()));
-            push(&mut sql, " AND g.value = $", Box::new(v.clone()));
-            if let Some(b) = filter.before {
-                push(&mut sql, " AND g.task_id < $", Box::new(b.0));
-            }
-            for (k, v) in rest {
-                push(
-                    &mut sql,
-                    &format!(" AND EXISTS (SELECT 1 FROM {tags_table} h WHERE h.key = $"),
-                    Box::new(k.clone()),
-                );
-                push(
-                    &mut sql,
-                    " AND h.value = $ AND h.task_id = t.id)",
-                    Box::new(v.clone()),
-                );
-            }
-            order = "g.task_id";
-        }
-        None => {
-            sql = format!("SELECT {columns} FROM {tasks} t WHERE true");
-            if let Some(b) = filter.before {
-                push(&mut sql, " AND t.id < $", Box::new(b.0));
-            }
-            order = "t.id";
-        }
-    }
-    if let Some(q) = &filter.queue {
-        push(&mut sql, " AND t.queue = $", Box::new(q.clone()));
-    }
-    if let Some(k) = &filter.kind {
-        push(&mut sql, " AND t.kind = $", Box::new(k.clone()));
-    }
-    match filter.state {
-        // With an error group, the state is written into the statement: a partial index's
-        // predicate (`tasks_dead_error` is `WHERE state = 'dead'`) is implied by a literal, not
-        // by a parameter of a cached generic plan. The states are a closed set of plain words.
-        Some(st) if filter.error_group.is_some() => {
-            sql.push_str(&format!(" AND t.state = '{}'", st.as_str()));
-        }
-        Some(st) => push(&mut sql, " AND t.state = $", Box::new(st.as_str())),
-        None => {}
-    }
-    if let Some(k) = &filter.key {
-        push(&mut sql, " AND t.key = $", Box::new(k.clone()));
-    }
-    if let Some(p) = &filter.key_prefix {
-        // Byte-order comparisons (no collation), which `tasks_key_id (key text_pattern_ops)`
-        // serves; its predicate is implied.
-        push(
-            &mut sql,
-            " AND t.key IS NOT NULL AND t.key ~>=~ $",
-            Box::new(p.clone()),
-        );
-        if let Some(upper) = prefix_upper_bound(p) {
-            push(&mut sql, " AND t.key ~<~ $", Box::new(upper));
-        }
-    }
-    if let Some(g) = &filter.error_group {
-        // The expression of the partial index `tasks_dead_error (queue, <group>, id) WHERE
-        // state = 'dead'`, so a dead-letter group (state dead, a queue and the group) reads
-        // exactly its rows from it.
-        push(
-            &mut sql,
-            &format!(" AND {} = $", crate::sql::ERROR_GROUP_SQL),
-            Box::new(g.clone()),
-        );
-    }
-    if let Some(t) = filter.due_after {
-        push(&mut sql, " AND t.due_at >= $", Box::new(t.0));
-    }
-    if let Some(t) = filter.due_before {
-        push(&mut sql, " AND t.due_at < $", Box::new(t.0));
-    }
-    if let Some(t) = filter.created_after {
-        push(&mut sql, " AND t.created_at >= $", Box::new(t.0));
-    }
-    if let Some(t) = filter.created_before {
-        push(&mut sql, " AND t.created_at < $", Box::new(t.0));
-    }
-    if filter.exclude_internal {
-        // `starts_with` is exact (no LIKE wildcards, whatever the collation).
-        push(
-            &mut sql,
-            " AND NOT starts_with(t.queue, $)",
-            Box::new(sundial_core::INTERNAL_QUEUE_PREFIX),
-        );
-    }
-    if let Some(ns) = &filter.namespace {
-        match sundial_core::namespace::stored_prefix(ns) {
-            Some(prefix) => push(&mut sql, " AND starts_with(t.queue, $)", Box::new(prefix)),
-            // The default namespace's names are those without the separator (chr(31)).
-            None => sql.push_str(" AND strpos(t.queue, chr(31)) = 0"),
-        }
-    }
-    push(
-        &mut sql,
-        &format!(" ORDER BY {order} DESC LIMIT $"),
-        Box::new(limit_param(limit)),
+    let mut args = Args::default();
+    let b = args.add(Box::new(limit_param(budget)));
+    let driver = driver_sql(
+        tasks,
+        tags_table,
+        filter,
+        filter.list_driver(),
+        &b,
+        &mut args,
     );
-    (sql, args)
+    let (with, candidates) = match &filter.key_prefix {
+        Some(p) if filter.probes_key_prefix() => {
+            let lo = args.add(Box::new(p.clone()));
+            let mut probe =
+                format!("SELECT d.id FROM {tasks} d WHERE d.key IS NOT NULL AND d.key ~>=~ {lo}");
+            if let Some(upper) = prefix_upper_bound(p) {
+                let hi = args.add(Box::new(upper));
+                probe.push_str(&format!(" AND d.key ~<~ {hi}"));
+            }
+            if let Some(before) = filter.before {
+                let c = args.add(Box::new(before.0));
+                probe.push_str(&format!(" AND d.id < {c}"));
+            }
+            let b1 = args.add(Box::new(limit_param(budget.saturating_add(1))));
+            // `ORDER BY key USING ~<~` is the order of `tasks_key_id`, which the probe walks.
+            (
+                format!("WITH k AS MATERIALIZED ({probe} ORDER BY d.key USING ~<~ LIMIT {b1}) "),
+                format!(
+                    "SELECT id FROM k WHERE (SELECT count(*) FROM k) <= {b} \
+                     UNION ALL SELECT f.id FROM ({driver}) f \
+                     WHERE (SELECT count(*) FROM k) > {b}"
+                ),
+            )
+        }
+        _ => (String::new(), driver),
+    };
+    let conds = conditions(tags_table, filter, &mut args);
+    let lim = args.add(Box::new(limit_param(limit)));
+    let sql = format!(
+        "{with}SELECT p.*, v.visited, v.oldest FROM \
+         (SELECT count(*) AS visited, (array_agg(c0.id ORDER BY c0.id))[1] AS oldest \
+          FROM ({candidates}) c0) v \
+         LEFT JOIN (SELECT x.* FROM ({candidates}) c CROSS JOIN LATERAL \
+          (SELECT {columns} FROM {tasks} t WHERE t.id = c.id{conds} LIMIT 1) x \
+          ORDER BY c.id DESC LIMIT {lim}) p ON true \
+         ORDER BY p.id DESC"
+    );
+    (sql, args.0)
+}
+
+/// A page's rows as [`filtered`] returns them: the task rows (none when nothing matched), and
+/// how many candidates were visited, the oldest of them.
+pub(crate) struct Filtered {
+    pub rows: Vec<Row>,
+    pub visited: usize,
+    pub oldest: Option<TaskId>,
+}
+
+impl Filtered {
+    fn from_rows(rows: Vec<Row>) -> Result<Self, StoreError> {
+        let (visited, oldest) = match rows.first() {
+            Some(r) => {
+                let n = r.len();
+                let visited: i64 = col(r, n.saturating_sub(2))?;
+                let oldest: Option<Uuid> = col(r, n.saturating_sub(1))?;
+                (
+                    usize::try_from(visited).unwrap_or(usize::MAX),
+                    oldest.map(TaskId),
+                )
+            }
+            None => (0, None),
+        };
+        // The one row of an empty page has no task: its id column is NULL.
+        let mut tasks = Vec::with_capacity(rows.len());
+        for r in rows {
+            if col::<Option<Uuid>>(&r, 0)?.is_some() {
+                tasks.push(r);
+            }
+        }
+        Ok(Filtered {
+            rows: tasks,
+            visited,
+            oldest,
+        })
+    }
 }
 
 fn params(args: &[Box<dyn ToSql + Sync + Send>]) -> Vec<&(dyn ToSql + Sync)> {
@@ -299,11 +447,12 @@ impl PostgresStore {
         filter: &TaskFilter,
         columns: &str,
         limit: usize,
-    ) -> Result<Vec<Row>, StoreError> {
+        budget: usize,
+    ) -> Result<Filtered, StoreError> {
         let tags = format!("{}.task_tags", self.schema.ident);
-        let (sql, args) = filtered(&self.sql.tasks, &tags, filter, columns, limit);
+        let (sql, args) = filtered(&self.sql.tasks, &tags, filter, columns, limit, budget);
         let client = self.client().await?;
-        query(&client, &sql, &params(&args)).await
+        Filtered::from_rows(query(&client, &sql, &params(&args)).await?)
     }
 
     /// The plan PostgreSQL chooses for a page of `list` with `filter` (`EXPLAIN (FORMAT JSON)`
@@ -321,6 +470,7 @@ impl PostgresStore {
             filter,
             &self.sql.columns,
             limit.saturating_add(1),
+            LIST_VISIT_BUDGET,
         );
         let client = self.client().await?;
         let rows = query(
@@ -341,9 +491,19 @@ impl PostgresStore {
         &self,
         filter: &TaskFilter,
         limit: usize,
-    ) -> Result<Vec<Selected>, StoreError> {
-        let rows = self.list_filtered(filter, "t.id, t.state", limit).await?;
-        rows.iter()
+    ) -> Result<SelectPage, StoreError> {
+        // One row more than asked for tells whether another batch follows.
+        let found = self
+            .list_filtered(
+                filter,
+                "t.id, t.state",
+                limit.saturating_add(1),
+                LIST_VISIT_BUDGET,
+            )
+            .await?;
+        let mut selected = found
+            .rows
+            .iter()
             .map(|r| {
                 let state: String = col(r, 1)?;
                 Ok(Selected {
@@ -351,7 +511,21 @@ impl PostgresStore {
                     state: rows::parse_state(&state)?,
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let n = selected.len();
+        selected.truncate(limit);
+        let next_cursor = page_cursor(
+            n,
+            limit,
+            selected.last().map(|s| s.id),
+            found.visited,
+            LIST_VISIT_BUDGET,
+            found.oldest,
+        );
+        Ok(SelectPage {
+            selected,
+            next_cursor,
+        })
     }
 
     pub(crate) async fn ops_queue_settings(

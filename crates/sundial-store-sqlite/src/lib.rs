@@ -35,9 +35,10 @@ use rusqlite::{Connection, OptionalExtension, params};
 use sundial_core::{ExecutionId, NewTask, Task, TaskId, TaskState, Timestamp};
 use sundial_store::{
     AttemptHistory, ClaimOutcome, ClaimTarget, DeadGroup, DeadGroupFilter, DueClaim, DueEntry,
-    DueKey, Fence, IdempotencyDecision, IdempotentCreate, IdempotentOutcome, Inserted, QueueConfig,
-    QueueSettings, ReadyClaim, RetentionRules, Retry, Selected, StateCount, Store, StoreError,
-    TaskFilter, TaskPage, TransitionError, idempotency_decision, idempotency_remembered,
+    DueKey, Fence, IdempotencyDecision, IdempotentCreate, IdempotentOutcome, Inserted,
+    LIST_VISIT_BUDGET, ListDriver, QueueConfig, QueueSettings, ReadyClaim, RetentionRules, Retry,
+    SelectPage, StateCount, Store, StoreError, TaskFilter, TaskPage, TransitionError,
+    idempotency_decision, idempotency_remembered, page_cursor,
 };
 use thiserror::Error;
 
@@ -225,7 +226,12 @@ impl SqliteStore {
         let filter = filter.clone();
         self.read(move |conn| {
             let columns = qualified_columns();
-            let (sql, args) = filtered(&filter, &columns, limit.saturating_add(1));
+            let (sql, args) = filtered(
+                &filter,
+                &columns,
+                limit.saturating_add(1),
+                LIST_VISIT_BUDGET,
+            );
             let mut stmt = conn
                 .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
                 .map_err(backend)?;
@@ -451,160 +457,254 @@ fn qualified_columns() -> String {
         .join(", ")
 }
 
-/// The query behind `list` and `select`: `columns` of tasks matching `filter`, newest id first,
-/// at most `limit`. With tags, the first tag drives (`task_tags (key, value, task_id)` walked
-/// backwards from the cursor) and the rest are probes; without, the planner picks among the
-/// search indexes (migration 4), each of which ends in `id` or bounds a range.
-fn filtered(
-    filter: &TaskFilter,
-    columns: &str,
-    limit: usize,
-) -> (String, Vec<Box<dyn rusqlite::ToSql>>) {
-    let mut args: Vec<Box<dyn rusqlite::ToSql>> = Vec::new();
-    let mut sql;
-    let mut push = |sql: &mut String, cond: &str, v: Box<dyn rusqlite::ToSql>| {
-        args.push(v);
-        sql.push_str(&cond.replace('?', &format!("?{}", args.len())));
+/// Positional parameters of a statement being built.
+#[derive(Default)]
+struct Args(Vec<Box<dyn rusqlite::ToSql>>);
+
+impl Args {
+    /// Adds `v` and answers its placeholder (`?n`).
+    fn add(&mut self, v: Box<dyn rusqlite::ToSql>) -> String {
+        self.0.push(v);
+        format!("?{}", self.0.len())
+    }
+}
+
+/// The candidates of a page: `SELECT <id> AS id … ORDER BY <id> DESC LIMIT <budget>` from the
+/// driving index of `driver` (see [`ListDriver`]), named with `INDEXED BY` so that SQLite's
+/// planner, which keeps no statistics here, cannot walk another one; below the cursor, with only
+/// the conditions that index serves.
+fn driver_sql(filter: &TaskFilter, driver: ListDriver, budget: &str, args: &mut Args) -> String {
+    let index = match driver {
+        ListDriver::Key => " INDEXED BY tasks_key_id",
+        ListDriver::DeadGroup => " INDEXED BY tasks_dead_error",
+        ListDriver::QueueState => " INDEXED BY tasks_queue_state_id",
+        ListDriver::Queue => " INDEXED BY tasks_queue_id",
+        ListDriver::Kind => " INDEXED BY tasks_kind_id",
+        ListDriver::State => " INDEXED BY tasks_state_id",
+        // The primary key of `task_tags` is the table (`WITHOUT ROWID`); the id's own index.
+        ListDriver::Tag | ListDriver::Id => "",
     };
-    let order;
-    match filter.tags.split_first() {
-        Some(((k, v), rest)) => {
-            sql = format!(
-                "SELECT {columns} FROM task_tags g CROSS JOIN tasks t ON t.id = g.task_id WHERE 1 = 1"
-            );
-            push(&mut sql, " AND g.key = ?", Box::new(k.clone()));
-            push(&mut sql, " AND g.value = ?", Box::new(v.clone()));
-            if let Some(b) = filter.before {
-                push(
-                    &mut sql,
-                    " AND g.task_id < ?",
-                    Box::new(b.as_bytes().to_vec()),
-                );
+    let (from, idcol, mut conds) = match driver {
+        ListDriver::Tag => {
+            let mut conds = String::new();
+            if let Some((k, v)) = filter.tags.first() {
+                let k = args.add(Box::new(k.clone()));
+                let v = args.add(Box::new(v.clone()));
+                conds = format!(" AND g.key = {k} AND g.value = {v}");
             }
-            for (k, v) in rest {
-                push(
-                    &mut sql,
-                    " AND EXISTS (SELECT 1 FROM task_tags h WHERE h.key = ?",
-                    Box::new(k.clone()),
-                );
-                push(
-                    &mut sql,
-                    " AND h.value = ? AND h.task_id = t.id)",
-                    Box::new(v.clone()),
-                );
-            }
-            order = "g.task_id";
+            ("task_tags g".to_string(), "g.task_id", conds)
         }
-        None => {
-            // A filter of time ranges only: SQLite's planner guesses a range keeps a quarter
-            // of the rows and prefers walking the primary key newest first, which reads every
-            // task when the range holds few or old ones. The range's index bounds the read by
-            // what the range holds.
-            let only_ranges = filter.queue.is_none()
-                && filter.kind.is_none()
-                && filter.state.is_none()
-                && filter.key.is_none()
-                && filter.key_prefix.is_none();
-            // A dead-letter group (queue, dead, error group) reads its own rows of the partial
-            // index `tasks_dead_error`, whose last column gives the order; without statistics
-            // SQLite would as soon walk `tasks_queue_state_id`, every dead task of the queue.
-            let dead_group = filter.queue.is_some()
-                && filter.state == Some(TaskState::Dead)
-                && filter.error_group.is_some();
-            let index = if dead_group {
-                " INDEXED BY tasks_dead_error"
-            } else if !only_ranges {
-                ""
-            } else if filter.created_after.is_some() || filter.created_before.is_some() {
-                " INDEXED BY tasks_created_at"
-            } else if filter.due_after.is_some() || filter.due_before.is_some() {
-                " INDEXED BY tasks_due_at"
-            } else {
-                ""
-            };
-            sql = format!("SELECT {columns} FROM tasks t{index} WHERE 1 = 1");
-            if let Some(b) = filter.before {
-                push(&mut sql, " AND t.id < ?", Box::new(b.as_bytes().to_vec()));
+        _ => (format!("tasks d{index}"), "d.id", String::new()),
+    };
+    match driver {
+        ListDriver::Key => {
+            if let Some(k) = &filter.key {
+                let k = args.add(Box::new(k.clone()));
+                conds.push_str(&format!(" AND d.key IS NOT NULL AND d.key = {k}"));
             }
-            order = "t.id";
         }
+        ListDriver::DeadGroup => {
+            // The partial index `tasks_dead_error (queue, <group>, id) WHERE state = 'dead'`:
+            // its predicate is implied by a literal, and its expression is repeated to the letter.
+            let q = args.add(Box::new(filter.queue.clone()));
+            let g = args.add(Box::new(filter.error_group.clone()));
+            conds.push_str(&format!(
+                " AND d.queue = {q} AND d.state = 'dead' AND {} = {g}",
+                ops::ERROR_GROUP_SQL
+            ));
+        }
+        ListDriver::QueueState | ListDriver::Queue => {
+            let q = args.add(Box::new(filter.queue.clone()));
+            conds.push_str(&format!(" AND d.queue = {q}"));
+            if driver == ListDriver::QueueState
+                && let Some(st) = filter.state
+            {
+                let st = args.add(Box::new(st.as_str()));
+                conds.push_str(&format!(" AND d.state = {st}"));
+            }
+        }
+        ListDriver::Kind => {
+            let k = args.add(Box::new(filter.kind.clone()));
+            conds.push_str(&format!(" AND d.kind = {k}"));
+        }
+        ListDriver::State => {
+            if let Some(st) = filter.state {
+                let st = args.add(Box::new(st.as_str()));
+                conds.push_str(&format!(" AND d.state = {st}"));
+            }
+        }
+        ListDriver::Tag | ListDriver::Id => {}
+    }
+    if let Some(b) = filter.before {
+        let b = args.add(Box::new(b.as_bytes().to_vec()));
+        conds.push_str(&format!(" AND {idcol} < {b}"));
+    }
+    format!(
+        "SELECT {idcol} AS id FROM {from} WHERE 1 = 1{conds} ORDER BY {idcol} DESC LIMIT {budget}"
+    )
+}
+
+/// Every condition of `filter` but the cursor, on `t` (the task row of a candidate).
+fn conditions(filter: &TaskFilter, args: &mut Args) -> String {
+    let mut sql = String::new();
+    for (k, v) in &filter.tags {
+        let k = args.add(Box::new(k.clone()));
+        let v = args.add(Box::new(v.clone()));
+        sql.push_str(&format!(
+            " AND EXISTS (SELECT 1 FROM task_tags h WHERE h.key = {k} AND h.value = {v} \
+             AND h.task_id = t.id)"
+        ));
     }
     if let Some(q) = &filter.queue {
-        push(&mut sql, " AND t.queue = ?", Box::new(q.clone()));
+        let q = args.add(Box::new(q.clone()));
+        sql.push_str(&format!(" AND t.queue = {q}"));
     }
     if let Some(k) = &filter.kind {
-        push(&mut sql, " AND t.kind = ?", Box::new(k.clone()));
+        let k = args.add(Box::new(k.clone()));
+        sql.push_str(&format!(" AND t.kind = {k}"));
     }
-    match filter.state {
-        // With an error group, the state is written into the statement: a partial index's
-        // predicate (`tasks_dead_error` is `WHERE state = 'dead'`) is implied by a literal, not
-        // by a parameter. The states are a closed set of plain words.
-        Some(st) if filter.error_group.is_some() => {
-            sql.push_str(&format!(" AND t.state = '{}'", st.as_str()));
-        }
-        Some(st) => push(&mut sql, " AND t.state = ?", Box::new(st.as_str())),
-        None => {}
+    if let Some(st) = filter.state {
+        // The states are a closed set of plain words.
+        sql.push_str(&format!(" AND t.state = '{}'", st.as_str()));
     }
     if let Some(k) = &filter.key {
-        push(&mut sql, " AND t.key = ?", Box::new(k.clone()));
+        let k = args.add(Box::new(k.clone()));
+        sql.push_str(&format!(" AND t.key = {k}"));
     }
     if let Some(p) = &filter.key_prefix {
-        push(&mut sql, " AND t.key >= ?", Box::new(p.clone()));
+        let lo = args.add(Box::new(p.clone()));
+        sql.push_str(&format!(" AND t.key >= {lo}"));
         if let Some(upper) = sundial_store::prefix_upper_bound(p) {
-            push(&mut sql, " AND t.key < ?", Box::new(upper));
+            let hi = args.add(Box::new(upper));
+            sql.push_str(&format!(" AND t.key < {hi}"));
         }
     }
     if let Some(g) = &filter.error_group {
-        // The expression of the partial index `tasks_dead_error (queue, <group>, id) WHERE
-        // state = 'dead'`, to the letter, so a dead-letter group (state dead, a queue and the
-        // group) reads exactly its rows from it.
-        push(
-            &mut sql,
-            &format!(" AND {} = ?", ops::ERROR_GROUP_SQL),
-            Box::new(g.clone()),
-        );
+        let g = args.add(Box::new(g.clone()));
+        sql.push_str(&format!(" AND {} = {g}", ops::ERROR_GROUP_SQL));
     }
-    if let Some(t) = filter.due_after {
-        push(&mut sql, " AND t.due_at >= ?", Box::new(t.0));
-    }
-    if let Some(t) = filter.due_before {
-        push(&mut sql, " AND t.due_at < ?", Box::new(t.0));
-    }
-    if let Some(t) = filter.created_after {
-        push(&mut sql, " AND t.created_at >= ?", Box::new(t.0));
-    }
-    if let Some(t) = filter.created_before {
-        push(&mut sql, " AND t.created_at < ?", Box::new(t.0));
+    let ranges = [
+        (filter.due_after, "t.due_at >="),
+        (filter.due_before, "t.due_at <"),
+        (filter.created_after, "t.created_at >="),
+        (filter.created_before, "t.created_at <"),
+    ];
+    for (t, cmp) in ranges {
+        if let Some(t) = t {
+            let t = args.add(Box::new(t.0));
+            sql.push_str(&format!(" AND {cmp} {t}"));
+        }
     }
     if filter.exclude_internal {
         // Exact (no LIKE wildcards, case-sensitive); the prefix is ASCII, so characters are bytes.
-        push(
-            &mut sql,
-            &format!(
-                " AND substr(t.queue, 1, {}) <> ?",
-                sundial_core::INTERNAL_QUEUE_PREFIX.len()
-            ),
-            Box::new(sundial_core::INTERNAL_QUEUE_PREFIX),
-        );
+        let p = args.add(Box::new(sundial_core::INTERNAL_QUEUE_PREFIX));
+        sql.push_str(&format!(
+            " AND substr(t.queue, 1, {}) <> {p}",
+            sundial_core::INTERNAL_QUEUE_PREFIX.len()
+        ));
     }
     if let Some(ns) = &filter.namespace {
         match sundial_core::namespace::stored_prefix(ns) {
             // Exact, like the internal-queue test above; namespace names are ASCII.
-            Some(prefix) => push(
-                &mut sql,
-                &format!(" AND substr(t.queue, 1, {}) = ?", prefix.len()),
-                Box::new(prefix),
-            ),
+            Some(prefix) => {
+                let n = prefix.len();
+                let p = args.add(Box::new(prefix));
+                sql.push_str(&format!(" AND substr(t.queue, 1, {n}) = {p}"));
+            }
             // The default namespace's names are those without the separator (char 31).
             None => sql.push_str(" AND instr(t.queue, char(31)) = 0"),
         }
     }
-    push(
-        &mut sql,
-        &format!(" ORDER BY {order} DESC LIMIT ?"),
-        Box::new(i64::try_from(limit).unwrap_or(i64::MAX)),
+    sql
+}
+
+/// The query behind `list` and `select`: `columns` (qualified `t.`) of at most `limit` tasks
+/// matching `filter`, newest id first, found among at most `budget` candidates of the driving
+/// index ([`TaskFilter::list_driver`]), followed by two columns: how many candidates were
+/// visited and the oldest of them (the same on every row; one row of NULL task columns when
+/// nothing matched). The other filters apply to the candidates' task rows. A `key_prefix`
+/// without a better driver first probes `tasks_key_id` for at most `budget + 1` keys of the
+/// range ([`TaskFilter::probes_key_prefix`]): a range that fits the budget is the candidate set,
+/// a larger one leaves the candidates to the driver.
+fn filtered(
+    filter: &TaskFilter,
+    columns: &str,
+    limit: usize,
+    budget: usize,
+) -> (String, Vec<Box<dyn rusqlite::ToSql>>) {
+    let param = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+    let mut args = Args::default();
+    let b = args.add(Box::new(param(budget)));
+    let driver = driver_sql(filter, filter.list_driver(), &b, &mut args);
+    let (with, candidates) = match &filter.key_prefix {
+        Some(p) if filter.probes_key_prefix() => {
+            let lo = args.add(Box::new(p.clone()));
+            let mut probe = format!(
+                "SELECT d.id FROM tasks d INDEXED BY tasks_key_id \
+                 WHERE d.key IS NOT NULL AND d.key >= {lo}"
+            );
+            if let Some(upper) = sundial_store::prefix_upper_bound(p) {
+                let hi = args.add(Box::new(upper));
+                probe.push_str(&format!(" AND d.key < {hi}"));
+            }
+            if let Some(before) = filter.before {
+                let c = args.add(Box::new(before.as_bytes().to_vec()));
+                probe.push_str(&format!(" AND d.id < {c}"));
+            }
+            let b1 = args.add(Box::new(param(budget.saturating_add(1))));
+            (
+                format!("WITH k AS MATERIALIZED ({probe} ORDER BY d.key LIMIT {b1}) "),
+                format!(
+                    "SELECT id FROM k WHERE (SELECT count(*) FROM k) <= {b} \
+                     UNION ALL SELECT f.id FROM ({driver}) f \
+                     WHERE (SELECT count(*) FROM k) > {b}"
+                ),
+            )
+        }
+        _ => (String::new(), driver),
+    };
+    let conds = conditions(filter, &mut args);
+    let lim = args.add(Box::new(param(limit)));
+    let sql = format!(
+        "{with}SELECT p.*, v.visited, v.oldest FROM \
+         (SELECT count(*) AS visited, min(c0.id) AS oldest FROM ({candidates}) c0) v \
+         LEFT JOIN (SELECT {columns} FROM ({candidates}) c CROSS JOIN tasks t ON t.id = c.id \
+          WHERE 1 = 1{conds} ORDER BY c.id DESC LIMIT {lim}) p ON 1 \
+         ORDER BY p.id DESC"
     );
-    (sql, args)
+    (sql, args.0)
+}
+
+/// Runs [`filtered`]: the task rows, decoded by `decode` (none when nothing matched), and how
+/// many candidates were visited, the oldest of them.
+fn run_filtered<T>(
+    conn: &Connection,
+    filter: &TaskFilter,
+    columns: &str,
+    limit: usize,
+    budget: usize,
+    mut decode: impl FnMut(&rusqlite::Row<'_>) -> Result<T, StoreError>,
+) -> Result<(Vec<T>, usize, Option<TaskId>), StoreError> {
+    let (sql, args) = filtered(filter, columns, limit, budget);
+    let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
+    let n = stmt.column_count();
+    let params: Vec<&dyn rusqlite::ToSql> = args.iter().map(|b| b.as_ref()).collect();
+    let mut rows = stmt.query(params.as_slice()).map_err(backend)?;
+    let mut out = Vec::new();
+    let mut visited = 0;
+    let mut oldest = None;
+    while let Some(r) = rows.next().map_err(backend)? {
+        let v: i64 = r.get(n.saturating_sub(2)).map_err(backend)?;
+        visited = usize::try_from(v).unwrap_or(usize::MAX);
+        let o: Option<Vec<u8>> = r.get(n.saturating_sub(1)).map_err(backend)?;
+        oldest = o.map(|o| rows::task_id(&o)).transpose()?;
+        // The one row of an empty page has no task: its id column is NULL.
+        let id: Option<Vec<u8>> = r.get(0).map_err(backend)?;
+        if id.is_some() {
+            out.push(decode(r)?);
+        }
+    }
+    Ok((out, visited, oldest))
 }
 
 /// Rows per multi-row `INSERT` statement (`INSERT_PARAMS` parameters each; SQLite allows 32,766).
@@ -966,20 +1066,24 @@ impl Store for SqliteStore {
         self.read(move |conn| {
             let columns = qualified_columns();
             // One row more than asked for tells whether another page follows.
-            let (sql, args) = filtered(&filter, &columns, limit.saturating_add(1));
-            let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
-            let params: Vec<&dyn rusqlite::ToSql> = args.iter().map(|b| b.as_ref()).collect();
-            let mut rows = stmt.query(params.as_slice()).map_err(backend)?;
-            let mut tasks = Vec::new();
-            while let Some(r) = rows.next().map_err(backend)? {
-                tasks.push(task_from_row(r)?);
-            }
-            let next_cursor = if tasks.len() > limit {
-                tasks.truncate(limit);
-                tasks.last().map(|t| t.id)
-            } else {
-                None
-            };
+            let (mut tasks, visited, oldest) = run_filtered(
+                conn,
+                &filter,
+                &columns,
+                limit.saturating_add(1),
+                LIST_VISIT_BUDGET,
+                task_from_row,
+            )?;
+            let n = tasks.len();
+            tasks.truncate(limit);
+            let next_cursor = page_cursor(
+                n,
+                limit,
+                tasks.last().map(|t| t.id),
+                visited,
+                LIST_VISIT_BUDGET,
+                oldest,
+            );
             Ok(TaskPage { tasks, next_cursor })
         })
         .await
@@ -1464,7 +1568,7 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn select(&self, filter: &TaskFilter, limit: usize) -> Result<Vec<Selected>, StoreError> {
+    async fn select(&self, filter: &TaskFilter, limit: usize) -> Result<SelectPage, StoreError> {
         let filter = filter.clone();
         self.read(move |conn| ops::select(conn, &filter, limit))
             .await

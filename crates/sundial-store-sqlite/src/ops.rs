@@ -7,12 +7,13 @@
 use rusqlite::{Connection, OptionalExtension, params};
 use sundial_core::{ExecutionId, Task, TaskId, TaskState, Timestamp};
 use sundial_store::{
-    Attempt, AttemptHistory, AttemptOutcome, AttemptResponse, DeadGroup, QueueConfig,
-    QueueSettings, RetentionRules, Selected, StoreError, TaskFilter, TransitionError,
+    Attempt, AttemptHistory, AttemptOutcome, AttemptResponse, DeadGroup, LIST_VISIT_BUDGET,
+    QueueConfig, QueueSettings, RetentionRules, SelectPage, Selected, StoreError, TaskFilter,
+    TransitionError, page_cursor,
 };
 
 use crate::rows::{self, TASK_COLUMNS};
-use crate::{backend, filtered, state_of, update_returning};
+use crate::{backend, run_filtered, state_of, update_returning};
 
 const QUEUE_COLUMNS: &str = "queue, paused, paused_changed_at, config, updated_at";
 
@@ -278,21 +279,37 @@ pub(crate) fn select(
     conn: &Connection,
     filter: &TaskFilter,
     limit: usize,
-) -> Result<Vec<Selected>, StoreError> {
-    let (sql, args) = filtered(filter, "t.id, t.state", limit);
-    let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
-    let params: Vec<&dyn rusqlite::ToSql> = args.iter().map(|b| b.as_ref()).collect();
-    let mut rows = stmt.query(params.as_slice()).map_err(backend)?;
-    let mut out = Vec::new();
-    while let Some(r) = rows.next().map_err(backend)? {
-        let id: Vec<u8> = r.get(0).map_err(backend)?;
-        let state: String = r.get(1).map_err(backend)?;
-        out.push(Selected {
-            id: rows::task_id(&id)?,
-            state: rows::parse_state(&state)?,
-        });
-    }
-    Ok(out)
+) -> Result<SelectPage, StoreError> {
+    // One row more than asked for tells whether another batch follows.
+    let (mut selected, visited, oldest) = run_filtered(
+        conn,
+        filter,
+        "t.id, t.state",
+        limit.saturating_add(1),
+        LIST_VISIT_BUDGET,
+        |r| {
+            let id: Vec<u8> = r.get(0).map_err(backend)?;
+            let state: String = r.get(1).map_err(backend)?;
+            Ok(Selected {
+                id: rows::task_id(&id)?,
+                state: rows::parse_state(&state)?,
+            })
+        },
+    )?;
+    let n = selected.len();
+    selected.truncate(limit);
+    let next_cursor = page_cursor(
+        n,
+        limit,
+        selected.last().map(|s| s.id),
+        visited,
+        LIST_VISIT_BUDGET,
+        oldest,
+    );
+    Ok(SelectPage {
+        selected,
+        next_cursor,
+    })
 }
 
 /// Queues that have tasks in some terminal state, from the counters.

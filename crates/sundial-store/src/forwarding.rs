@@ -12,7 +12,7 @@ use sundial_core::{ExecutionId, NewTask, Task, TaskId, Timestamp};
 use crate::{
     AttemptHistory, ClaimOutcome, DeadGroup, DeadGroupFilter, DueClaim, DueEntry, DueKey, Fence,
     IdempotentCreate, IdempotentOutcome, Inserted, QueueConfig, QueueSettings, ReadyClaim,
-    RetentionRules, Retry, Selected, StateCount, Store, StoreError, TaskFilter, TaskPage,
+    RetentionRules, Retry, SelectPage, StateCount, Store, StoreError, TaskFilter, TaskPage,
     TransitionError,
 };
 
@@ -307,7 +307,7 @@ impl<H: Hooks> Store for Forwarding<H> {
         let _g = self.enter("retry", None);
         self.inner.retry(id, due_at, now).await
     }
-    async fn select(&self, filter: &TaskFilter, limit: usize) -> Result<Vec<Selected>, StoreError> {
+    async fn select(&self, filter: &TaskFilter, limit: usize) -> Result<SelectPage, StoreError> {
         let _g = self.enter("select", None);
         self.inner.select(filter, limit).await
     }

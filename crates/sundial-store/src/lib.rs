@@ -51,7 +51,7 @@ pub use cluster::{Cluster, ClusterState, Fence, Member, ShardLease, Wakeup};
 pub use error::{Reason, StoreError, TransitionError};
 pub use ops::{
     Attempt, AttemptHistory, AttemptOutcome, AttemptResponse, LEASE_EXPIRED_ERROR, QueueConfig,
-    QueueSettings, RetentionOverride, RetentionRules, Selected, prefix_upper_bound,
+    QueueSettings, RetentionOverride, RetentionRules, SelectPage, Selected, prefix_upper_bound,
 };
 pub use push::{PushSecret, PushSecretStore};
 pub use schedules::{
@@ -62,8 +62,8 @@ pub use schedules::{
 pub use types::{
     ClaimOutcome, ClaimTarget, DeadGroup, DeadGroupFilter, DueClaim, DueEntry, DueKey,
     ERROR_GROUP_CHARS, IdempotencyDecision, IdempotentCreate, IdempotentOutcome, Inserted,
-    ReadyClaim, Retry, StateCount, TaskFilter, TaskPage, error_group, idempotency_decision,
-    idempotency_remembered,
+    LIST_VISIT_BUDGET, ListDriver, ReadyClaim, Retry, StateCount, TaskFilter, TaskPage,
+    error_group, idempotency_decision, idempotency_remembered, page_cursor,
 };
 pub use workflows::{
     ACTIVITY_KIND_PREFIX, ACTIVITY_QUEUE, AppendOp, Appended, CHILD_KIND, Committed, HistoryEvent,
@@ -100,6 +100,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// Tasks matching `filter`, newest first (by id), `limit` at most, strictly older than
     /// `filter.before` when set.
+    ///
+    /// A page visits at most [`LIST_VISIT_BUDGET`] candidates: the rows of one driving index,
+    /// chosen by which filters are given, newest first below the cursor; the other filters are
+    /// checked on those rows. When the candidates run out before `limit` matches are found, the
+    /// page holds the matches found (possibly none) and `next_cursor` is the oldest id visited, so
+    /// that following cursors still yields every match exactly once, in order. A page with fewer
+    /// than `limit` tasks may therefore carry a cursor; only `None` means no more matches.
     async fn list(&self, filter: &TaskFilter, limit: usize) -> Result<TaskPage, StoreError>;
 
     /// Any non-terminal state → `cancelled`. Terminal → `WrongState`.
@@ -257,8 +264,10 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Task, TransitionError>;
 
     /// Ids (with states) matching `filter` (its `before` is the cursor), newest first, at most
-    /// `limit`: the batches of a bulk action. Served by the same indexes as [`Store::list`].
-    async fn select(&self, filter: &TaskFilter, limit: usize) -> Result<Vec<Selected>, StoreError>;
+    /// `limit`: the batches of a bulk action. Served by the same indexes and bounded by the same
+    /// [`LIST_VISIT_BUDGET`] as [`Store::list`]: a batch may hold fewer than `limit` ids, or none,
+    /// and still carry a cursor; the selection ends only when `next_cursor` is `None`.
+    async fn select(&self, filter: &TaskFilter, limit: usize) -> Result<SelectPage, StoreError>;
 
     /// Cancels those of `ids` that are live, in one transaction; returns the cancelled rows.
     async fn cancel_many(&self, ids: Vec<TaskId>, now: Timestamp) -> Result<Vec<Task>, StoreError>;

@@ -140,6 +140,15 @@ pub struct Selected {
     pub state: TaskState,
 }
 
+/// A batch of [`crate::Store::select`]: like a [`crate::TaskPage`] of ids.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SelectPage {
+    pub selected: Vec<Selected>,
+    /// Pass as `before` for the next batch; `None` when no more tasks match. Set also on a short
+    /// (even empty) batch that stopped at [`crate::LIST_VISIT_BUDGET`] candidates.
+    pub next_cursor: Option<TaskId>,
+}
+
 /// How long finished tasks are kept, in milliseconds after they finished, per state, with
 /// per-queue overrides. Applied by [`crate::Store::purge_tasks`].
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -39,7 +39,7 @@ use uuid::Uuid;
 use crate::Retry;
 use crate::{
     ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, IdempotentCreate, IdempotentOutcome,
-    Inserted, ReadyClaim, Store, TaskFilter, TransitionError,
+    Inserted, ReadyClaim, Store, TaskFilter, TaskPage, TransitionError,
 };
 
 /// What a conformance factory hands back, for every suite of this crate: the store under test
@@ -152,6 +152,7 @@ macro_rules! store_conformance {
             list_can_leave_out_internal_queues
             list_selects_one_namespace
             list_paginates_without_gaps_or_duplicates
+            list_pages_visit_a_bounded_number_of_rows
             terminal_states_never_change
         );
     };
@@ -2898,7 +2899,8 @@ pub async fn list_filters_newest_first(store: Arc<dyn Store>) {
 
 /// Paging `list` with `next_cursor` as `before` visits every matching task exactly once, newest
 /// first, in pages of at most `limit`; `next_cursor` is `None` on the last page (also when that page
-/// is exactly full) and a page with a cursor is never empty.
+/// is exactly full) and, with far fewer tasks than the visit budget, a page with a cursor is
+/// never empty.
 pub async fn list_paginates_without_gaps_or_duplicates(store: Arc<dyn Store>) {
     let s = store.as_ref();
     let mut expected = Vec::new();
@@ -2973,6 +2975,189 @@ pub async fn list_paginates_without_gaps_or_duplicates(store: Arc<dyn Store>) {
         vec![expected[3], expected[5], expected[6]]
     );
     assert_eq!(second.next_cursor, None);
+}
+
+/// Follows `filter`'s cursors from the start in pages of `limit`: every task seen, in order, and
+/// the pages. Each page holds at most `limit` tasks, all matching; the paging ends.
+async fn follow_pages(
+    s: &dyn Store,
+    filter: &TaskFilter,
+    limit: usize,
+) -> (Vec<TaskId>, Vec<TaskPage>) {
+    let mut seen = Vec::new();
+    let mut pages = Vec::new();
+    let mut before = filter.before;
+    loop {
+        let page = s
+            .list(
+                &TaskFilter {
+                    before,
+                    ..filter.clone()
+                },
+                limit,
+            )
+            .await
+            .expect("list");
+        assert!(page.tasks.len() <= limit, "{filter:?}: page too large");
+        assert!(
+            page.tasks.iter().all(|t| filter.matches(t)),
+            "{filter:?}: a task that does not match"
+        );
+        seen.extend(ids(&page.tasks));
+        let next = page.next_cursor;
+        pages.push(page);
+        match next {
+            Some(c) => {
+                assert!(
+                    before.is_none_or(|b| c < b),
+                    "{filter:?}: the cursor must move on"
+                );
+                before = Some(c);
+            }
+            None => break,
+        }
+        assert!(pages.len() <= 10_000, "{filter:?}: paging does not end");
+    }
+    (seen, pages)
+}
+
+/// A page visits at most [`crate::LIST_VISIT_BUDGET`] candidates of its driving index: with more
+/// tasks than that, two filters that match few tasks together (the one match the oldest task, or
+/// none) answer a first page that stopped short, with no task and a cursor; following the
+/// cursors yields exactly the tasks [`TaskFilter::matches`] selects, newest first, each once,
+/// for every kind of driver (queue, queue and state, kind, tag, key prefix probed or not, the id).
+pub async fn list_pages_visit_a_bounded_number_of_rows(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let budget = crate::LIST_VISIT_BUDGET;
+    let n = budget + budget / 4;
+    let mut news = Vec::with_capacity(n);
+    for i in 0..n {
+        // Nine in ten tasks are in `qa`, all of kind `common` but the oldest: `qa` + `rare`
+        // is the oldest task alone, `qb` + `common` is nothing.
+        let (queue, kind) = match i {
+            0 => ("qa", "rare"),
+            _ if i % 10 == 9 => ("qb", "rare"),
+            _ => ("qa", "common"),
+        };
+        // A few keys of their own prefix; the others share a prefix wider than the budget.
+        let key = if i % 500 == 3 {
+            format!("narrow-{i:05}")
+        } else {
+            format!("wide-{i:05}")
+        };
+        let mut spec = TaskSpec::new(kind).queue(queue).key(key);
+        if i % 7 == 0 {
+            spec = spec.tag("env", "x");
+        }
+        news.push(make(spec, at(i64::try_from(i).unwrap_or(i64::MAX))));
+    }
+    let mut all = Vec::with_capacity(n);
+    for chunk in news.chunks(250) {
+        for r in s.insert(chunk.to_vec()).await.expect("insert") {
+            match r {
+                Inserted::Created(t) => all.push(*t),
+                other => panic!("expected the task to be created, got {other:?}"),
+            }
+        }
+    }
+    all.sort_by_key(|t| std::cmp::Reverse(t.id));
+    let oldest = all.last().map(|t| t.id).expect("tasks");
+
+    let f = TaskFilter::default;
+    let rare_in_qa = TaskFilter {
+        queue: Some("qa".into()),
+        kind: Some("rare".into()),
+        ..f()
+    };
+    let first = s.list(&rare_in_qa, 10).await.expect("list");
+    assert!(
+        first.tasks.is_empty(),
+        "the only match lies beyond the budget: {:?}",
+        ids(&first.tasks)
+    );
+    assert!(
+        first.next_cursor.is_some(),
+        "a short page that stopped at the budget has a cursor"
+    );
+    let (seen, _) = follow_pages(s, &rare_in_qa, 10).await;
+    assert_eq!(seen, vec![oldest]);
+
+    let filters = vec![
+        rare_in_qa.clone(),
+        TaskFilter {
+            queue: Some("qb".into()),
+            kind: Some("common".into()),
+            ..f()
+        },
+        TaskFilter {
+            queue: Some("qa".into()),
+            state: Some(TaskState::Scheduled),
+            kind: Some("rare".into()),
+            ..f()
+        },
+        TaskFilter {
+            kind: Some("rare".into()),
+            ..f()
+        },
+        TaskFilter {
+            kind: Some("common".into()),
+            created_before: Some(at(40)),
+            ..f()
+        },
+        TaskFilter {
+            tags: vec![("env".into(), "x".into())],
+            queue: Some("qb".into()),
+            ..f()
+        },
+        TaskFilter {
+            key_prefix: Some("narrow-".into()),
+            ..f()
+        },
+        TaskFilter {
+            key_prefix: Some("narrow-".into()),
+            queue: Some("qa".into()),
+            ..f()
+        },
+        TaskFilter {
+            key_prefix: Some("wide-".into()),
+            kind: Some("rare".into()),
+            ..f()
+        },
+        TaskFilter {
+            key_prefix: Some("wide-0000".into()),
+            ..f()
+        },
+        TaskFilter {
+            created_before: Some(at(5)),
+            ..f()
+        },
+        TaskFilter {
+            created_after: Some(at(i64::try_from(n).unwrap_or(i64::MAX) - 5)),
+            exclude_internal: true,
+            ..f()
+        },
+        f(),
+    ];
+    for filter in &filters {
+        let expected: Vec<TaskId> = all
+            .iter()
+            .filter(|t| filter.matches(t))
+            .map(|t| t.id)
+            .collect();
+        for limit in [7, 100] {
+            let (seen, _) = follow_pages(s, filter, limit).await;
+            assert_eq!(seen, expected, "limit {limit}: {filter:?}");
+        }
+    }
+    // A prefix whose keys fit the budget is read from the key index: its matches come in one
+    // page, however far apart.
+    let narrow = TaskFilter {
+        key_prefix: Some("narrow-".into()),
+        ..f()
+    };
+    let page = s.list(&narrow, 100).await.expect("list");
+    assert_eq!(page.tasks.len(), n.div_ceil(500));
+    assert_eq!(page.next_cursor, None);
 }
 
 // ---------------------------------------------------------------------------------------------

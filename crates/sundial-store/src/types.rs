@@ -259,11 +259,115 @@ impl TaskFilter {
     }
 }
 
+/// How many candidate rows one page of [`crate::Store::list`] (or batch of
+/// [`crate::Store::select`]) may visit: the rows its driving index yields below the cursor, each
+/// checked against the rest of the filter.
+///
+/// A page costs at most this many index entries and row reads, whatever the filter and however
+/// many tasks are stored, instead of walking one filter's rows until the page fills (half a
+/// million rows, minutes, for two filters of 10,000,000 tasks that never match together). 2,000
+/// rows read by primary key are a few milliseconds from a warm cache and stay well inside a 50 ms
+/// page on a small machine when part of them comes from disk; a larger budget saves round trips
+/// only for filters whose matches are sparse, which page on with a cursor anyway.
+pub const LIST_VISIT_BUDGET: usize = 2_000;
+
+/// The index a page of [`crate::Store::list`] reads its candidates from, newest id first below
+/// the cursor, at most [`LIST_VISIT_BUDGET`] of them; every other filter is checked on those
+/// rows. Both stores choose it the same way ([`TaskFilter::list_driver`]), by which filters are
+/// given, never by statistics: each is an index whose order, after its equality columns, is the
+/// id, so a page reads exactly its candidates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListDriver {
+    /// `key`: `tasks_key_id (key, id)`.
+    Key,
+    /// The first tag: `task_tags (key, value, task_id)`.
+    Tag,
+    /// `queue`, `state` dead and `error_group`: `tasks_dead_error (queue, group, id)`.
+    DeadGroup,
+    /// `queue` and `state`: `tasks_queue_state_id (queue, state, id)`.
+    QueueState,
+    /// `queue`: `tasks_queue_id (queue, id)`.
+    Queue,
+    /// `kind`: `tasks_kind_id (kind, id)`.
+    Kind,
+    /// `state`: `tasks_state_id (state, id)`.
+    State,
+    /// None of the above (time ranges, namespace, internal queues, or nothing): the primary key.
+    Id,
+}
+
+impl TaskFilter {
+    /// Which index drives a page of this filter, in this order of preference: `key`, the first
+    /// tag, a dead-letter group, `queue` with `state`, `queue`, `kind`, `state`, the id.
+    pub fn list_driver(&self) -> ListDriver {
+        if self.key.is_some() {
+            ListDriver::Key
+        } else if !self.tags.is_empty() {
+            ListDriver::Tag
+        } else if self.queue.is_some()
+            && self.state == Some(TaskState::Dead)
+            && self.error_group.is_some()
+        {
+            ListDriver::DeadGroup
+        } else if self.queue.is_some() && self.state.is_some() {
+            ListDriver::QueueState
+        } else if self.queue.is_some() {
+            ListDriver::Queue
+        } else if self.kind.is_some() {
+            ListDriver::Kind
+        } else if self.state.is_some() {
+            ListDriver::State
+        } else {
+            ListDriver::Id
+        }
+    }
+
+    /// Whether a page first probes the key index for `key_prefix`: a prefix is a range of keys,
+    /// not in id order, so its candidates are taken from the key index only when the range (below
+    /// the cursor) holds at most [`LIST_VISIT_BUDGET`] keys, all read and put in id order; a
+    /// larger range is left to [`TaskFilter::list_driver`]'s index and checked on its rows. The
+    /// probe reads at most one more key than the budget.
+    pub fn probes_key_prefix(&self) -> bool {
+        self.key_prefix.is_some()
+            && !matches!(
+                self.list_driver(),
+                ListDriver::Key | ListDriver::Tag | ListDriver::DeadGroup
+            )
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct TaskPage {
+    /// The matches found, newest first: `limit` at most, and possibly fewer (even none) when the
+    /// page stopped at [`LIST_VISIT_BUDGET`] candidates.
     pub tasks: Vec<Task>,
-    /// Pass as `before` to get the next page; `None` when this page is the last.
+    /// Pass as `before` to get the next page; `None` when this page is the last. A page that
+    /// visited its budget without filling carries the oldest id it visited, so a page with fewer
+    /// than `limit` tasks (or none) may still have a cursor: only `None` means the end.
     pub next_cursor: Option<TaskId>,
+}
+
+/// The cursor of a page (see [`TaskPage::next_cursor`]), as both stores decide it: `found`
+/// matches were read (`limit + 1` asked for) and `last_kept` is the oldest of the first `limit`;
+/// the driving index yielded `visited` candidates below the cursor, the oldest `oldest_visited`,
+/// of a `budget` at most.
+pub fn page_cursor(
+    found: usize,
+    limit: usize,
+    last_kept: Option<TaskId>,
+    visited: usize,
+    budget: usize,
+    oldest_visited: Option<TaskId>,
+) -> Option<TaskId> {
+    if found > limit {
+        last_kept
+    } else if visited >= budget {
+        // The candidates ran out before the page filled: everything down to the oldest visited
+        // was checked, the next page continues below it.
+        oldest_visited
+    } else {
+        None
+    }
 }
 
 /// How many characters of a dead task's error name its dead-letter group (see [`error_group`]).

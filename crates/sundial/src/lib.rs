@@ -494,6 +494,8 @@ impl Sundial {
     }
 
     /// Lists tasks newest first; pass the page's `next_cursor` as `filter.before` for the next.
+    /// A page visits at most [`sundial_store::LIST_VISIT_BUDGET`] candidates, so it may hold fewer
+    /// than `limit` tasks (even none) and still carry a cursor: only `None` means the end.
     pub async fn list(&self, filter: TaskFilter, limit: usize) -> Result<TaskPage, Error> {
         Ok(self
             .engine

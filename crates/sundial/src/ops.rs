@@ -306,9 +306,8 @@ impl Sundial {
                     BULK_BATCH,
                 )
                 .await?;
-            let Some(last) = page.last() else { break };
-            cursor = Some(last.id);
             let eligible: Vec<TaskId> = page
+                .selected
                 .iter()
                 .filter(|s| match action {
                     BulkAction::Cancel => !s.state.is_terminal(),
@@ -350,9 +349,10 @@ impl Sundial {
                     tokio::time::sleep(Duration::from_millis(took.unsigned_abs())).await;
                 }
             }
-            if page.len() < BULK_BATCH {
-                break;
-            }
+            // A batch may be short, even empty, and still carry a cursor: it stopped at the
+            // store's visit budget. Only the end of the cursors ends the selection.
+            let Some(next) = page.next_cursor else { break };
+            cursor = Some(next);
             // Let the shard loops and other requests in between batches.
             tokio::task::yield_now().await;
         }

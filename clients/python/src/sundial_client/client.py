@@ -463,7 +463,9 @@ class Client(_Methods):
         while True:
             page: Page = fetch(**kw, **({cursor_name: cursor} if cursor else {}))
             yield from page.items
-            if not page.next_cursor or not page.items:
+            # A page may be short, even empty, and still have a cursor: the server bounds
+            # the tasks one page visits. Only the end of the cursors ends the iteration.
+            if not page.next_cursor:
                 return
             cursor = page.next_cursor
 
@@ -551,7 +553,9 @@ class AsyncClient(_Methods):
             page: Page = await fetch(**kw, **({cursor_name: cursor} if cursor else {}))
             for item in page.items:
                 yield item
-            if not page.next_cursor or not page.items:
+            # A page may be short, even empty, and still have a cursor: the server bounds
+            # the tasks one page visits. Only the end of the cursors ends the iteration.
+            if not page.next_cursor:
                 return
             cursor = page.next_cursor
 
