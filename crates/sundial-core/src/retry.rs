@@ -13,6 +13,7 @@ use crate::ValidationError;
 
 /// How long to wait between attempts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Backoff {
     /// Delay after the first failed attempt, in milliseconds (read also from a duration string,

@@ -16,6 +16,7 @@ use crate::ValidationError;
 
 /// The HTTP method of a push call. The body is the task's payload as JSON for every method.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "UPPERCASE")]
 pub enum PushMethod {
     #[default]
@@ -46,6 +47,7 @@ impl fmt::Display for PushMethod {
 
 /// Where and how a task is delivered.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Target {
     /// `http` or `https` URL without credentials.

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 /// A point in time: milliseconds since 1970-01-01T00:00:00Z.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(transparent)]
 pub struct Timestamp(pub i64);
 

@@ -51,8 +51,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sundial_workflow::remote::{
-    CompleteActivity, CompleteWorkflowTask, FailActivity, PollActivities, PollWorkflowTasks,
-    WorkflowTaskOutcome, WorkflowTaskView,
+    ActivityTaskView, CompleteActivity, CompleteWorkflowTask, FailActivity, PollActivities,
+    PollWorkflowTasks, WorkflowTaskOutcome, WorkflowTaskView,
 };
 use sundial_workflow::{
     Error, IdReusePolicy, StartWorkflow, WorkflowFilter, WorkflowRun, WorkflowStatus, Workflows,
@@ -508,7 +508,7 @@ pub async fn terminate(
     operation_id = "workflow_history",
     params(("id" = String, Path, description = "Workflow id (percent-encoded)")),
     responses(
-        (status = 200, description = "`{workflow_id, run_id, events}` of the current run", body = Object),
+        (status = 200, description = "The current run's history, oldest event first", body = WorkflowHistory),
         (status = 404, description = "No such workflow", body = ErrorBody),
     )
 )]
@@ -516,15 +516,57 @@ pub async fn history(
     State(workflows): State<Workflows>,
     ns: Ns,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<WorkflowHistory>, ApiError> {
     let run = load(&workflows, &ns, &id).await?;
     let mut events = workflows.history(run.run_id).await.map_err(api_error)?;
     local_events(&mut events);
-    Ok(Json(serde_json::json!({
-        "workflow_id": local(&run.workflow_id),
-        "run_id": run.run_id,
-        "events": events,
-    })))
+    Ok(Json(WorkflowHistory {
+        workflow_id: local(&run.workflow_id),
+        run_id: run.run_id.0,
+        events,
+    }))
+}
+
+/// `GET /v1/workflows/{id}/history`: a run's events, as its workers replay them.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WorkflowHistory {
+    pub workflow_id: String,
+    pub run_id: uuid::Uuid,
+    /// Numbered from 0; event 0 is `workflow_started`.
+    pub events: Vec<WorkflowEvent>,
+}
+
+/// `POST /v1/workflow-tasks/poll`: the claimed workflow tasks (none when the wait ran out).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WorkflowTaskList {
+    pub tasks: Vec<WorkflowTaskView>,
+}
+
+/// `POST /v1/workflow-activities/poll`: the claimed activity attempts (none when the wait ran
+/// out).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ActivityTaskList {
+    pub tasks: Vec<ActivityTaskView>,
+}
+
+/// The answer to an activity's completion or failure.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ActivityRecorded {
+    pub status: ActivityRecordedStatus,
+}
+
+/// Always `recorded`: the result or the failure is in the history (a failure is retried while
+/// the activity's policy has attempts left).
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ActivityRecordedStatus {
+    Recorded,
+}
+
+impl ActivityRecorded {
+    const RECORDED: ActivityRecorded = ActivityRecorded {
+        status: ActivityRecordedStatus::Recorded,
+    };
 }
 
 // ---- Remote workers -----------------------------------------------------------------------------
@@ -608,7 +650,7 @@ fn task_id(raw: &str) -> Result<sundial::TaskId, ApiError> {
     operation_id = "poll_workflow_tasks",
     request_body = protocol_doc::PollWorkflowTasks,
     responses(
-        (status = 200, description = "`{tasks}`: claimed workflow tasks with their histories", body = Object),
+        (status = 200, description = "Claimed workflow tasks with their histories", body = WorkflowTaskList),
         (status = 422, description = "Invalid", body = ErrorBody),
     )
 )]
@@ -616,7 +658,7 @@ pub async fn poll_workflow_tasks(
     State(workflows): State<Workflows>,
     ns: Ns,
     ApiJson(r): ApiJson<PollWorkflowTasks>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<WorkflowTaskList>, ApiError> {
     let tasks: Vec<WorkflowTaskView> = workflows
         .poll_workflow_tasks_in(ns.name(), r)
         .await
@@ -624,16 +666,16 @@ pub async fn poll_workflow_tasks(
         .into_iter()
         .map(local_task)
         .collect();
-    Ok(Json(serde_json::json!({ "tasks": tasks })))
+    Ok(Json(WorkflowTaskList { tasks }))
 }
 
 #[utoipa::path(
     post, path = "/v1/workflow-tasks/{task}/complete", tag = "workflow workers",
     operation_id = "complete_workflow_task",
     params(("task" = uuid::Uuid, Path, description = "The claimed kernel task")),
-    request_body(content = Object, description = "`{execution_id, expect_len, commands | error}`"),
+    request_body(content = CompleteWorkflowTask, description = "The commands the workflow issued after replaying `expect_len` events, or the error that stopped the replay"),
     responses(
-        (status = 200, description = "`{status: committed | dropped | stale, task?}`", body = Object),
+        (status = 200, description = "`committed`; `dropped` (the run closed or has a newer workflow task: nothing recorded); or `stale` with the grown history to replay and answer again", body = WorkflowTaskOutcome),
         (status = 409, description = "Stale execution", body = ErrorBody),
         (status = 422, description = "Invalid", body = ErrorBody),
     )
@@ -664,7 +706,7 @@ pub async fn complete_workflow_task(
     operation_id = "poll_workflow_activities",
     request_body = protocol_doc::PollActivities,
     responses(
-        (status = 200, description = "`{tasks}`: claimed activity attempts", body = Object),
+        (status = 200, description = "Claimed activity attempts", body = ActivityTaskList),
         (status = 422, description = "Invalid", body = ErrorBody),
     )
 )]
@@ -672,12 +714,12 @@ pub async fn poll_activities(
     State(workflows): State<Workflows>,
     ns: Ns,
     ApiJson(r): ApiJson<PollActivities>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ActivityTaskList>, ApiError> {
     let tasks = workflows
         .poll_activities_in(ns.name(), r)
         .await
         .map_err(api_error)?;
-    Ok(Json(serde_json::json!({ "tasks": tasks })))
+    Ok(Json(ActivityTaskList { tasks }))
 }
 
 #[utoipa::path(
@@ -686,7 +728,7 @@ pub async fn poll_activities(
     params(("task" = uuid::Uuid, Path, description = "The claimed kernel task")),
     request_body = protocol_doc::CompleteActivity,
     responses(
-        (status = 200, description = "`{status: recorded}`", body = Object),
+        (status = 200, description = "The result is in the history", body = ActivityRecorded),
         (status = 409, description = "Stale execution", body = ErrorBody),
     )
 )]
@@ -695,14 +737,14 @@ pub async fn complete_activity(
     ns: Ns,
     Path(task): Path<String>,
     ApiJson(r): ApiJson<CompleteActivity>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ActivityRecorded>, ApiError> {
     let id = task_id(&task)?;
     own_kernel_task(&workflows, &ns, id).await?;
     workflows
         .finish_activity(id, r.execution_id, Ok(r.result))
         .await
         .map_err(api_error)?;
-    Ok(Json(serde_json::json!({ "status": "recorded" })))
+    Ok(Json(ActivityRecorded::RECORDED))
 }
 
 #[utoipa::path(
@@ -711,7 +753,7 @@ pub async fn complete_activity(
     params(("task" = uuid::Uuid, Path, description = "The claimed kernel task")),
     request_body = protocol_doc::FailActivity,
     responses(
-        (status = 200, description = "`{status: recorded}` (retried while the policy has attempts left)", body = Object),
+        (status = 200, description = "The failure is in the history (retried while the policy has attempts left)", body = ActivityRecorded),
         (status = 409, description = "Stale execution", body = ErrorBody),
     )
 )]
@@ -720,7 +762,7 @@ pub async fn fail_activity(
     ns: Ns,
     Path(task): Path<String>,
     ApiJson(r): ApiJson<FailActivity>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ActivityRecorded>, ApiError> {
     let id = task_id(&task)?;
     own_kernel_task(&workflows, &ns, id).await?;
     workflows
@@ -731,7 +773,7 @@ pub async fn fail_activity(
         )
         .await
         .map_err(api_error)?;
-    Ok(Json(serde_json::json!({ "status": "recorded" })))
+    Ok(Json(ActivityRecorded::RECORDED))
 }
 
 #[cfg(test)]

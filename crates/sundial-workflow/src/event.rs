@@ -15,8 +15,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sundial_core::{Backoff, RunId, TaskId, Timestamp};
 
-/// One event of a history.
+/// One event of a history (its `type` and fields; [`WorkflowEvent`] adds its number and time).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = WorkflowEventBody))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
     /// Event 0: the run's type and input.
@@ -282,6 +283,7 @@ impl Event {
 
 /// An event with its number and time, as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WorkflowEvent {
     pub seq: u64,
     /// Milliseconds since the Unix epoch.

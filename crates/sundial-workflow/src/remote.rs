@@ -92,6 +92,7 @@ pub struct PollWorkflowTasks {
 
 /// A claimed workflow task: what to replay.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WorkflowTaskView {
     pub task_id: uuid::Uuid,
     pub execution_id: uuid::Uuid,
@@ -109,6 +110,7 @@ pub struct WorkflowTaskView {
 
 /// `POST /v1/workflow-tasks/{task}/complete`: the new commands, or why the replay failed.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CompleteWorkflowTask {
     pub execution_id: uuid::Uuid,
@@ -122,6 +124,7 @@ pub struct CompleteWorkflowTask {
 
 /// The answer to a workflow task's completion.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum WorkflowTaskOutcome {
     /// Recorded.
@@ -159,6 +162,7 @@ pub struct PollActivities {
 
 /// A claimed activity attempt.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ActivityTaskView {
     pub task_id: uuid::Uuid,
     pub execution_id: uuid::Uuid,
