@@ -52,6 +52,16 @@ fn u32_count() -> Value {
     json!({"format": "int64", "minimum": 0, "maximum": u32::MAX})
 }
 
+/// A `u32` the server refuses at 0.
+fn u32_positive() -> Value {
+    json!({"format": "int64", "minimum": 1, "maximum": u32::MAX})
+}
+
+/// A schedule's or a backfill's overlap rule (`sundial_schedules::Overlap`).
+fn overlap() -> Value {
+    json!({"enum": ["skip", "buffer_one", "buffer_all", "allow_all", "cancel_other", null]})
+}
+
 /// A `u64` (which utoipa writes as `int64`, refusing the upper half the server takes).
 fn u64_count() -> Value {
     json!({"format": "none", "minimum": 0, "maximum": u64::MAX})
@@ -86,8 +96,8 @@ fn properties() -> Vec<(&'static str, &'static str, Value)> {
         ("BackoffSpec", "max", duration()),
         ("PollRequest", "worker", no_control()),
         ("PollRequest", "wait", duration()),
-        ("PollRequest", "max", u32_count()),
-        ("NamespaceWire", "max_creates_per_second", u32_count()),
+        ("PollRequest", "max", u32_positive()),
+        ("NamespaceWire", "max_creates_per_second", u32_positive()),
         ("PollWorkflowTasks", "max", u32_count()),
         ("PollWorkflowTasks", "wait_ms", opt_millis_or_duration()),
         ("PollWorkflowTasks", "wait", duration()),
@@ -124,6 +134,8 @@ fn properties() -> Vec<(&'static str, &'static str, Value)> {
             "count",
             json!({"minimum": 1, "maximum": sundial_schedules::MAX_PREVIEW}),
         ),
+        ("ScheduleRequest", "overlap", overlap()),
+        ("BackfillRequest", "overlap", overlap()),
         ("BackfillRequest", "from", date_time()),
         ("BackfillRequest", "to", date_time()),
         ("StartRequest", "type", name(sundial_workflow::MAX_NAME_LEN)),

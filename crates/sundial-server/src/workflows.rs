@@ -579,10 +579,12 @@ pub mod protocol_doc {
 
     /// `POST /v1/workflow-tasks/poll`.
     #[derive(serde::Serialize, ToSchema)]
+    #[serde(deny_unknown_fields)]
     pub struct PollWorkflowTasks {
         /// The worker's name.
         pub worker: String,
         /// Workflow types this worker has code for (at least one).
+        #[schema(min_items = 1)]
         pub types: Vec<String>,
         /// Most tasks to take (default 1; capped at 64).
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -599,10 +601,12 @@ pub mod protocol_doc {
 
     /// `POST /v1/workflow-activities/poll`.
     #[derive(serde::Serialize, ToSchema)]
+    #[serde(deny_unknown_fields)]
     pub struct PollActivities {
         /// The worker's name.
         pub worker: String,
         /// Activity names this worker has code for (at least one).
+        #[schema(min_items = 1)]
         pub names: Vec<String>,
         /// Most tasks to take (default 1; capped at 64).
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -618,6 +622,7 @@ pub mod protocol_doc {
 
     /// `POST /v1/workflow-activities/{task}/complete`.
     #[derive(serde::Serialize, ToSchema)]
+    #[serde(deny_unknown_fields)]
     pub struct CompleteActivity {
         /// The attempt's execution id, from the poll.
         pub execution_id: uuid::Uuid,
@@ -628,6 +633,7 @@ pub mod protocol_doc {
 
     /// `POST /v1/workflow-activities/{task}/fail`.
     #[derive(serde::Serialize, ToSchema)]
+    #[serde(deny_unknown_fields)]
     pub struct FailActivity {
         /// The attempt's execution id, from the poll.
         pub execution_id: uuid::Uuid,
