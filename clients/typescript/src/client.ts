@@ -509,7 +509,7 @@ export class SundialClient {
   }
 
   /** Fire every time in `[from, to]` not fired before. */
-  async backfillSchedule(id: string, from: Time, to: Time, options: { overlap?: string } = {}): Promise<BackfillResult> {
+  async backfillSchedule(id: string, from: Time, to: Time, options: { overlap?: S["BackfillRequest"]["overlap"] } = {}): Promise<BackfillResult> {
     const body: S["BackfillRequest"] = dropUndefined({ from: formatTime(from), to: formatTime(to), overlap: options.overlap });
     return (await this.send({ method: "POST", path: `/v1/schedules/${seg(id)}/backfill`, body })) as S["BackfillResponse"];
   }
