@@ -5,12 +5,13 @@
 //! validator (`jsonschema`, draft 2020-12, the dialect of OpenAPI 3.1).
 #![allow(clippy::unwrap_used)]
 
-use axum::body::{Body, to_bytes};
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use serde_json::{Value, json};
 use sundial::Sundial;
 use sundial_server::ServerConfig;
-use tower::ServiceExt;
+
+mod common;
+use common::call;
 
 /// The document the server serves, and a validator for one of its component schemas.
 struct Doc(Value);
@@ -73,32 +74,6 @@ impl Doc {
         );
         answer
     }
-}
-
-async fn call(
-    app: &axum::Router,
-    method: &str,
-    uri: &str,
-    body: Option<Value>,
-) -> (StatusCode, Value) {
-    let req = Request::builder()
-        .method(method)
-        .uri(uri)
-        .header("content-type", "application/json")
-        .body(match body {
-            Some(b) => Body::from(b.to_string()),
-            None => Body::empty(),
-        })
-        .unwrap();
-    let resp = app.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let bytes = to_bytes(resp.into_body(), 1 << 22).await.unwrap();
-    let v = if bytes.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&bytes).unwrap()
-    };
-    (status, v)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
