@@ -146,7 +146,7 @@ function scheduleBody(fields: ScheduleFields): S["ScheduleRequest"] {
   if (catchup_window != null) body.catchup_window = formatDuration(catchup_window);
   if (task != null) {
     const { kind, ...opts } = task;
-    body.task = taskBody(kind, opts) as S["CreateTask"];
+    body.task = taskBody(kind, opts) as NonNullable<S["ScheduleRequest"]["task"]>;
   }
   return body;
 }
@@ -284,7 +284,7 @@ export class SundialClient {
   /** Create many tasks in one transaction (`POST /v1/tasks:batch`): one result per item, in order
    * (`{status: "created", id, state, run_at}` or `{status: "duplicate", existing_id}`). */
   async createTasks(tasks: Array<{ kind: string } & TaskOptions>, trace?: TraceHeaders): Promise<BatchResult[]> {
-    const body: S["CreateBatch"] = { tasks: tasks.map(({ kind, ...o }) => taskBody(kind, o) as S["CreateTask"]) };
+    const body: S["CreateBatch"] = { tasks: tasks.map(({ kind, ...o }) => taskBody(kind, o) as S["CreateBatch"]["tasks"][number]) };
     const r = (await this.send({
       method: "POST",
       path: "/v1/tasks:batch",

@@ -278,6 +278,14 @@ fn tzdb() -> &'static TimeZoneDatabase {
     DB.get_or_init(TimeZoneDatabase::bundled)
 }
 
+/// The names of the bundled database's time zones, sorted (what [`time_zone`] takes, spelled as
+/// the database spells them).
+pub fn time_zone_names() -> Vec<String> {
+    let mut names: Vec<String> = tzdb().available().map(|n| n.as_str().to_string()).collect();
+    names.sort_unstable();
+    names
+}
+
 /// Looks an IANA time zone name up in the bundled database.
 pub fn time_zone(name: &str) -> Result<TimeZone, SpecError> {
     if name.is_empty() || name.len() > 64 {

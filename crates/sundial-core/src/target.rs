@@ -232,26 +232,33 @@ fn is_token_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
+/// Header names (lower case) that Sundial sets itself or that would change how the request is
+/// framed: a target cannot give them.
+pub const RESERVED_HEADERS: [&str; 13] = [
+    "host",
+    "content-length",
+    "content-type",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "upgrade",
+    "te",
+    "trailer",
+    "expect",
+    "proxy-authorization",
+    "traceparent",
+    "tracestate",
+];
+
+/// Prefixes (lower case) of header names a target cannot give either.
+pub const RESERVED_HEADER_PREFIXES: [&str; 3] = ["webhook-", "sundial-", "proxy-"];
+
 /// Headers Sundial sets itself (or that would change how the request is framed).
 fn is_reserved_header(lower: &str) -> bool {
-    matches!(
-        lower,
-        "host"
-            | "content-length"
-            | "content-type"
-            | "transfer-encoding"
-            | "connection"
-            | "keep-alive"
-            | "upgrade"
-            | "te"
-            | "trailer"
-            | "expect"
-            | "proxy-authorization"
-            | "traceparent"
-            | "tracestate"
-    ) || lower.starts_with("webhook-")
-        || lower.starts_with("sundial-")
-        || lower.starts_with("proxy-")
+    RESERVED_HEADERS.contains(&lower)
+        || RESERVED_HEADER_PREFIXES
+            .iter()
+            .any(|p| lower.starts_with(p))
 }
 
 #[cfg(test)]

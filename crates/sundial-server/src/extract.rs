@@ -78,8 +78,62 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     // to name the field (and batch index) at fault.
     match serde_json::from_slice(bytes) {
         Ok(v) => Ok(v),
-        Err(_) => parse_json_with_path(bytes),
+        Err(e) => {
+            if e.classify() == serde_json::error::Category::Data
+                && let Some(again) = whole_floats_as_integers(bytes)
+            {
+                return match serde_json::from_slice(&again) {
+                    Ok(v) => Ok(v),
+                    Err(_) => parse_json_with_path(&again),
+                };
+            }
+            parse_json_with_path(bytes)
+        }
     }
+}
+
+/// Fields whose value is any JSON the client chose (a task's payload, a result, a workflow's
+/// input, a side effect's value): kept exactly as sent.
+const FREE_FORM_FIELDS: [&str; 4] = ["payload", "result", "input", "value"];
+
+/// JSON (and JSON Schema, which the OpenAPI document is written in) counts `3.0` as the integer
+/// 3; serde's integer fields do not take it. A body refused for a float where an integer belongs
+/// is read again with every whole number spelled as a float turned into that integer, except
+/// inside [`FREE_FORM_FIELDS`]. `None` when the body holds no such number (the first error
+/// stands).
+fn whole_floats_as_integers(bytes: &[u8]) -> Option<Vec<u8>> {
+    fn walk(v: &mut serde_json::Value, changed: &mut bool) {
+        match v {
+            serde_json::Value::Number(n) if n.is_f64() => {
+                let Some(f) = n.as_f64() else { return };
+                // The bounds are exact powers of two, so the casts below are exact.
+                let whole = f.is_finite() && f.fract() == 0.0;
+                if whole && (0.0..18_446_744_073_709_551_616.0).contains(&f) {
+                    *v = serde_json::Value::from(f as u64);
+                    *changed = true;
+                } else if whole && (-9_223_372_036_854_775_808.0..0.0).contains(&f) {
+                    *v = serde_json::Value::from(f as i64);
+                    *changed = true;
+                }
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(|i| walk(i, changed)),
+            serde_json::Value::Object(fields) => {
+                for (name, field) in fields.iter_mut() {
+                    if !FREE_FORM_FIELDS.contains(&name.as_str()) {
+                        walk(field, changed);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    let mut changed = false;
+    walk(&mut value, &mut changed);
+    if !changed {
+        return None;
+    }
+    serde_json::to_vec(&value).ok()
 }
 
 /// For a field holding a struct: accept only a JSON object (serde's derive would also read a
@@ -93,6 +147,22 @@ where
     use serde::de::Error;
     let map = serde_json::Map::<String, serde_json::Value>::deserialize(d)?;
     serde_json::from_value(serde_json::Value::Object(map)).map_err(D::Error::custom)
+}
+
+/// [`object_only`] for an optional field: `null` or absent is `None`.
+pub fn opt_object_only<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: DeserializeOwned,
+{
+    use serde::Deserialize;
+    use serde::de::Error;
+    match Option::<serde_json::Map<String, serde_json::Value>>::deserialize(d)? {
+        None => Ok(None),
+        Some(map) => serde_json::from_value(serde_json::Value::Object(map))
+            .map(Some)
+            .map_err(D::Error::custom),
+    }
 }
 
 fn parse_json_with_path<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
@@ -189,6 +259,77 @@ mod tests {
     #[allow(dead_code)]
     struct Batch {
         tasks: Vec<Item>,
+    }
+
+    #[test]
+    fn whole_numbers_spelled_as_floats_are_integers_but_free_form_values_are_kept() {
+        #[derive(Debug, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Body {
+            n: u32,
+            big: Option<u64>,
+            neg: Option<i64>,
+            ms: Option<Vec<u16>>,
+            payload: Option<serde_json::Value>,
+        }
+        let b: Body = parse_json(
+            br#"{"n": 3.0, "big": 9007199254740992.0, "neg": -2.0, "ms": [400.0], "payload": {"price": 1.0, "n": 2}}"#,
+        )
+        .expect("whole floats are integers");
+        assert_eq!(
+            (b.n, b.big, b.neg),
+            (3, Some(9_007_199_254_740_992), Some(-2))
+        );
+        assert_eq!(b.ms, Some(vec![400]));
+        // The payload is the client's own JSON: its float stays a float.
+        assert_eq!(
+            serde_json::to_string(&b.payload).expect("json"),
+            r#"{"n":2,"price":1.0}"#
+        );
+        // A fraction is still refused, and names the field.
+        let e = parse_json::<Body>(br#"{"n": 3.5}"#).unwrap_err();
+        assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(e.detail.field.as_deref(), Some("n"));
+        // A whole float out of the field's range is refused as that integer.
+        let e = parse_json::<Body>(br#"{"n": 1e10}"#).unwrap_err();
+        assert!(
+            e.detail.message.contains("10000000000"),
+            "{}",
+            e.detail.message
+        );
+    }
+
+    #[test]
+    fn an_optional_object_field_refuses_an_array() {
+        #[derive(Debug, Deserialize)]
+        struct Inner {
+            #[allow(dead_code)]
+            a: Option<u32>,
+        }
+        #[derive(Debug, Deserialize)]
+        struct Outer {
+            #[serde(default, deserialize_with = "opt_object_only")]
+            inner: Option<Inner>,
+        }
+        assert!(parse_json::<Outer>(br#"{"inner": [null]}"#).is_err());
+        assert!(
+            parse_json::<Outer>(br#"{"inner": null}"#)
+                .expect("null")
+                .inner
+                .is_none()
+        );
+        assert!(
+            parse_json::<Outer>(br#"{}"#)
+                .expect("absent")
+                .inner
+                .is_none()
+        );
+        assert!(
+            parse_json::<Outer>(br#"{"inner": {"a": 1}}"#)
+                .expect("object")
+                .inner
+                .is_some()
+        );
     }
 
     #[test]

@@ -564,7 +564,7 @@ async fn queue_view(st: &AppState, ns: &Ns, queue: &str) -> Result<Json<QueueVie
     Ok(Json(q.into()))
 }
 
-fn retention_ms(field: &str, v: Option<&str>) -> Result<Option<u64>, ApiError> {
+pub(crate) fn retention_ms(field: &str, v: Option<&str>) -> Result<Option<u64>, ApiError> {
     v.map(|s| {
         duration::parse(s)
             .map_err(|e| ApiError::invalid(field, e.to_string()))

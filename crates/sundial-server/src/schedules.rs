@@ -99,7 +99,7 @@ pub struct ScheduleRequest {
     pub id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cron: Option<String>,
-    /// A fixed interval: `"15m"`, `"1h30m"`.
+    /// A fixed interval: `"15m"`, `"1h30m"` (1 s to 36,500 days).
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
@@ -116,13 +116,15 @@ pub struct ScheduleRequest {
     /// `skip` (default), `buffer_one`, `buffer_all`, `allow_all`, `cancel_other`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overlap: Option<String>,
-    /// Default `"1m"`.
+    /// Default `"1m"`, at most 365 days.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
         deserialize_with = "crate::duration::opt"
     )]
     pub catchup_window: Option<String>,
+    /// Delays each fire by an amount from 0 to this, derived from the schedule and the fire time
+    /// (at most 1 day).
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
@@ -185,7 +187,8 @@ pub struct NoteRequest {
 pub struct BackfillRequest {
     /// RFC 3339: the first fire time covered (inclusive).
     pub from: String,
-    /// RFC 3339, not in the future: the last fire time covered (inclusive).
+    /// RFC 3339, not in the future and not before `from`: the last fire time covered
+    /// (inclusive). The range holds at most 1,000 fire times.
     pub to: String,
     /// The overlap rule between the backfilled fires: default `allow_all` (every fire time in
     /// the range runs, whatever the schedule's own `overlap`); `skip`, `buffer_one`,

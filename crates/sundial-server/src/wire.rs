@@ -58,9 +58,13 @@ pub struct CreateTask {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_attempts: Option<u32>,
     /// Delay between attempts (default: 5 s × 5 per attempt, capped at 1 h, 20 % jitter).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::extract::opt_object_only"
+    )]
     pub backoff: Option<BackoffSpec>,
-    /// Time limit of one attempt, and a worker's lease (default `"5m"`).
+    /// Time limit of one attempt, and a worker's lease (default `"5m"`; 1 ms to 7 days).
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
@@ -69,7 +73,11 @@ pub struct CreateTask {
     #[schema(example = "5m")]
     pub timeout: Option<String>,
     /// Mutual exclusion: at most one running task per exclusive key.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::extract::opt_object_only"
+    )]
     pub exclusive: Option<ExclusiveSpec>,
     /// String tags for search (`GET /v1/tasks?tag=key:value`): at most 16, keys and values
     /// checked like `key`; a tag key may not contain `:`.
@@ -78,7 +86,11 @@ pub struct CreateTask {
     /// Deliver by an HTTP call at the due time instead of a worker or handler: Sundial calls the
     /// URL with the payload as the JSON body, signed (Standard Webhooks), and retries it with
     /// the backoff.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::extract::opt_object_only"
+    )]
     pub target: Option<TargetSpec>,
 }
 
@@ -162,7 +174,7 @@ pub struct BackoffSpec {
     /// Growth per attempt, 1 to 100 (default 5).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub factor: Option<f64>,
-    /// Longest delay (default `"1h"`).
+    /// Longest delay (default `"1h"`): not below `initial`, at most ten years.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",

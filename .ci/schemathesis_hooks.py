@@ -1,0 +1,141 @@
+"""Value generators for the string formats of openapi.json that schemathesis does not know.
+
+`.ci/run` loads this module (SCHEMATHESIS_HOOKS) so that the fuzzer can send valid values for
+fields whose grammar no pattern states exactly.
+"""
+
+import re
+from datetime import datetime, timezone
+
+import schemathesis
+from hypothesis import strategies as st
+
+# `cron`: five fields. Days of the month stop at 28, so every expression drawn fires in every
+# month (the server refuses one that never fires).
+_minute = st.one_of(
+    st.just("*"),
+    st.integers(0, 59).map(str),
+    st.integers(1, 30).map(lambda n: f"*/{n}"),
+)
+_hour = st.one_of(st.just("*"), st.integers(0, 23).map(str))
+_day = st.one_of(st.just("*"), st.integers(1, 28).map(str))
+_month = st.one_of(st.just("*"), st.integers(1, 12).map(str))
+_weekday = st.one_of(st.just("*"), st.integers(0, 6).map(str), st.just("MON-FRI"))
+
+schemathesis.openapi.format(
+    "cron", st.tuples(_minute, _hour, _day, _month, _weekday).map(" ".join)
+)
+
+
+# Rules the server checks that JSON Schema cannot state (each is in the field's description in
+# openapi.json, and the server refuses a request that breaks one with a 422 naming the field).
+# Requests the fuzzer means to be valid are kept to them, so that `positive_data_acceptance`
+# checks everything else; requests meant to be invalid are left alone.
+
+_UNITS = {"d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1_000, "ms": 1}
+_DURATION = re.compile(r"([0-9]+)(ms|d|h|m|s)")
+_DAY_MS = _UNITS["d"]
+
+
+def _millis(value):
+    """A wire duration in milliseconds (None when it is not a string)."""
+    if not isinstance(value, str):
+        return None
+    return sum(int(n) * _UNITS[u] for n, u in _DURATION.findall(value))
+
+
+def _time(value):
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _task_ok(task):
+    """A task body: `timeout` (default 5 min) between 1 ms and 7 days, a target's `timeout` not
+    above it, a `delay` that keeps the due time before the year 10000, and a backoff's `max` not
+    below its `initial` (default 5 s) and at most ten years."""
+    if not isinstance(task, dict):
+        return True
+    timeout = _millis(task.get("timeout"))
+    if timeout is not None and not 1 <= timeout <= 7 * _DAY_MS:
+        return False
+    timeout = 300_000 if timeout is None else timeout
+    target = task.get("target")
+    if isinstance(target, dict):
+        call = _millis(target.get("timeout"))
+        if call is not None and not 1 <= call <= timeout:
+            return False
+    delay = _millis(task.get("delay"))
+    if delay is not None and delay > 7_000 * 365 * _DAY_MS:
+        return False
+    backoff = task.get("backoff")
+    if isinstance(backoff, dict):
+        initial = _millis(backoff.get("initial"))
+        cap = _millis(backoff.get("max"))
+        if initial is not None and initial > 315_360_000_000 and cap is None:
+            return False
+        if cap is not None and not (5_000 if initial is None else initial) <= cap <= 315_360_000_000:
+            return False
+    return True
+
+
+def _schedule_ok(body):
+    """A schedule body: `every` at most 36,500 days, `jitter` at most a day, `catchup_window` at
+    most 365 days, `end_at` not before `start_at`, and its task's rules."""
+    every = _millis(body.get("every"))
+    jitter = _millis(body.get("jitter"))
+    if every is not None and every > 36_500 * _DAY_MS:
+        return False
+    if jitter is not None and jitter > _DAY_MS:
+        return False
+    catchup = _millis(body.get("catchup_window"))
+    if catchup is not None and catchup > 365 * _DAY_MS:
+        return False
+    start, end = _time(body.get("start_at")), _time(body.get("end_at"))
+    if start is not None and end is not None and end < start:
+        return False
+    # `anchor` aligns `every`; a change of a schedule can only tell with the schedule at hand.
+    if isinstance(body.get("anchor"), str) and not isinstance(body.get("every"), str):
+        return False
+    # The buffering overlap rules use the schedule's own exclusive key.
+    task = body.get("task")
+    if (
+        body.get("overlap") in ("buffer_one", "buffer_all")
+        and isinstance(task, dict)
+        and task.get("exclusive") is not None
+    ):
+        return False
+    return _task_ok(task)
+
+
+def _backfill_ok(body):
+    """A backfill: `from` not after `to`, `to` not in the future, and at most 1,000 fire times
+    between them (which depends on the schedule: under 1,000 s holds for every schedule, whose
+    fires are at least a second apart)."""
+    start, end = _time(body.get("from")), _time(body.get("to"))
+    if start is None or end is None:
+        return True
+    return start <= end <= datetime.now(timezone.utc) and (end - start).total_seconds() < 1_000
+
+
+@schemathesis.hook
+def filter_case(context, case):
+    meta = case.meta
+    if meta is not None and meta.generation.mode.is_negative:
+        return True
+    body = case.body
+    if not isinstance(body, dict):
+        return True
+    method, path = case.operation.method.upper(), case.operation.path
+    if method == "POST" and path == "/v1/tasks":
+        return _task_ok(body)
+    if method == "POST" and path == "/v1/tasks:batch":
+        return all(_task_ok(t) for t in body.get("tasks") or [])
+    if path in ("/v1/schedules", "/v1/schedules/{id}", "/v1/schedules:preview"):
+        return _schedule_ok(body)
+    if path == "/v1/schedules/{id}/backfill":
+        return _backfill_ok(body)
+    return True
