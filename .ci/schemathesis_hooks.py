@@ -97,9 +97,6 @@ def _schedule_ok(body):
     start, end = _time(body.get("start_at")), _time(body.get("end_at"))
     if start is not None and end is not None and end < start:
         return False
-    # `anchor` aligns `every`; a change of a schedule can only tell with the schedule at hand.
-    if isinstance(body.get("anchor"), str) and not isinstance(body.get("every"), str):
-        return False
     # The buffering overlap rules use the schedule's own exclusive key.
     task = body.get("task")
     if (
@@ -121,11 +118,30 @@ def _backfill_ok(body):
     return start <= end <= datetime.now(timezone.utc) and (end - start).total_seconds() < 1_000
 
 
-@schemathesis.hook
-def filter_case(context, case):
-    meta = case.meta
-    if meta is not None and meta.generation.mode.is_negative:
-        return True
+def _queue_settings_ok(case, body):
+    """A queue's settings: Sundial's own queues (`sundial.*`) take no `target`, and a target's
+    `timeout` is between 1 ms and the longest task timeout (7 days)."""
+    queue = (case.path_parameters or {}).get("queue")
+    target = body.get("target")
+    if isinstance(queue, str) and queue.startswith("sundial.") and target is not None:
+        return False
+    if isinstance(target, dict):
+        call = _millis(target.get("timeout"))
+        if call is not None and not 1 <= call <= 7 * _DAY_MS:
+            return False
+    return True
+
+
+def _signal_ok(case):
+    """A signal's name is at most 100 bytes of UTF-8 (`maxLength` counts characters)."""
+    name = (case.path_parameters or {}).get("name")
+    return not isinstance(name, str) or len(name.encode("utf-8", "surrogatepass")) <= 100
+
+
+def _valid(case):
+    """Whether a request meant to be valid keeps to the rules above (others pass as they are)."""
+    if case.operation.path == "/v1/workflows/{id}/signals/{name}":
+        return _signal_ok(case)
     body = case.body
     if not isinstance(body, dict):
         return True
@@ -138,4 +154,23 @@ def filter_case(context, case):
         return _schedule_ok(body)
     if path == "/v1/schedules/{id}/backfill":
         return _backfill_ok(body)
+    if method == "PUT" and path == "/v1/queues/{queue}":
+        return _queue_settings_ok(case, body)
     return True
+
+
+def _positive(case):
+    meta = case.meta
+    return meta is None or not meta.generation.mode.is_negative
+
+
+@schemathesis.hook
+def filter_case(context, case):
+    return not _positive(case) or _valid(case)
+
+
+@schemathesis.hook
+def before_add_examples(context, examples):
+    # Explicit examples (built from the document's examples, in the examples and fuzzing
+    # phases) skip `filter_case`: drop those that break a rule here.
+    examples[:] = [case for case in examples if not _positive(case) or _valid(case)]

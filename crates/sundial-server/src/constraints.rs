@@ -83,6 +83,9 @@ const SECRET: &str = "^whsec_(?:(?:[A-Za-z0-9+/]{4}){8,21}(?:[A-Za-z0-9+/][AQgw]
 /// A workflow list's cursor: any workflow id, which holds no namespace separator.
 const NO_SEPARATOR: &str = "^[^\\u001f]*$";
 
+/// One line (an error group: the first line of a task's last error).
+const ONE_LINE: &str = "^[^\\n]*$";
+
 fn name(max: usize) -> Value {
     json!({"minLength": 1, "maxLength": max, "pattern": NAME})
 }
@@ -93,6 +96,12 @@ fn duration() -> Value {
 
 fn key() -> Value {
     json!({"minLength": 1, "pattern": KEY})
+}
+
+/// A signal's name: like a key (no control characters, no whitespace at either end), 1 to `max`
+/// bytes of UTF-8 (`maxLength` counts characters, so it only bounds the bytes from above).
+fn signal_name(max: usize) -> Value {
+    json!({"minLength": 1, "maxLength": max, "pattern": KEY})
 }
 
 fn no_control() -> Value {
@@ -206,6 +215,7 @@ fn properties() -> Vec<(&'static str, &'static str, Value)> {
     let limits = sundial::Limits::default();
     let n = limits.max_name_len;
     vec![
+        ("BulkRequest", "error_group", json!({"pattern": ONE_LINE})),
         ("CreateTask", "kind", client_name(n)),
         ("CreateTask", "queue", client_name(n)),
         ("CreateTask", "run_at", due_time()),
@@ -355,6 +365,12 @@ fn parameters() -> Vec<(&'static str, &'static str, Value)> {
     let n = sundial::Limits::default().max_name_len;
     vec![
         ("/v1/queues/{queue}/poll", "queue", client_name(n)),
+        ("/v1/tasks", "error_group", json!({"pattern": ONE_LINE})),
+        (
+            "/v1/workflows/{id}/signals/{name}",
+            "name",
+            signal_name(sundial_workflow::MAX_NAME_LEN),
+        ),
         ("*", "queue", name(n)),
         (
             "/v1/tasks",
@@ -549,14 +565,29 @@ fn cross_field_rules(doc: &mut OpenApi) {
                 ]}),
             );
         }
+        // `anchor` aligns `every` and goes with nothing else (a change of a schedule names its
+        // `every` again when it gives an `anchor`).
+        let anchor_without_every = json!({
+            "required": ["anchor"],
+            "properties": {"anchor": {"type": "string"}},
+            "not": {"required": ["every"], "properties": {"every": {"type": "string"}}}
+        });
         if let Some(RefOr::T(Schema::Object(o))) = components.schemas.get_mut("ScheduleRequest") {
             o.extensions.get_or_insert_with(Extensions::default).insert(
                 "not".to_string(),
-                json!({
-                    "required": ["cron", "every"],
-                    "properties": {"cron": {"type": "string"}, "every": {"type": "string"}}
-                }),
+                json!({"anyOf": [
+                    {
+                        "required": ["cron", "every"],
+                        "properties": {"cron": {"type": "string"}, "every": {"type": "string"}}
+                    },
+                    anchor_without_every.clone()
+                ]}),
             );
+        }
+        if let Some(RefOr::T(Schema::Object(o))) = components.schemas.get_mut("PreviewRequest") {
+            o.extensions
+                .get_or_insert_with(Extensions::default)
+                .insert("not".to_string(), anchor_without_every);
         }
         if let Some(RefOr::T(Schema::Object(o))) = components.schemas.get_mut("ScheduleRequest")
             && let Some(RefOr::T(Schema::OneOf(one))) = o.properties.get_mut("task")
@@ -968,6 +999,25 @@ mod tests {
             assert!(
                 matches(HEADER_NAME, h) && t.validate(timeout).is_ok(),
                 "{h}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_error_group_pattern_is_the_check() {
+        for g in [
+            "timeout",
+            "a b: c",
+            "tab\there",
+            "cr\rhere",
+            "two\nlines",
+            "\n",
+            "é",
+        ] {
+            assert_eq!(
+                matches(ONE_LINE, g),
+                crate::ops::check_error_group(g).is_ok(),
+                "{g:?}"
             );
         }
     }

@@ -68,7 +68,7 @@ pub struct QueueSettingsView {
     /// The queue's default push target, validated like a task's. Tasks of the queue created
     /// without a target (whose kind has no in-process handler) are delivered to it; it is read
     /// at delivery, so a change reaches the tasks already waiting, and removing it leaves them
-    /// `ready` for workers.
+    /// `ready` for workers. Sundial's own queues (`sundial.*`) take none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<TargetSpec>,
 }
@@ -316,7 +316,7 @@ pub fn task_filter(ns: &Ns, f: FilterFields<'_>) -> Result<TaskFilter, ApiError>
 /// An error group filter can only match what [`sundial_store::error_group`] makes of an error:
 /// one line of at most [`sundial_store::ERROR_GROUP_CHARS`] characters. Anything else would
 /// silently match nothing, so it is refused.
-fn check_error_group(g: &str) -> Result<(), ApiError> {
+pub(crate) fn check_error_group(g: &str) -> Result<(), ApiError> {
     let bad = |m: String| Err(ApiError::invalid("error_group", m));
     if g.is_empty() {
         return bad("error_group must not be empty".into());

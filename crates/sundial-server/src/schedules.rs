@@ -106,7 +106,8 @@ pub struct ScheduleRequest {
         deserialize_with = "crate::duration::opt"
     )]
     pub every: Option<String>,
-    /// Aligns `every` (RFC 3339; default the Unix epoch).
+    /// Aligns `every` (RFC 3339; default the Unix epoch). Only with `every`, which a change of
+    /// a schedule names again when it gives an `anchor`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub anchor: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -157,6 +158,7 @@ pub struct PreviewRequest {
         deserialize_with = "crate::duration::opt"
     )]
     pub every: Option<String>,
+    /// Aligns `every` (RFC 3339; default the Unix epoch). Only with `every`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub anchor: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -427,7 +427,7 @@ pub async fn get_one(
 #[utoipa::path(
     post, path = "/v1/workflows/{id}/signals/{name}", tag = "workflows",
     operation_id = "signal_workflow",
-    params(("id" = String, Path, description = "Workflow id (percent-encoded)"), ("name" = String, Path, description = "Signal name")),
+    params(("id" = String, Path, description = "Workflow id (percent-encoded)"), ("name" = String, Path, description = "Signal name: 1 to 100 bytes of UTF-8, no control characters, no whitespace at either end")),
     request_body(content = Option<SignalRequest>, description = "Optional input (an empty body is none)"),
     responses(
         (status = 202, description = "Recorded in the history"),
