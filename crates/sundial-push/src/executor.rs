@@ -50,9 +50,20 @@ impl Default for PushConfig {
     }
 }
 
+/// One namespace's active keys as read at `read_at`.
 struct KeyCache {
     read_at: Timestamp,
     keys: Arc<Vec<SigningKey>>,
+    /// The read under way in the background, if any (its ticket: see [`PushExecutor::active_keys`]).
+    refreshing: Option<u64>,
+}
+
+/// The active keys per namespace, each read at its own time.
+#[derive(Default)]
+struct KeyCaches {
+    by_namespace: HashMap<String, KeyCache>,
+    /// The last ticket handed to a background read.
+    last_ticket: u64,
 }
 
 /// Makes the calls of push tasks. Cheap to share (`Arc`).
@@ -61,8 +72,7 @@ pub struct PushExecutor {
     secrets: Arc<dyn PushSecretStore>,
     clock: Arc<dyn Clock>,
     refresh: Duration,
-    /// The active keys per namespace, each read at its own time.
-    cache: Mutex<HashMap<String, KeyCache>>,
+    cache: Arc<Mutex<KeyCaches>>,
 }
 
 impl PushExecutor {
@@ -76,7 +86,7 @@ impl PushExecutor {
             secrets,
             clock,
             refresh: config.secret_refresh,
-            cache: Mutex::new(HashMap::new()),
+            cache: Arc::new(Mutex::new(KeyCaches::default())),
         }))
     }
 
@@ -87,14 +97,15 @@ impl PushExecutor {
     /// Forgets every namespace's cached secrets.
     pub fn invalidate_secrets(&self) {
         if let Ok(mut c) = self.cache.lock() {
-            c.clear();
+            c.by_namespace.clear();
         }
     }
 
-    /// Forgets one namespace's cached secrets (after a change made on this node).
+    /// Forgets one namespace's cached secrets (after a change made on this node; a background
+    /// read begun before it is dropped when it ends).
     fn invalidate_namespace(&self, namespace: &str) {
         if let Ok(mut c) = self.cache.lock() {
-            c.remove(namespace);
+            c.by_namespace.remove(namespace);
         }
     }
 
@@ -159,36 +170,84 @@ impl PushExecutor {
     }
 
     /// The secrets of `namespace` that sign now, oldest first (empty: its calls go unsigned).
+    ///
+    /// The keys used are never older than [`PushConfig::secret_refresh`]. Past half that age
+    /// the cached keys are still used and one read in the background replaces them, so a
+    /// namespace with steady traffic never has a call wait for the store (whose reads queue
+    /// behind its writes under load); only a namespace quiet for a whole refresh period reads
+    /// before its next call.
     pub async fn active_keys(&self, namespace: &str) -> Result<Arc<Vec<SigningKey>>, StoreError> {
         let now = self.clock.now();
-        if let Ok(c) = self.cache.lock()
-            && let Some(c) = c.get(namespace)
-            && now.0 >= c.read_at.0
-            && now.since(c.read_at) < self.refresh
-        {
-            return Ok(c.keys.clone());
-        }
-        let all = self.secrets.push_secrets(namespace).await?;
-        let mut keys = Vec::new();
-        for s in all.iter().filter(|s| s.is_active(now)) {
-            match SigningKey::parse(&s.secret) {
-                Ok(k) => keys.push(k),
-                Err(e) => {
-                    return Err(StoreError::corrupt_from(format!("push secret {}", s.id), e));
+        let mut ticket = None;
+        let cached = match self.cache.lock() {
+            Ok(mut caches) => {
+                let caches = &mut *caches;
+                match caches.by_namespace.get_mut(namespace) {
+                    Some(c) if now.0 >= c.read_at.0 && now.since(c.read_at) < self.refresh => {
+                        if c.refreshing.is_none() && now.since(c.read_at) >= self.refresh / 2 {
+                            caches.last_ticket = caches.last_ticket.wrapping_add(1);
+                            c.refreshing = Some(caches.last_ticket);
+                            ticket = c.refreshing;
+                        }
+                        Some(c.keys.clone())
+                    }
+                    _ => None,
                 }
             }
+            Err(_) => None,
+        };
+        if let Some(keys) = cached {
+            if let Some(ticket) = ticket {
+                self.refresh_in_background(namespace, ticket);
+            }
+            return Ok(keys);
         }
-        let keys = Arc::new(keys);
+        let keys = read_active_keys(&*self.secrets, namespace, now).await?;
         if let Ok(mut c) = self.cache.lock() {
-            c.insert(
+            c.by_namespace.insert(
                 namespace.to_string(),
                 KeyCache {
                     read_at: now,
                     keys: keys.clone(),
+                    refreshing: None,
                 },
             );
         }
         Ok(keys)
+    }
+
+    /// Reads `namespace`'s keys again without anyone waiting for it. The result replaces the
+    /// cache only if the entry still carries `ticket` (an invalidation or a newer read in the
+    /// meantime wins); a failed read leaves the cached keys to expire, and the next call after
+    /// that reads (and reports the error) itself.
+    fn refresh_in_background(&self, namespace: &str, ticket: u64) {
+        let secrets = self.secrets.clone();
+        let caches = self.cache.clone();
+        let clock = self.clock.clone();
+        let namespace = namespace.to_string();
+        tokio::spawn(async move {
+            let read_at = clock.now();
+            let read = read_active_keys(&*secrets, &namespace, read_at).await;
+            let Ok(mut caches) = caches.lock() else {
+                return;
+            };
+            let Some(c) = caches.by_namespace.get_mut(&namespace) else {
+                return;
+            };
+            if c.refreshing != Some(ticket) {
+                return;
+            }
+            c.refreshing = None;
+            match read {
+                Ok(keys) => {
+                    c.read_at = read_at;
+                    c.keys = keys;
+                }
+                Err(e) => {
+                    tracing::warn!(namespace = %namespace, error = %e, "cannot read the signing secrets again");
+                }
+            }
+        });
     }
 
     /// Delivers one attempt of `task` to its own target.
@@ -333,6 +392,25 @@ impl Delivery {
     }
 }
 
+/// The secrets of `namespace` active at `now`, parsed.
+async fn read_active_keys(
+    secrets: &dyn PushSecretStore,
+    namespace: &str,
+    now: Timestamp,
+) -> Result<Arc<Vec<SigningKey>>, StoreError> {
+    let all = secrets.push_secrets(namespace).await?;
+    let mut keys = Vec::new();
+    for s in all.iter().filter(|s| s.is_active(now)) {
+        match SigningKey::parse(&s.secret) {
+            Ok(k) => keys.push(k),
+            Err(e) => {
+                return Err(StoreError::corrupt_from(format!("push secret {}", s.id), e));
+            }
+        }
+    }
+    Ok(Arc::new(keys))
+}
+
 struct PushHandler {
     exec: Arc<PushExecutor>,
     sundial: Sundial,
@@ -410,5 +488,195 @@ fn status_error(resp: &CallResponse, took_ms: i64) -> String {
         format!("HTTP {} ({took_ms}ms)", resp.status)
     } else {
         format!("HTTP {} ({took_ms}ms): {excerpt}", resp.status)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use async_trait::async_trait;
+    use sundial_core::ManualClock;
+
+    use super::*;
+
+    /// Secrets in memory; each read is counted and waits while the gate is closed.
+    struct GatedSecrets {
+        secrets: Mutex<Vec<PushSecret>>,
+        reads: AtomicUsize,
+        open: tokio::sync::watch::Sender<bool>,
+    }
+
+    impl GatedSecrets {
+        fn new() -> Arc<Self> {
+            Arc::new(GatedSecrets {
+                secrets: Mutex::new(Vec::new()),
+                reads: AtomicUsize::new(0),
+                open: tokio::sync::watch::channel(true).0,
+            })
+        }
+
+        fn put(&self, key: &SigningKey, at: Timestamp) {
+            let mut all = self.secrets.lock().unwrap();
+            let id = format!("ps_{}", all.len());
+            all.push(PushSecret {
+                id,
+                namespace: "default".into(),
+                secret: key.to_secret_string(),
+                created_at: at,
+                expires_at: None,
+            });
+        }
+
+        fn reads(&self) -> usize {
+            self.reads.load(Ordering::SeqCst)
+        }
+    }
+
+    #[async_trait]
+    impl PushSecretStore for GatedSecrets {
+        async fn add_push_secret(
+            &self,
+            secret: PushSecret,
+            _expire_others_at: Option<Timestamp>,
+        ) -> Result<(), StoreError> {
+            self.secrets.lock().unwrap().push(secret);
+            Ok(())
+        }
+
+        async fn push_secrets(&self, namespace: &str) -> Result<Vec<PushSecret>, StoreError> {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            let mut open = self.open.subscribe();
+            let _ = open.wait_for(|o| *o).await;
+            let all = self.secrets.lock().unwrap();
+            Ok(all
+                .iter()
+                .filter(|s| s.namespace == namespace)
+                .cloned()
+                .collect())
+        }
+
+        async fn expire_push_secret(
+            &self,
+            _namespace: &str,
+            _id: &str,
+            _at: Timestamp,
+        ) -> Result<bool, StoreError> {
+            Ok(false)
+        }
+    }
+
+    fn executor(secrets: Arc<GatedSecrets>, clock: &ManualClock) -> Arc<PushExecutor> {
+        let config = PushConfig {
+            secret_refresh: Duration::from_secs(1),
+            ..PushConfig::default()
+        };
+        PushExecutor::new(config, secrets, Arc::new(clock.clone())).unwrap()
+    }
+
+    /// Lets background reads run until `done` holds (a bounded number of turns).
+    async fn settle(done: impl Fn() -> bool) {
+        for _ in 0..1_000 {
+            if done() {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("background read did not finish");
+    }
+
+    #[tokio::test]
+    async fn past_half_the_refresh_a_call_uses_the_cached_keys_while_one_read_runs_behind_it() {
+        let clock = ManualClock::new(Timestamp(1_000_000));
+        let secrets = GatedSecrets::new();
+        let first = SigningKey::generate();
+        secrets.put(&first, clock.now());
+        let exec = executor(secrets.clone(), &clock);
+
+        assert_eq!(
+            *exec.active_keys("default").await.unwrap(),
+            vec![first.clone()]
+        );
+        assert_eq!(secrets.reads(), 1);
+        clock.advance(Duration::from_millis(400));
+        exec.active_keys("default").await.unwrap();
+        assert_eq!(secrets.reads(), 1, "young keys are used as they are");
+
+        // Past half the refresh, with the store stalled: calls get the cached keys at once.
+        let second = SigningKey::generate();
+        secrets.put(&second, clock.now());
+        secrets.open.send_replace(false);
+        clock.advance(Duration::from_millis(200));
+        for _ in 0..10 {
+            assert_eq!(
+                *exec.active_keys("default").await.unwrap(),
+                vec![first.clone()]
+            );
+        }
+        settle(|| secrets.reads() == 2).await;
+        assert_eq!(
+            secrets.reads(),
+            2,
+            "one read in the background, not one per call"
+        );
+
+        secrets.open.send_replace(true);
+        let both = vec![first.clone(), second.clone()];
+        for _ in 0..1_000 {
+            if *exec.active_keys("default").await.unwrap() == both {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(*exec.active_keys("default").await.unwrap(), both);
+        assert_eq!(secrets.reads(), 2);
+    }
+
+    #[tokio::test]
+    async fn keys_older_than_the_refresh_are_never_used() {
+        let clock = ManualClock::new(Timestamp(1_000_000));
+        let secrets = GatedSecrets::new();
+        let first = SigningKey::generate();
+        secrets.put(&first, clock.now());
+        let exec = executor(secrets.clone(), &clock);
+        exec.active_keys("default").await.unwrap();
+
+        // A namespace quiet for a whole refresh period reads before its next call.
+        let second = SigningKey::generate();
+        secrets.put(&second, clock.now());
+        clock.advance(Duration::from_millis(1_000));
+        assert_eq!(
+            *exec.active_keys("default").await.unwrap(),
+            vec![first.clone(), second.clone()]
+        );
+        assert_eq!(secrets.reads(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_change_made_here_wins_over_a_background_read_begun_before_it() {
+        let clock = ManualClock::new(Timestamp(1_000_000));
+        let secrets = GatedSecrets::new();
+        let exec = executor(secrets.clone(), &clock);
+        assert!(exec.active_keys("default").await.unwrap().is_empty());
+
+        // A background read starts and stalls; a secret is added through this node meanwhile.
+        secrets.open.send_replace(false);
+        clock.advance(Duration::from_millis(600));
+        exec.active_keys("default").await.unwrap();
+        settle(|| secrets.reads() == 2).await;
+        let added = exec.add_secret("default", None, None).await.unwrap();
+        let added = SigningKey::parse(&added.secret).unwrap();
+
+        // The next call reads again (the change dropped the cache) and sees the new secret; the
+        // stalled read, once it ends, does not put the old answer back.
+        secrets.open.send_replace(true);
+        assert_eq!(
+            *exec.active_keys("default").await.unwrap(),
+            vec![added.clone()]
+        );
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(*exec.active_keys("default").await.unwrap(), vec![added]);
     }
 }
