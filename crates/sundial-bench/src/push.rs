@@ -245,6 +245,8 @@ async fn open(common: &Common, args: &PushArgs, sinks: &[&Sink]) -> Result<(Sund
         PushConfig {
             client: ClientConfig {
                 policy: AddressPolicy::parse(&allow).context("push policy")?,
+                // As `sundial server` does: as many kept-alive connections as receiver slots.
+                pool_max_idle_per_host: args.host_concurrency,
                 ..ClientConfig::default()
             },
             ..PushConfig::default()

@@ -124,13 +124,15 @@ pub struct ServerArgs {
     /// Push delivery: calls under way at once on this node.
     #[arg(long, env = "SUNDIAL_PUSH_CONCURRENCY", default_value_t = 1_024)]
     push_concurrency: usize,
-    /// Push delivery: calls under way at once to one receiver (host:port).
-    #[arg(long, env = "SUNDIAL_PUSH_HOST_CONCURRENCY", default_value_t = 64)]
-    push_host_concurrency: usize,
+    /// Push delivery: calls under way at once to one receiver (host:port), counting the calls
+    /// claimed ahead that wait for their due time (a receiver's calls/s × the claim lead).
+    /// Default 512, or --push-concurrency when that is smaller.
+    #[arg(long, env = "SUNDIAL_PUSH_HOST_CONCURRENCY")]
+    push_host_concurrency: Option<usize>,
     /// Push delivery: how long before its due time a push task is claimed (its attempt recorded
     /// as started), so the claim's commit does not delay the call; the call still goes out at
     /// the due time. At most 5s (the look-ahead); 0s claims at the due time.
-    #[arg(long, env = "SUNDIAL_PUSH_CLAIM_LEAD", default_value = "50ms", value_parser = parse_duration)]
+    #[arg(long, env = "SUNDIAL_PUSH_CLAIM_LEAD", default_value = "200ms", value_parser = parse_duration)]
     push_claim_lead: Duration,
     /// `auto`: tokens are required on a non-loopback address, and on loopback as soon as any
     /// token exists. `required`: always, loopback included.
@@ -289,7 +291,11 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
             ..Retention::default()
         },
         push_concurrency: args.push_concurrency,
-        push_host_concurrency: args.push_host_concurrency,
+        push_host_concurrency: args.push_host_concurrency.unwrap_or(
+            Config::default()
+                .push_host_concurrency
+                .min(args.push_concurrency),
+        ),
         push_claim_lead: args.push_claim_lead,
         idempotency_window: args.idempotency_window,
         ..Config::default()
@@ -342,6 +348,8 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
         push: sundial_push::PushConfig {
             client: sundial_push::ClientConfig {
                 policy: push_policy,
+                // A receiver's calls under way reuse kept-alive connections, none reopened.
+                pool_max_idle_per_host: config.push_host_concurrency,
                 ..sundial_push::ClientConfig::default()
             },
             ..sundial_push::PushConfig::default()

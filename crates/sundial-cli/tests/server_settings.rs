@@ -2,6 +2,8 @@
 //! that names them, before it binds, opens or creates anything.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic on failure
 
+mod common;
+
 use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_sundial");
@@ -35,4 +37,17 @@ fn contradictory_settings_stop_the_server_naming_them() {
     );
     refused(&["--max-batch", "0"], &["max_batch_items"]);
     refused(&["--max-polls-per-token", "0"], &["max_polls_per_caller"]);
+}
+
+#[test]
+fn a_node_push_cap_below_the_default_receiver_slots_lowers_them_instead_of_refusing() {
+    // The receiver default (512) is no setting of the user's: a smaller node cap alone is valid.
+    let dir = tempfile::tempdir().unwrap();
+    // The server checks its settings before it binds: printing its address means they passed.
+    let server = common::Server::start_with(dir.path(), &["--push-concurrency", "100"]);
+    assert!(
+        server.url.starts_with("http://127.0.0.1:"),
+        "{}",
+        server.url
+    );
 }

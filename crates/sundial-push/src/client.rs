@@ -39,7 +39,7 @@ impl Default for ClientConfig {
         ClientConfig {
             policy: AddressPolicy::default(),
             lookup: Arc::new(SystemLookup),
-            pool_max_idle_per_host: 64,
+            pool_max_idle_per_host: sundial::Config::default().push_host_concurrency,
             pool_idle_timeout: Duration::from_secs(60),
         }
     }

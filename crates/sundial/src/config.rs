@@ -180,7 +180,12 @@ pub struct Config {
     pub push_concurrency: usize,
     /// Push delivery: calls under way at once to one receiver (`host:port`). A slow or dead
     /// receiver holds at most this many of the node's call slots; the rest of its due tasks
-    /// wait in the store while other receivers' calls go out on time.
+    /// wait in the store while other receivers' calls go out on time. A task claimed ahead
+    /// (`push_claim_lead`) holds its slot while it waits for its due time, so the slots must
+    /// cover a receiver's calls/s × the lead as well as its calls under way: the default (512)
+    /// covers 2,000 calls/s to one receiver at the default lead (200 ms), with room for the
+    /// calls under way.
+    /// Below that cover the claims trail the due times and calls go out late.
     pub push_host_concurrency: usize,
     /// Push delivery: how long before its due time a push task may be claimed. The claim (the
     /// attempt recorded as started, durably) then no longer delays the call: the call waits for
@@ -249,8 +254,8 @@ impl Default for Config {
             pause_refresh: Duration::from_millis(500),
             retention: Retention::default(),
             push_concurrency: 1_024,
-            push_host_concurrency: 64,
-            push_claim_lead: Duration::from_millis(50),
+            push_host_concurrency: 512,
+            push_claim_lead: Duration::from_millis(200),
         }
     }
 }
@@ -272,6 +277,19 @@ mod tests {
     #[test]
     fn the_defaults_are_valid() {
         assert_eq!(Config::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_receivers_default_slots_cover_the_claim_lead_at_2000_calls_a_second() {
+        // A task claimed ahead holds its receiver's slot until its due time: slots short of
+        // calls/s × lead make the claims trail the due times (64 slots did at 2,000/s).
+        let c = Config::default();
+        let ahead = 2_000 * c.push_claim_lead.as_millis() as usize / 1_000;
+        assert!(
+            c.push_host_concurrency >= ahead + ahead / 4,
+            "{} slots for {ahead} calls claimed ahead",
+            c.push_host_concurrency
+        );
     }
 
     #[test]
