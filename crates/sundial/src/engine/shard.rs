@@ -39,6 +39,8 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 /// longer would leave overdue tasks waiting that long after the outage ended. One try a second
 /// per shard while the database is down is cheap.
 const STORE_BACKOFF_CAP: Duration = Duration::from_secs(1);
+/// How long a loop starved only of push slots gathers released slots before its next turn.
+const PUSH_SLOT_GATHER: Duration = Duration::from_millis(2);
 const RESTART_BACKOFF_CAP: Duration = Duration::from_secs(30);
 
 /// One shard's loop state. Dropping it loses nothing: the window is a cache of the store.
@@ -60,8 +62,32 @@ pub(crate) struct ShardLoop {
     /// The pause before the next try after a failed store call; back to [`FIRST_BACKOFF`] after
     /// a call that succeeds.
     store_backoff: Duration,
-    /// Whether the last turn left due entries behind for want of a concurrency permit.
-    starved: bool,
+    /// Which permits the last turn left due entries waiting for.
+    starved: Starved,
+}
+
+/// The permits a turn left due entries waiting for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Starved {
+    /// A queue's (an in-process handler's concurrency).
+    pub(crate) queue: bool,
+    /// A push receiver's slots or the node's push slots.
+    pub(crate) push: bool,
+}
+
+impl Starved {
+    fn any(self) -> bool {
+        self.queue || self.push
+    }
+
+    /// How long a loop left in this state gathers released permits before its next turn. A
+    /// full receiver's slots come back one answer at a time: gathered for a moment, one turn
+    /// claims many of them instead of one turn (a walk of the window and a store write) per
+    /// slot, which at hundreds of answers a second took the CPU that other receivers' calls
+    /// needed. Never while a queue waits: a worker's next task is claimed at once.
+    fn gather_after_release(self) -> Option<Duration> {
+        (self.push && !self.queue).then_some(PUSH_SLOT_GATHER)
+    }
 }
 
 impl ShardLoop {
@@ -81,13 +107,18 @@ impl ShardLoop {
             shard_label: shard.to_string(),
             rescan_at,
             store_backoff: FIRST_BACKOFF,
-            starved: false,
+            starved: Starved::default(),
         }
     }
 
     /// Whether the last turn left due entries waiting for a concurrency permit: the driver then
     /// also wakes when a permit is released.
     pub(crate) fn starved(&self) -> bool {
+        self.starved.any()
+    }
+
+    /// Which permits the last turn left due entries waiting for.
+    pub(crate) fn starved_of(&self) -> Starved {
         self.starved
     }
 
@@ -185,7 +216,7 @@ impl ShardLoop {
             ClaimPass::StoreFailed => {
                 // The entries stay in the window; try again after the backoff, never at once (a
                 // claim that fails at once again would spin while the database is down).
-                self.starved = false;
+                self.starved = Starved::default();
                 let retry = self.backoff_from(now);
                 signal.gate.store(retry.0, Ordering::Release);
                 return Ok(retry);
@@ -197,7 +228,7 @@ impl ShardLoop {
 
         // 4. Arm the gate: the earliest entry (a push task: its lead before that), the next
         //    refill, or the idle backstop.
-        let first = if self.starved {
+        let first = if self.starved.any() {
             self.window.first_due_after(now)
         } else {
             self.window.first_due()
@@ -268,7 +299,7 @@ impl ShardLoop {
     /// by `now + lead` (their runs wait for the due time before calling).
     async fn claim_due(&mut self, now: Timestamp, lead: Duration) -> Result<ClaimPass, LeaseLost> {
         let engine = self.engine.clone();
-        let mut starved = false;
+        let mut starved = Starved::default();
         let mut starved_queues: HashSet<Arc<str>> = HashSet::new();
         // Resolved once per batch: the handler of each kind met and the state of each queue.
         let mut handlers: HashMap<Arc<str>, Option<Arc<dyn Handler>>> = HashMap::new();
@@ -325,17 +356,17 @@ impl ShardLoop {
             }
             if let Some((host, handler)) = push {
                 if full_hosts.contains(host) || push_full {
-                    starved = true;
+                    starved.push = true;
                     continue;
                 }
                 let host_slots = engine.push_host(host);
                 let Ok(host_permit) = host_slots.try_acquire_owned() else {
-                    starved = true;
+                    starved.push = true;
                     full_hosts.insert(host.clone());
                     continue;
                 };
                 let Ok(node_permit) = engine.push_permits.clone().try_acquire_owned() else {
-                    starved = true;
+                    starved.push = true;
                     push_full = true;
                     continue;
                 };
@@ -380,7 +411,7 @@ impl ShardLoop {
                     });
                 }
                 Err(_) => {
-                    starved = true;
+                    starved.queue = true;
                     starved_queues.insert(meta.queue.clone());
                 }
             }
@@ -515,7 +546,7 @@ enum ClaimPass {
 /// What a turn's claim left behind.
 struct Claimed {
     /// Due entries stayed because their queue (or push receiver) had no free permit.
-    starved: bool,
+    starved: Starved,
     /// The batch filled up before the due entries ran out.
     full: bool,
 }
@@ -584,6 +615,15 @@ impl Supervised {
 
     pub(crate) fn starved(&self) -> bool {
         self.resume_at.is_none() && self.inner.starved()
+    }
+
+    /// Which permits the last turn left due entries waiting for (none while a restart waits).
+    pub(crate) fn starved_of(&self) -> Starved {
+        if self.resume_at.is_none() {
+            self.inner.starved_of()
+        } else {
+            Starved::default()
+        }
     }
 
     /// [`ShardLoop::turn`], or (while a restart waits for its backoff) the time it resumes.
@@ -685,12 +725,49 @@ pub(crate) async fn drive(
             continue;
         }
         permits.borrow_and_update();
-        tokio::select! {
-            _ = engine.clock.sleep_until(gate) => {}
-            _ = signal.wake.notified() => {}
-            _ = permits.changed(), if starved => {}
-            _ = stopping.changed() => {}
-            _ = changed_or_never(&mut stop) => {}
+        let slot_freed = tokio::select! {
+            _ = engine.clock.sleep_until(gate) => false,
+            _ = signal.wake.notified() => false,
+            _ = permits.changed(), if starved => true,
+            _ = stopping.changed() => false,
+            _ = changed_or_never(&mut stop) => false,
+        };
+        if slot_freed && let Some(pause) = looped.starved_of().gather_after_release() {
+            // A pause, not a due decision: the tokio timer, not the engine clock (push tasks
+            // are claimed a lead ahead, so a pause this short does not make their calls late).
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = stopping.changed() => {}
+                _ = changed_or_never(&mut stop) => {}
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_loop_starved_of_push_slots_alone_gathers_released_ones() {
+        let push = Starved {
+            queue: false,
+            push: true,
+        };
+        assert_eq!(push.gather_after_release(), Some(PUSH_SLOT_GATHER));
+        for s in [
+            Starved::default(),
+            Starved {
+                queue: true,
+                push: false,
+            },
+            Starved {
+                queue: true,
+                push: true,
+            },
+        ] {
+            assert_eq!(s.gather_after_release(), None, "{s:?}");
+        }
+        assert!(PUSH_SLOT_GATHER < crate::Config::default().push_claim_lead / 10);
     }
 }
