@@ -574,6 +574,21 @@ mod tests {
         PushExecutor::new(config, secrets, Arc::new(clock.clone())).unwrap()
     }
 
+    /// A manual clock, a gated store holding one secret (returned) and an executor over them.
+    fn with_one_secret() -> (
+        ManualClock,
+        Arc<GatedSecrets>,
+        SigningKey,
+        Arc<PushExecutor>,
+    ) {
+        let clock = ManualClock::new(Timestamp(1_000_000));
+        let secrets = GatedSecrets::new();
+        let first = SigningKey::generate();
+        secrets.put(&first, clock.now());
+        let exec = executor(secrets.clone(), &clock);
+        (clock, secrets, first, exec)
+    }
+
     /// Lets background reads run until `done` holds (a bounded number of turns).
     async fn settle(done: impl Fn() -> bool) {
         for _ in 0..1_000 {
@@ -587,11 +602,7 @@ mod tests {
 
     #[tokio::test]
     async fn past_half_the_refresh_a_call_uses_the_cached_keys_while_one_read_runs_behind_it() {
-        let clock = ManualClock::new(Timestamp(1_000_000));
-        let secrets = GatedSecrets::new();
-        let first = SigningKey::generate();
-        secrets.put(&first, clock.now());
-        let exec = executor(secrets.clone(), &clock);
+        let (clock, secrets, first, exec) = with_one_secret();
 
         assert_eq!(
             *exec.active_keys("default").await.unwrap(),
@@ -622,23 +633,22 @@ mod tests {
 
         secrets.open.send_replace(true);
         let both = vec![first.clone(), second.clone()];
-        for _ in 0..1_000 {
-            if *exec.active_keys("default").await.unwrap() == both {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
+        let cached = |exec: &PushExecutor| {
+            exec.cache
+                .lock()
+                .unwrap()
+                .by_namespace
+                .get("default")
+                .is_some_and(|c| *c.keys == both)
+        };
+        settle(|| cached(&exec)).await;
         assert_eq!(*exec.active_keys("default").await.unwrap(), both);
         assert_eq!(secrets.reads(), 2);
     }
 
     #[tokio::test]
     async fn keys_older_than_the_refresh_are_never_used() {
-        let clock = ManualClock::new(Timestamp(1_000_000));
-        let secrets = GatedSecrets::new();
-        let first = SigningKey::generate();
-        secrets.put(&first, clock.now());
-        let exec = executor(secrets.clone(), &clock);
+        let (clock, secrets, first, exec) = with_one_secret();
         exec.active_keys("default").await.unwrap();
 
         // A namespace quiet for a whole refresh period reads before its next call.
