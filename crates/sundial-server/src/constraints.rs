@@ -593,7 +593,16 @@ fn cross_field_rules(doc: &mut OpenApi) {
             && let Some(RefOr::T(Schema::OneOf(one))) = o.properties.get_mut("task")
             && let Some(first) = one.items.first_mut()
         {
-            *first = both(first.clone(), absent(&["key", "run_at", "delay"]));
+            *first = both(
+                first.clone(),
+                absent(&[
+                    "key",
+                    "run_at",
+                    "delay",
+                    "idempotency_key",
+                    "idempotency_version",
+                ]),
+            );
         }
         if let Some(RefOr::T(Schema::Object(o))) = components.schemas.get_mut("CreateBatch")
             && let Some(RefOr::T(Schema::Array(a))) = o.properties.get_mut("tasks")

@@ -25,6 +25,7 @@
 //! and every by-id route see only the namespace's schedules (another's is `404`, as one that
 //! does not exist). Responses show ids and queues as the namespace knows them.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use axum::Json;
@@ -141,7 +142,7 @@ pub struct ScheduleRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
     /// The task each fire creates: like `POST /v1/tasks` without `key`, `run_at` and `delay`
-    /// (the schedule sets them).
+    /// (the schedule sets them) and without `idempotency_key` and `idempotency_version`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task: Option<CreateTask>,
 }
@@ -239,6 +240,9 @@ pub struct TaskTemplateView {
     pub timeout: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<crate::wire::TargetSpec>,
+    /// The tags each fire's task carries.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
@@ -413,6 +417,25 @@ fn template(ns: &Ns, task: CreateTask) -> Result<TaskTemplate, ApiError> {
             ));
         }
     }
+    // Each fire's key is the schedule's own (id and nominal time), so a template has no use for
+    // an idempotency key; refused rather than dropped, like the fields above.
+    for (field, set) in [
+        ("task.idempotency_key", task.idempotency_key.is_some()),
+        (
+            "task.idempotency_version",
+            task.idempotency_version.is_some(),
+        ),
+    ] {
+        if set {
+            return Err(ApiError::invalid(
+                field,
+                format!(
+                    "{field} is taken on single creates (POST /v1/tasks) only; each fire is \
+                     keyed by the schedule and its nominal time"
+                ),
+            ));
+        }
+    }
     let spec: TaskSpec = task.into_spec().map_err(|mut e| {
         e.detail.field = e.detail.field.take().map(|f| format!("task.{f}"));
         e
@@ -441,6 +464,7 @@ fn template(ns: &Ns, task: CreateTask) -> Result<TaskTemplate, ApiError> {
         timeout_ms: u64::try_from(spec.timeout.as_millis()).unwrap_or(u64::MAX),
         exclusive: spec.exclusive,
         target: spec.target,
+        tags: spec.tags,
     };
     Ok(template.in_namespace(ns.name()))
 }
@@ -534,6 +558,7 @@ fn view(schedules: &Schedules, s: &Schedule, last: Option<Vec<FireView>>) -> Sch
                 .target
                 .clone()
                 .map(crate::wire::TargetSpec::from_target),
+            tags: d.task.tags.clone(),
         },
         next_fires: schedules
             .upcoming(s, 5)

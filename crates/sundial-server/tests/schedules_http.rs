@@ -198,6 +198,20 @@ async fn schedule_lifecycle_over_http() {
     assert!(p.get("cron").is_none());
     assert_eq!(p["next_fires"][0], "2024-01-01T00:15:00Z");
 
+    // A template's task takes no idempotency key (each fire's key is the schedule's own); a
+    // change that sets one is refused and leaves the schedule as it was.
+    let (st, e) = call(
+        &app,
+        Method::PATCH,
+        "/v1/schedules/daily-report",
+        Some(json!({"every": "20m", "task": {"kind": "report", "idempotency_key": "x"}})),
+    )
+    .await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{e}");
+    assert_eq!(e["error"]["field"], "task.idempotency_key", "{e}");
+    let (_, g) = call(&app, Method::GET, "/v1/schedules/daily-report", None).await;
+    assert_eq!(g["every"], "15m", "{g}");
+
     let (st, l) = call(&app, Method::GET, "/v1/schedules?limit=10", None).await;
     assert_eq!(st, StatusCode::OK);
     assert_eq!(l["schedules"].as_array().unwrap().len(), 1);
@@ -255,6 +269,16 @@ async fn invalid_specs_are_422_with_field_and_reason() {
             "task.key",
             "set by the schedule",
         ),
+        (
+            json!({"cron": "* * * * *", "task": {"kind": "k", "idempotency_key": "x"}}),
+            "task.idempotency_key",
+            "single creates",
+        ),
+        (
+            json!({"cron": "* * * * *", "task": {"kind": "k", "idempotency_version": 2}}),
+            "task.idempotency_version",
+            "single creates",
+        ),
         (json!({"cron": "* * * * *"}), "task", "required"),
         (
             json!({"cron": "* * * * *", "task": task, "colour": "red"}),
@@ -306,4 +330,30 @@ async fn preview_saves_nothing() {
     assert_eq!(e["error"]["field"], "count");
     let (_, l) = call(&app, Method::GET, "/v1/schedules", None).await;
     assert!(l["schedules"].as_array().unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_tags_each_fire_task() {
+    let (app, _dir) = app().await;
+    let (st, s) = call(
+        &app,
+        Method::POST,
+        "/v1/schedules",
+        Some(json!({
+            "id": "tagged",
+            "every": "1h",
+            "task": {"kind": "report", "tags": {"team": "ops"}}
+        })),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{s}");
+    assert_eq!(s["task"]["tags"], json!({"team": "ops"}), "{s}");
+    let (st, t) = call(&app, Method::POST, "/v1/schedules/tagged/trigger", None).await;
+    assert_eq!(st, StatusCode::OK, "{t}");
+    let id = t["task_id"].as_str().unwrap();
+    let (st, task) = call(&app, Method::GET, &format!("/v1/tasks/{id}"), None).await;
+    assert_eq!(st, StatusCode::OK, "{task}");
+    assert_eq!(task["tags"], json!({"team": "ops"}), "{task}");
+    let (_, found) = call(&app, Method::GET, "/v1/tasks?tag=team:ops", None).await;
+    assert_eq!(found["tasks"].as_array().unwrap().len(), 1, "{found}");
 }

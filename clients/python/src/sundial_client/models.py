@@ -283,6 +283,8 @@ class TaskTemplate(_Model):
     timeout: str
     #: The push target of the tasks, when they have one.
     target: Optional[Dict[str, Any]] = None
+    #: The tags each fire's task carries.
+    tags: Dict[str, str] = field(default_factory=dict)
     extra: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 

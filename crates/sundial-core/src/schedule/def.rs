@@ -147,6 +147,9 @@ pub struct TaskTemplate {
     /// Deliver each fire's task by this HTTP call (see `sundial-push`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<crate::Target>,
+    /// The tags each fire's task carries (checked against [`Limits`] when the task is made).
+    #[serde(default, skip_serializing_if = "crate::Tags::is_empty")]
+    pub tags: crate::Tags,
 }
 
 fn default_queue() -> String {
@@ -170,6 +173,7 @@ impl TaskTemplate {
             timeout_ms: default_timeout_ms(),
             exclusive: None,
             target: None,
+            tags: crate::Tags::new(),
         }
     }
     pub fn queue(mut self, queue: impl Into<String>) -> Self {
@@ -397,6 +401,7 @@ impl ScheduleDef {
             t.exclusive.clone()
         };
         spec.target = t.target.clone();
+        spec.tags = t.tags.clone();
         spec.validate(task_id, due, shard_count, limits)
     }
 }
@@ -554,6 +559,45 @@ mod tests {
         assert_eq!(t.exclusive.unwrap().key, "schedule:s1");
         assert_eq!(t.due_at, Timestamp(5));
         assert_eq!(t.key.as_deref(), Some("schedule:s1@1970-01-01T00:00:00Z"));
+    }
+
+    #[test]
+    fn a_fire_task_carries_the_template_tags_within_the_limits() {
+        let mut d = def();
+        d.task.tags = [("team".to_string(), "ops".to_string())].into();
+        let id = ScheduleId::new("s1").unwrap();
+        let t = d
+            .task_for(
+                &id,
+                TaskId::MIN,
+                Timestamp(0),
+                Timestamp(5),
+                4,
+                &Limits::default(),
+            )
+            .unwrap();
+        assert_eq!(t.tags, d.task.tags);
+        // The stored form reads back, and a template stored before tags existed reads as none.
+        let back: TaskTemplate =
+            serde_json::from_value(serde_json::to_value(&d.task).unwrap()).unwrap();
+        assert_eq!(back, d.task);
+        let old: TaskTemplate = serde_json::from_value(serde_json::json!({"kind": "k"})).unwrap();
+        assert!(old.tags.is_empty());
+        // Too many tags are refused when the fire's task is made, as for any task.
+        d.task.tags = (0..100)
+            .map(|i| (format!("k{i}"), "v".to_string()))
+            .collect();
+        assert!(
+            d.task_for(
+                &id,
+                TaskId::MIN,
+                Timestamp(0),
+                Timestamp(5),
+                4,
+                &Limits::default()
+            )
+            .is_err()
+        );
     }
 
     #[test]
