@@ -186,6 +186,9 @@ struct Fields {
     /// schedule: `schedule:<id>@<fire time>`).
     #[arg(long, value_name = "KEY")]
     exclusive: Option<String>,
+    /// A tag each fire's task carries, key:value (repeatable).
+    #[arg(long, value_name = "KEY:VALUE")]
+    tag: Vec<String>,
     /// Deliver each fire's task by calling this URL at its due time (push delivery) instead of
     /// a worker.
     #[arg(long)]
@@ -218,6 +221,7 @@ impl Fields {
             || self.max_attempts.is_some()
             || self.timeout.is_some()
             || self.exclusive.is_some()
+            || !self.tag.is_empty()
             || self.target.is_some();
         if task_flag {
             let mut task = json!({});
@@ -238,6 +242,16 @@ impl Fields {
             }
             if let Some(k) = self.exclusive {
                 task["exclusive"] = json!({ "key": k });
+            }
+            if !self.tag.is_empty() {
+                let mut tags = serde_json::Map::new();
+                for t in &self.tag {
+                    let Some((k, v)) = t.split_once(':') else {
+                        anyhow::bail!("--tag takes key:value, got {t:?}");
+                    };
+                    tags.insert(k.to_string(), json!(v));
+                }
+                task["tags"] = Value::Object(tags);
             }
             if let Some(url) = self.target {
                 let mut target = json!({ "url": url });

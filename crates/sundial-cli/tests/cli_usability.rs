@@ -234,6 +234,8 @@ async fn schedule_commands_take_every_field_and_print_tables() {
             "30s",
             "--queue",
             "reports",
+            "--tag",
+            "team:ops",
         ],
     )
     .await);
@@ -249,6 +251,7 @@ async fn schedule_commands_take_every_field_and_print_tables() {
     assert_eq!(v["task"]["max_attempts"], 2);
     assert_eq!(v["task"]["timeout"], "30s");
     assert_eq!(v["task"]["kind"], "report.build");
+    assert_eq!(v["task"]["tags"], json!({"team": "ops"}));
 
     // update: only what is given changes.
     ok(&sundial(
