@@ -13,8 +13,15 @@
 //! proportional to `capacity`, never to the number of pending tasks.
 //!
 //! The window holds no payloads: a key, a queue and a kind (shared strings) per entry.
+//!
+//! **Parked entries:** the due entries of a push receiver whose slots were all taken are moved
+//! aside into that receiver's lane ([`Window::park`]), and entries of a receiver with a lane go
+//! straight into it. A walk of the due entries ([`Window::due`]) no longer passes them, so a
+//! receiver that is slow or down, however long its backlog, costs the others nothing; its lane is
+//! read from the front when it has free slots ([`Window::lanes`]). Parked entries are still in the
+//! window: they count against its capacity and the cursor invariant covers them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use sundial_core::{TaskId, Timestamp};
@@ -33,6 +40,9 @@ pub struct Meta {
 #[derive(Debug)]
 pub struct Window {
     entries: BTreeMap<DueKey, Meta>,
+    /// Parked entries, by push receiver (see the module docs). No lane is empty.
+    lanes: HashMap<Arc<str>, BTreeMap<DueKey, Meta>>,
+    parked: usize,
     capacity: usize,
     cursor: Option<DueKey>,
 }
@@ -41,17 +51,25 @@ impl Window {
     pub fn new(capacity: usize) -> Self {
         Window {
             entries: BTreeMap::new(),
+            lanes: HashMap::new(),
+            parked: 0,
             capacity,
             cursor: None,
         }
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.entries.len() + self.parked
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.len() == 0
+    }
+
+    /// How many entries are parked in receivers' lanes.
+    #[cfg(test)]
+    pub fn parked(&self) -> usize {
+        self.parked
     }
 
     pub fn cursor(&self) -> Option<DueKey> {
@@ -60,7 +78,7 @@ impl Window {
 
     /// Room for this many more entries.
     pub fn room(&self) -> usize {
-        self.capacity.saturating_sub(self.entries.len())
+        self.capacity.saturating_sub(self.len())
     }
 
     /// Forgets how far scanning got, so the next scan starts from the front of the shard. Used by
@@ -89,8 +107,21 @@ impl Window {
 
     /// Adds one entry (from a notification or a scan).
     pub fn insert(&mut self, key: DueKey, meta: Meta) {
-        self.entries.insert(key, meta);
+        self.put(key, meta);
         self.trim();
+    }
+
+    /// Adds an entry to its receiver's lane when it has one, else to the walked entries.
+    fn put(&mut self, key: DueKey, meta: Meta) {
+        if let Some(host) = &meta.push_host
+            && let Some(lane) = self.lanes.get_mut(host)
+        {
+            if lane.insert(key, meta).is_none() {
+                self.parked += 1;
+            }
+            return;
+        }
+        self.entries.insert(key, meta);
     }
 
     /// Takes the result of `scan(after = cursor, until, limit)`. When the scan returned fewer than
@@ -112,7 +143,7 @@ impl Window {
                 timeout_ms: r.timeout_ms,
                 push_host: r.push_host.as_deref().map(&mut *intern),
             };
-            self.entries.insert(r.key, meta);
+            self.put(r.key, meta);
         }
         let reached = if complete {
             Some(DueKey {
@@ -131,19 +162,49 @@ impl Window {
     }
 
     fn trim(&mut self) {
-        while self.entries.len() > self.capacity {
-            self.entries.pop_last();
-            if let Some((last, _)) = self.entries.last_key_value()
-                && self.cursor.is_none_or(|c| c > *last)
+        while self.len() > self.capacity {
+            self.pop_last();
+            if let Some(last) = self.last_key()
+                && self.cursor.is_none_or(|c| c > last)
             {
-                self.cursor = Some(*last);
+                self.cursor = Some(last);
             }
+        }
+    }
+
+    /// The latest key held, walked or parked.
+    fn last_key(&self) -> Option<DueKey> {
+        let walked = self.entries.last_key_value().map(|(k, _)| *k);
+        let parked = self
+            .lanes
+            .values()
+            .filter_map(|l| l.last_key_value().map(|(k, _)| *k))
+            .max();
+        walked.max(parked)
+    }
+
+    /// Drops the latest entry held, walked or parked.
+    fn pop_last(&mut self) {
+        let Some(last) = self.last_key() else {
+            return;
+        };
+        if self.entries.remove(&last).is_none() {
+            self.remove_parked(&last);
         }
     }
 
     /// The earliest due time held.
     pub fn first_due(&self) -> Option<Timestamp> {
-        self.entries.first_key_value().map(|(k, _)| k.due_at)
+        let walked = self.entries.first_key_value().map(|(k, _)| k.due_at);
+        let parked = self
+            .lanes
+            .values()
+            .filter_map(|l| l.first_key_value().map(|(k, _)| k.due_at))
+            .min();
+        match (walked, parked) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The earliest due time strictly after `now`.
@@ -152,7 +213,10 @@ impl Window {
             due_at: Timestamp(now.0.saturating_add(1)),
             id: TaskId::MIN,
         };
-        self.entries.range(from..).next().map(|(k, _)| k.due_at)
+        std::iter::once(&self.entries)
+            .chain(self.lanes.values())
+            .filter_map(|m| m.range(from..).next().map(|(k, _)| k.due_at))
+            .min()
     }
 
     /// Entries due at or before `now`, oldest first, without removing them.
@@ -164,8 +228,51 @@ impl Window {
         self.entries.range(..=to)
     }
 
+    /// The receivers with parked entries, each with its parked entries due at or before `now`,
+    /// oldest first.
+    pub fn lanes(
+        &self,
+        now: Timestamp,
+    ) -> impl Iterator<Item = (&Arc<str>, impl Iterator<Item = (&DueKey, &Meta)>)> {
+        let to = DueKey {
+            due_at: now,
+            id: TaskId::MAX,
+        };
+        self.lanes.iter().map(move |(h, l)| (h, l.range(..=to)))
+    }
+
+    /// Moves a walked entry of a push task into its receiver's lane (its slots are all taken).
+    /// Entries without a receiver, and keys not walked, are left as they are.
+    pub fn park(&mut self, key: &DueKey) {
+        let Some(host) = self.entries.get(key).and_then(|m| m.push_host.clone()) else {
+            return;
+        };
+        if let Some(meta) = self.entries.remove(key)
+            && self
+                .lanes
+                .entry(host)
+                .or_default()
+                .insert(*key, meta)
+                .is_none()
+        {
+            self.parked += 1;
+        }
+    }
+
     pub fn remove(&mut self, key: &DueKey) -> Option<Meta> {
-        self.entries.remove(key)
+        self.entries.remove(key).or_else(|| self.remove_parked(key))
+    }
+
+    fn remove_parked(&mut self, key: &DueKey) -> Option<Meta> {
+        let (host, meta) = self
+            .lanes
+            .iter_mut()
+            .find_map(|(h, l)| l.remove(key).map(|m| (h.clone(), m)))?;
+        self.parked -= 1;
+        if self.lanes.get(&host).is_some_and(BTreeMap::is_empty) {
+            self.lanes.remove(&host);
+        }
+        Some(meta)
     }
 }
 
@@ -257,6 +364,49 @@ mod tests {
         assert!(w.needs_refill(Timestamp(500), la));
         w.insert(key(6, 2), meta());
         assert_eq!(w.refill_at(la), None, "full");
+    }
+
+    fn push(host: &str) -> Meta {
+        Meta {
+            push_host: Some(Arc::from(host)),
+            ..meta()
+        }
+    }
+
+    #[test]
+    fn parked_entries_leave_the_walk_but_stay_in_the_window() {
+        let mut w = Window::new(4);
+        w.insert(key(5, 1), push("slow"));
+        w.insert(key(6, 2), push("fast"));
+        w.insert(key(7, 3), meta());
+        w.park(&key(5, 1));
+        w.park(&key(7, 3)); // not a push task: stays walked
+        let walked: Vec<_> = w.due(Timestamp(10)).map(|(k, _)| *k).collect();
+        assert_eq!(walked, vec![key(6, 2), key(7, 3)]);
+        assert_eq!((w.len(), w.parked()), (3, 1));
+        assert_eq!(w.first_due(), Some(Timestamp(5)));
+        // A later entry of the parked receiver goes straight into its lane.
+        w.insert(key(8, 4), push("slow"));
+        let lanes: Vec<(String, Vec<DueKey>)> = w
+            .lanes(Timestamp(10))
+            .map(|(h, l)| (h.to_string(), l.map(|(k, _)| *k).collect()))
+            .collect();
+        assert_eq!(lanes, vec![("slow".into(), vec![key(5, 1), key(8, 4)])]);
+        assert_eq!(w.first_due_after(Timestamp(7)), Some(Timestamp(8)));
+        // Over capacity, the latest entry goes, parked or not, and the cursor follows.
+        w.insert(key(9, 5), meta());
+        assert_eq!(w.len(), 4);
+        w.insert(key(4, 6), meta());
+        assert_eq!(w.len(), 4);
+        assert_eq!(w.cursor(), Some(key(7, 3)));
+        // Removing a lane's last entries removes the lane.
+        assert!(w.remove(&key(5, 1)).is_some());
+        assert!(w.remove(&key(8, 4)).is_none(), "dropped by the overflow");
+        assert_eq!(w.parked(), 0);
+        assert_eq!(w.lanes(Timestamp(10)).count(), 0);
+        // Entries of a receiver without a lane are walked again.
+        w.insert(key(8, 7), push("slow"));
+        assert!(w.due(Timestamp(10)).any(|(k, _)| *k == key(8, 7)));
     }
 
     #[test]

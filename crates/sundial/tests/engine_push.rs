@@ -261,3 +261,86 @@ fn a_context_without_an_engine_gives_the_answer_back() {
     });
     assert_eq!(back.map(|r| r.status_code), Some(200));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_receiver_backlog_longer_than_a_walk_does_not_hold_back_other_receivers() {
+    // One slot per receiver and a walk of 4 × 4 entries per turn; the slow receiver never
+    // answers, and 40 of its calls are due before the fast receiver's one.
+    let h = harness_with(Config {
+        shard_count: 1,
+        push_host_concurrency: 1,
+        claim_batch: 4,
+        ..Config::default()
+    })
+    .await;
+    let (tx, mut fast_calls) = mpsc::unbounded_channel();
+    let hang = Arc::new(Notify::new());
+    let hanging = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let (hang_in, hanging_in) = (hang.clone(), hanging.clone());
+    h.sundial
+        .set_push_handler(Arc::new(move |ctx: sundial::TaskContext| {
+            let tx = tx.clone();
+            let (hang, hanging) = (hang_in.clone(), hanging_in.clone());
+            async move {
+                let url = ctx.task.target.as_ref().map(|t| t.url.clone());
+                if url.as_deref() == Some("http://127.0.0.1:9/slow") {
+                    if hanging.load(std::sync::atomic::Ordering::SeqCst) {
+                        hang.notified().await;
+                    }
+                } else {
+                    let _ = tx.send(ctx.task.id);
+                }
+                Ok::<(), sundial::HandlerError>(())
+            }
+        }));
+    let mut stepper = h.sundial.stepper();
+    let slow: Vec<TaskSpec> = (0..40)
+        .map(|_| {
+            TaskSpec::new("hook")
+                .delay(Duration::from_secs(10))
+                .target(Target::new("http://127.0.0.1:9/slow"))
+        })
+        .collect();
+    let slow: Vec<sundial::TaskId> = h
+        .sundial
+        .schedule_many(slow)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| match s {
+            sundial::Scheduled::Created(t) => t.id,
+            sundial::Scheduled::Duplicate { existing } => existing,
+        })
+        .collect();
+    let fast = h
+        .sundial
+        .schedule(
+            TaskSpec::new("hook")
+                .delay(Duration::from_millis(10_001))
+                .target(Target::new("http://127.0.0.1:10/fast")),
+        )
+        .await
+        .unwrap();
+    stepper.settle().await;
+    h.clock.advance(Duration::from_millis(10_001));
+    // The slow receiver's one run hangs, so the loop is stepped turn by turn.
+    for _ in 0..4 {
+        stepper.turn().await;
+    }
+    assert_eq!(next_run_id(&mut fast_calls).await, fast);
+    wait_state(&h.sundial, fast, TaskState::Succeeded).await;
+    // The receiver answers again: every parked call is made, none lost.
+    hanging.store(false, std::sync::atomic::Ordering::SeqCst);
+    hang.notify_waiters();
+    stepper.settle().await;
+    for id in slow {
+        wait_state(&h.sundial, id, TaskState::Succeeded).await;
+    }
+}
+
+async fn next_run_id(rx: &mut mpsc::UnboundedReceiver<sundial::TaskId>) -> sundial::TaskId {
+    tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .expect("the fast receiver was called")
+        .expect("channel open")
+}

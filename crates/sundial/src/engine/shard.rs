@@ -310,13 +310,28 @@ impl ShardLoop {
         let claim_batch = engine.config.claim_batch;
         let paused = engine.paused.snapshot();
         let mut held_back: Vec<DueKey> = Vec::new();
-        // Bounded walk: entries of starved queues are skipped, but not without limit.
+        // Entries of receivers found full, to be parked in their lanes (see `window`).
+        let mut to_park: Vec<DueKey> = Vec::new();
+        let until = now.saturating_add(lead);
+        // First the parked entries of receivers with free slots, from the front of each lane:
+        // one more than there are free slots, whose failed acquire marks the receiver full again.
+        let mut from_lanes: Vec<(DueKey, Meta)> = Vec::new();
+        for (host, lane) in self.window.lanes(until) {
+            let free = engine.push_host(host).available_permits();
+            from_lanes.extend(
+                lane.take(free.min(claim_batch).saturating_add(1))
+                    .map(|(k, m)| (*k, m.clone())),
+            );
+        }
+        // Then a bounded walk of the other entries: entries of starved queues are skipped, but
+        // not without limit; entries of full receivers are skipped once and then parked.
         let mut full = false;
-        for (key, meta) in self
+        let walk = self
             .window
-            .due(now.saturating_add(lead))
+            .due(until)
             .take(claim_batch.saturating_mul(4))
-        {
+            .map(|e| (false, e));
+        for (parked, (key, meta)) in from_lanes.iter().map(|(k, m)| (true, (k, m))).chain(walk) {
             if batch.len() >= claim_batch {
                 full = true;
                 break;
@@ -355,7 +370,14 @@ impl ShardLoop {
                 continue;
             }
             if let Some((host, handler)) = push {
-                if full_hosts.contains(host) || push_full {
+                if full_hosts.contains(host) {
+                    starved.push = true;
+                    if !parked {
+                        to_park.push(*key);
+                    }
+                    continue;
+                }
+                if push_full {
                     starved.push = true;
                     continue;
                 }
@@ -363,6 +385,9 @@ impl ShardLoop {
                 let Ok(host_permit) = host_slots.try_acquire_owned() else {
                     starved.push = true;
                     full_hosts.insert(host.clone());
+                    if !parked {
+                        to_park.push(*key);
+                    }
                     continue;
                 };
                 let Ok(node_permit) = engine.push_permits.clone().try_acquire_owned() else {
@@ -418,6 +443,9 @@ impl ShardLoop {
         }
         for key in &held_back {
             self.window.remove(key);
+        }
+        for key in &to_park {
+            self.window.park(key);
         }
         if batch.is_empty() {
             return Ok(ClaimPass::Done(Claimed { starved, full }));
