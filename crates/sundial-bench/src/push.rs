@@ -10,10 +10,12 @@
 //!    spread evenly over each second and scheduled `--lead-ms` ahead: lateness p50/p99/max.
 //! 2. `throughput`: `--burst` tasks all due at one moment: calls/s from that moment to the last
 //!    receipt, and how many connections the sink saw (keep-alive reuses them).
-//! 3. `slow`: `--fast-rate` calls/s to the fast sink for `--secs`, alone and then beside
-//!    `--slow-rate` calls/s to a receiver that takes 1 s per call: the fast sink's p99 both ways.
+//! 3. `slow`: `--fast-rate` calls/s to the fast sink for `--secs`, alone, then beside
+//!    `--slow-rate` calls/s to a second fast sink (the control: the same call volume), then beside
+//!    `--slow-rate` calls/s to a receiver that takes 1 s per call: the fast sink's p99 each way.
+//!    The slowness itself holds nothing back when the last two agree.
 //!
-//! The lateness and throughput phases also give the process's CPU time per call (user + system,
+//! Every phase also gives the process's CPU time per call (user + system,
 //! from `/proc/self/stat`, sink and producer included), beside the wall-clock figures.
 //!
 //! The summary is one JSON object on stdout (progress goes to stderr).
@@ -435,23 +437,40 @@ async fn throughput(common: &Common, args: &PushArgs) -> Result<Value> {
     }))
 }
 
-async fn fast_beside(common: &Common, args: &PushArgs, with_slow: bool) -> Result<Value> {
+/// What the fast receiver's calls share the node with in the slow-receiver phase.
+#[derive(Clone, Copy)]
+enum Neighbour {
+    /// Nothing: the fast receiver's calls alone.
+    None,
+    /// `--slow-rate` calls/s to a second receiver that answers at once: the control, the same
+    /// call volume without the slowness.
+    Fast,
+    /// `--slow-rate` calls/s to a receiver that takes 1 s per call.
+    Slow,
+}
+
+async fn fast_beside(common: &Common, args: &PushArgs, neighbour: Neighbour) -> Result<Value> {
     let fast = Sink::start(Duration::ZERO).await?;
-    let slow = Sink::start(Duration::from_secs(1)).await?;
-    let (sundial, _dir) = open(common, args, &[&fast, &slow]).await?;
+    let other = Sink::start(match neighbour {
+        Neighbour::Slow => Duration::from_secs(1),
+        Neighbour::None | Neighbour::Fast => Duration::ZERO,
+    })
+    .await?;
+    let (sundial, _dir) = open(common, args, &[&fast, &other]).await?;
     let running = sundial.start();
+    let cpu = CpuMeter::start();
     eprintln!(
         "push slow receiver: {} calls/s to the fast receiver{}",
         args.fast_rate,
-        if with_slow {
-            format!(", {} calls/s to one taking 1 s per call", args.slow_rate)
-        } else {
-            ", alone".to_string()
+        match neighbour {
+            Neighbour::None => ", alone".to_string(),
+            Neighbour::Fast => format!(", {} calls/s to a second fast one", args.slow_rate),
+            Neighbour::Slow => format!(", {} calls/s to one taking 1 s per call", args.slow_rate),
         }
     );
     let mut streams = vec![(fast.url(), args.fast_rate)];
-    if with_slow {
-        streams.push((slow.url(), args.slow_rate));
+    if !matches!(neighbour, Neighbour::None) {
+        streams.push((other.url(), args.slow_rate));
     }
     let base = sundial.clock().now().0 + args.lead_ms + 1_000;
     let margin = produce(
@@ -470,12 +489,15 @@ async fn fast_beside(common: &Common, args: &PushArgs, with_slow: bool) -> Resul
         "fast receiver",
     )
     .await?;
-    // The slow receiver's backlog is not waited for: it drains at its slots' pace.
+    // The other receiver's backlog is not waited for: a slow one drains at its slots' pace.
+    let calls = fast.received() + other.received();
+    let cpu = cpu.per_call(calls);
     running.shutdown(Duration::from_secs(2)).await;
     Ok(json!({
         "producer_min_margin_ms": margin,
         "fast": fast.summary(),
-        "slow_received": slow.received(),
+        "other_received": other.received(),
+        "cpu": cpu,
     }))
 }
 
@@ -496,8 +518,9 @@ pub async fn run(common: &Common, args: &PushArgs) -> Result<()> {
         out.insert("throughput".into(), throughput(common, args).await?);
     }
     if wants("slow") {
-        let alone = fast_beside(common, args, false).await?;
-        let beside = fast_beside(common, args, true).await?;
+        let alone = fast_beside(common, args, Neighbour::None).await?;
+        let control = fast_beside(common, args, Neighbour::Fast).await?;
+        let beside = fast_beside(common, args, Neighbour::Slow).await?;
         out.insert(
             "slow_receiver".into(),
             json!({
@@ -505,6 +528,7 @@ pub async fn run(common: &Common, args: &PushArgs) -> Result<()> {
                 "slow_rate": args.slow_rate,
                 "secs": args.secs,
                 "alone": alone,
+                "beside_fast": control,
                 "beside_slow": beside,
             }),
         );
