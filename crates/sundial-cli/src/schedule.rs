@@ -179,6 +179,9 @@ struct Fields {
     /// Attempts per task, including the first (default 5).
     #[arg(long)]
     max_attempts: Option<u32>,
+    /// Priority of each fire's task, 0 to 9 (default 5; 9 the most urgent).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=9))]
+    priority: Option<u8>,
     /// Time limit of one attempt of a task (default 5m).
     #[arg(long)]
     timeout: Option<String>,
@@ -219,6 +222,7 @@ impl Fields {
             || self.queue.is_some()
             || payload.is_some()
             || self.max_attempts.is_some()
+            || self.priority.is_some()
             || self.timeout.is_some()
             || self.exclusive.is_some()
             || !self.tag.is_empty()
@@ -236,6 +240,9 @@ impl Fields {
             }
             if let Some(n) = self.max_attempts {
                 task["max_attempts"] = json!(n);
+            }
+            if let Some(p) = self.priority {
+                task["priority"] = json!(p);
             }
             if let Some(t) = self.timeout {
                 task["timeout"] = json!(t);

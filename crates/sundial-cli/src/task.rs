@@ -155,6 +155,9 @@ struct AddArgs {
     /// Attempts including the first.
     #[arg(long)]
     max_attempts: Option<u32>,
+    /// 0 to 9 (default 5; 9 the most urgent): among tasks due together, higher starts first.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=9))]
+    priority: Option<u8>,
     /// Time limit of one attempt (a worker's lease), e.g. 30s (default 5m).
     #[arg(long)]
     timeout: Option<String>,
@@ -317,6 +320,7 @@ pub async fn run(mut args: TaskArgs) -> anyhow::Result<ExitCode> {
                 delay: a.delay,
                 run_at: a.at,
                 max_attempts: a.max_attempts,
+                priority: a.priority,
                 timeout: a.timeout,
                 backoff,
                 exclusive,
@@ -475,6 +479,7 @@ fn show_task(t: &TaskView, json: bool) {
         ("state", t.state.as_str().to_string()),
         ("run at", t.run_at.clone()),
         ("attempt", format!("{}/{}", t.attempt, t.max_attempts)),
+        ("priority", t.priority.to_string()),
         ("timeout", t.timeout.clone()),
         ("payload", t.payload.to_string()),
         (

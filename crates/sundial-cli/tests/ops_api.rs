@@ -177,6 +177,117 @@ async fn tags_are_stored_returned_and_searched(backend: Backend) {
     assert_eq!(listed["tasks"].as_array().unwrap().len(), 1);
 }
 
+async fn priorities_are_stored_returned_bounded_and_polled_in_order(backend: Backend) {
+    let Some(storage) = Storage::new(backend) else {
+        return;
+    };
+    let server = Server::start_on(&storage);
+    let c = server.client();
+    let u = &server.url;
+    // Stored and returned; the default is 5.
+    let (status, urgent) = send(
+        "POST",
+        &format!("{u}/v1/tasks"),
+        Some(json!({"kind": "k", "delay": "1h", "priority": 8})),
+    )
+    .await;
+    assert_eq!(status, 201, "{urgent}");
+    assert_eq!(urgent["priority"], 8);
+    let got = c.get(urgent["id"].as_str().unwrap()).await.unwrap();
+    assert_eq!(got.priority, 8);
+    let (_, plain) = send(
+        "POST",
+        &format!("{u}/v1/tasks"),
+        Some(json!({"kind": "k", "delay": "1h"})),
+    )
+    .await;
+    assert_eq!(plain["priority"], 5);
+
+    // Bad input: a clear error, nothing stored.
+    for bad in [json!(10), json!(-1), json!(300), json!("high")] {
+        let (status, body) = send(
+            "POST",
+            &format!("{u}/v1/tasks"),
+            Some(json!({"kind": "k", "priority": bad})),
+        )
+        .await;
+        assert_eq!(status, 422, "{bad}: {body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("priority"),
+            "{body}"
+        );
+    }
+    assert_eq!(common::count(&c).await, 2);
+
+    // The CLI: --priority, bounded before anything is sent.
+    let added = json_out(
+        &sundial(
+            &server,
+            &[
+                "task",
+                "add",
+                "k",
+                "--priority",
+                "9",
+                "--delay",
+                "1h",
+                "--json",
+            ],
+        )
+        .await,
+    );
+    assert_eq!(added["priority"], 9);
+    let refused = sundial(&server, &["task", "add", "k", "--priority", "12"]).await;
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("priority"));
+    assert_eq!(common::count(&c).await, 3);
+
+    // Due together: a worker's polls take the higher priority first, whatever the creation order.
+    let mut ids = Vec::new();
+    for p in [2, 5, 9] {
+        let (status, t) = send(
+            "POST",
+            &format!("{u}/v1/tasks"),
+            Some(json!({"kind": "k", "queue": "prio", "priority": p})),
+        )
+        .await;
+        assert_eq!(status, 201, "{t}");
+        ids.push(t["id"].as_str().unwrap().to_string());
+    }
+    // Bounded: 30 s in all.
+    let mut ready = 0;
+    for _ in 0..1_500 {
+        ready = c
+            .list(&ListQuery {
+                queue: Some("prio".into()),
+                state: Some("ready".into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .tasks
+            .len();
+        if ready == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(ready, 3, "the tasks did not become ready");
+    let mut order = Vec::new();
+    for _ in 0..3 {
+        let got = c
+            .poll("prio", "w", 1, Duration::from_secs(1), None)
+            .await
+            .unwrap();
+        assert_eq!(got.tasks.len(), 1);
+        order.push(got.tasks[0].id.to_string());
+    }
+    assert_eq!(order, vec![ids[2].clone(), ids[1].clone(), ids[0].clone()]);
+}
+
 async fn queues_show_counts_and_pause_is_durable(backend: Backend) {
     let Some(storage) = Storage::new(backend) else {
         return;
@@ -806,6 +917,7 @@ macro_rules! both_backends {
 
 both_backends!(
     tags_are_stored_returned_and_searched,
+    priorities_are_stored_returned_bounded_and_polled_in_order,
     queues_show_counts_and_pause_is_durable,
     dead_tasks_retry_with_their_attempts,
     bulk_cancel_and_retry_count_and_change,

@@ -12,6 +12,7 @@ pub mod duration;
 pub mod error;
 pub mod id;
 pub mod namespace;
+pub mod priority;
 pub mod retry;
 pub mod rfc3339;
 pub mod schedule;
@@ -23,6 +24,7 @@ pub mod trace;
 
 pub use error::ValidationError;
 pub use id::{ExecutionId, RunId, TaskId, TokenId};
+pub use priority::Priority;
 pub use retry::Backoff;
 pub use schedule::{
     CompiledSpec, DstPolicy, Recurrence, RepeatedTime, ScheduleSpec, SkippedTime, SpecError,

@@ -24,7 +24,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::namespace;
-use crate::{Backoff, ExecutionId, Target, TaskId, Timestamp, TraceContext, ValidationError};
+use crate::{
+    Backoff, ExecutionId, Priority, Target, TaskId, Timestamp, TraceContext, ValidationError,
+};
 
 /// Queues whose name starts with this are Sundial's own (schedule ticks `sundial.schedules`,
 /// workflow tasks `sundial.workflows`, activities `sundial.activities`, timers, child starts):
@@ -192,6 +194,8 @@ pub struct TaskSpec {
     pub backoff: Backoff,
     pub timeout: Duration,
     pub exclusive: Option<Exclusive>,
+    /// Order among due tasks (see [`crate::priority`]); never makes a task start early.
+    pub priority: Priority,
     pub tags: Tags,
     /// Deliver by an HTTP call instead of a handler or worker (`sundial-push`).
     pub target: Option<Target>,
@@ -231,6 +235,7 @@ impl TaskSpec {
             backoff: Backoff::default(),
             timeout: Self::DEFAULT_TIMEOUT,
             exclusive: None,
+            priority: Priority::DEFAULT,
             tags: Tags::new(),
             target: None,
             trace: None,
@@ -265,6 +270,11 @@ impl TaskSpec {
     }
     pub fn run_at(mut self, at: Timestamp) -> Self {
         self.due = Due::At(at);
+        self
+    }
+    /// Order among due tasks: 0..=9, 9 the most urgent (see [`crate::priority`]).
+    pub fn priority(mut self, priority: Priority) -> Self {
+        self.priority = priority;
         self
     }
     pub fn max_attempts(mut self, n: u32) -> Self {
@@ -398,6 +408,7 @@ impl TaskSpec {
             backoff: self.backoff,
             timeout_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
             exclusive: self.exclusive,
+            priority: self.priority,
             tags: self.tags,
             target,
             trace: self.trace,
@@ -494,6 +505,7 @@ pub struct NewTask {
     pub backoff: Backoff,
     pub timeout_ms: u64,
     pub exclusive: Option<Exclusive>,
+    pub priority: Priority,
     pub tags: Tags,
     pub target: Option<Target>,
     pub trace: Option<TraceContext>,
@@ -517,6 +529,9 @@ pub struct Task {
     pub backoff: Backoff,
     pub timeout_ms: u64,
     pub exclusive: Option<Exclusive>,
+    /// Order among due tasks (see [`crate::priority`]).
+    #[serde(default)]
+    pub priority: Priority,
     #[serde(default)]
     pub tags: Tags,
     /// The current (or last) attempt's fencing token.

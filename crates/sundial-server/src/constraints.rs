@@ -251,6 +251,11 @@ fn properties() -> Vec<(&'static str, &'static str, Value)> {
             json!({"minimum": 1, "maximum": limits.max_attempts}),
         ),
         ("CreateTask", "idempotency_key", key()),
+        (
+            "CreateTask",
+            "priority",
+            json!({"minimum": 0, "maximum": 9}),
+        ),
         ("ExclusiveSpec", "key", key()),
         (
             "CreateTask",

@@ -243,6 +243,13 @@ pub struct TaskTemplateView {
     /// The tags each fire's task carries.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tags: BTreeMap<String, String>,
+    /// The priority each fire's task carries (0 to 9, default 5).
+    #[serde(default = "default_priority")]
+    pub priority: u8,
+}
+
+fn default_priority() -> u8 {
+    sundial::Priority::DEFAULT.get()
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, ToSchema)]
@@ -465,6 +472,7 @@ fn template(ns: &Ns, task: CreateTask) -> Result<TaskTemplate, ApiError> {
         exclusive: spec.exclusive,
         target: spec.target,
         tags: spec.tags,
+        priority: spec.priority,
     };
     Ok(template.in_namespace(ns.name()))
 }
@@ -559,6 +567,7 @@ fn view(schedules: &Schedules, s: &Schedule, last: Option<Vec<FireView>>) -> Sch
                 .clone()
                 .map(crate::wire::TargetSpec::from_target),
             tags: d.task.tags.clone(),
+            priority: d.task.priority.get(),
         },
         next_fires: schedules
             .upcoming(s, 5)

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use sundial::{Backoff, ExclusiveMode, PushMethod, Target, Task, TaskSpec, TaskState};
+use sundial::{Backoff, ExclusiveMode, Priority, PushMethod, Target, Task, TaskSpec, TaskState};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
@@ -92,6 +92,12 @@ pub struct CreateTask {
         deserialize_with = "crate::extract::opt_object_only"
     )]
     pub target: Option<TargetSpec>,
+    /// 0 to 9 (default 5; 9 the most urgent). Among tasks due together, higher priority starts
+    /// first; a task is served as if due `(priority - 5)` minutes earlier, so urgent work due
+    /// more than nine minutes after a task no longer passes it. Never makes a task start early.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 9, example = 7)]
+    pub priority: Option<u8>,
 }
 
 /// A push target on the wire.
@@ -285,6 +291,11 @@ impl CreateTask {
         if let Some(t) = self.target {
             spec = spec.target(t.into_target()?);
         }
+        if let Some(p) = self.priority {
+            spec = spec.priority(
+                Priority::new(p).map_err(|e| ApiError::invalid("priority", e.to_string()))?,
+            );
+        }
         Ok(spec)
     }
 }
@@ -392,6 +403,9 @@ pub struct TaskView {
     pub exclusive: Option<ExclusiveView>,
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
+    /// 0 to 9, 9 the most urgent (see `CreateTask.priority`).
+    #[serde(default = "default_priority")]
+    pub priority: u8,
     /// The HTTP call that delivers it, for a push task.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<TargetSpec>,
@@ -416,6 +430,10 @@ pub struct TaskView {
     pub started_at: Option<String>,
     #[schema(format = DateTime)]
     pub finished_at: Option<String>,
+}
+
+fn default_priority() -> u8 {
+    Priority::DEFAULT.get()
 }
 
 impl From<Task> for TaskView {
@@ -447,6 +465,7 @@ impl From<Task> for TaskView {
                 },
             }),
             tags: t.tags,
+            priority: t.priority.get(),
             target: t.target.map(TargetSpec::from_target),
             traceparent: t.trace.as_ref().map(|c| c.traceparent().to_string()),
             tracestate: t
@@ -651,7 +670,7 @@ mod tests {
             "queue": "q", "kind": "k", "key": "a b", "payload": {"x": 1},
             "delay": "1m30s", "max_attempts": 3,
             "backoff": {"initial": "100ms", "factor": 2.0, "max": "1s", "jitter": 0.0},
-            "timeout": "10s", "exclusive": {"key": "lock", "mode": "skip"}
+            "timeout": "10s", "exclusive": {"key": "lock", "mode": "skip"}, "priority": 8
         }))
         .unwrap();
         let spec = wire.into_spec().unwrap();
@@ -667,6 +686,16 @@ mod tests {
             spec.exclusive.map(|e| (e.key, e.mode)),
             Some(("lock".to_string(), ExclusiveMode::Skip))
         );
+        assert_eq!(spec.priority, Priority::new(8).unwrap());
+    }
+
+    #[test]
+    fn a_priority_above_nine_is_refused_naming_the_field() {
+        let mut w = CreateTask::new("k");
+        w.priority = Some(10);
+        let e = w.into_spec().unwrap_err();
+        assert_eq!(e.status.as_u16(), 422);
+        assert_eq!(e.detail.field.as_deref(), Some("priority"));
     }
 
     #[test]

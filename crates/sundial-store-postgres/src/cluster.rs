@@ -15,7 +15,8 @@
 //!   path, limited to the fence's shard.
 //! - **Wake-ups.** One channel per schema ([`crate::schema::SchemaName::channel`]). A
 //!   notification carries one or more wake-ups, one JSON array per line:
-//!   `["d",shard,due_at,"id",timeout_ms,"queue","kind"]` or `["r","queue"]`; lines it does not
+//!   `["d",shard,due_at,"id",timeout_ms,"queue","kind"]` (then the push host and a priority
+//!   other than 5, when there are: `[…,"kind","host"|null,9]`) or `["r","queue"]`; lines it does not
 //!   understand are skipped, so the format can grow. `publish` sends from a pooled connection of
 //!   its own (never inside a task write: a notifying commit takes a database-wide lock), splitting
 //!   at [`MAX_PAYLOAD`] bytes. `subscribe` holds a dedicated connection outside the pool that
@@ -29,7 +30,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use sundial_core::{TaskId, Timestamp};
+use sundial_core::{Priority, TaskId, Timestamp};
 use sundial_store::{
     Cluster, ClusterState, DueEntry, DueKey, Fence, Member, ShardLease, StoreError, Wakeup,
 };
@@ -267,9 +268,10 @@ impl Cluster for PostgresStore {
 /// One wake-up as a line of a notification payload.
 fn encode_one(w: &Wakeup) -> String {
     let v = match w {
-        // A push task's destination rides as an eighth element.
-        Wakeup::Due { shard, entry } => match &entry.push_host {
-            None => serde_json::json!([
+        // A push task's destination rides as an eighth element, a priority other than the
+        // default as a ninth (the eighth then `null` when there is no destination).
+        Wakeup::Due { shard, entry } => match (&entry.push_host, entry.priority) {
+            (None, Priority::DEFAULT) => serde_json::json!([
                 "d",
                 shard,
                 entry.key.due_at.0,
@@ -278,7 +280,7 @@ fn encode_one(w: &Wakeup) -> String {
                 entry.queue,
                 entry.kind,
             ]),
-            Some(host) => serde_json::json!([
+            (Some(host), Priority::DEFAULT) => serde_json::json!([
                 "d",
                 shard,
                 entry.key.due_at.0,
@@ -287,6 +289,17 @@ fn encode_one(w: &Wakeup) -> String {
                 entry.queue,
                 entry.kind,
                 host,
+            ]),
+            (host, priority) => serde_json::json!([
+                "d",
+                shard,
+                entry.key.due_at.0,
+                entry.key.id.0.to_string(),
+                entry.timeout_ms,
+                entry.queue,
+                entry.kind,
+                host,
+                priority.get(),
             ]),
         },
         Wakeup::Ready { queue } => serde_json::json!(["r", queue]),
@@ -343,11 +356,31 @@ fn decode_one(line: &str) -> Option<Wakeup> {
     let v: Vec<serde_json::Value> = serde_json::from_str(line).ok()?;
     match v.first()?.as_str()? {
         "d" => {
-            let (shard, due_at, id, timeout_ms, queue, kind, push_host) = match v.as_slice() {
-                [_, s, d, i, t, q, k] => (s, d, i, t, q, k, None),
-                [_, s, d, i, t, q, k, h] => (s, d, i, t, q, k, Some(h.as_str()?.to_string())),
-                _ => return None,
-            };
+            let (shard, due_at, id, timeout_ms, queue, kind, push_host, priority) =
+                match v.as_slice() {
+                    [_, s, d, i, t, q, k] => (s, d, i, t, q, k, None, Priority::DEFAULT),
+                    [_, s, d, i, t, q, k, h] => (
+                        s,
+                        d,
+                        i,
+                        t,
+                        q,
+                        k,
+                        Some(h.as_str()?.to_string()),
+                        Priority::DEFAULT,
+                    ),
+                    [_, s, d, i, t, q, k, h, p] => (
+                        s,
+                        d,
+                        i,
+                        t,
+                        q,
+                        k,
+                        h.as_str().map(str::to_string),
+                        Priority::new(u8::try_from(p.as_u64()?).ok()?).ok()?,
+                    ),
+                    _ => return None,
+                };
             Some(Wakeup::Due {
                 shard: u32::try_from(shard.as_u64()?).ok()?,
                 entry: DueEntry {
@@ -359,6 +392,7 @@ fn decode_one(line: &str) -> Option<Wakeup> {
                     kind: kind.as_str()?.to_string(),
                     timeout_ms: timeout_ms.as_u64()?,
                     push_host,
+                    priority,
                 },
             })
         }
@@ -503,6 +537,7 @@ mod tests {
                 kind: "k\n\"quoted\"".to_string(),
                 timeout_ms: 30_000,
                 push_host: (shard % 2 == 1).then(|| "hooks.example.com:443".to_string()),
+                priority: Priority::new((shard % 3 * 4) as u8).unwrap(),
             },
         }
     }

@@ -170,7 +170,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, PoolError, Runtime};
-use sundial_core::{ExclusiveMode, ExecutionId, NewTask, Task, TaskId, Timestamp};
+use sundial_core::{ExclusiveMode, ExecutionId, NewTask, Priority, Task, TaskId, Timestamp};
 use sundial_store::audit_scope::{self, PendingAudit};
 use sundial_store::{
     AttemptHistory, ClaimOutcome, ClaimTarget, DeadGroup, DeadGroupFilter, DueClaim, DueEntry,
@@ -803,7 +803,9 @@ impl PostgresStore {
         let mut targets = Vec::with_capacity(tasks.len());
         let mut traceparents: Vec<Option<&str>> = Vec::with_capacity(tasks.len());
         let mut tracestates: Vec<Option<&str>> = Vec::with_capacity(tasks.len());
+        let mut priorities: Vec<i16> = Vec::with_capacity(tasks.len());
         for (i, t) in tasks.iter().enumerate() {
+            priorities.push(i16::from(t.priority.get()));
             traceparents.push(t.trace.as_ref().map(|c| c.traceparent()));
             tracestates.push(t.trace.as_ref().and_then(|c| c.tracestate()));
             tags.push(if t.tags.is_empty() {
@@ -862,6 +864,7 @@ impl PostgresStore {
                 &targets,
                 &traceparents,
                 &tracestates,
+                &priorities,
             ],
         )
         .await?;
@@ -956,6 +959,7 @@ fn due_entry(r: &Row) -> Result<DueEntry, StoreError> {
         timeout_ms: u64::try_from(timeout)
             .map_err(|_| StoreError::corrupt(format!("timeout_ms {timeout} is negative")))?,
         push_host: col::<Option<String>>(r, 5)?.and_then(|u| sundial_core::authority(&u)),
+        priority: Priority::from_stored(i64::from(col::<i16>(r, 6)?)),
     })
 }
 
@@ -1247,7 +1251,8 @@ impl Store for PostgresStore {
         let mut passed: Vec<String> = Vec::new();
         // Keys whose advisory lock this transaction holds.
         let mut held: HashSet<String> = HashSet::new();
-        let mut after: Option<Uuid> = None;
+        // Candidates by rank (the due time moved by the priority) and id.
+        let mut after: Option<(i64, Uuid)> = None;
         let mut out: Vec<Task> = Vec::with_capacity(want);
         while out.len() < want {
             let room = limit_param(want - out.len());
@@ -1255,16 +1260,18 @@ impl Store for PostgresStore {
             let sql = &self.sql.ready_candidates[variant];
             let rows = match (&kinds, &after) {
                 (None, None) => query(&tx, sql, &[&claim.queue, &passed, &room]).await?,
-                (None, Some(a)) => query(&tx, sql, &[&claim.queue, &passed, &room, a]).await?,
+                (None, Some((r, a))) => {
+                    query(&tx, sql, &[&claim.queue, &passed, &room, r, a]).await?
+                }
                 (Some(k), None) => query(&tx, sql, &[&claim.queue, &passed, &room, k]).await?,
-                (Some(k), Some(a)) => {
-                    query(&tx, sql, &[&claim.queue, &passed, &room, k, a]).await?
+                (Some(k), Some((r, a))) => {
+                    query(&tx, sql, &[&claim.queue, &passed, &room, k, r, a]).await?
                 }
             };
             let Some(last) = rows.last() else {
                 break;
             };
-            after = Some(col(last, 0)?);
+            after = Some((col(last, 2)?, col(last, 0)?));
             let mut candidates: Vec<(Uuid, Option<String>)> = Vec::with_capacity(rows.len());
             for r in &rows {
                 candidates.push((col(r, 0)?, col(r, 1)?));
@@ -1337,6 +1344,8 @@ impl Store for PostgresStore {
         if let Some((a, seq)) = audit {
             a.written(seq);
         }
+        // In the order they were taken (a page's update returns its rows in id order).
+        out.sort_by_key(|t| (t.priority.rank(t.due_at), t.id));
         Ok(out)
     }
 

@@ -2,7 +2,7 @@
 //! [`StoreError::Corrupt`], never silently patched.
 
 use sundial_core::{
-    Backoff, Exclusive, ExclusiveMode, ExecutionId, Task, TaskId, TaskState, Timestamp,
+    Backoff, Exclusive, ExclusiveMode, ExecutionId, Priority, Task, TaskId, TaskState, Timestamp,
     TraceContext,
 };
 use sundial_store::StoreError;
@@ -11,7 +11,7 @@ use tokio_postgres::types::FromSql;
 use uuid::Uuid;
 
 /// The task columns every task query returns, in the order [`task_from_row`] reads them.
-const COLUMNS: [&str; 27] = [
+const COLUMNS: [&str; 28] = [
     "id",
     "shard",
     "queue",
@@ -39,6 +39,7 @@ const COLUMNS: [&str; 27] = [
     "target",
     "traceparent",
     "tracestate",
+    "priority",
 ];
 
 /// The column list qualified with `alias` (`t.id, t.shard, …`): queries that join the task table
@@ -137,6 +138,7 @@ pub fn task_from_row(r: &Row) -> Result<Task, StoreError> {
         timeout_ms: u64::try_from(timeout_ms)
             .map_err(|_| StoreError::corrupt(format!("timeout_ms {timeout_ms} is negative")))?,
         exclusive,
+        priority: Priority::from_stored(i64::from(col::<i16>(r, 27)?)),
         execution_id: exec.map(ExecutionId),
         lease_expires_at: time(col(r, 15)?),
         worker: col(r, 16)?,

@@ -459,7 +459,24 @@ ALTER TABLE {schema}.push_secrets
 CREATE INDEX push_secrets_namespace ON {schema}.push_secrets (namespace, created_at, id);
 "#,
     },
+    Migration {
+        version: 16,
+        name: "task priorities",
+        // Ready tasks are taken by rank: the due time moved by the priority's credit
+        // (`sundial_core::priority`; `RANK_SQL` repeats the expression for the queries).
+        sql: r#"
+ALTER TABLE {schema}.tasks
+    ADD COLUMN priority smallint NOT NULL DEFAULT 5 CHECK (priority BETWEEN 0 AND 9);
+DROP INDEX {schema}.tasks_ready;
+CREATE INDEX tasks_ready ON {schema}.tasks (queue, (due_at - (priority - 5) * 60000), id)
+    WHERE state = 'ready';
+"#,
+    },
 ];
+
+/// A task's place in line among ready tasks (`sundial_core::Priority::rank`), as the
+/// `tasks_ready` index has it.
+pub const RANK_SQL: &str = "(due_at - (priority - 5) * 60000)";
 
 /// The schema version this build writes (the highest migration it knows).
 pub const CURRENT_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].version;
@@ -610,6 +627,15 @@ pub(crate) async fn migrate(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_ready_index_is_the_claims_rank_and_the_cores_rule() {
+        let m = MIGRATIONS.iter().find(|m| m.version == 16).unwrap();
+        assert!(m.sql.contains(RANK_SQL));
+        let step = sundial_core::Priority::STEP_MS.to_string();
+        let default = sundial_core::Priority::DEFAULT.get().to_string();
+        assert!(RANK_SQL.contains(&format!("(priority - {default}) * {step}")));
+    }
 
     #[test]
     fn schema_names() {

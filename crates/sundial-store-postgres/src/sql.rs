@@ -8,7 +8,7 @@
 use sundial_store::{ACTIVITY_QUEUE, WORKFLOW_QUEUE};
 
 use crate::rows::task_columns;
-use crate::schema::SchemaName;
+use crate::schema::{RANK_SQL, SchemaName};
 
 /// Live states: the ones that hold a business key.
 const LIVE: &str = "('scheduled', 'ready', 'running')";
@@ -446,13 +446,13 @@ impl Sql {
         let ready_candidates =
             [(false, false), (false, true), (true, false), (true, true)].map(|(kinds, after)| {
                 format!(
-                    "SELECT t.id, t.exclusive_key FROM {tasks} t \
+                    "SELECT t.id, t.exclusive_key, {RANK_SQL} FROM {tasks} t \
                      WHERE t.state = 'ready' AND t.queue = $1 \
                      AND (t.exclusive_key IS NULL OR (NOT (t.exclusive_key = ANY($2::text[])) \
                           AND NOT EXISTS (SELECT 1 FROM {tasks} r WHERE r.state = 'running' \
                                           AND r.exclusive_key = t.exclusive_key))) \
                      {kinds} {after} \
-                     ORDER BY t.id LIMIT $3 FOR UPDATE OF t SKIP LOCKED",
+                     ORDER BY {RANK_SQL}, t.id LIMIT $3 FOR UPDATE OF t SKIP LOCKED",
                     kinds = if kinds {
                         "AND t.kind = ANY($4::text[])"
                     } else {
@@ -460,8 +460,8 @@ impl Sql {
                     },
                     after = match (kinds, after) {
                         (_, false) => "",
-                        (false, true) => "AND t.id > $4::uuid",
-                        (true, true) => "AND t.id > $5::uuid",
+                        (false, true) => "AND ((t.due_at - (t.priority - 5) * 60000), t.id) > ($4::bigint, $5::uuid)",
+                        (true, true) => "AND ((t.due_at - (t.priority - 5) * 60000), t.id) > ($5::bigint, $6::uuid)",
                     },
                 )
             });
@@ -492,17 +492,18 @@ impl Sql {
             insert: format!(
                 "INSERT INTO {tasks} AS t (id, shard, queue, kind, key, payload, due_at, state, \
                  attempt, max_attempts, backoff, timeout_ms, exclusive_key, exclusive_mode, \
-                 created_at, updated_at, tags, target, traceparent, tracestate) \
+                 created_at, updated_at, tags, target, traceparent, tracestate, priority) \
                  SELECT u.id, u.shard, u.queue, u.kind, u.key, u.payload, u.due_at, 'scheduled', 0, \
                  u.max_attempts, u.backoff, u.timeout_ms, u.exclusive_key, u.exclusive_mode, \
-                 u.created_at, u.created_at, u.tags, u.target, u.traceparent, u.tracestate \
+                 u.created_at, u.created_at, u.tags, u.target, u.traceparent, u.tracestate, \
+                 u.priority \
                  FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[], $5::text[], \
                  $6::text[], $7::bigint[], $8::bigint[], $9::text[], $10::bigint[], $11::text[], \
                  $12::text[], $13::bigint[], $14::bigint[], $15::text[], $16::text[], \
-                 $17::text[], $18::text[]) \
+                 $17::text[], $18::text[], $19::smallint[]) \
                  AS u(id, shard, queue, kind, key, payload, due_at, max_attempts, backoff, \
                  timeout_ms, exclusive_key, exclusive_mode, created_at, ord, tags, target, \
-                 traceparent, tracestate) \
+                 traceparent, tracestate, priority) \
                  ORDER BY u.queue, u.key, u.ord \
                  ON CONFLICT (queue, key) WHERE key IS NOT NULL AND state IN {LIVE} DO NOTHING \
                  RETURNING {c}"
@@ -514,14 +515,14 @@ impl Sql {
                  WHERE t.key IS NOT NULL AND t.state IN {LIVE}"
             ),
             scan_due_from_start: format!(
-                "SELECT t.due_at, t.id, t.queue, t.kind, t.timeout_ms, t.target::json ->> 'url' \
-                 FROM {tasks} t \
+                "SELECT t.due_at, t.id, t.queue, t.kind, t.timeout_ms, t.target::json ->> 'url', \
+                 t.priority FROM {tasks} t \
                  WHERE t.state = 'scheduled' AND t.shard = $1 AND t.due_at <= $2 \
                  ORDER BY t.due_at, t.id LIMIT $3"
             ),
             scan_due_after: format!(
-                "SELECT t.due_at, t.id, t.queue, t.kind, t.timeout_ms, t.target::json ->> 'url' \
-                 FROM {tasks} t \
+                "SELECT t.due_at, t.id, t.queue, t.kind, t.timeout_ms, t.target::json ->> 'url', \
+                 t.priority FROM {tasks} t \
                  WHERE t.state = 'scheduled' AND t.shard = $1 AND t.due_at <= $2 \
                  AND (t.due_at, t.id) > ($3::bigint, $4::uuid) \
                  ORDER BY t.due_at, t.id LIMIT $5"

@@ -81,6 +81,7 @@ fn due(shard: u32, due_at: i64) -> Wakeup {
         shard,
         entry: DueEntry {
             push_host: None,
+            priority: sundial_core::Priority::DEFAULT,
             key: DueKey {
                 due_at: Timestamp(due_at),
                 id: TaskId(uuid::Uuid::now_v7()),

@@ -25,7 +25,10 @@ async fn push_secrets_older_than_namespaces_are_the_default_namespaces() {
              ALTER TABLE \"{schema}\".push_secrets DROP COLUMN namespace;
              INSERT INTO \"{schema}\".push_secrets (id, secret, created_at, expires_at)
                  VALUES ('ps_old', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', 5, NULL);
-             DELETE FROM \"{schema}\".schema_migrations WHERE version = 15;"
+             DROP INDEX \"{schema}\".tasks_ready;
+             ALTER TABLE \"{schema}\".tasks DROP COLUMN priority;
+             CREATE INDEX tasks_ready ON \"{schema}\".tasks (queue, id) WHERE state = 'ready';
+             DELETE FROM \"{schema}\".schema_migrations WHERE version >= 15;"
         ))
         .await
         .unwrap();

@@ -27,12 +27,14 @@ mod workflows;
 mod writer;
 
 use std::collections::{HashMap, HashSet};
+
+use schema::RANK_SQL;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
-use sundial_core::{ExecutionId, NewTask, Task, TaskId, TaskState, Timestamp};
+use sundial_core::{ExecutionId, NewTask, Priority, Task, TaskId, TaskState, Timestamp};
 use sundial_store::{
     AttemptHistory, ClaimOutcome, ClaimTarget, DeadGroup, DeadGroupFilter, DueClaim, DueEntry,
     DueKey, Fence, IdempotencyDecision, IdempotentCreate, IdempotentOutcome, Inserted,
@@ -714,7 +716,7 @@ fn run_filtered<T>(
 /// sub-journal again, and releasing it walks that journal from the start. One statement per chunk
 /// keeps both costs per chunk instead of per row.
 const INSERT_CHUNK: usize = 64;
-const INSERT_PARAMS: usize = 17;
+const INSERT_PARAMS: usize = 18;
 
 /// Inserts `tasks` in order; a task whose live `(queue, key)` is already held (by an earlier
 /// task, possibly of the same batch) becomes [`Inserted::Duplicate`].
@@ -743,8 +745,8 @@ fn insert_chunk(
         .map(|i| {
             let p = |n: usize| i * INSERT_PARAMS + n;
             format!(
-                "(?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, 'scheduled', 0, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})",
-                p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9), p(10), p(11), p(12), p(13), p(13), p(14), p(15), p(16), p(17)
+                "(?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, 'scheduled', 0, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})",
+                p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9), p(10), p(11), p(12), p(13), p(13), p(14), p(15), p(16), p(17), p(18)
             )
         })
         .collect::<Vec<_>>()
@@ -754,9 +756,10 @@ fn insert_chunk(
     let sql = format!(
         "INSERT INTO tasks (id, shard, queue, kind, key, payload, due_at, state, attempt, \
          max_attempts, backoff, timeout_ms, exclusive_key, exclusive_mode, created_at, updated_at, \
-         tags, target, traceparent, tracestate) VALUES {values} ON CONFLICT DO NOTHING RETURNING {TASK_COLUMNS}"
+         tags, target, traceparent, tracestate, priority) VALUES {values} ON CONFLICT DO NOTHING RETURNING {TASK_COLUMNS}"
     );
     let timeouts: Vec<i64> = chunk.iter().map(|t| t.timeout_ms as i64).collect();
+    let priorities: Vec<u8> = chunk.iter().map(|t| t.priority.get()).collect();
     let tags = chunk
         .iter()
         .map(|t| {
@@ -815,6 +818,7 @@ fn insert_chunk(
         args.push(target);
         args.push(&traceparents[i]);
         args.push(&tracestates[i]);
+        args.push(&priorities[i]);
     }
     let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
     let mut rows = stmt.query(args.as_slice()).map_err(backend)?;
@@ -1141,8 +1145,8 @@ impl Store for SqliteStore {
             };
             let mut stmt = conn
                 .prepare_cached(
-                    "SELECT due_at, id, queue, kind, timeout_ms, json_extract(target, '$.url') \
-                     FROM tasks INDEXED BY tasks_due \
+                    "SELECT due_at, id, queue, kind, timeout_ms, json_extract(target, '$.url'), \
+                     priority FROM tasks INDEXED BY tasks_due \
                      WHERE state = 'scheduled' AND shard = ?1 AND due_at <= ?2 \
                      AND (due_at, id) > (?3, ?4) ORDER BY due_at, id LIMIT ?5",
                 )
@@ -1165,6 +1169,7 @@ impl Store for SqliteStore {
                         .get::<_, Option<String>>(5)
                         .map_err(backend)?
                         .and_then(|u| sundial_core::authority(&u)),
+                    priority: Priority::from_stored(r.get(6).map_err(backend)?),
                 });
             }
             Ok(out)
@@ -1221,20 +1226,21 @@ impl Store for SqliteStore {
                     .kinds
                     .as_ref()
                     .map(|k| serde_json::to_string(k).unwrap_or_else(|_| "[]".to_string()));
-                // Candidates in id order, page by page, leaving out tasks whose exclusive key a
-                // running task holds: however many of those come first, the free ones behind them
-                // are reached. A candidate can still lose its key to a task started earlier in
-                // this call; the update checks again.
+                // Candidates by rank (the due time moved by the priority, `sundial_core::priority`)
+                // and id, page by page, leaving out tasks whose exclusive key a running task
+                // holds: however many of those come first, the free ones behind them are
+                // reached. A candidate can still lose its key to a task started earlier in this
+                // call; the update checks again.
                 let mut stmt = conn
-                    .prepare_cached(
-                        "SELECT id FROM tasks INDEXED BY tasks_ready \
+                    .prepare_cached(&format!(
+                        "SELECT {RANK_SQL}, id FROM tasks INDEXED BY tasks_ready \
                          WHERE state = 'ready' AND queue = ?1 \
                          AND (?2 IS NULL OR kind IN (SELECT value FROM json_each(?2))) \
-                         AND id > ?3 AND (exclusive_key IS NULL OR NOT EXISTS \
+                         AND ({RANK_SQL}, id) > (?3, ?4) AND (exclusive_key IS NULL OR NOT EXISTS \
                          (SELECT 1 FROM tasks r WHERE r.state = 'running' \
                          AND r.exclusive_key = tasks.exclusive_key)) \
-                         ORDER BY id LIMIT ?4",
-                    )
+                         ORDER BY {RANK_SQL}, id LIMIT ?5"
+                    ))
                     .map_err(backend)?;
                 let sql = format!(
                     "UPDATE tasks SET state = 'running', attempt = attempt + 1, execution_id = ?2, \
@@ -1246,11 +1252,13 @@ impl Store for SqliteStore {
                 );
                 let page = (want * 4 + 16) as i64;
                 // The empty blob sorts before every id.
-                let mut after: Vec<u8> = Vec::new();
+                let mut after: (i64, Vec<u8>) = (i64::MIN, Vec::new());
                 let mut out = Vec::with_capacity(want);
                 while out.len() < want {
-                    let ids: Vec<Vec<u8>> = stmt
-                        .query_map(params![claim.queue, kinds, after, page], |r| r.get(0))
+                    let ids: Vec<(i64, Vec<u8>)> = stmt
+                        .query_map(params![claim.queue, kinds, after.0, after.1, page], |r| {
+                            Ok((r.get(0)?, r.get(1)?))
+                        })
                         .map_err(backend)?
                         .collect::<Result<_, _>>()
                         .map_err(backend)?;
@@ -1258,7 +1266,7 @@ impl Store for SqliteStore {
                         break;
                     };
                     after = last.clone();
-                    for id in ids {
+                    for (_, id) in ids {
                         let Some(exec) = claim.execution_ids.get(out.len()) else {
                             break;
                         };

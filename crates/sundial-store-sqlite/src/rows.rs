@@ -3,7 +3,7 @@
 
 use rusqlite::Row;
 use sundial_core::{
-    Backoff, Exclusive, ExclusiveMode, ExecutionId, Task, TaskId, TaskState, Timestamp,
+    Backoff, Exclusive, ExclusiveMode, ExecutionId, Priority, Task, TaskId, TaskState, Timestamp,
     TraceContext,
 };
 use sundial_store::StoreError;
@@ -14,7 +14,7 @@ use crate::backend;
 pub const TASK_COLUMNS: &str = "id, shard, queue, kind, key, payload, due_at, state, attempt, \
     max_attempts, backoff, timeout_ms, exclusive_key, exclusive_mode, execution_id, \
     lease_expires_at, worker, last_error, result, created_at, updated_at, started_at, finished_at, \
-    tags, target, traceparent, tracestate";
+    tags, target, traceparent, tracestate, priority";
 
 pub fn parse_state(s: &str) -> Result<TaskState, StoreError> {
     s.parse()
@@ -86,6 +86,7 @@ pub fn task_from_row(r: &Row<'_>) -> Result<Task, StoreError> {
         backoff,
         timeout_ms: r.get::<_, i64>(11).map_err(backend)? as u64,
         exclusive,
+        priority: Priority::from_stored(r.get(27).map_err(backend)?),
         execution_id: exec
             .map(|b| uuid16(&b, "execution id").map(ExecutionId::from_bytes))
             .transpose()?,

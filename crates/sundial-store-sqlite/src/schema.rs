@@ -351,7 +351,18 @@ CREATE INDEX tasks_dead_error ON tasks (queue, substr(last_error, 1, CASE WHEN i
 ALTER TABLE push_secrets ADD COLUMN namespace TEXT NOT NULL DEFAULT 'default';
 CREATE INDEX push_secrets_namespace ON push_secrets (namespace, created_at, id);
 "#,
+    // 15: task priorities (`sundial_core::priority`): ready tasks are taken by rank, the due time
+    // moved by the priority's credit (`RANK_SQL`, which a query repeats to the letter).
+    r#"
+ALTER TABLE tasks ADD COLUMN priority INTEGER NOT NULL DEFAULT 5 CHECK (priority BETWEEN 0 AND 9);
+DROP INDEX tasks_ready;
+CREATE INDEX tasks_ready ON tasks (queue, (due_at - (priority - 5) * 60000), id) WHERE state = 'ready';
+"#,
 ];
+
+/// A task's place in line among ready tasks (`sundial_core::Priority::rank`), as the
+/// `tasks_ready` index has it.
+pub const RANK_SQL: &str = "(due_at - (priority - 5) * 60000)";
 
 /// The schema version this build writes.
 pub const CURRENT_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -387,5 +398,13 @@ mod tests {
         assert!(
             crate::ops::ERROR_GROUP_SQL.contains(&sundial_store::ERROR_GROUP_CHARS.to_string())
         );
+    }
+
+    #[test]
+    fn the_ready_index_is_the_claims_rank_and_the_cores_rule() {
+        assert!(super::MIGRATIONS[14].contains(super::RANK_SQL));
+        let step = sundial_core::Priority::STEP_MS.to_string();
+        let default = sundial_core::Priority::DEFAULT.get().to_string();
+        assert!(super::RANK_SQL.contains(&format!("(priority - {default}) * {step}")));
     }
 }

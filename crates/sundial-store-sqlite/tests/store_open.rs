@@ -48,8 +48,8 @@ fn insert(store: &SqliteStore, tasks: Vec<NewTask>) {
 /// Makes the database look as a build before the shard count was recorded left it: version 3,
 /// without what migrations 4 (the store's facts), 5 (operations), 6 (push delivery), 7 (fire
 /// retention), 8 (idempotency), 9 (access), 10 (workflow run retention), 11 (push attempts'
-/// answers: dropped with `task_attempts`), 12 (trace context) and 14 (the namespace of push
-/// secrets: dropped with `push_secrets`) added.
+/// answers: dropped with `task_attempts`), 12 (trace context), 14 (the namespace of push
+/// secrets: dropped with `push_secrets`) and 15 (priorities) added.
 fn forget_shard_count(dir: &Path) {
     let conn = rusqlite::Connection::open(dir.join("sundial.db")).unwrap();
     conn.execute_batch(
@@ -69,6 +69,8 @@ fn forget_shard_count(dir: &Path) {
          DROP INDEX workflow_runs_closed;
          ALTER TABLE tasks DROP COLUMN traceparent; ALTER TABLE tasks DROP COLUMN tracestate;
          DROP INDEX tasks_dead_error;
+         DROP INDEX tasks_ready; ALTER TABLE tasks DROP COLUMN priority;
+         CREATE INDEX tasks_ready ON tasks (queue, id) WHERE state = 'ready';
          PRAGMA user_version = 3;",
     )
     .unwrap();
@@ -176,6 +178,8 @@ fn push_secrets_older_than_namespaces_are_the_default_namespaces() {
          ALTER TABLE push_secrets DROP COLUMN namespace;
          INSERT INTO push_secrets (id, secret, created_at, expires_at)
              VALUES ('ps_old', 'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', 5, NULL);
+         DROP INDEX tasks_ready; ALTER TABLE tasks DROP COLUMN priority;
+         CREATE INDEX tasks_ready ON tasks (queue, id) WHERE state = 'ready';
          PRAGMA user_version = 13;",
     )
     .unwrap();

@@ -411,18 +411,25 @@ async fn apply(store: &dyn Store, m: &mut Model, op: &Op) -> Result<(), String> 
                 })
                 .await
                 .map_err(|e| store_err(&e))?;
-            let expected: Vec<TaskId> = m
+            // By rank (the model's tasks all have the default priority: the due time), then id.
+            let mut ready: Vec<(i64, TaskId)> = m
                 .tasks
                 .values()
                 .filter(|t| t.state == TaskState::Ready)
-                .map(|t| t.id)
+                .map(|t| (t.due_at, t.id))
+                .collect();
+            ready.sort();
+            let mut expected: Vec<TaskId> = ready
+                .into_iter()
+                .map(|(_, id)| id)
                 .take(usize::from(*n))
                 .collect();
+            expected.sort();
             let mut got_ids: Vec<TaskId> = got.iter().map(|t| t.id).collect();
             got_ids.sort();
             if got_ids != expected {
                 return Err(format!(
-                    "claim_ready took {got_ids:?}, model (oldest ready first) {expected:?}"
+                    "claim_ready took {got_ids:?}, model (earliest due first) {expected:?}"
                 ));
             }
             for t in &got {

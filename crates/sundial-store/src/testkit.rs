@@ -31,8 +31,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use sundial_core::{
-    Backoff, Exclusive, ExclusiveMode, ExecutionId, Limits, NewTask, PushMethod, Target, Task,
-    TaskId, TaskSpec, TaskState, Timestamp, TraceContext,
+    Backoff, Exclusive, ExclusiveMode, ExecutionId, Limits, NewTask, Priority, PushMethod, Target,
+    Task, TaskId, TaskSpec, TaskState, Timestamp, TraceContext,
 };
 use uuid::Uuid;
 
@@ -126,6 +126,7 @@ macro_rules! store_conformance {
             exclusive_wait_is_busy_while_key_runs
             exclusive_skip_is_cancelled_while_key_runs
             claim_ready_takes_ready_tasks_in_id_order
+            claim_ready_takes_ready_tasks_by_priority_rank
             claim_ready_respects_kinds_filter
             claim_ready_respects_batch_size
             claim_ready_skips_busy_exclusive_keys
@@ -479,6 +480,7 @@ pub async fn insert_then_get_round_trips_every_field(store: Arc<dyn Store>) {
             .backoff(backoff.clone())
             .timeout(Duration::from_secs(90))
             .exclusive("mailbox:ada", ExclusiveMode::Skip)
+            .priority(Priority::new(8).expect("a priority"))
             .tag("tenant", "ada ü")
             .tag("tier", "gold")
             .target(
@@ -511,6 +513,7 @@ pub async fn insert_then_get_round_trips_every_field(store: Arc<dyn Store>) {
             key: "mailbox:ada".into(),
             mode: ExclusiveMode::Skip,
         }),
+        priority: Priority::new(8).expect("a priority"),
         tags: [("tenant", "ada ü"), ("tier", "gold")]
             .into_iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -552,6 +555,7 @@ pub async fn insert_then_get_round_trips_every_field(store: Arc<dyn Store>) {
         backoff: Backoff::default(),
         timeout_ms: 300_000,
         exclusive: None,
+        priority: Priority::DEFAULT,
         tags: Default::default(),
         execution_id: None,
         lease_expires_at: None,
@@ -847,6 +851,7 @@ fn due_entry(t: &Task) -> DueEntry {
             .target
             .as_ref()
             .and_then(|x| sundial_core::authority(&x.url)),
+        priority: t.priority,
     }
 }
 
@@ -1732,6 +1737,62 @@ pub async fn claim_ready_takes_ready_tasks_in_id_order(store: Arc<dyn Store>) {
     assert_eq!(get(s, scheduled.id).await, scheduled);
     assert_eq!(get(s, far.id).await, far);
     assert_eq!(get(s, elsewhere.id).await.state, TaskState::Ready);
+}
+
+/// `claim_ready` takes ready tasks by rank (`sundial_core::priority`): among tasks due together
+/// the higher priority first, whatever their ids; a task due more than the credit earlier still
+/// goes before later urgent work; equal ranks in id order; paging by rank reaches them all.
+pub async fn claim_ready_takes_ready_tasks_by_priority_rank(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let step = Priority::STEP_MS;
+    let p = |n: u8| Priority::new(n).expect("a priority");
+    // (due time, priority), inserted in this order (so ids ascend in it).
+    let shape: [(i64, u8); 7] = [
+        (10 * step, 5),     // 0: rank 10 steps
+        (10 * step, 9),     // 1: rank 6 steps
+        (10 * step, 0),     // 2: rank 15 steps
+        (0, 0),             // 3: rank 5 steps: older low work before later urgent work
+        (10 * step, 9),     // 4: rank 6 steps, after 1 (id)
+        (10 * step + 1, 5), // 5: rank 10 steps + 1
+        (10 * step, 7),     // 6: rank 8 steps
+    ];
+    let rs: Vec<Task> = insert_all(
+        s,
+        shape
+            .iter()
+            .map(|&(due, prio)| {
+                make(
+                    TaskSpec::new("k")
+                        .queue("work")
+                        .run_at(Timestamp(due))
+                        .priority(p(prio)),
+                    at(0),
+                )
+            })
+            .collect(),
+    )
+    .await;
+    for t in &rs {
+        make_ready(s, t.id, Timestamp(11 * step)).await;
+    }
+    let want: Vec<TaskId> = [3usize, 1, 4, 6, 0, 5, 2]
+        .into_iter()
+        .map(|i| rs[i].id)
+        .collect();
+    let mut got = Vec::new();
+    // Batches of two: each claim pages past what the last one took.
+    for round in 0..4 {
+        let batch = s
+            .claim_ready(ready_claim("work", 2, "w", Timestamp(11 * step + round)))
+            .await
+            .expect("claim_ready");
+        for t in &batch {
+            assert!(t.started_at >= Some(t.due_at), "never before its due time");
+        }
+        got.extend(ids(&batch));
+    }
+    assert_eq!(got, want, "by rank, then id");
+    assert_eq!(get(s, rs[1].id).await.priority, p(9));
 }
 
 /// `claim_ready` never records a start before the task's due time. A poll's `now` is read before

@@ -1,6 +1,6 @@
 //! Plain data passed across the [`crate::Store`] trait.
 
-use sundial_core::{Backoff, ExecutionId, NewTask, Task, TaskId, TaskState, Timestamp};
+use sundial_core::{Backoff, ExecutionId, NewTask, Priority, Task, TaskId, TaskState, Timestamp};
 
 /// Position in a shard's due index: `(due_at, id)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -20,6 +20,8 @@ pub struct DueEntry {
     /// For a push task: its destination (`host:port`, see [`sundial_core::authority`]), by which
     /// the engine limits concurrent calls per receiver. `None` for handler and worker tasks.
     pub push_host: Option<String>,
+    /// Its order among due entries that compete for the same slots (`sundial_core::priority`).
+    pub priority: Priority,
 }
 
 /// Result of inserting one task.

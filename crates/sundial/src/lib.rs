@@ -64,8 +64,8 @@ pub use series::register_queue_metrics;
 pub use sundial_core::Tags;
 pub use sundial_core::{
     Backoff, Clock, Due, Exclusive, ExclusiveMode, ExecutionId, INTERNAL_QUEUE_PREFIX, Limits,
-    ManualClock, PushMethod, Target, Task, TaskId, TaskSpec, TaskState, Timestamp, TokenId,
-    TraceContext, ValidationError, is_internal_queue,
+    ManualClock, Priority, PushMethod, Target, Task, TaskId, TaskSpec, TaskState, Timestamp,
+    TokenId, TraceContext, ValidationError, is_internal_queue,
 };
 pub use sundial_store::{
     AccessStore, Attempt, AttemptHistory, AttemptOutcome, AttemptResponse, Cluster, PushSecret,

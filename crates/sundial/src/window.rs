@@ -24,7 +24,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use sundial_core::{TaskId, Timestamp};
+use sundial_core::{Priority, TaskId, Timestamp};
 use sundial_store::{DueEntry, DueKey};
 
 /// What the window knows of a task besides its key.
@@ -35,6 +35,8 @@ pub struct Meta {
     pub timeout_ms: u64,
     /// A push task's destination (interned), by which its calls are limited.
     pub push_host: Option<Arc<str>>,
+    /// Its order among due entries competing for the same slots (`sundial_core::priority`).
+    pub priority: Priority,
 }
 
 #[derive(Debug)]
@@ -142,6 +144,7 @@ impl Window {
                 kind: intern(&r.kind),
                 timeout_ms: r.timeout_ms,
                 push_host: r.push_host.as_deref().map(&mut *intern),
+                priority: r.priority,
             };
             self.put(r.key, meta);
         }
@@ -292,6 +295,7 @@ mod tests {
             kind: Arc::from("k"),
             timeout_ms: 1_000,
             push_host: None,
+            priority: Priority::DEFAULT,
         }
     }
     fn row(due: i64, id: u8) -> DueEntry {
@@ -301,6 +305,7 @@ mod tests {
             kind: "k".into(),
             timeout_ms: 1_000,
             push_host: None,
+            priority: Priority::DEFAULT,
         }
     }
     fn intern() -> impl FnMut(&str) -> Arc<str> {

@@ -633,3 +633,105 @@ async fn shutdown_deadline_interrupts_and_reschedules() {
     // Rescheduled to run again at once: due at the moment it was interrupted.
     assert!(t.due_at >= Timestamp(T0.0 + 5_000) && t.due_at <= sundial::Clock::now(&h.clock));
 }
+
+/// Creates `specs` (in order) while the queue's one handler slot is busy, moves the clock by
+/// `advance`, frees the slot, and gives the indexes of `specs` in the order their attempts
+/// started (none before its due time). The slot is busy so that the order is the line's: with a
+/// slot free, a due task starts at once, whichever shard holds it.
+async fn start_order(specs: Vec<TaskSpec>, advance: Duration) -> Vec<usize> {
+    let cfg = Config {
+        default_concurrency: 1,
+        ..Default::default()
+    };
+    let h = harness_with(cfg).await;
+    let mut runs = record(&h, "p", |_| Ok(()));
+    let release = Arc::new(tokio::sync::Notify::new());
+    let held = Arc::new(AtomicUsize::new(0));
+    let (r, hd) = (release.clone(), held.clone());
+    h.sundial
+        .register("block", move |_ctx: sundial::TaskContext| {
+            let (r, hd) = (r.clone(), hd.clone());
+            async move {
+                hd.fetch_add(1, Ordering::SeqCst);
+                r.notified().await;
+                hd.fetch_sub(1, Ordering::SeqCst);
+                Ok::<(), String>(())
+            }
+        });
+    let holding = || held.load(Ordering::SeqCst);
+    let mut stepper = h.sundial.stepper();
+    let blocker = h
+        .sundial
+        .schedule(TaskSpec::new("block").timeout(Duration::from_secs(3_600)))
+        .await
+        .expect("schedule the blocker");
+    while holding() == 0 {
+        stepper.settle_holding(holding).await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let mut ids = Vec::new();
+    for spec in specs {
+        ids.push(h.sundial.schedule(spec).await.expect("schedule"));
+    }
+    h.clock.advance(advance);
+    stepper.settle_holding(holding).await;
+    no_run(&mut runs).await;
+    release.notify_one();
+    wait_state(&h.sundial, blocker, TaskState::Succeeded).await;
+    stepper.settle().await;
+    let mut order = Vec::new();
+    for _ in 0..ids.len() {
+        let r = next_run(&mut runs).await;
+        assert!(r.at >= r.due, "{r:?} started early");
+        order.push(
+            ids.iter()
+                .position(|id| *id == r.id)
+                .expect("one of the specs"),
+        );
+        stepper.settle().await;
+    }
+    no_run(&mut runs).await;
+    for id in ids {
+        wait_state(&h.sundial, id, TaskState::Succeeded).await;
+    }
+    order
+}
+
+fn prio(p: u8) -> sundial::Priority {
+    sundial::Priority::new(p).expect("0..=9")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn among_tasks_due_together_higher_priority_starts_first() {
+    let due = Timestamp(T0.0 + 10_000);
+    let specs = [1, 5, 9, 3]
+        .into_iter()
+        .map(|p| TaskSpec::new("p").run_at(due).priority(prio(p)))
+        .collect();
+    // Created with priorities 1, 5, 9, 3: started 9, 5, 3, 1.
+    assert_eq!(
+        start_order(specs, Duration::from_secs(10)).await,
+        vec![2, 1, 3, 0]
+    );
+}
+
+/// The aging rule (`sundial_core::priority`): urgent work due up to nine minutes after a task
+/// passes it; urgent work due later does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn urgent_work_due_much_later_does_not_pass_an_older_task() {
+    let minute = 60_000;
+    let low_due = Timestamp(T0.0 + minute);
+    let specs = vec![
+        TaskSpec::new("p").run_at(low_due).priority(prio(0)),
+        TaskSpec::new("p")
+            .run_at(Timestamp(low_due.0 + 8 * minute))
+            .priority(prio(9)),
+        TaskSpec::new("p")
+            .run_at(Timestamp(low_due.0 + 9 * minute + 1_000))
+            .priority(prio(9)),
+    ];
+    assert_eq!(
+        start_order(specs, Duration::from_secs(11 * 60)).await,
+        vec![1, 0, 2]
+    );
+}

@@ -150,6 +150,9 @@ pub struct TaskTemplate {
     /// The tags each fire's task carries (checked against [`Limits`] when the task is made).
     #[serde(default, skip_serializing_if = "crate::Tags::is_empty")]
     pub tags: crate::Tags,
+    /// The priority each fire's task carries (see [`crate::priority`]).
+    #[serde(default, skip_serializing_if = "crate::Priority::is_default")]
+    pub priority: crate::Priority,
 }
 
 fn default_queue() -> String {
@@ -174,6 +177,7 @@ impl TaskTemplate {
             exclusive: None,
             target: None,
             tags: crate::Tags::new(),
+            priority: crate::Priority::DEFAULT,
         }
     }
     pub fn queue(mut self, queue: impl Into<String>) -> Self {
@@ -402,6 +406,7 @@ impl ScheduleDef {
         };
         spec.target = t.target.clone();
         spec.tags = t.tags.clone();
+        spec.priority = t.priority;
         spec.validate(task_id, due, shard_count, limits)
     }
 }
@@ -562,9 +567,10 @@ mod tests {
     }
 
     #[test]
-    fn a_fire_task_carries_the_template_tags_within_the_limits() {
+    fn a_fire_task_carries_the_template_tags_and_priority_within_the_limits() {
         let mut d = def();
         d.task.tags = [("team".to_string(), "ops".to_string())].into();
+        d.task.priority = crate::Priority::new(8).unwrap();
         let id = ScheduleId::new("s1").unwrap();
         let t = d
             .task_for(
@@ -577,12 +583,14 @@ mod tests {
             )
             .unwrap();
         assert_eq!(t.tags, d.task.tags);
+        assert_eq!(t.priority, d.task.priority);
         // The stored form reads back, and a template stored before tags existed reads as none.
         let back: TaskTemplate =
             serde_json::from_value(serde_json::to_value(&d.task).unwrap()).unwrap();
         assert_eq!(back, d.task);
         let old: TaskTemplate = serde_json::from_value(serde_json::json!({"kind": "k"})).unwrap();
         assert!(old.tags.is_empty());
+        assert_eq!(old.priority, crate::Priority::DEFAULT);
         // Too many tags are refused when the fire's task is made, as for any task.
         d.task.tags = (0..100)
             .map(|i| (format!("k{i}"), "v".to_string()))

@@ -39,6 +39,7 @@ use crate::config::Config;
 use crate::handler::Handler;
 pub(crate) use crate::placement::{ClaimError, LeaseLost, Owner, Placement};
 
+mod line;
 pub(crate) mod pause;
 mod poll;
 pub(crate) mod reaper;
@@ -97,6 +98,9 @@ pub(crate) struct QueueState {
     /// Pollers restricted to some kinds wait here and are all woken: a wake-up cannot be aimed
     /// at the poller whose kinds match.
     ready_filtered: Notify,
+    /// The best-ranked entry each shard loop holds back for want of a permit, so that a freed
+    /// permit goes to the best-ranked waiter of any shard (see [`line`]).
+    line: line::Line,
 }
 
 pub(crate) struct ShardSignal {
@@ -189,6 +193,13 @@ impl Engine {
         self.push_permits.clone()
     }
 
+    /// Starved shard loops look again: a permit or slot was released, or the line of a queue
+    /// (see [`line`]) changed.
+    fn wake_starved(&self) {
+        self.permits_released
+            .send_modify(|v| *v = v.wrapping_add(1));
+    }
+
     /// A push slot taken outside the shard loops was released: loops starved of one look again.
     pub(crate) fn push_slot_released(&self) {
         self.permits_released
@@ -223,6 +234,7 @@ impl Engine {
                     permits: Arc::new(Semaphore::new(self.config.concurrency(name))),
                     ready: Notify::new(),
                     ready_filtered: Notify::new(),
+                    line: line::Line::default(),
                 })
             })
             .clone()
@@ -291,6 +303,7 @@ impl Engine {
                         .target
                         .as_ref()
                         .and_then(|t| sundial_core::authority(&t.url)),
+                    priority: task.priority,
                 },
             ),
             TaskState::Ready => self.ready_changed(&task.queue),

@@ -22,7 +22,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::FutureExt;
-use sundial_core::{ExecutionId, Timestamp};
+use sundial_core::{ExecutionId, Priority, Timestamp};
 use sundial_store::{ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey};
 
 use crate::trace::{self, Step};
@@ -64,6 +64,23 @@ pub(crate) struct ShardLoop {
     store_backoff: Duration,
     /// Which permits the last turn left due entries waiting for.
     starved: Starved,
+    /// The queues in whose line (see `super::line`) this loop holds a waiting entry.
+    in_line: HashSet<Arc<str>>,
+}
+
+impl Drop for ShardLoop {
+    /// A stopped loop waits for nothing: its places in line go, and the others look again.
+    fn drop(&mut self) {
+        let mut left = false;
+        for q in &self.in_line {
+            if let Some(state) = self.queues.get(q) {
+                left |= state.line.leave(self.shard);
+            }
+        }
+        if left {
+            self.engine.wake_starved();
+        }
+    }
 }
 
 /// The permits a turn left due entries waiting for.
@@ -108,6 +125,7 @@ impl ShardLoop {
             rescan_at,
             store_backoff: FIRST_BACKOFF,
             starved: Starved::default(),
+            in_line: HashSet::new(),
         }
     }
 
@@ -138,6 +156,7 @@ impl ShardLoop {
                 kind: self.intern(&e.kind),
                 timeout_ms: e.timeout_ms,
                 push_host: e.push_host.as_deref().map(|h| self.intern(h)),
+                priority: e.priority,
             };
             self.window.insert(e.key, meta);
         }
@@ -326,11 +345,19 @@ impl ShardLoop {
         // Then a bounded walk of the other entries: entries of starved queues are skipped, but
         // not without limit; entries of full receivers are skipped once and then parked.
         let mut full = false;
-        let walk = self
+        // Whether a free queue permit was left to another loop's better-ranked entry.
+        let mut deferred = false;
+        let mut walk: Vec<(&DueKey, &Meta)> = self
             .window
             .due(until)
             .take(claim_batch.saturating_mul(4))
-            .map(|e| (false, e));
+            .collect();
+        // Among the entries walked, the higher priority first (`sundial_core::priority`: the due
+        // time moved by the priority's credit); entries of the default priority keep due order.
+        if walk.iter().any(|(_, m)| m.priority != Priority::DEFAULT) {
+            walk.sort_by_key(|(k, m)| (m.priority.rank(k.due_at), k.due_at, k.id));
+        }
+        let walk = walk.into_iter().map(|e| (false, e));
         for (parked, (key, meta)) in from_lanes.iter().map(|(k, m)| (true, (k, m))).chain(walk) {
             if batch.len() >= claim_batch {
                 full = true;
@@ -425,8 +452,16 @@ impl ShardLoop {
                 .queues
                 .entry(meta.queue.clone())
                 .or_insert_with(|| engine.queue(&meta.queue));
-            match q.permits.clone().try_acquire_owned() {
-                Ok(permit) => {
+            // A free permit is left to another loop whose waiting entry ranks ahead of this one.
+            let place = (meta.priority.rank(key.due_at), key.id);
+            let permit = if q.line.ahead_of(self.shard, place) {
+                deferred |= q.permits.available_permits() > 0;
+                None
+            } else {
+                q.permits.clone().try_acquire_owned().ok()
+            };
+            match permit {
+                Some(permit) => {
                     batch.push(Pending {
                         key: *key,
                         meta: meta.clone(),
@@ -435,11 +470,31 @@ impl ShardLoop {
                         run: Some((handler, vec![permit])),
                     });
                 }
-                Err(_) => {
+                None => {
                     starved.queue = true;
                     starved_queues.insert(meta.queue.clone());
+                    q.line.wait(self.shard, place);
                 }
             }
+        }
+        // Places in line this pass did not renew go (the entry was started, or is gone); the
+        // loops deferred to, or behind a place that went, look again. A pass cut short by a full
+        // batch keeps the places it did not reach.
+        let mut line_changed = deferred;
+        let held = std::mem::take(&mut self.in_line);
+        for q in held {
+            if starved_queues.contains(&q) {
+                continue;
+            }
+            if full {
+                self.in_line.insert(q);
+            } else if let Some(state) = self.queues.get(&q) {
+                line_changed |= state.line.leave(self.shard);
+            }
+        }
+        self.in_line.extend(starved_queues.iter().cloned());
+        if line_changed {
+            engine.wake_starved();
         }
         for key in &held_back {
             self.window.remove(key);
@@ -530,6 +585,7 @@ impl ShardLoop {
                         kind: b.meta.kind.to_string(),
                         timeout_ms: b.meta.timeout_ms,
                         push_host: b.meta.push_host.as_deref().map(str::to_string),
+                        priority: b.meta.priority,
                     };
                     if let Ok(mut w) = engine.exclusive_waiting.lock() {
                         w.entry(exclusive_key)
