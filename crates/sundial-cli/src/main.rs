@@ -43,6 +43,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size of the largest variant's arguments costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run the server: the engine on the embedded store, and the HTTP API.

@@ -34,7 +34,7 @@ pub struct TaskArgs {
 #[derive(Subcommand, Debug)]
 enum TaskCommand {
     /// Create a task.
-    Add(AddArgs),
+    Add(Box<AddArgs>),
     /// Show one task.
     Get {
         /// The task's id.
@@ -155,6 +155,33 @@ struct AddArgs {
     /// Attempts including the first.
     #[arg(long)]
     max_attempts: Option<u32>,
+    /// A group limit: at most --concurrency-limit tasks with this key run at once.
+    #[arg(long, requires = "concurrency_limit", conflicts_with = "exclusive")]
+    concurrency_key: Option<String>,
+    /// How many tasks with --concurrency-key may run at once (1 to 10,000).
+    #[arg(long, requires = "concurrency_key", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    concurrency_limit: Option<u32>,
+    /// Admit at most one task per queue and this key per --throttle-per; a create inside the
+    /// period stores nothing and prints the admitted task.
+    #[arg(long, requires = "throttle_per", conflicts_with = "idempotency_key")]
+    throttle_key: Option<String>,
+    /// The period of --throttle-key, e.g. 1h.
+    #[arg(long, requires = "throttle_key", value_name = "DURATION")]
+    throttle_per: Option<String>,
+    /// Keep one pending task per queue and this key: while one is scheduled and not started,
+    /// a create replaces its payload and due time (--debounce-delay from now) and prints it.
+    #[arg(
+        long,
+        requires = "debounce_delay",
+        conflicts_with_all = ["idempotency_key", "throttle_key", "delay", "at"]
+    )]
+    debounce_key: Option<String>,
+    /// How long after the latest create a debounced task is due, e.g. 30s.
+    #[arg(long, requires = "debounce_key", value_name = "DURATION")]
+    debounce_delay: Option<String>,
+    /// The longest a debounced task is put off from its first create, e.g. 5m.
+    #[arg(long, requires = "debounce_key", value_name = "DURATION")]
+    debounce_max_wait: Option<String>,
     /// 0 to 9 (default 5; 9 the most urgent): among tasks due together, higher starts first.
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=9))]
     priority: Option<u8>,
@@ -269,6 +296,7 @@ pub async fn run(mut args: TaskArgs) -> anyhow::Result<ExitCode> {
     let json = args.json;
     let result = match args.command {
         TaskCommand::Add(a) => {
+            let a = *a;
             let payload = match a.payload {
                 Some(p) => Some(serde_json::from_str(&p).context("--payload is not valid JSON")?),
                 None => None,
@@ -321,6 +349,21 @@ pub async fn run(mut args: TaskArgs) -> anyhow::Result<ExitCode> {
                 run_at: a.at,
                 max_attempts: a.max_attempts,
                 priority: a.priority,
+                concurrency: a
+                    .concurrency_key
+                    .zip(a.concurrency_limit)
+                    .map(|(key, limit)| sundial_server::wire::ConcurrencySpec { key, limit }),
+                throttle: a
+                    .throttle_key
+                    .zip(a.throttle_per)
+                    .map(|(key, per)| sundial_server::wire::ThrottleSpec { key, per }),
+                debounce: a.debounce_key.zip(a.debounce_delay).map(|(key, delay)| {
+                    sundial_server::wire::DebounceSpec {
+                        key,
+                        delay,
+                        max_wait: a.debounce_max_wait,
+                    }
+                }),
                 timeout: a.timeout,
                 backoff,
                 exclusive,
@@ -480,6 +523,13 @@ fn show_task(t: &TaskView, json: bool) {
         ("run at", t.run_at.clone()),
         ("attempt", format!("{}/{}", t.attempt, t.max_attempts)),
         ("priority", t.priority.to_string()),
+        (
+            "group limit",
+            t.concurrency
+                .as_ref()
+                .map(|c| format!("{} (at most {})", c.key, c.limit))
+                .unwrap_or_else(|| "-".to_string()),
+        ),
         ("timeout", t.timeout.clone()),
         ("payload", t.payload.to_string()),
         (

@@ -288,6 +288,122 @@ async fn priorities_are_stored_returned_bounded_and_polled_in_order(backend: Bac
     assert_eq!(order, vec![ids[2].clone(), ids[1].clone(), ids[0].clone()]);
 }
 
+async fn group_limits_are_stored_bounded_and_hold_for_worker_polls(backend: Backend) {
+    let Some(storage) = Storage::new(backend) else {
+        return;
+    };
+    let server = Server::start_on(&storage);
+    let c = server.client();
+    let u = &server.url;
+    // Bad input: a clear error, nothing stored.
+    for bad in [
+        json!({"kind": "k", "concurrency": {"key": "acct", "limit": 0}}),
+        json!({"kind": "k", "concurrency": {"key": "acct", "limit": 10001}}),
+        json!({"kind": "k", "concurrency": {"key": "", "limit": 2}}),
+        json!({"kind": "k", "concurrency": {"limit": 2}}),
+        json!({"kind": "k", "concurrency": {"key": "acct", "limit": 2},
+               "exclusive": {"key": "acct"}}),
+    ] {
+        let (status, body) = send("POST", &format!("{u}/v1/tasks"), Some(bad.clone())).await;
+        assert_eq!(status, 422, "{bad}: {body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("concurrency") || message.contains("exclusive"),
+            "{bad}: {body}"
+        );
+    }
+    assert_eq!(common::count(&c).await, 0);
+
+    // Stored and returned.
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        let (status, t) = send(
+            "POST",
+            &format!("{u}/v1/tasks"),
+            Some(json!({"kind": "k", "queue": "grp",
+                        "concurrency": {"key": "acct", "limit": 2}})),
+        )
+        .await;
+        assert_eq!(status, 201, "{t}");
+        assert_eq!(t["concurrency"], json!({"key": "acct", "limit": 2}), "{t}");
+        ids.push(t["id"].as_str().unwrap().to_string());
+    }
+    let (_, got) = send("GET", &format!("{u}/v1/tasks/{}", ids[0]), None).await;
+    assert_eq!(got["concurrency"]["limit"], 2, "{got}");
+
+    // The CLI: both flags or neither, bounded before anything is sent.
+    let added = json_out(
+        &sundial(
+            &server,
+            &[
+                "task",
+                "add",
+                "k",
+                "--concurrency-key",
+                "acct",
+                "--concurrency-limit",
+                "4",
+                "--delay",
+                "1h",
+                "--json",
+            ],
+        )
+        .await,
+    );
+    assert_eq!(added["concurrency"], json!({"key": "acct", "limit": 4}));
+    for args in [
+        &["task", "add", "k", "--concurrency-key", "acct"][..],
+        &[
+            "task",
+            "add",
+            "k",
+            "--concurrency-key",
+            "acct",
+            "--concurrency-limit",
+            "0",
+        ][..],
+    ] {
+        let refused = sundial(&server, args).await;
+        assert!(!refused.status.success(), "{args:?}");
+        assert!(String::from_utf8_lossy(&refused.stderr).contains("concurrency"));
+    }
+    assert_eq!(common::count(&c).await, 4);
+
+    // Worker polls: two of the group at once, the third after one finishes. Bounded: 30 s.
+    let mut taken = Vec::new();
+    for _ in 0..1_500 {
+        let got = c
+            .poll("grp", "w", 10, Duration::from_millis(20), None)
+            .await
+            .unwrap();
+        taken.extend(got.tasks);
+        if taken.len() >= 2 {
+            break;
+        }
+    }
+    assert_eq!(taken.len(), 2, "two of the group run at once");
+    let more = c
+        .poll("grp", "w", 10, Duration::from_millis(300), None)
+        .await
+        .unwrap();
+    assert!(more.tasks.is_empty(), "a third ran while two did");
+    c.complete(taken[0].id, taken[0].execution_id, None)
+        .await
+        .unwrap();
+    let mut third = Vec::new();
+    for _ in 0..100 {
+        third = c
+            .poll("grp", "w", 10, Duration::from_millis(300), None)
+            .await
+            .unwrap()
+            .tasks;
+        if !third.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(third.len(), 1, "the third starts once one finished");
+}
+
 async fn queues_show_counts_and_pause_is_durable(backend: Backend) {
     let Some(storage) = Storage::new(backend) else {
         return;
@@ -900,6 +1016,240 @@ async fn push_commands() {
     assert_eq!(schedule["task"]["target"]["timeout"], "10s");
 }
 
+async fn throttles_admit_one_task_per_period_and_answer_it(backend: Backend) {
+    let Some(storage) = Storage::new(backend) else {
+        return;
+    };
+    let server = Server::start_on(&storage);
+    let c = server.client();
+    let u = server.url.clone();
+    // Bad input: a clear error naming the field, nothing stored.
+    for (bad, field) in [
+        (
+            json!({"kind": "k", "throttle": {"key": "", "per": "1h"}}),
+            "throttle.key",
+        ),
+        (
+            json!({"kind": "k", "throttle": {"key": "a", "per": "0s"}}),
+            "throttle.per",
+        ),
+        (
+            json!({"kind": "k", "throttle": {"key": "a", "per": "5 minutes"}}),
+            "throttle.per",
+        ),
+        (json!({"kind": "k", "throttle": {"key": "a"}}), "throttle"),
+        (
+            json!({"kind": "k", "throttle": {"key": "a", "per": "1h"}, "idempotency_key": "i"}),
+            "throttle",
+        ),
+    ] {
+        let (status, body) = send("POST", &format!("{u}/v1/tasks"), Some(bad.clone())).await;
+        assert_eq!(status, 422, "{bad}: {body}");
+        let named = body["error"]["field"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+            + body["error"]["message"].as_str().unwrap_or_default();
+        assert!(named.contains(field), "{bad}: {body}");
+    }
+    let (status, body) = send(
+        "POST",
+        &format!("{u}/v1/tasks:batch"),
+        Some(json!({"tasks": [{"kind": "k", "throttle": {"key": "a", "per": "1h"}}]})),
+    )
+    .await;
+    assert_eq!(status, 422, "a batch takes no throttle: {body}");
+    let (status, body) = send(
+        "POST",
+        &format!("{u}/v1/schedules"),
+        Some(json!({"id": "s", "every": "1h",
+                    "task": {"kind": "k", "throttle": {"key": "a", "per": "1h"}}})),
+    )
+    .await;
+    assert_eq!(status, 422, "a template takes no throttle: {body}");
+    assert_eq!(common::count(&c).await, 0);
+
+    // 100 creates at once: one 201, the rest 200 with the admitted task.
+    let creates = (0..100).map(|n| {
+        let u = u.clone();
+        tokio::spawn(async move {
+            send(
+                "POST",
+                &format!("{u}/v1/tasks"),
+                Some(json!({"kind": "digest", "queue": "mail", "delay": "1h",
+                            "payload": {"n": n},
+                            "throttle": {"key": "user-42", "per": "10m"}})),
+            )
+            .await
+        })
+    });
+    let mut answers = Vec::new();
+    for c in creates {
+        answers.push(c.await.unwrap());
+    }
+    let admitted: Vec<_> = answers.iter().filter(|(s, _)| *s == 201).collect();
+    assert_eq!(admitted.len(), 1, "{answers:?}");
+    let id = admitted[0].1["id"].as_str().unwrap().to_string();
+    for (status, t) in &answers {
+        assert!(*status == 201 || *status == 200, "{status}: {t}");
+        assert_eq!(t["id"], id.as_str(), "{t}");
+    }
+    assert_eq!(common::count(&c).await, 1);
+
+    // The CLI: both flags, and a throttled repeat prints the admitted task.
+    let cli = |key: &'static str| {
+        let server = &server;
+        async move {
+            json_out(
+                &sundial(
+                    server,
+                    &[
+                        "task",
+                        "add",
+                        "digest",
+                        "-q",
+                        "mail",
+                        "--throttle-key",
+                        key,
+                        "--throttle-per",
+                        "10m",
+                        "--json",
+                    ],
+                )
+                .await,
+            )
+        }
+    };
+    assert_eq!(cli("user-42").await["id"], id.as_str());
+    assert_ne!(cli("user-7").await["id"], id.as_str());
+    let refused = sundial(&server, &["task", "add", "k", "--throttle-key", "a"]).await;
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("throttle"));
+    assert_eq!(common::count(&c).await, 2);
+}
+
+async fn debounces_keep_one_pending_task_per_key(backend: Backend) {
+    let Some(storage) = Storage::new(backend) else {
+        return;
+    };
+    let server = Server::start_on(&storage);
+    let c = server.client();
+    let u = server.url.clone();
+    // Bad input: a clear error naming the field, nothing stored.
+    for (bad, field) in [
+        (
+            json!({"kind": "k", "debounce": {"key": "", "delay": "30s"}}),
+            "debounce.key",
+        ),
+        (
+            json!({"kind": "k", "debounce": {"key": "a", "delay": "5 minutes"}}),
+            "debounce.delay",
+        ),
+        (
+            json!({"kind": "k", "debounce": {"key": "a", "delay": "30s", "max_wait": "10s"}}),
+            "debounce.max_wait",
+        ),
+        (json!({"kind": "k", "debounce": {"key": "a"}}), "debounce"),
+        (
+            json!({"kind": "k", "debounce": {"key": "a", "delay": "30s"}, "delay": "1m"}),
+            "debounce",
+        ),
+        (
+            json!({"kind": "k", "debounce": {"key": "a", "delay": "30s"},
+                   "throttle": {"key": "a", "per": "1h"}}),
+            "debounce",
+        ),
+        (
+            json!({"kind": "k", "debounce": {"key": "a", "delay": "30s"}, "idempotency_key": "i"}),
+            "debounce",
+        ),
+    ] {
+        let (status, body) = send("POST", &format!("{u}/v1/tasks"), Some(bad.clone())).await;
+        assert_eq!(status, 422, "{bad}: {body}");
+        let named = body["error"]["field"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+            + body["error"]["message"].as_str().unwrap_or_default();
+        assert!(named.contains(field), "{bad}: {body}");
+    }
+    let (status, body) = send(
+        "POST",
+        &format!("{u}/v1/tasks:batch"),
+        Some(json!({"tasks": [{"kind": "k", "debounce": {"key": "a", "delay": "1s"}}]})),
+    )
+    .await;
+    assert_eq!(status, 422, "a batch takes no debounce: {body}");
+    let (status, body) = send(
+        "POST",
+        &format!("{u}/v1/schedules"),
+        Some(json!({"id": "s", "every": "1h",
+                    "task": {"kind": "k", "debounce": {"key": "a", "delay": "1s"}}})),
+    )
+    .await;
+    assert_eq!(status, 422, "a template takes no debounce: {body}");
+    assert_eq!(common::count(&c).await, 0);
+
+    // 100 creates at once: one 201, the rest 200 with the same pending task.
+    let creates = (0..100).map(|n| {
+        let u = u.clone();
+        tokio::spawn(async move {
+            send(
+                "POST",
+                &format!("{u}/v1/tasks"),
+                Some(
+                    json!({"kind": "reindex", "queue": "search", "payload": {"n": n},
+                            "debounce": {"key": "doc-42", "delay": "1h", "max_wait": "2h"}}),
+                ),
+            )
+            .await
+        })
+    });
+    let mut answers = Vec::new();
+    for c in creates {
+        answers.push(c.await.unwrap());
+    }
+    let stored: Vec<_> = answers.iter().filter(|(s, _)| *s == 201).collect();
+    assert_eq!(stored.len(), 1, "{answers:?}");
+    let id = stored[0].1["id"].as_str().unwrap().to_string();
+    for (status, t) in &answers {
+        assert!(*status == 201 || *status == 200, "{status}: {t}");
+        assert_eq!(t["id"], id.as_str(), "{t}");
+    }
+    assert_eq!(common::count(&c).await, 1);
+
+    // The CLI: a debounced create replaces the pending task's payload and prints it.
+    let out = json_out(
+        &sundial(
+            &server,
+            &[
+                "task",
+                "add",
+                "reindex",
+                "-q",
+                "search",
+                "--payload",
+                r#"{"n": "cli"}"#,
+                "--debounce-key",
+                "doc-42",
+                "--debounce-delay",
+                "1h",
+                "--json",
+            ],
+        )
+        .await,
+    );
+    assert_eq!(out["id"], id.as_str());
+    assert_eq!(out["payload"], json!({"n": "cli"}));
+    let refused = sundial(
+        &server,
+        &["task", "add", "k", "--debounce-key", "a", "--delay", "1s"],
+    )
+    .await;
+    assert!(!refused.status.success());
+    assert_eq!(common::count(&c).await, 1);
+}
+
 macro_rules! both_backends {
     ($($name:ident),* $(,)?) => {$(
         mod $name {
@@ -918,6 +1268,9 @@ macro_rules! both_backends {
 both_backends!(
     tags_are_stored_returned_and_searched,
     priorities_are_stored_returned_bounded_and_polled_in_order,
+    group_limits_are_stored_bounded_and_hold_for_worker_polls,
+    throttles_admit_one_task_per_period_and_answer_it,
+    debounces_keep_one_pending_task_per_key,
     queues_show_counts_and_pause_is_durable,
     dead_tasks_retry_with_their_attempts,
     bulk_cancel_and_retry_count_and_change,

@@ -139,6 +139,15 @@ where
     de.deserialize_option(V)
 }
 
+/// Like [`opt`], for a duration that must be given: `null` is refused like any other
+/// non-string. Use with `#[serde(deserialize_with = "duration::required")]`.
+pub fn required<'de, D>(de: D) -> Result<String, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    opt(de)?.ok_or_else(|| serde::de::Error::custom(format!("expected {EXPECTING}")))
+}
+
 /// What a millisecond field says when it is given something else.
 pub const EXPECTING_MILLIS: &str = "a whole number of milliseconds (300000) or a duration string with a unit, such as \"300s\", \"5m\" or \"1h30m\" (units ms, s, m, h, d)";
 

@@ -135,12 +135,30 @@ pub enum ExclusiveMode {
     Skip,
 }
 
-/// Mutual exclusion: at most one running task per exclusive key, across queues.
+/// A group limit: at most `limit` running tasks per key, across queues and nodes (an exclusive
+/// key is the case `limit = 1`). The limit of the task about to start decides: it starts only
+/// while fewer than its `limit` tasks with its key run.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Exclusive {
     pub key: String,
     pub mode: ExclusiveMode,
+    /// How many tasks with this key may run at once (1 to [`Exclusive::MAX_LIMIT`]; default 1).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub limit: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
+impl Exclusive {
+    /// The largest group limit a task may carry.
+    pub const MAX_LIMIT: u32 = 10_000;
 }
 
 /// When a task is due.
@@ -302,6 +320,17 @@ impl TaskSpec {
         self.exclusive = Some(Exclusive {
             key: key.into(),
             mode,
+            limit: 1,
+        });
+        self
+    }
+    /// A group limit: at most `limit` tasks with `key` run at once, across queues and nodes;
+    /// a task over the limit waits for one to finish (`limit = 1` is an exclusive key).
+    pub fn concurrency(mut self, key: impl Into<String>, limit: u32) -> Self {
+        self.exclusive = Some(Exclusive {
+            key: key.into(),
+            mode: ExclusiveMode::Wait,
+            limit,
         });
         self
     }
@@ -337,6 +366,12 @@ impl TaskSpec {
         }
         if let Some(ex) = &self.exclusive {
             check_key("exclusive", namespace::local(&ex.key), limits.max_key_len)?;
+            if !(1..=Exclusive::MAX_LIMIT).contains(&ex.limit) {
+                return Err(ValidationError::OutOfRange {
+                    field: "concurrency.limit",
+                    reason: format!("must be between 1 and {}", Exclusive::MAX_LIMIT),
+                });
+            }
         }
         check_tags(&self.tags, limits)?;
         let payload =
@@ -465,7 +500,7 @@ pub fn check_tags(tags: &Tags, limits: &Limits) -> Result<(), ValidationError> {
 }
 
 /// Keys: 1..=max bytes of UTF-8 without control characters and without leading/trailing space.
-fn check_key(field: &'static str, v: &str, max: usize) -> Result<(), ValidationError> {
+pub fn check_key(field: &'static str, v: &str, max: usize) -> Result<(), ValidationError> {
     if v.is_empty() {
         return Err(ValidationError::Empty { field });
     }

@@ -85,7 +85,7 @@ fn created(ns: &Ns, task: sundial::Task) -> Result<Response, ApiError> {
     request_body = CreateTask,
     responses(
         (status = 201, description = "Stored durably", body = TaskView),
-        (status = 200, description = "A repeat of an earlier create with the same idempotency key, version and body: the task it created, nothing new stored", body = TaskView),
+        (status = 200, description = "A repeat of an earlier create with the same idempotency key, version and body, or a create inside the period of a throttle: the task the first (admitted) create made, nothing new stored", body = TaskView),
         (status = 400, description = "Not JSON", body = ErrorBody),
         (status = 409, description = "A live task of the queue holds the key (`existing_id`); nothing stored", body = ErrorBody),
         (status = 429, description = "Over the namespace's quota of live tasks or creates per second (`quota`, with `Retry-After`); nothing stored", body = ErrorBody),
@@ -113,6 +113,35 @@ pub async fn create_task(
             "idempotency_version needs an idempotency_key",
         ));
     }
+    let throttle = match body.throttle.clone() {
+        Some(_) if idempotency.is_some() => {
+            return Err(ApiError::invalid(
+                "throttle",
+                "give either throttle or idempotency_key, not both (a throttled create is \
+                 answered with the admitted task already)",
+            ));
+        }
+        Some(t) => Some(t.into_throttle()?),
+        None => None,
+    };
+    let debounce = match body.debounce.clone() {
+        Some(_) if idempotency.is_some() || throttle.is_some() => {
+            return Err(ApiError::invalid(
+                "debounce",
+                "give debounce alone, without throttle or idempotency_key (a debounced create \
+                 answers the pending task of its key already)",
+            ));
+        }
+        Some(_) if body.run_at.is_some() || body.delay.is_some() => {
+            return Err(ApiError::invalid(
+                "debounce",
+                "a debounced task is due debounce.delay after its latest create: leave out \
+                 run_at and delay",
+            ));
+        }
+        Some(d) => Some(d.into_debounce()?),
+        None => None,
+    };
     if let Err(over) = st.quotas.admit(&st.sundial, &ns, &quota, 1).await {
         return Ok(over);
     }
@@ -121,23 +150,44 @@ pub async fn create_task(
         body.into_spec()?
             .trace(tracectx::stored_context(&span, incoming.as_ref())),
     )?;
-    match idempotency {
-        None => created(&ns, st.sundial.schedule_task(spec).instrument(span).await?),
-        Some(i) => {
-            let c = st
-                .sundial
+    if let Some(d) = debounce {
+        let out = st
+            .sundial
+            .create_debounced(spec, d)
+            .instrument(span)
+            .await?;
+        if !out.replaced {
+            return created(&ns, out.task);
+        }
+        let target = crate::access::AuditTarget(out.task.id.to_string());
+        let mut resp = (StatusCode::OK, Json(view(&ns, out.task)?)).into_response();
+        resp.extensions_mut().insert(target);
+        return Ok(resp);
+    }
+    let c = match (idempotency, throttle) {
+        (None, None) => {
+            return created(&ns, st.sundial.schedule_task(spec).instrument(span).await?);
+        }
+        (Some(i), _) => {
+            st.sundial
                 .create_idempotent(spec, i)
                 .instrument(span)
-                .await?;
-            if c.repeat {
-                let target = crate::access::AuditTarget(c.task.id.to_string());
-                let mut resp = (StatusCode::OK, Json(view(&ns, c.task)?)).into_response();
-                resp.extensions_mut().insert(target);
-                Ok(resp)
-            } else {
-                created(&ns, c.task)
-            }
+                .await?
         }
+        (None, Some(t)) => {
+            st.sundial
+                .create_throttled(spec, t)
+                .instrument(span)
+                .await?
+        }
+    };
+    if c.repeat {
+        let target = crate::access::AuditTarget(c.task.id.to_string());
+        let mut resp = (StatusCode::OK, Json(view(&ns, c.task)?)).into_response();
+        resp.extensions_mut().insert(target);
+        Ok(resp)
+    } else {
+        created(&ns, c.task)
     }
 }
 
@@ -191,6 +241,20 @@ pub async fn create_batch(
         return Err(ApiError::invalid(
             "idempotency_key",
             "idempotency keys are taken on single creates (POST /v1/tasks) only",
+        )
+        .at_index(i));
+    }
+    if let Some(i) = body.tasks.iter().position(|t| t.throttle.is_some()) {
+        return Err(ApiError::invalid(
+            "throttle",
+            "throttles are taken on single creates (POST /v1/tasks) only",
+        )
+        .at_index(i));
+    }
+    if let Some(i) = body.tasks.iter().position(|t| t.debounce.is_some()) {
+        return Err(ApiError::invalid(
+            "debounce",
+            "debounces are taken on single creates (POST /v1/tasks) only",
         )
         .at_index(i));
     }

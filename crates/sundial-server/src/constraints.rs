@@ -257,6 +257,17 @@ fn properties() -> Vec<(&'static str, &'static str, Value)> {
             json!({"minimum": 0, "maximum": 9}),
         ),
         ("ExclusiveSpec", "key", key()),
+        ("ConcurrencySpec", "key", key()),
+        ("ThrottleSpec", "key", key()),
+        ("ThrottleSpec", "per", duration()),
+        ("DebounceSpec", "key", key()),
+        ("DebounceSpec", "delay", duration()),
+        ("DebounceSpec", "max_wait", duration()),
+        (
+            "ConcurrencySpec",
+            "limit",
+            json!({"minimum": 1, "maximum": 10000}),
+        ),
         (
             "CreateTask",
             "tags",
@@ -542,10 +553,13 @@ fn both(schema: RefOr<Schema>, also: RefOr<Schema>) -> RefOr<Schema> {
 
 /// The rules that span fields:
 ///
-/// - a task takes `run_at` or `delay`, not both, and an `idempotency_version` only with an
-///   `idempotency_key`;
+/// - a task takes `run_at` or `delay`, not both, an `idempotency_version` only with an
+///   `idempotency_key`, `exclusive` or `concurrency` (not both), `throttle` or
+///   `idempotency_key` (not both), and `debounce` with none of `throttle`, `idempotency_key`,
+///   `run_at` and `delay`;
 /// - a schedule's task template has no `key`, `run_at` or `delay` (the schedule sets them);
-/// - a batch's tasks have no idempotency key or version (single creates only);
+/// - a batch's tasks have no idempotency key or version, no throttle and no debounce (single
+///   creates only);
 /// - `tasks:cancel` takes no `run_at` (it applies to `tasks:retry`);
 /// - a workflow poll takes `wait` or `wait_ms`, not both;
 /// - `PATCH /v1/schedules/{id}` takes no `id` (it cannot change).
@@ -566,6 +580,30 @@ fn cross_field_rules(doc: &mut OpenApi) {
                             "required": ["idempotency_key"],
                             "properties": {"idempotency_key": {"type": "string"}}
                         }
+                    },
+                    {
+                        "required": ["exclusive", "concurrency"],
+                        "properties": {
+                            "exclusive": {"type": "object"},
+                            "concurrency": {"type": "object"}
+                        }
+                    },
+                    {
+                        "required": ["throttle", "idempotency_key"],
+                        "properties": {
+                            "throttle": {"type": "object"},
+                            "idempotency_key": {"type": "string"}
+                        }
+                    },
+                    {
+                        "required": ["debounce"],
+                        "properties": {"debounce": {"type": "object"}},
+                        "anyOf": [
+                            {"required": ["throttle"], "properties": {"throttle": {"type": "object"}}},
+                            {"required": ["idempotency_key"], "properties": {"idempotency_key": {"type": "string"}}},
+                            {"required": ["run_at"], "properties": {"run_at": {"type": "string"}}},
+                            {"required": ["delay"], "properties": {"delay": {"type": "string"}}}
+                        ]
                     }
                 ]}),
             );
@@ -606,6 +644,8 @@ fn cross_field_rules(doc: &mut OpenApi) {
                     "delay",
                     "idempotency_key",
                     "idempotency_version",
+                    "throttle",
+                    "debounce",
                 ]),
             );
         }
@@ -615,7 +655,12 @@ fn cross_field_rules(doc: &mut OpenApi) {
         {
             **items = both(
                 (**items).clone(),
-                absent(&["idempotency_key", "idempotency_version"]),
+                absent(&[
+                    "idempotency_key",
+                    "idempotency_version",
+                    "throttle",
+                    "debounce",
+                ]),
             );
         }
     }

@@ -597,6 +597,10 @@ pub fn describe_metrics() {
         "Tasks created (through the API or by a schedule's fire), by queue"
     );
     describe_counter!(
+        "sundial_task_debounced_total",
+        "Debounced creates that replaced a pending task of their key instead of storing one, by queue"
+    );
+    describe_counter!(
         "sundial_task_succeeded_total",
         "Attempts that succeeded (tasks that finished succeeded), by queue"
     );

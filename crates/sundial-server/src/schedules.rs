@@ -432,6 +432,8 @@ fn template(ns: &Ns, task: CreateTask) -> Result<TaskTemplate, ApiError> {
             "task.idempotency_version",
             task.idempotency_version.is_some(),
         ),
+        ("task.throttle", task.throttle.is_some()),
+        ("task.debounce", task.debounce.is_some()),
     ] {
         if set {
             return Err(ApiError::invalid(

@@ -79,6 +79,15 @@ pub struct CreateTask {
         deserialize_with = "crate::extract::opt_object_only"
     )]
     pub exclusive: Option<ExclusiveSpec>,
+    /// A group limit: at most `limit` tasks with this `key` run at once, across queues and
+    /// nodes; a task over the limit waits (scheduled) and starts as others finish. `exclusive` is
+    /// the case `limit: 1`; a task takes one or the other.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::extract::opt_object_only"
+    )]
+    pub concurrency: Option<ConcurrencySpec>,
     /// String tags for search (`GET /v1/tasks?tag=key:value`): at most 16, keys and values
     /// checked like `key`; a tag key may not contain `:`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -98,6 +107,85 @@ pub struct CreateTask {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 0, maximum = 9, example = 7)]
     pub priority: Option<u8>,
+    /// Admit at most one task per queue and throttle `key` per `per`, measured from the admitted
+    /// task's create: a create inside that period stores nothing and answers `200` with the
+    /// admitted task, whatever its body. Single creates only (`POST /v1/tasks`); not with
+    /// `idempotency_key`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::extract::opt_object_only"
+    )]
+    pub throttle: Option<ThrottleSpec>,
+    /// Keep at most one pending task per queue and debounce `key`: while a task of the key is
+    /// scheduled and not yet started, a create stores nothing and replaces that task's payload
+    /// and due time (due `delay` from now, but never later than `max_wait` after the pending
+    /// task's create) and answers `200` with it; otherwise the task is stored, due `delay` from
+    /// now (`201`). Single creates only; not with `run_at`, `delay`, `throttle` or
+    /// `idempotency_key`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::extract::opt_object_only"
+    )]
+    pub debounce: Option<DebounceSpec>,
+}
+
+/// A debounce on the wire.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DebounceSpec {
+    /// What is debounced: checked like `key` (a document, a user's pending notification).
+    #[schema(example = "reindex:doc-42")]
+    pub key: String,
+    /// How long after the latest create the task is due, 0 to 366 days: `"30s"`, `"5m"`.
+    #[serde(deserialize_with = "crate::duration::required")]
+    #[schema(example = "30s")]
+    pub delay: String,
+    /// The longest a pending task is put off, from its first create: at least `delay`, at most
+    /// 366 days (default: no bound).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::duration::opt"
+    )]
+    #[schema(example = "5m")]
+    pub max_wait: Option<String>,
+}
+
+impl DebounceSpec {
+    /// The library's debounce.
+    pub fn into_debounce(self) -> Result<sundial::Debounce, ApiError> {
+        let mut d =
+            sundial::Debounce::new(self.key, parse_duration("debounce.delay", &self.delay)?);
+        if let Some(w) = self.max_wait {
+            d = d.max_wait(parse_duration("debounce.max_wait", &w)?);
+        }
+        Ok(d)
+    }
+}
+
+/// A throttle on the wire.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ThrottleSpec {
+    /// What is throttled: checked like `key` (an account, a recipient, an event).
+    #[schema(example = "digest:user-42")]
+    pub key: String,
+    /// The period, 1 ms to 366 days: `"1h"`, `"10m"`.
+    #[serde(deserialize_with = "crate::duration::required")]
+    #[schema(example = "1h")]
+    pub per: String,
+}
+
+impl ThrottleSpec {
+    /// The library's throttle.
+    pub fn into_throttle(self) -> Result<sundial::Throttle, ApiError> {
+        Ok(sundial::Throttle::new(
+            self.key,
+            parse_duration("throttle.per", &self.per)?,
+        ))
+    }
 }
 
 /// A push target on the wire.
@@ -201,6 +289,18 @@ pub struct ExclusiveSpec {
     pub mode: Option<ExclusiveModeView>,
 }
 
+/// A group limit on the wire.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ConcurrencySpec {
+    /// The group: checked like `key` (a tenant, an endpoint, an account).
+    #[schema(example = "tenant:acme")]
+    pub key: String,
+    /// How many of the group's tasks may run at once, 1 to 10,000.
+    #[schema(minimum = 1, maximum = 10000, example = 5)]
+    pub limit: u32,
+}
+
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum ExclusiveModeView {
@@ -284,6 +384,15 @@ impl CreateTask {
                 ExclusiveModeView::Skip => ExclusiveMode::Skip,
             };
             spec = spec.exclusive(ex.key, mode);
+        }
+        if let Some(c) = self.concurrency {
+            if spec.exclusive.is_some() {
+                return Err(ApiError::invalid(
+                    "concurrency",
+                    "give either exclusive or concurrency, not both (exclusive is a limit of 1)",
+                ));
+            }
+            spec = spec.concurrency(c.key, c.limit);
         }
         if let Some(tags) = self.tags {
             spec = spec.tags(tags);
@@ -400,7 +509,11 @@ pub struct TaskView {
     pub max_attempts: u32,
     pub backoff: BackoffView,
     pub timeout: String,
+    /// Its exclusive key (a group limit of 1).
     pub exclusive: Option<ExclusiveView>,
+    /// Its group limit, when above 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<ConcurrencySpec>,
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
     /// 0 to 9, 9 the most urgent (see `CreateTask.priority`).
@@ -457,7 +570,15 @@ impl From<Task> for TaskView {
             max_attempts: t.max_attempts,
             backoff,
             timeout,
-            exclusive: t.exclusive.map(|e| ExclusiveView {
+            concurrency: t
+                .exclusive
+                .as_ref()
+                .filter(|e| e.limit > 1)
+                .map(|e| ConcurrencySpec {
+                    key: e.key.clone(),
+                    limit: e.limit,
+                }),
+            exclusive: t.exclusive.filter(|e| e.limit == 1).map(|e| ExclusiveView {
                 key: e.key,
                 mode: match e.mode {
                     ExclusiveMode::Wait => ExclusiveModeView::Wait,

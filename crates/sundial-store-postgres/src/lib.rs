@@ -33,13 +33,15 @@
 //!   `insert` names it as the arbiter of `ON CONFLICT … DO NOTHING`, so a taken key skips only
 //!   that task (the holder is then looked up in the same transaction) while a reused *id* still
 //!   fails the whole batch.
-//! - **`tasks_ready (queue, id) WHERE state = 'ready'`**: the worker queue `claim_ready` walks in
-//!   id order with `FOR UPDATE SKIP LOCKED`.
+//! - **`tasks_ready (queue, rank, id) WHERE state = 'ready'`** (rank: `schema::RANK_SQL`, the
+//!   due time moved by the priority, migration 16): the worker queue `claim_ready` walks in rank
+//!   order with `FOR UPDATE SKIP LOCKED`.
 //! - **`tasks_lease (lease_expires_at) WHERE state = 'running'`**: the reaper's view.
 //! - **`tasks_shard_lease (shard, lease_expires_at) WHERE state = 'running'`** (migration 2): a
 //!   shard owner's reaper view (`expire_leases` and `next_lease_expiry` of one shard).
 //! - **`tasks_running_exclusive (exclusive_key) WHERE state = 'running' AND exclusive_key IS NOT
-//!   NULL`**: the "is this exclusive key held?" probe.
+//!   NULL`**: the "how many running tasks hold this exclusive key?" probe (a task starts only
+//!   while fewer than its `exclusive_limit` do: 1 for an exclusive key, N for a group limit).
 //! - **`tasks_queue_id (queue, id)`**: listing a queue newest first.
 //! - **`task_counts (queue, state, stripe, n)`**: per-(queue, state) counters kept by
 //!   statement-level triggers (with transition tables: one upsert per statement, not per row),
@@ -98,11 +100,12 @@
 //!
 //! - **`claim_due`** first takes a transaction-scoped advisory lock on every exclusive key of its
 //!   `Run` claims, in sorted lock order, then locks the claimable rows (`scheduled`, due) in id
-//!   order with `FOR UPDATE`, reads which of their exclusive keys a running task holds (a fresh
-//!   snapshot, taken after the locks), decides every claim in the order given (so the first of two
-//!   tasks with one key starts and the second is `Busy`), and applies the decisions with
-//!   conditional set-based updates.
-//! - **`claim_ready`** pages through `tasks_ready` in id order with `FOR UPDATE SKIP LOCKED`,
+//!   order with `FOR UPDATE`, counts the running tasks of each of their exclusive keys (a fresh
+//!   snapshot, taken after the locks), decides every claim in the order given (so with a limit of
+//!   one the first of two tasks with one key starts and the second is `Busy`; with a limit of N
+//!   the key's running count plus this call's starts never passes N), and applies the decisions
+//!   with conditional set-based updates.
+//! - **`claim_ready`** pages through `tasks_ready` in rank order with `FOR UPDATE SKIP LOCKED`,
 //!   never waiting for a row; for exclusive keys it uses `pg_try_advisory_xact_lock`, so it never
 //!   waits for a key either: a key another transaction is claiming right now is busy for this
 //!   call. At most one task per exclusive key starts per call.
@@ -173,11 +176,11 @@ use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, PoolError, 
 use sundial_core::{ExclusiveMode, ExecutionId, NewTask, Priority, Task, TaskId, Timestamp};
 use sundial_store::audit_scope::{self, PendingAudit};
 use sundial_store::{
-    AttemptHistory, ClaimOutcome, ClaimTarget, DeadGroup, DeadGroupFilter, DueClaim, DueEntry,
-    DueKey, Fence, IdempotencyDecision, IdempotentCreate, IdempotentOutcome, Inserted,
-    LIST_VISIT_BUDGET, QueueConfig, QueueSettings, ReadyClaim, RetentionRules, Retry, SelectPage,
-    StateCount, Store, StoreError, TaskFilter, TaskPage, TransitionError, idempotency_decision,
-    idempotency_remembered, page_cursor,
+    AttemptHistory, ClaimOutcome, ClaimTarget, DeadGroup, DeadGroupFilter, DebounceOutcome,
+    DebouncedCreate, DueClaim, DueEntry, DueKey, Fence, IdempotencyDecision, IdempotentCreate,
+    IdempotentOutcome, Inserted, LIST_VISIT_BUDGET, QueueConfig, QueueSettings, ReadyClaim,
+    RetentionRules, Retry, SelectPage, StateCount, Store, StoreError, TaskFilter, TaskPage,
+    TransitionError, debounced_due, idempotency_decision, idempotency_remembered, page_cursor,
 };
 use thiserror::Error;
 use tokio_postgres::types::ToSql;
@@ -583,7 +586,7 @@ impl PostgresStore {
 
         // 2. Lock the claimable rows (scheduled and due), in id order.
         let all_ids: Vec<Uuid> = claims.iter().map(|c| c.id.0).collect();
-        let mut available: HashMap<Uuid, Option<(String, ExclusiveMode)>> = HashMap::new();
+        let mut available: HashMap<Uuid, Option<(String, ExclusiveMode, i64)>> = HashMap::new();
         let claimable = match shard {
             None => query(tx, &self.sql.lock_claimable, &[&all_ids, &now.0]).await?,
             Some(shard) => {
@@ -600,8 +603,9 @@ impl PostgresStore {
             let id: Uuid = col(&r, 0)?;
             let key: Option<String> = col(&r, 1)?;
             let mode: Option<String> = col(&r, 2)?;
+            let limit = i64::from(col::<i32>(&r, 3)?);
             let exclusive = match (key, mode) {
-                (Some(k), Some(m)) => Some((k, rows::parse_mode(&m)?)),
+                (Some(k), Some(m)) => Some((k, rows::parse_mode(&m)?, limit)),
                 (Some(_), None) => {
                     return Err(StoreError::corrupt(format!(
                         "task {id}: exclusive key without a mode"
@@ -612,19 +616,19 @@ impl PostgresStore {
             available.insert(id, exclusive);
         }
 
-        // 3. Which of their exclusive keys a running task holds (a snapshot taken after the
-        //    locks: every earlier start of a locked key is committed and visible).
+        // 3. How many running tasks hold each of their exclusive keys (a snapshot taken after
+        //    the locks: every earlier start of a locked key is committed and visible).
         let mut keys: Vec<String> = available
             .values()
             .flatten()
-            .map(|(k, _)| k.clone())
+            .map(|(k, _, _)| k.clone())
             .collect();
         keys.sort_unstable();
         keys.dedup();
-        let mut busy: HashSet<String> = HashSet::new();
+        let mut running: HashMap<String, i64> = HashMap::new();
         if !keys.is_empty() {
             for r in query(tx, &self.sql.running_keys, &[&keys]).await? {
-                busy.insert(col(&r, 0)?);
+                running.insert(col(&r, 0)?, col(&r, 1)?);
             }
         }
 
@@ -635,8 +639,8 @@ impl PostgresStore {
                 let Some(exclusive) = available.get(&c.id.0) else {
                     return Plan::NotClaimable;
                 };
-                if let Some((key, mode)) = exclusive
-                    && busy.contains(key)
+                if let Some((key, mode, limit)) = exclusive
+                    && running.get(key).copied().unwrap_or(0) >= *limit
                 {
                     return match mode {
                         ExclusiveMode::Wait => Plan::Busy(key.clone()),
@@ -652,8 +656,8 @@ impl PostgresStore {
                         execution,
                         lease_until,
                     } => {
-                        if let Some((key, _)) = exclusive {
-                            busy.insert(key.clone());
+                        if let Some((key, _, _)) = exclusive {
+                            *running.entry(key.clone()).or_insert(0) += 1;
                         }
                         Plan::Start {
                             execution,
@@ -804,8 +808,14 @@ impl PostgresStore {
         let mut traceparents: Vec<Option<&str>> = Vec::with_capacity(tasks.len());
         let mut tracestates: Vec<Option<&str>> = Vec::with_capacity(tasks.len());
         let mut priorities: Vec<i16> = Vec::with_capacity(tasks.len());
+        let mut group_limits: Vec<i32> = Vec::with_capacity(tasks.len());
         for (i, t) in tasks.iter().enumerate() {
             priorities.push(i16::from(t.priority.get()));
+            group_limits.push(
+                t.exclusive
+                    .as_ref()
+                    .map_or(1, |e| i32::try_from(e.limit).unwrap_or(i32::MAX)),
+            );
             traceparents.push(t.trace.as_ref().map(|c| c.traceparent()));
             tracestates.push(t.trace.as_ref().and_then(|c| c.tracestate()));
             tags.push(if t.tags.is_empty() {
@@ -865,6 +875,7 @@ impl PostgresStore {
                 &traceparents,
                 &tracestates,
                 &priorities,
+                &group_limits,
             ],
         )
         .await?;
@@ -1012,6 +1023,86 @@ impl Store for PostgresStore {
         Ok(out)
     }
 
+    async fn insert_debounced(&self, c: DebouncedCreate) -> Result<DebounceOutcome, StoreError> {
+        let audit = audit_scope::claim_pending();
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(pg)?;
+        // Calls with one key queue here until the first commits; then they see its task.
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2, 8))",
+            &[&c.task.queue, &c.key],
+        )
+        .await
+        .map_err(pg)?;
+        let s = &self.schema.ident;
+        // Locked: a claim that took the row first makes it no longer pending here (the
+        // condition is checked again on the row it committed), and one that comes later waits
+        // for the new due time.
+        let pending = tx
+            .query_opt(
+                &format!(
+                    "SELECT id, created_at FROM {s}.tasks WHERE queue = $1 AND debounce_key = $2 \
+                     AND state = 'scheduled' AND attempt = 0 FOR UPDATE"
+                ),
+                &[&c.task.queue, &c.key],
+            )
+            .await
+            .map_err(pg)?;
+        let out = match pending {
+            Some(r) => {
+                let id: uuid::Uuid = col(&r, 0)?;
+                let created_at = Timestamp(col(&r, 1)?);
+                let due = debounced_due(c.task.due_at, created_at, c.max_wait_ms);
+                tx.execute(
+                    &format!(
+                        "UPDATE {s}.tasks SET payload = $2, due_at = $3, updated_at = $4 \
+                         WHERE id = $1"
+                    ),
+                    &[&id, &c.task.payload, &due.0, &c.now.0],
+                )
+                .await
+                .map_err(pg)?;
+                let task = query_opt(&tx, &self.sql.get, &[&id])
+                    .await?
+                    .map(|r| task_from_row(&r))
+                    .transpose()?
+                    .ok_or(StoreError::NoRow {
+                        what: "debounced task",
+                    })?;
+                DebounceOutcome::Replaced(Box::new(task))
+            }
+            None => match self
+                .insert_in(&tx, std::slice::from_ref(&c.task))
+                .await?
+                .pop()
+            {
+                Some(Inserted::Created(t)) => {
+                    tx.execute(
+                        &format!("UPDATE {s}.tasks SET debounce_key = $2 WHERE id = $1"),
+                        &[&t.id.0, &c.key],
+                    )
+                    .await
+                    .map_err(pg)?;
+                    DebounceOutcome::Created(t)
+                }
+                Some(Inserted::Duplicate { existing }) => DebounceOutcome::Duplicate { existing },
+                None => return Err(StoreError::NoRow { what: "insert" }),
+            },
+        };
+        let audit = match audit {
+            Some(a) if !matches!(out, DebounceOutcome::Duplicate { .. }) => {
+                let seq = self.insert_audit_in(&tx, a.record()).await?;
+                Some((a, seq))
+            }
+            _ => None,
+        };
+        tx.commit().await.map_err(pg)?;
+        if let Some((a, seq)) = audit {
+            a.written(seq);
+        }
+        Ok(out)
+    }
+
     async fn insert_idempotent(
         &self,
         c: IdempotentCreate,
@@ -1030,7 +1121,7 @@ impl Store for PostgresStore {
         let record = tx
             .query_opt(
                 &format!(
-                    "SELECT version, fingerprint, task_id FROM {s}.idempotency \
+                    "SELECT version, fingerprint, task_id, created_at FROM {s}.idempotency \
                      WHERE queue = $1 AND key = $2"
                 ),
                 &[&c.task.queue, &c.key],
@@ -1042,11 +1133,12 @@ impl Store for PostgresStore {
                 let v: i64 = col(&r, 0)?;
                 let fp: String = col(&r, 1)?;
                 let id: uuid::Uuid = col(&r, 2)?;
+                let recorded_at = Timestamp(col(&r, 3)?);
                 query_opt(&tx, &self.sql.get, &[&id])
                     .await?
                     .map(|r| task_from_row(&r))
                     .transpose()?
-                    .filter(|t| idempotency_remembered(t, c.remember_ms, c.now))
+                    .filter(|t| idempotency_remembered(t, recorded_at, c.remember, c.now))
                     .map(|t| (v as u64, fp, t))
             }
             None => None,

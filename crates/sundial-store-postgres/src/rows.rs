@@ -11,7 +11,7 @@ use tokio_postgres::types::FromSql;
 use uuid::Uuid;
 
 /// The task columns every task query returns, in the order [`task_from_row`] reads them.
-const COLUMNS: [&str; 28] = [
+const COLUMNS: [&str; 29] = [
     "id",
     "shard",
     "queue",
@@ -40,6 +40,7 @@ const COLUMNS: [&str; 28] = [
     "traceparent",
     "tracestate",
     "priority",
+    "exclusive_limit",
 ];
 
 /// The column list qualified with `alias` (`t.id, t.shard, …`): queries that join the task table
@@ -114,6 +115,8 @@ pub fn task_from_row(r: &Row) -> Result<Task, StoreError> {
         (Some(key), Some(mode)) => Some(Exclusive {
             key,
             mode: parse_mode(&mode)?,
+            limit: u32::try_from(col::<i32>(r, 28)?)
+                .map_err(|_| StoreError::corrupt("a group limit below 1".to_string()))?,
         }),
         (Some(_), None) => {
             return Err(StoreError::corrupt(

@@ -472,6 +472,27 @@ CREATE INDEX tasks_ready ON {schema}.tasks (queue, (due_at - (priority - 5) * 60
     WHERE state = 'ready';
 "#,
     },
+    Migration {
+        version: 17,
+        name: "group limits",
+        // At most `exclusive_limit` running tasks per exclusive key (1: an exclusive key).
+        sql: r#"
+ALTER TABLE {schema}.tasks
+    ADD COLUMN exclusive_limit integer NOT NULL DEFAULT 1
+    CHECK (exclusive_limit BETWEEN 1 AND 10000);
+"#,
+    },
+    Migration {
+        version: 18,
+        name: "debounce keys",
+        // A queue's pending task of a debounce key (`Store::insert_debounced`), found by the
+        // index over the tasks that carry one and have not started.
+        sql: r#"
+ALTER TABLE {schema}.tasks ADD COLUMN debounce_key text COLLATE "C";
+CREATE INDEX tasks_debounce ON {schema}.tasks (queue, debounce_key)
+    WHERE debounce_key IS NOT NULL AND state = 'scheduled' AND attempt = 0;
+"#,
+    },
 ];
 
 /// A task's place in line among ready tasks (`sundial_core::Priority::rank`), as the

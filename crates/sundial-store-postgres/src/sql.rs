@@ -438,10 +438,10 @@ impl Sql {
         let c = task_columns("t");
         // A failure's retry time: `$3` while attempts remain, else `NULL` (dead).
         let retry_at = "(CASE WHEN t.attempt < t.max_attempts THEN $3::bigint END)";
-        // No running task holds the exclusive key of `t`.
+        // Fewer running tasks than `t`'s group limit hold its exclusive key.
         let free = format!(
-            "(t.exclusive_key IS NULL OR NOT EXISTS (SELECT 1 FROM {tasks} r \
-             WHERE r.state = 'running' AND r.exclusive_key = t.exclusive_key))"
+            "(t.exclusive_key IS NULL OR (SELECT count(*) FROM {tasks} r \
+             WHERE r.state = 'running' AND r.exclusive_key = t.exclusive_key) < t.exclusive_limit)"
         );
         let ready_candidates =
             [(false, false), (false, true), (true, false), (true, true)].map(|(kinds, after)| {
@@ -449,8 +449,8 @@ impl Sql {
                     "SELECT t.id, t.exclusive_key, {RANK_SQL} FROM {tasks} t \
                      WHERE t.state = 'ready' AND t.queue = $1 \
                      AND (t.exclusive_key IS NULL OR (NOT (t.exclusive_key = ANY($2::text[])) \
-                          AND NOT EXISTS (SELECT 1 FROM {tasks} r WHERE r.state = 'running' \
-                                          AND r.exclusive_key = t.exclusive_key))) \
+                          AND (SELECT count(*) FROM {tasks} r WHERE r.state = 'running' \
+                               AND r.exclusive_key = t.exclusive_key) < t.exclusive_limit)) \
                      {kinds} {after} \
                      ORDER BY {RANK_SQL}, t.id LIMIT $3 FOR UPDATE OF t SKIP LOCKED",
                     kinds = if kinds {
@@ -492,18 +492,19 @@ impl Sql {
             insert: format!(
                 "INSERT INTO {tasks} AS t (id, shard, queue, kind, key, payload, due_at, state, \
                  attempt, max_attempts, backoff, timeout_ms, exclusive_key, exclusive_mode, \
-                 created_at, updated_at, tags, target, traceparent, tracestate, priority) \
+                 created_at, updated_at, tags, target, traceparent, tracestate, priority, \
+                 exclusive_limit) \
                  SELECT u.id, u.shard, u.queue, u.kind, u.key, u.payload, u.due_at, 'scheduled', 0, \
                  u.max_attempts, u.backoff, u.timeout_ms, u.exclusive_key, u.exclusive_mode, \
                  u.created_at, u.created_at, u.tags, u.target, u.traceparent, u.tracestate, \
-                 u.priority \
+                 u.priority, u.exclusive_limit \
                  FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[], $5::text[], \
                  $6::text[], $7::bigint[], $8::bigint[], $9::text[], $10::bigint[], $11::text[], \
                  $12::text[], $13::bigint[], $14::bigint[], $15::text[], $16::text[], \
-                 $17::text[], $18::text[], $19::smallint[]) \
+                 $17::text[], $18::text[], $19::smallint[], $20::int4[]) \
                  AS u(id, shard, queue, kind, key, payload, due_at, max_attempts, backoff, \
                  timeout_ms, exclusive_key, exclusive_mode, created_at, ord, tags, target, \
-                 traceparent, tracestate, priority) \
+                 traceparent, tracestate, priority, exclusive_limit) \
                  ORDER BY u.queue, u.key, u.ord \
                  ON CONFLICT (queue, key) WHERE key IS NOT NULL AND state IN {LIVE} DO NOTHING \
                  RETURNING {c}"
@@ -542,18 +543,19 @@ impl Sql {
             lock_keys: "SELECT pg_advisory_xact_lock($1::int4, k) FROM unnest($2::int4[]) AS k"
                 .to_string(),
             lock_claimable: format!(
-                "SELECT t.id, t.exclusive_key, t.exclusive_mode FROM {tasks} t \
+                "SELECT t.id, t.exclusive_key, t.exclusive_mode, t.exclusive_limit FROM {tasks} t \
                  WHERE t.id = ANY($1::uuid[]) AND t.state = 'scheduled' AND t.due_at <= $2 \
                  ORDER BY t.id FOR UPDATE OF t"
             ),
             lock_claimable_in_shard: format!(
-                "SELECT t.id, t.exclusive_key, t.exclusive_mode FROM {tasks} t \
+                "SELECT t.id, t.exclusive_key, t.exclusive_mode, t.exclusive_limit FROM {tasks} t \
                  WHERE t.id = ANY($1::uuid[]) AND t.state = 'scheduled' AND t.due_at <= $2 \
                  AND t.shard = $3 ORDER BY t.id FOR UPDATE OF t"
             ),
             running_keys: format!(
-                "SELECT DISTINCT exclusive_key FROM {tasks} \
-                 WHERE state = 'running' AND exclusive_key = ANY($1::text[])"
+                "SELECT exclusive_key, count(*) FROM {tasks} \
+                 WHERE state = 'running' AND exclusive_key = ANY($1::text[]) \
+                 GROUP BY exclusive_key"
             ),
             // No key check here: `Ready` claims take no key locks, so a holder committed since
             // the decision could otherwise turn a decided `Readied` into a refusal, and a ready

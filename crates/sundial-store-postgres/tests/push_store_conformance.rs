@@ -28,6 +28,9 @@ async fn push_secrets_older_than_namespaces_are_the_default_namespaces() {
              DROP INDEX \"{schema}\".tasks_ready;
              ALTER TABLE \"{schema}\".tasks DROP COLUMN priority;
              CREATE INDEX tasks_ready ON \"{schema}\".tasks (queue, id) WHERE state = 'ready';
+             ALTER TABLE \"{schema}\".tasks DROP COLUMN exclusive_limit;
+             DROP INDEX \"{schema}\".tasks_debounce;
+             ALTER TABLE \"{schema}\".tasks DROP COLUMN debounce_key;
              DELETE FROM \"{schema}\".schema_migrations WHERE version >= 15;"
         ))
         .await

@@ -36,11 +36,12 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 use sundial_core::{ExecutionId, NewTask, Priority, Task, TaskId, TaskState, Timestamp};
 use sundial_store::{
-    AttemptHistory, ClaimOutcome, ClaimTarget, DeadGroup, DeadGroupFilter, DueClaim, DueEntry,
-    DueKey, Fence, IdempotencyDecision, IdempotentCreate, IdempotentOutcome, Inserted,
-    LIST_VISIT_BUDGET, ListDriver, QueueConfig, QueueSettings, ReadyClaim, RetentionRules, Retry,
-    SelectPage, StateCount, Store, StoreError, TaskFilter, TaskPage, TransitionError,
-    idempotency_decision, idempotency_remembered, page_cursor,
+    AttemptHistory, ClaimOutcome, ClaimTarget, DeadGroup, DeadGroupFilter, DebounceOutcome,
+    DebouncedCreate, DueClaim, DueEntry, DueKey, Fence, IdempotencyDecision, IdempotentCreate,
+    IdempotentOutcome, Inserted, LIST_VISIT_BUDGET, ListDriver, QueueConfig, QueueSettings,
+    ReadyClaim, RetentionRules, Retry, SelectPage, StateCount, Store, StoreError, TaskFilter,
+    TaskPage, TransitionError, debounced_due, idempotency_decision, idempotency_remembered,
+    page_cursor,
 };
 use thiserror::Error;
 
@@ -366,19 +367,20 @@ fn insert_idempotent(
     conn: &Connection,
     c: &IdempotentCreate,
 ) -> Result<IdempotentOutcome, StoreError> {
-    let record: Option<(i64, String, Vec<u8>)> = conn
+    let record: Option<(i64, String, Vec<u8>, i64)> = conn
         .prepare_cached(
-            "SELECT version, fingerprint, task_id FROM idempotency WHERE queue = ?1 AND key = ?2",
+            "SELECT version, fingerprint, task_id, created_at FROM idempotency \
+             WHERE queue = ?1 AND key = ?2",
         )
         .map_err(backend)?
         .query_row(params![c.task.queue, c.key], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
         })
         .optional()
         .map_err(backend)?;
     let remembered = match &record {
-        Some((v, fp, id)) => get_task(conn, &rows::task_id(id)?)?
-            .filter(|t| idempotency_remembered(t, c.remember_ms, c.now))
+        Some((v, fp, id, recorded_at)) => get_task(conn, &rows::task_id(id)?)?
+            .filter(|t| idempotency_remembered(t, Timestamp(*recorded_at), c.remember, c.now))
             .map(|t| (*v as u64, fp.clone(), t)),
         None => None,
     };
@@ -411,6 +413,44 @@ fn insert_idempotent(
             Ok(IdempotentOutcome::Created(t))
         }
         Some(Inserted::Duplicate { existing }) => Ok(IdempotentOutcome::Duplicate { existing }),
+        None => Err(StoreError::NoRow { what: "insert" }),
+    }
+}
+
+/// [`Store::insert_debounced`] inside the writer's transaction (the single writer serialises
+/// calls with one key).
+fn insert_debounced(conn: &Connection, c: &DebouncedCreate) -> Result<DebounceOutcome, StoreError> {
+    let pending: Option<(Vec<u8>, i64)> = conn
+        .prepare_cached(
+            "SELECT id, created_at FROM tasks \
+             WHERE queue = ?1 AND debounce_key = ?2 AND state = 'scheduled' AND attempt = 0",
+        )
+        .map_err(backend)?
+        .query_row(params![c.task.queue, c.key], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()
+        .map_err(backend)?;
+    if let Some((id, created_at)) = pending {
+        let due = debounced_due(c.task.due_at, Timestamp(created_at), c.max_wait_ms);
+        conn.prepare_cached(
+            "UPDATE tasks SET payload = ?2, due_at = ?3, updated_at = ?4 WHERE id = ?1",
+        )
+        .map_err(backend)?
+        .execute(params![id, c.task.payload, due.0, c.now.0])
+        .map_err(backend)?;
+        let task = get_task(conn, &rows::task_id(&id)?)?.ok_or(StoreError::NoRow {
+            what: "debounced task",
+        })?;
+        return Ok(DebounceOutcome::Replaced(Box::new(task)));
+    }
+    match insert_many(conn, std::slice::from_ref(&c.task))?.pop() {
+        Some(Inserted::Created(t)) => {
+            conn.prepare_cached("UPDATE tasks SET debounce_key = ?2 WHERE id = ?1")
+                .map_err(backend)?
+                .execute(params![t.id.as_bytes(), c.key])
+                .map_err(backend)?;
+            Ok(DebounceOutcome::Created(t))
+        }
+        Some(Inserted::Duplicate { existing }) => Ok(DebounceOutcome::Duplicate { existing }),
         None => Err(StoreError::NoRow { what: "insert" }),
     }
 }
@@ -716,7 +756,7 @@ fn run_filtered<T>(
 /// sub-journal again, and releasing it walks that journal from the start. One statement per chunk
 /// keeps both costs per chunk instead of per row.
 const INSERT_CHUNK: usize = 64;
-const INSERT_PARAMS: usize = 18;
+const INSERT_PARAMS: usize = 19;
 
 /// Inserts `tasks` in order; a task whose live `(queue, key)` is already held (by an earlier
 /// task, possibly of the same batch) becomes [`Inserted::Duplicate`].
@@ -745,8 +785,8 @@ fn insert_chunk(
         .map(|i| {
             let p = |n: usize| i * INSERT_PARAMS + n;
             format!(
-                "(?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, 'scheduled', 0, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})",
-                p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9), p(10), p(11), p(12), p(13), p(13), p(14), p(15), p(16), p(17), p(18)
+                "(?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, 'scheduled', 0, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})",
+                p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9), p(10), p(11), p(12), p(13), p(13), p(14), p(15), p(16), p(17), p(18), p(19)
             )
         })
         .collect::<Vec<_>>()
@@ -756,10 +796,14 @@ fn insert_chunk(
     let sql = format!(
         "INSERT INTO tasks (id, shard, queue, kind, key, payload, due_at, state, attempt, \
          max_attempts, backoff, timeout_ms, exclusive_key, exclusive_mode, created_at, updated_at, \
-         tags, target, traceparent, tracestate, priority) VALUES {values} ON CONFLICT DO NOTHING RETURNING {TASK_COLUMNS}"
+         tags, target, traceparent, tracestate, priority, exclusive_limit) VALUES {values} ON CONFLICT DO NOTHING RETURNING {TASK_COLUMNS}"
     );
     let timeouts: Vec<i64> = chunk.iter().map(|t| t.timeout_ms as i64).collect();
     let priorities: Vec<u8> = chunk.iter().map(|t| t.priority.get()).collect();
+    let group_limits: Vec<u32> = chunk
+        .iter()
+        .map(|t| t.exclusive.as_ref().map_or(1, |e| e.limit))
+        .collect();
     let tags = chunk
         .iter()
         .map(|t| {
@@ -819,6 +863,7 @@ fn insert_chunk(
         args.push(&traceparents[i]);
         args.push(&tracestates[i]);
         args.push(&priorities[i]);
+        args.push(&group_limits[i]);
     }
     let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
     let mut rows = stmt.query(args.as_slice()).map_err(backend)?;
@@ -866,6 +911,11 @@ fn insert_chunk(
     }
     Ok(())
 }
+
+/// Whether the task in `tasks` may start under its group limit: no exclusive key, or fewer than
+/// its `exclusive_limit` running tasks with its key (over `tasks_running_exclusive`).
+const GROUP_FREE_SQL: &str = "(exclusive_key IS NULL OR (SELECT count(*) FROM tasks r \
+    WHERE r.state = 'running' AND r.exclusive_key = tasks.exclusive_key) < tasks.exclusive_limit)";
 
 /// Claims per multi-row `UPDATE` statement.
 const CLAIM_CHUNK: usize = 64;
@@ -973,8 +1023,7 @@ fn collect_taken(
 }
 
 fn claim_one(conn: &Connection, c: &DueClaim, now: Timestamp) -> Result<ClaimOutcome, StoreError> {
-    const FREE: &str = "(exclusive_key IS NULL OR NOT EXISTS (SELECT 1 FROM tasks r \
-        WHERE r.state = 'running' AND r.exclusive_key = tasks.exclusive_key))";
+    const FREE: &str = GROUP_FREE_SQL;
     let claimed = match c.target {
         ClaimTarget::Run {
             execution,
@@ -1058,6 +1107,15 @@ impl Store for SqliteStore {
         // and the single writer serialises calls with one key.
         self.writer
             .write(move |conn| insert_idempotent(conn, &create))
+            .await
+    }
+
+    async fn insert_debounced(
+        &self,
+        create: DebouncedCreate,
+    ) -> Result<DebounceOutcome, StoreError> {
+        self.writer
+            .write(move |conn| insert_debounced(conn, &create))
             .await
     }
 
@@ -1236,9 +1294,7 @@ impl Store for SqliteStore {
                         "SELECT {RANK_SQL}, id FROM tasks INDEXED BY tasks_ready \
                          WHERE state = 'ready' AND queue = ?1 \
                          AND (?2 IS NULL OR kind IN (SELECT value FROM json_each(?2))) \
-                         AND ({RANK_SQL}, id) > (?3, ?4) AND (exclusive_key IS NULL OR NOT EXISTS \
-                         (SELECT 1 FROM tasks r WHERE r.state = 'running' \
-                         AND r.exclusive_key = tasks.exclusive_key)) \
+                         AND ({RANK_SQL}, id) > (?3, ?4) AND {GROUP_FREE_SQL} \
                          ORDER BY {RANK_SQL}, id LIMIT ?5"
                     ))
                     .map_err(backend)?;
@@ -1246,9 +1302,8 @@ impl Store for SqliteStore {
                     "UPDATE tasks SET state = 'running', attempt = attempt + 1, execution_id = ?2, \
                      lease_expires_at = MAX(?3, due_at) + timeout_ms, started_at = MAX(?3, due_at), \
                      updated_at = MAX(?3, due_at), \
-                     worker = ?4 WHERE id = ?1 AND state = 'ready' AND (exclusive_key IS NULL OR NOT EXISTS \
-                     (SELECT 1 FROM tasks r WHERE r.state = 'running' \
-                     AND r.exclusive_key = tasks.exclusive_key)) RETURNING {TASK_COLUMNS}"
+                     worker = ?4 WHERE id = ?1 AND state = 'ready' AND {GROUP_FREE_SQL} \
+                     RETURNING {TASK_COLUMNS}"
                 );
                 let page = (want * 4 + 16) as i64;
                 // The empty blob sorts before every id.

@@ -14,7 +14,7 @@ use crate::backend;
 pub const TASK_COLUMNS: &str = "id, shard, queue, kind, key, payload, due_at, state, attempt, \
     max_attempts, backoff, timeout_ms, exclusive_key, exclusive_mode, execution_id, \
     lease_expires_at, worker, last_error, result, created_at, updated_at, started_at, finished_at, \
-    tags, target, traceparent, tracestate, priority";
+    tags, target, traceparent, tracestate, priority, exclusive_limit";
 
 pub fn parse_state(s: &str) -> Result<TaskState, StoreError> {
     s.parse()
@@ -48,6 +48,7 @@ pub fn task_from_row(r: &Row<'_>) -> Result<Task, StoreError> {
     let backoff: String = r.get(10).map_err(backend)?;
     let ex_key: Option<String> = r.get(12).map_err(backend)?;
     let ex_mode: Option<String> = r.get(13).map_err(backend)?;
+    let ex_limit: u32 = r.get(28).map_err(backend)?;
     let exec: Option<Vec<u8>> = r.get(14).map_err(backend)?;
     let result: Option<String> = r.get(18).map_err(backend)?;
     let tags: Option<String> = r.get(23).map_err(backend)?;
@@ -58,10 +59,12 @@ pub fn task_from_row(r: &Row<'_>) -> Result<Task, StoreError> {
         (Some(key), Some("wait")) => Some(Exclusive {
             key,
             mode: ExclusiveMode::Wait,
+            limit: ex_limit,
         }),
         (Some(key), Some("skip")) => Some(Exclusive {
             key,
             mode: ExclusiveMode::Skip,
+            limit: ex_limit,
         }),
         (None, _) => None,
         (Some(_), other) => {

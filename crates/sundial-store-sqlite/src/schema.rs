@@ -358,6 +358,18 @@ ALTER TABLE tasks ADD COLUMN priority INTEGER NOT NULL DEFAULT 5 CHECK (priority
 DROP INDEX tasks_ready;
 CREATE INDEX tasks_ready ON tasks (queue, (due_at - (priority - 5) * 60000), id) WHERE state = 'ready';
 "#,
+    // 16: group limits: at most `exclusive_limit` running tasks per exclusive key (1: an
+    // exclusive key, as before).
+    r#"
+ALTER TABLE tasks ADD COLUMN exclusive_limit INTEGER NOT NULL DEFAULT 1 CHECK (exclusive_limit BETWEEN 1 AND 10000);
+"#,
+    // 17: debounce keys (`Store::insert_debounced`): a queue's pending task of a key is found
+    // by the index, over the tasks that carry one and have not started.
+    r#"
+ALTER TABLE tasks ADD COLUMN debounce_key TEXT;
+CREATE INDEX tasks_debounce ON tasks (queue, debounce_key)
+    WHERE debounce_key IS NOT NULL AND state = 'scheduled' AND attempt = 0;
+"#,
 ];
 
 /// A task's place in line among ready tasks (`sundial_core::Priority::rank`), as the

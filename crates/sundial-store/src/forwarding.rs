@@ -10,10 +10,10 @@ use async_trait::async_trait;
 use sundial_core::{ExecutionId, NewTask, Task, TaskId, Timestamp};
 
 use crate::{
-    AttemptHistory, ClaimOutcome, DeadGroup, DeadGroupFilter, DueClaim, DueEntry, DueKey, Fence,
-    IdempotentCreate, IdempotentOutcome, Inserted, QueueConfig, QueueSettings, ReadyClaim,
-    RetentionRules, Retry, SelectPage, StateCount, Store, StoreError, TaskFilter, TaskPage,
-    TransitionError,
+    AttemptHistory, ClaimOutcome, DeadGroup, DeadGroupFilter, DebounceOutcome, DebouncedCreate,
+    DueClaim, DueEntry, DueKey, Fence, IdempotentCreate, IdempotentOutcome, Inserted, QueueConfig,
+    QueueSettings, ReadyClaim, RetentionRules, Retry, SelectPage, StateCount, Store, StoreError,
+    TaskFilter, TaskPage, TransitionError,
 };
 
 /// One forwarded call, as [`Hooks::enter`] sees it.
@@ -45,6 +45,13 @@ pub trait Hooks: Send + Sync + 'static {
         create: IdempotentCreate,
     ) -> Result<IdempotentOutcome, StoreError> {
         inner.insert_idempotent(create).await
+    }
+    async fn insert_debounced(
+        &self,
+        inner: &dyn Store,
+        create: DebouncedCreate,
+    ) -> Result<DebounceOutcome, StoreError> {
+        inner.insert_debounced(create).await
     }
     async fn claim_due(
         &self,
@@ -141,6 +148,13 @@ impl<H: Hooks> Store for Forwarding<H> {
     ) -> Result<IdempotentOutcome, StoreError> {
         let _g = self.enter("insert_idempotent", None);
         self.hooks.insert_idempotent(&*self.inner, create).await
+    }
+    async fn insert_debounced(
+        &self,
+        create: DebouncedCreate,
+    ) -> Result<DebounceOutcome, StoreError> {
+        let _g = self.enter("insert_debounced", None);
+        self.hooks.insert_debounced(&*self.inner, create).await
     }
     async fn get(&self, id: TaskId) -> Result<Option<Task>, StoreError> {
         let _g = self.enter("get", None);

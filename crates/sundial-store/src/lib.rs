@@ -60,10 +60,11 @@ pub use schedules::{
     SchedulePage, ScheduleStore, TICK_KIND, TICK_QUEUE,
 };
 pub use types::{
-    ClaimOutcome, ClaimTarget, DeadGroup, DeadGroupFilter, DueClaim, DueEntry, DueKey,
-    ERROR_GROUP_CHARS, IdempotencyDecision, IdempotentCreate, IdempotentOutcome, Inserted,
-    LIST_VISIT_BUDGET, ListDriver, ReadyClaim, Retry, StateCount, TaskFilter, TaskPage,
-    error_group, idempotency_decision, idempotency_remembered, page_cursor,
+    ClaimOutcome, ClaimTarget, DeadGroup, DeadGroupFilter, DebounceOutcome, DebouncedCreate,
+    DueClaim, DueEntry, DueKey, ERROR_GROUP_CHARS, IdempotencyDecision, IdempotentCreate,
+    IdempotentOutcome, Inserted, LIST_VISIT_BUDGET, ListDriver, ReadyClaim, Remember, Retry,
+    StateCount, TaskFilter, TaskPage, debounced_due, error_group, idempotency_decision,
+    idempotency_remembered, page_cursor,
 };
 pub use workflows::{
     ACTIVITY_KIND_PREFIX, ACTIVITY_QUEUE, AppendOp, Appended, CHILD_KIND, Committed, HistoryEvent,
@@ -95,6 +96,15 @@ pub trait Store: Send + Sync + 'static {
         &self,
         create: IdempotentCreate,
     ) -> Result<IdempotentOutcome, StoreError>;
+
+    /// Stores `create.task`, or, when the queue has a pending task of `create.key` (scheduled
+    /// and never started), gives that task the payload and the due time (see
+    /// [`debounced_due`]) instead. Concurrent calls with one key are serialised: at most one
+    /// pending task per queue and key.
+    async fn insert_debounced(
+        &self,
+        create: DebouncedCreate,
+    ) -> Result<DebounceOutcome, StoreError>;
 
     async fn get(&self, id: TaskId) -> Result<Option<Task>, StoreError>;
 

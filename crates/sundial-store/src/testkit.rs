@@ -38,8 +38,9 @@ use uuid::Uuid;
 
 use crate::Retry;
 use crate::{
-    ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, IdempotentCreate, IdempotentOutcome,
-    Inserted, ReadyClaim, Store, TaskFilter, TaskPage, TransitionError,
+    ClaimOutcome, ClaimTarget, DebounceOutcome, DebouncedCreate, DueClaim, DueEntry, DueKey,
+    IdempotentCreate, IdempotentOutcome, Inserted, ReadyClaim, Remember, Store, TaskFilter,
+    TaskPage, TransitionError,
 };
 
 /// What a conformance factory hands back, for every suite of this crate: the store under test
@@ -111,6 +112,9 @@ macro_rules! store_conformance {
             duplicate_key_within_one_batch_is_refused
             idempotent_create_repeats_conflicts_and_versions
             idempotency_is_remembered_until_the_window_after_the_task_finished
+            a_throttle_record_answers_for_its_period_after_it_was_made
+            a_debounced_create_replaces_the_pending_task_of_its_key
+            concurrent_debounced_creates_leave_one_pending_task
             same_key_in_another_queue_is_allowed
             key_is_released_when_holder_is_terminal
             scan_due_returns_due_scheduled_tasks_of_shard_in_order
@@ -123,6 +127,7 @@ macro_rules! store_conformance {
             claim_due_of_cancelled_task_is_not_claimable
             claim_due_is_exclusive_under_concurrency
             exclusive_key_starts_once_under_concurrency
+            group_limit_is_never_exceeded_under_concurrency
             exclusive_wait_is_busy_while_key_runs
             exclusive_skip_is_cancelled_while_key_runs
             claim_ready_takes_ready_tasks_in_id_order
@@ -470,7 +475,7 @@ pub async fn insert_then_get_round_trips_every_field(store: Arc<dyn Store>) {
         max_ms: 60_000,
         jitter: 0.1,
     };
-    let full = make(
+    let mut full = make(
         TaskSpec::new("email.send")
             .queue("mail")
             .key("order-17 / ü")
@@ -479,7 +484,7 @@ pub async fn insert_then_get_round_trips_every_field(store: Arc<dyn Store>) {
             .max_attempts(7)
             .backoff(backoff.clone())
             .timeout(Duration::from_secs(90))
-            .exclusive("mailbox:ada", ExclusiveMode::Skip)
+            .concurrency("mailbox:ada", 3)
             .priority(Priority::new(8).expect("a priority"))
             .tag("tenant", "ada ü")
             .tag("tier", "gold")
@@ -496,6 +501,10 @@ pub async fn insert_then_get_round_trips_every_field(store: Arc<dyn Store>) {
             )),
         now,
     );
+    // A group limit of 3 in the mode that skips (the builder's `concurrency` waits).
+    if let Some(ex) = &mut full.exclusive {
+        ex.mode = ExclusiveMode::Skip;
+    }
     let expected = Task {
         id: full.id,
         shard: full.shard,
@@ -512,6 +521,7 @@ pub async fn insert_then_get_round_trips_every_field(store: Arc<dyn Store>) {
         exclusive: Some(Exclusive {
             key: "mailbox:ada".into(),
             mode: ExclusiveMode::Skip,
+            limit: 3,
         }),
         priority: Priority::new(8).expect("a priority"),
         tags: [("tenant", "ada ü"), ("tier", "gold")]
@@ -590,6 +600,7 @@ pub async fn insert_then_get_round_trips_every_field(store: Arc<dyn Store>) {
         Some(Exclusive {
             key: "reports".into(),
             mode: ExclusiveMode::Wait,
+            limit: 1,
         })
     );
     assert_eq!(get(s, waiting.id).await, stored);
@@ -1425,6 +1436,91 @@ pub async fn exclusive_key_starts_once_under_concurrency(store: Arc<dyn Store>) 
             assert_eq!(holders, 1, "round {round}: tasks running with key {key}");
         }
     }
+}
+
+/// How many tasks of `queue` run.
+async fn running_in(s: &dyn Store, queue: &str) -> usize {
+    s.list(
+        &TaskFilter {
+            queue: Some(queue.to_string()),
+            state: Some(TaskState::Running),
+            ..TaskFilter::default()
+        },
+        100,
+    )
+    .await
+    .expect("list")
+    .tasks
+    .len()
+}
+
+/// A group limit of 3 (`TaskSpec::concurrency`): concurrent `claim_due` batches and
+/// `claim_ready` calls start exactly 3 tasks with the key; the other due tasks are `Busy` and stay
+/// scheduled. When one of the 3 finishes, the next claim starts one more, and only one.
+pub async fn group_limit_is_never_exceeded_under_concurrency(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let queue = "group-limit";
+    let group = |s: &str| make(TaskSpec::new("k").queue(queue).concurrency(s, 3), at(0));
+    let now = at(10);
+    let mut due = Vec::new();
+    for _ in 0..9 {
+        due.push(insert(s, group("G")).await.id);
+    }
+    for _ in 0..2 {
+        let t = insert(s, group("G")).await;
+        make_ready(s, t.id, now).await;
+    }
+    let run = |id: TaskId| DueClaim {
+        id,
+        target: run_target(execution_id(), Timestamp(now.0 + LEASE)),
+    };
+    let batches: Vec<Vec<DueClaim>> = due[..9]
+        .chunks(3)
+        .map(|c| c.iter().copied().map(run).collect())
+        .collect();
+    let mut due_calls: Vec<BoxFuture<'_, _>> = Vec::new();
+    for b in &batches {
+        due_calls.push(s.claim_due(b.clone(), now, None));
+    }
+    let ready_calls: Vec<BoxFuture<'_, _>> = (0..2)
+        .map(|i| s.claim_ready(ready_claim(queue, 4, &format!("w{i}"), now)))
+        .collect();
+    let (due_out, ready_out) = poll_fn_join(join_all(due_calls), join_all(ready_calls)).await;
+    let mut started: Vec<Task> = Vec::new();
+    let mut busy: Vec<TaskId> = Vec::new();
+    for (batch, out) in batches.iter().zip(due_out) {
+        for (claim, outcome) in batch.iter().zip(out.expect("claim_due")) {
+            match outcome {
+                ClaimOutcome::Started(t) => started.push(*t),
+                ClaimOutcome::Busy { exclusive_key } => {
+                    assert_eq!(exclusive_key, "G");
+                    assert_eq!(get(s, claim.id).await.state, TaskState::Scheduled);
+                    busy.push(claim.id);
+                }
+                other => panic!("unexpected outcome {other:?}"),
+            }
+        }
+    }
+    for out in ready_out {
+        started.extend(out.expect("claim_ready"));
+    }
+    assert_eq!(started.len(), 3, "started {:?}", ids(&started));
+    assert_eq!(running_in(s, queue).await, 3);
+    let first = &started[0];
+    let exec = first.execution_id.expect("an execution");
+    s.complete(first.id, exec, at(11), None)
+        .await
+        .expect("complete");
+    let again = s
+        .claim_due(busy.iter().copied().map(run).collect(), at(11), None)
+        .await
+        .expect("claim_due");
+    let now_started = again
+        .iter()
+        .filter(|o| matches!(o, ClaimOutcome::Started(_)))
+        .count();
+    assert_eq!(now_started, 1, "{again:?}");
+    assert_eq!(running_in(s, queue).await, 3);
 }
 
 /// Drives two futures at once.
@@ -3464,7 +3560,7 @@ fn idem(spec: TaskSpec, key: &str, version: u64, fp: &str, now: Timestamp) -> Id
         key: key.to_string(),
         version,
         fingerprint: fp.to_string(),
-        remember_ms: 1_000,
+        remember: Remember::AfterFinish { ms: 1_000 },
         now,
     }
 }
@@ -3601,5 +3697,149 @@ pub async fn idempotency_is_remembered_until_the_window_after_the_task_finished(
         IdempotentOutcome::Duplicate {
             existing: holder.id
         }
+    );
+}
+
+/// A record kept `AfterCreate` answers with its task for that long after it was made, even after
+/// the task finished, and no longer: then the next create is stored and remembered in turn.
+pub async fn a_throttle_record_answers_for_its_period_after_it_was_made(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let create = |n: i64| IdempotentCreate {
+        remember: Remember::AfterCreate { ms: 1_000 },
+        ..idem(TaskSpec::new("k").queue("q"), "T", 0, "throttle", at(n))
+    };
+    let admitted = match s.insert_idempotent(create(0)).await.expect("first") {
+        IdempotentOutcome::Created(t) => *t,
+        other => panic!("expected created, got {other:?}"),
+    };
+    let (exec, _) = start(s, admitted.id, at(10)).await;
+    s.complete(admitted.id, exec, at(20), None)
+        .await
+        .expect("complete");
+    match s.insert_idempotent(create(999)).await.expect("inside") {
+        IdempotentOutcome::Repeat(t) => assert_eq!(t.id, admitted.id, "the admitted task"),
+        other => panic!("inside the period the admitted task answers, got {other:?}"),
+    }
+    let next = match s.insert_idempotent(create(1_000)).await.expect("after") {
+        IdempotentOutcome::Created(t) => *t,
+        other => panic!("after the period a new task is stored, got {other:?}"),
+    };
+    assert_ne!(next.id, admitted.id);
+    match s
+        .insert_idempotent(create(1_999))
+        .await
+        .expect("second period")
+    {
+        IdempotentOutcome::Repeat(t) => assert_eq!(t.id, next.id, "measured from the new record"),
+        other => panic!("expected the second admitted task, got {other:?}"),
+    }
+}
+
+/// A debounced create of `payload` at `now`, due `delay_ms` later, under key `D` of queue `q`.
+fn debounced(payload: i64, now: i64, delay_ms: u64, max_wait_ms: Option<u64>) -> DebouncedCreate {
+    DebouncedCreate {
+        task: make(
+            TaskSpec::new("k")
+                .queue("q")
+                .payload(json!({ "n": payload }))
+                .delay(std::time::Duration::from_millis(delay_ms)),
+            at(now),
+        ),
+        key: "D".to_string(),
+        max_wait_ms,
+        now: at(now),
+    }
+}
+
+/// The pending task of a debounce key takes each later create's payload and due time (never
+/// past its create plus `max_wait`), and a claim at its old due time finds it not due; once it
+/// has started, the next create stores a new task. Keys are per queue.
+pub async fn a_debounced_create_replaces_the_pending_task_of_its_key(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let first = match s
+        .insert_debounced(debounced(1, 0, 1_000, Some(1_500)))
+        .await
+        .expect("first")
+    {
+        DebounceOutcome::Created(t) => *t,
+        other => panic!("expected created, got {other:?}"),
+    };
+    assert_eq!(first.due_at, at(1_000));
+    let second = debounced(2, 500, 1_000, Some(1_500));
+    let second_id = second.task.id;
+    let moved = match s.insert_debounced(second).await.expect("second") {
+        DebounceOutcome::Replaced(t) => *t,
+        other => panic!("expected the pending task replaced, got {other:?}"),
+    };
+    assert_eq!(moved.id, first.id);
+    assert_eq!(moved.payload, json!({"n": 2}));
+    assert_eq!(moved.due_at, at(1_500), "now + delay");
+    assert!(
+        s.get(second_id).await.expect("get").is_none(),
+        "nothing new stored"
+    );
+    assert_not_claimable(
+        claim(s, first.id, ClaimTarget::Ready, at(1_000)).await,
+        "a claim at the old due time",
+    );
+    let capped = match s
+        .insert_debounced(debounced(3, 1_000, 1_000, Some(1_500)))
+        .await
+        .expect("third")
+    {
+        DebounceOutcome::Replaced(t) => *t,
+        other => panic!("expected replaced, got {other:?}"),
+    };
+    assert_eq!(
+        capped.due_at,
+        at(1_500),
+        "never past the first create + max_wait"
+    );
+    assert_eq!(capped.created_at, first.created_at);
+    // Another queue: its own pending task.
+    let mut elsewhere = debounced(4, 1_100, 1_000, None);
+    elsewhere.task.queue = "q2".to_string();
+    assert!(matches!(
+        s.insert_debounced(elsewhere).await.expect("other queue"),
+        DebounceOutcome::Created(_)
+    ));
+    // Started: no longer pending, so the next create is a new task.
+    start(s, first.id, at(1_500)).await;
+    match s
+        .insert_debounced(debounced(5, 1_600, 1_000, None))
+        .await
+        .expect("after the start")
+    {
+        DebounceOutcome::Created(t) => {
+            assert_ne!(t.id, first.id);
+            assert_eq!(t.due_at, at(2_600));
+        }
+        other => panic!("expected a new task, got {other:?}"),
+    }
+}
+
+/// Concurrent debounced creates with one key leave exactly one pending task, with one of their
+/// payloads.
+pub async fn concurrent_debounced_creates_leave_one_pending_task(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let calls: Vec<BoxFuture<'_, _>> = (0..40)
+        .map(|n| s.insert_debounced(debounced(n, n, 10_000, None)))
+        .collect();
+    let outcomes = join_all(calls).await;
+    let mut created = Vec::new();
+    let mut replaced = Vec::new();
+    for o in outcomes {
+        match o.expect("debounced create") {
+            DebounceOutcome::Created(t) => created.push(t.id),
+            DebounceOutcome::Replaced(t) => replaced.push(t.id),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(created.len(), 1, "exactly one stored");
+    assert!(replaced.iter().all(|id| *id == created[0]));
+    assert_eq!(
+        counts(s).await,
+        count_map(&[("q", TaskState::Scheduled, 1)]),
+        "one pending task"
     );
 }

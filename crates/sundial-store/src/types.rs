@@ -47,8 +47,62 @@ pub struct IdempotentCreate {
     /// A digest of the request (everything but the key and version): a retry of the same request
     /// has the same one.
     pub fingerprint: String,
-    pub remember_ms: u64,
+    /// How long the record answers for the key.
+    pub remember: Remember,
     pub now: Timestamp,
+}
+
+/// A create under a debounce key ([`crate::Store::insert_debounced`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DebouncedCreate {
+    /// The task to store when the queue has no pending task of the key; its payload and due
+    /// time otherwise replace the pending one's.
+    pub task: NewTask,
+    pub key: String,
+    /// The pending task's due time is never moved past its create plus this.
+    pub max_wait_ms: Option<u64>,
+    pub now: Timestamp,
+}
+
+/// What became of a [`DebouncedCreate`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum DebounceOutcome {
+    /// No pending task of the key: this one was stored.
+    Created(Box<Task>),
+    /// The pending task of the key took the payload and the due time (capped by its
+    /// `max_wait`); nothing new was stored.
+    Replaced(Box<Task>),
+    /// A live task of the queue holds the task's `key`: nothing stored.
+    Duplicate { existing: TaskId },
+}
+
+/// The due time a debounced create gives the pending task created at `pending_created_at`: the
+/// new create's, but never past that create plus `max_wait_ms`.
+pub fn debounced_due(
+    new_due: Timestamp,
+    pending_created_at: Timestamp,
+    max_wait_ms: Option<u64>,
+) -> Timestamp {
+    match max_wait_ms {
+        Some(ms) => Timestamp(
+            new_due.0.min(
+                pending_created_at
+                    .0
+                    .saturating_add(i64::try_from(ms).unwrap_or(i64::MAX)),
+            ),
+        ),
+        None => new_due,
+    }
+}
+
+/// How long an idempotency record answers for its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Remember {
+    /// While the task is live, and this many milliseconds after it finished (idempotency keys).
+    AfterFinish { ms: u64 },
+    /// This many milliseconds after the record was made, whatever became of the task since
+    /// (throttles: one admitted task per key per period).
+    AfterCreate { ms: u64 },
 }
 
 /// What became of an [`IdempotentCreate`].
@@ -87,11 +141,20 @@ pub fn idempotency_decision(
     }
 }
 
-/// Whether a remembered key's task still makes the key count at `now`.
-pub fn idempotency_remembered(task: &Task, remember_ms: u64, now: Timestamp) -> bool {
-    match task.finished_at {
-        Some(f) if task.state.is_terminal() => f.0.saturating_add(remember_ms as i64) > now.0,
-        _ => true,
+/// Whether a key remembered since `recorded_at` for `task` still counts at `now`.
+pub fn idempotency_remembered(
+    task: &Task,
+    recorded_at: Timestamp,
+    remember: Remember,
+    now: Timestamp,
+) -> bool {
+    let after = |t: Timestamp, ms: u64| t.0.saturating_add(i64::try_from(ms).unwrap_or(i64::MAX));
+    match remember {
+        Remember::AfterCreate { ms } => after(recorded_at, ms) > now.0,
+        Remember::AfterFinish { ms } => match task.finished_at {
+            Some(f) if task.state.is_terminal() => after(f, ms) > now.0,
+            _ => true,
+        },
     }
 }
 

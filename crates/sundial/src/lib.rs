@@ -418,9 +418,19 @@ impl Sundial {
             key: idempotency.key,
             version: idempotency.version,
             fingerprint,
-            remember_ms: u64::try_from(cfg.idempotency_window.as_millis()).unwrap_or(u64::MAX),
+            remember: sundial_store::Remember::AfterFinish {
+                ms: u64::try_from(cfg.idempotency_window.as_millis()).unwrap_or(u64::MAX),
+            },
             now,
         };
+        self.finish_idempotent(create).await
+    }
+
+    /// Stores an idempotent or throttled create and tells the engine of the task.
+    async fn finish_idempotent(
+        &self,
+        create: sundial_store::IdempotentCreate,
+    ) -> Result<Created, Error> {
         match self.engine.store.insert_idempotent(create).await? {
             sundial_store::IdempotentOutcome::Created(t) => {
                 metrics::counter!("sundial_task_created_total", "namespace" => sundial_core::namespace::namespace_of(&t.queue).to_string(), "queue" => sundial_core::namespace::local(&t.queue).to_string())
@@ -446,6 +456,109 @@ impl Sundial {
                 Err(Error::IdempotencyConflict { existing, version })
             }
             sundial_store::IdempotentOutcome::Duplicate { existing } => {
+                Err(Error::Duplicate { existing })
+            }
+        }
+    }
+
+    /// Like [`Sundial::schedule_task`], under a throttle: at most one task per queue and
+    /// throttle key is admitted per `throttle.per`, measured from the admitted one's create.
+    /// A create inside that period stores nothing and answers the admitted task
+    /// (`repeat: true`), whatever its payload, and whatever became of that task since.
+    /// Concurrent creates with one key, on any number of nodes: exactly one is admitted.
+    pub async fn create_throttled(
+        &self,
+        spec: TaskSpec,
+        throttle: Throttle,
+    ) -> Result<Created, Error> {
+        if self.engine.is_stopping() {
+            return Err(Error::ShuttingDown);
+        }
+        throttle.validate()?;
+        let spec = with_current_trace(spec, &mut None);
+        let now = self.engine.clock.now();
+        let cfg = &self.engine.config;
+        let task = spec.validate(
+            TaskId(uuid::Uuid::now_v7()),
+            now,
+            cfg.shard_count,
+            &cfg.limits,
+        )?;
+        sundial_store::audit_scope::name_target(task.id.to_string());
+        let create = sundial_store::IdempotentCreate {
+            task,
+            key: throttle.record_key(),
+            version: 0,
+            fingerprint: Throttle::FINGERPRINT.to_string(),
+            remember: sundial_store::Remember::AfterCreate {
+                ms: u64::try_from(throttle.per.as_millis()).unwrap_or(u64::MAX),
+            },
+            now,
+        };
+        self.finish_idempotent(create).await
+    }
+
+    /// Like [`Sundial::schedule_task`], under a debounce key: while the queue holds a pending
+    /// task of `debounce.key` (scheduled, never started), the create stores nothing and replaces
+    /// that task's payload and due time instead: due `debounce.delay` from now, but never past
+    /// the pending task's create plus `debounce.max_wait`. Without a pending task of the key, the
+    /// task is stored, due `debounce.delay` from now. A spec with a due time of its own is
+    /// refused (the delay is the due time). Concurrent creates with one key, on any number of
+    /// nodes: one task stays pending.
+    pub async fn create_debounced(
+        &self,
+        spec: TaskSpec,
+        debounce: Debounce,
+    ) -> Result<Debounced, Error> {
+        if self.engine.is_stopping() {
+            return Err(Error::ShuttingDown);
+        }
+        debounce.validate()?;
+        if spec.due != Due::Now {
+            return Err(Error::Invalid(ValidationError::Conflict(
+                "a debounced create takes its due time from debounce.delay: run_at and delay are not allowed",
+            )));
+        }
+        let spec = with_current_trace(spec.delay(debounce.delay), &mut None);
+        let now = self.engine.clock.now();
+        let cfg = &self.engine.config;
+        let task = spec.validate(
+            TaskId(uuid::Uuid::now_v7()),
+            now,
+            cfg.shard_count,
+            &cfg.limits,
+        )?;
+        sundial_store::audit_scope::name_target(task.id.to_string());
+        let create = sundial_store::DebouncedCreate {
+            task,
+            key: debounce.key,
+            max_wait_ms: debounce
+                .max_wait
+                .map(|w| u64::try_from(w.as_millis()).unwrap_or(u64::MAX)),
+            now,
+        };
+        match self.engine.store.insert_debounced(create).await? {
+            sundial_store::DebounceOutcome::Created(t) => {
+                metrics::counter!("sundial_task_created_total", "namespace" => sundial_core::namespace::namespace_of(&t.queue).to_string(), "queue" => sundial_core::namespace::local(&t.queue).to_string())
+                    .increment(1);
+                self.engine.notify_task(&t);
+                Ok(Debounced {
+                    task: *t,
+                    replaced: false,
+                })
+            }
+            sundial_store::DebounceOutcome::Replaced(t) => {
+                metrics::counter!("sundial_task_debounced_total", "namespace" => sundial_core::namespace::namespace_of(&t.queue).to_string(), "queue" => sundial_core::namespace::local(&t.queue).to_string())
+                    .increment(1);
+                // The engine's timer still holds the old due time, which finds nothing due
+                // when it passes; this one starts the task.
+                self.engine.notify_task(&t);
+                Ok(Debounced {
+                    task: *t,
+                    replaced: true,
+                })
+            }
+            sundial_store::DebounceOutcome::Duplicate { existing } => {
                 Err(Error::Duplicate { existing })
             }
         }
@@ -801,6 +914,106 @@ impl Idempotency {
     }
 }
 
+/// A throttle for a create ([`Sundial::create_throttled`]): at most one task per queue and `key`
+/// is admitted per `per`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Throttle {
+    pub key: String,
+    pub per: Duration,
+}
+
+impl Throttle {
+    /// Longest key accepted, in bytes.
+    pub const MAX_KEY_BYTES: usize = 256;
+    /// Longest period accepted.
+    pub const MAX_PER: Duration = Duration::from_secs(366 * 24 * 3600);
+    /// Every create under a throttle asks the same thing: whatever its body, it is answered
+    /// with the admitted task.
+    const FINGERPRINT: &'static str = "throttle";
+
+    pub fn new(key: impl Into<String>, per: Duration) -> Self {
+        Throttle {
+            key: key.into(),
+            per,
+        }
+    }
+
+    /// The key of the throttle's record among the queue's idempotency keys: the separator is a
+    /// control character, which idempotency keys may not contain, so the two never meet.
+    fn record_key(&self) -> String {
+        format!("\u{1f}throttle\u{1f}{}", self.key)
+    }
+
+    fn validate(&self) -> Result<(), ValidationError> {
+        sundial_core::task::check_key("throttle.key", &self.key, Self::MAX_KEY_BYTES)?;
+        if self.per < Duration::from_millis(1) || self.per > Self::MAX_PER {
+            return Err(ValidationError::OutOfRange {
+                field: "throttle.per",
+                reason: "must be between 1ms and 366 days".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A debounce for a create ([`Sundial::create_debounced`]): the queue keeps at most one pending
+/// task per `key`, due `delay` after the latest create, and never later than `max_wait` after
+/// the first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Debounce {
+    pub key: String,
+    pub delay: Duration,
+    pub max_wait: Option<Duration>,
+}
+
+impl Debounce {
+    /// Longest key accepted, in bytes.
+    pub const MAX_KEY_BYTES: usize = 256;
+    /// Longest delay and longest wait accepted.
+    pub const MAX_DELAY: Duration = Duration::from_secs(366 * 24 * 3600);
+
+    pub fn new(key: impl Into<String>, delay: Duration) -> Self {
+        Debounce {
+            key: key.into(),
+            delay,
+            max_wait: None,
+        }
+    }
+
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait = Some(max_wait);
+        self
+    }
+
+    fn validate(&self) -> Result<(), ValidationError> {
+        sundial_core::task::check_key("debounce.key", &self.key, Self::MAX_KEY_BYTES)?;
+        if self.delay > Self::MAX_DELAY {
+            return Err(ValidationError::OutOfRange {
+                field: "debounce.delay",
+                reason: "must be at most 366 days".into(),
+            });
+        }
+        if let Some(w) = self.max_wait
+            && (w < self.delay || w > Self::MAX_DELAY)
+        {
+            return Err(ValidationError::OutOfRange {
+                field: "debounce.max_wait",
+                reason: "must be at least debounce.delay and at most 366 days".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What [`Sundial::create_debounced`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Debounced {
+    pub task: Task,
+    /// A pending task of the key took this create's payload and due time: `task` is that task,
+    /// and nothing new was stored.
+    pub replaced: bool,
+}
+
 /// What [`Sundial::create_idempotent`] did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Created {
@@ -832,7 +1045,7 @@ fn spec_fingerprint(spec: &TaskSpec) -> String {
         Due::At(t) => serde_json::json!({"at": t.0}),
         Due::After(d) => serde_json::json!({"after_ms": d.as_millis() as u64}),
     };
-    let canonical = serde_json::json!({
+    let mut canonical = serde_json::json!({
         "queue": spec.queue,
         "kind": spec.kind,
         "key": spec.key,
@@ -844,8 +1057,13 @@ fn spec_fingerprint(spec: &TaskSpec) -> String {
         "exclusive": serde_json::to_value(&spec.exclusive).unwrap_or_default(),
         "tags": serde_json::to_value(&spec.tags).unwrap_or_default(),
         "target": serde_json::to_value(&spec.target).unwrap_or_default(),
-    })
-    .to_string();
+    });
+    // Added only when it is not the default, so fingerprints stored before priorities existed
+    // still match their retries.
+    if spec.priority != sundial_core::Priority::DEFAULT {
+        canonical["priority"] = serde_json::json!(spec.priority.get());
+    }
+    let canonical = canonical.to_string();
     const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
     const PRIME: u128 = 0x0000000001000000000000000000013B;
     let mut h = OFFSET;

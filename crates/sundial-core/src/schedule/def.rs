@@ -400,6 +400,7 @@ impl ScheduleDef {
                     crate::namespace::qualify(ns, &format!("schedule:{local}"))
                 },
                 mode: ExclusiveMode::Wait,
+                limit: 1,
             })
         } else {
             t.exclusive.clone()
@@ -535,6 +536,7 @@ mod tests {
         d.task.exclusive = Some(Exclusive {
             key: "k".into(),
             mode: ExclusiveMode::Skip,
+            limit: 1,
         });
         assert_eq!(d.validate(&l).unwrap_err().field(), "task.exclusive");
         assert!(ScheduleId::new("").is_err());
@@ -643,6 +645,7 @@ mod tests {
         tpl.exclusive = Some(Exclusive {
             key: "one".into(),
             mode: ExclusiveMode::Wait,
+            limit: 1,
         });
         assert_eq!(
             tpl.in_namespace("acme").exclusive.unwrap().key,

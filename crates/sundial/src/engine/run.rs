@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use futures::FutureExt;
 use rand::Rng;
 use sundial_core::{ExecutionId, Task, TaskId, TaskState};
-use sundial_store::Retry;
+use sundial_store::{DueEntry, Retry};
 use tokio::sync::OwnedSemaphorePermit;
 
 use tracing::Instrument;
@@ -205,17 +205,33 @@ impl Engine {
         Ok(t)
     }
 
-    /// A task holding an exclusive key stopped running: wake the tasks waiting for that key.
+    /// A task holding an exclusive key (or a place in a group) stopped running: one slot of the
+    /// key is free, so wake the best-ranked task waiting for it (the earliest due, moved by its
+    /// priority). The others stay registered for the next release; each also retries on its
+    /// own within 1 s, the backstop for a wake that finds its task gone, and for holders on
+    /// other nodes.
     pub fn release_exclusive(&self, task: &Task) {
         let Some(ex) = &task.exclusive else {
             return;
         };
         self.exclusive_releases.fetch_add(1, Ordering::SeqCst);
-        let waiting = self
+        let waiting: Vec<(u32, DueEntry)> = self
             .exclusive_waiting
             .lock()
             .ok()
-            .and_then(|mut w| w.remove(&ex.key))
+            .and_then(|mut w| {
+                let list = w.get_mut(&ex.key)?;
+                let best = list
+                    .iter()
+                    .enumerate()
+                    .min_by_key(|(_, (_, e))| (e.priority.rank(e.key.due_at), e.key))
+                    .map(|(i, _)| i)?;
+                let woken = list.swap_remove(best);
+                if list.is_empty() {
+                    w.remove(&ex.key);
+                }
+                Some(vec![woken])
+            })
             .unwrap_or_default();
         for (shard, e) in waiting {
             if let Some(s) = self.shards.get(shard as usize) {

@@ -588,21 +588,25 @@ impl ShardLoop {
                         priority: b.meta.priority,
                     };
                     if let Ok(mut w) = engine.exclusive_waiting.lock() {
-                        w.entry(exclusive_key)
-                            .or_default()
-                            .push((self.shard, entry));
+                        let list = w.entry(exclusive_key).or_default();
+                        // Refused again (a backstop retry): it is registered once.
+                        if !list.iter().any(|(_, e)| e.key.id == entry.key.id) {
+                            list.push((self.shard, entry));
+                        }
                     }
                     // A release since the claim began may have missed this waiter: look again
                     // now. Otherwise the release wakes it; the 1 s retry is a backstop only.
                     let released =
                         engine.exclusive_releases.load(Ordering::SeqCst) != releases_before;
-                    let retry = DueKey {
-                        due_at: if released {
-                            now
-                        } else {
-                            now.saturating_add(Duration::from_secs(1))
-                        },
-                        id: b.key.id,
+                    // Looked at again, a waiter keeps its due time, so waiters of a group
+                    // start in due order (a release hands them back with their keys too).
+                    let retry = if released {
+                        b.key
+                    } else {
+                        DueKey {
+                            due_at: now.saturating_add(Duration::from_secs(1)),
+                            id: b.key.id,
+                        }
                     };
                     self.window.insert(retry, b.meta);
                 }

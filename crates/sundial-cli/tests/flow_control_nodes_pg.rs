@@ -1,0 +1,163 @@
+//! Flow control across three `sundial server` processes on one PostgreSQL schema: a group limit
+//! holds for workers polling every node at once (checked by a counter of tasks in hand),
+//! creates under one throttle key sent to all three nodes at once admit exactly one task, and
+//! creates under one debounce key leave exactly one pending task.
+//!
+//! Needs `SUNDIAL_TEST_DATABASE_URL` (skipped without it, failed without it when
+//! `SUNDIAL_REQUIRE_POSTGRES=1`; see `common/pg.rs`). Every wait is bounded; nothing asserts
+//! speed.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::ffi::OsString;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::{Backend, Launch, Server, Storage};
+use serde_json::{Value, json};
+
+const NODES: usize = 3;
+
+fn nodes(storage: &Storage) -> Vec<Server> {
+    (0..NODES)
+        .map(|i| {
+            let launch = Launch {
+                extra: ["--node-id", &format!("flow-{i}")]
+                    .map(OsString::from)
+                    .to_vec(),
+                ..Launch::default()
+            };
+            Server::launch(storage, &launch)
+        })
+        .collect()
+}
+
+async fn post(url: &str, body: Value) -> (u16, Value) {
+    let http = sundial_cli::http_client_builder().build().unwrap();
+    let resp = http
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("send");
+    let status = resp.status().as_u16();
+    let body = resp.json().await.unwrap_or(Value::Null);
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_nodes_keep_a_group_limit_a_throttle_and_a_debounce() {
+    let Some(storage) = Storage::new(Backend::Postgres) else {
+        return;
+    };
+    let servers = nodes(&storage);
+    let urls: Vec<String> = servers.iter().map(|s| s.url.clone()).collect();
+
+    // Throttle: 99 creates spread over the nodes, all at once.
+    let creates = (0..99).map(|n| {
+        let url = format!("{}/v1/tasks", urls[n % NODES]);
+        tokio::spawn(async move {
+            post(
+                &url,
+                json!({"kind": "digest", "queue": "mail", "delay": "1h", "payload": {"n": n},
+                       "throttle": {"key": "user-42", "per": "10m"}}),
+            )
+            .await
+        })
+    });
+    let mut answers = Vec::new();
+    for c in creates {
+        answers.push(c.await.unwrap());
+    }
+    let admitted: Vec<_> = answers.iter().filter(|(s, _)| *s == 201).collect();
+    assert_eq!(admitted.len(), 1, "exactly one admitted: {answers:?}");
+    let id = admitted[0].1["id"].clone();
+    assert!(
+        answers
+            .iter()
+            .all(|(s, t)| (*s == 200 || *s == 201) && t["id"] == id),
+        "every other create answered with the admitted task: {answers:?}"
+    );
+    assert_eq!(common::count(&servers[0].client()).await, 1);
+
+    // Debounce: 99 creates under one key spread over the nodes, all at once, leave one pending
+    // task.
+    let creates = (0..99).map(|n| {
+        let url = format!("{}/v1/tasks", urls[n % NODES]);
+        tokio::spawn(async move {
+            post(
+                &url,
+                json!({"kind": "reindex", "queue": "search", "payload": {"n": n},
+                       "debounce": {"key": "doc-42", "delay": "1h"}}),
+            )
+            .await
+        })
+    });
+    let mut answers = Vec::new();
+    for c in creates {
+        answers.push(c.await.unwrap());
+    }
+    let stored: Vec<_> = answers.iter().filter(|(s, _)| *s == 201).collect();
+    assert_eq!(stored.len(), 1, "exactly one stored: {answers:?}");
+    let id = stored[0].1["id"].clone();
+    assert!(
+        answers
+            .iter()
+            .all(|(s, t)| (*s == 200 || *s == 201) && t["id"] == id),
+        "every other create replaced the pending task: {answers:?}"
+    );
+    assert_eq!(common::count(&servers[0].client()).await, 2);
+
+    // Group limit: 24 tasks of one group, limit 3, and four workers on each node.
+    const TASKS: usize = 24;
+    const LIMIT: usize = 3;
+    for n in 0..TASKS {
+        let (status, t) = post(
+            &format!("{}/v1/tasks", urls[n % NODES]),
+            json!({"kind": "work", "queue": "grp", "payload": {"n": n},
+                   "concurrency": {"key": "acct", "limit": LIMIT}}),
+        )
+        .await;
+        assert_eq!(status, 201, "{t}");
+    }
+    let in_hand = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut workers = Vec::new();
+    for w in 0..NODES * 4 {
+        let client = servers[w % NODES].client();
+        let (in_hand, most, done) = (in_hand.clone(), most.clone(), done.clone());
+        workers.push(tokio::spawn(async move {
+            // Bounded: 60 s of polling at most.
+            for _ in 0..600 {
+                if done.load(Ordering::SeqCst) >= TASKS {
+                    return;
+                }
+                let got = client
+                    .poll("grp", &format!("w{w}"), 1, Duration::from_millis(100), None)
+                    .await
+                    .unwrap();
+                for t in got.tasks {
+                    let now = in_hand.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                    // Out of hand before the completion is sent: a task started elsewhere after
+                    // the complete commits is not counted against this one.
+                    in_hand.fetch_sub(1, Ordering::SeqCst);
+                    client.complete(t.id, t.execution_id, None).await.unwrap();
+                    done.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }));
+    }
+    for w in workers {
+        w.await.unwrap();
+    }
+    assert_eq!(done.load(Ordering::SeqCst), TASKS, "every task ran once");
+    let most = most.load(Ordering::SeqCst);
+    assert!(most <= LIMIT, "{most} of the group in hand at once");
+    assert!(most >= 2, "the limit let several run at once ({most})");
+}
