@@ -53,12 +53,41 @@ def _time(value):
         return None
 
 
+_YEAR_MS = 366 * _DAY_MS
+
+
+def _flow_ok(task):
+    """Flow controls: a throttle's `per` and a rate's `per` between 1 ms and 366 days, a rate's
+    `limit` at most its `per` in milliseconds, a debounce's `delay` at most 366 days and its
+    `max_wait` between that delay and 366 days."""
+    for field in ("throttle", "rate"):
+        control = task.get(field)
+        if isinstance(control, dict):
+            per = _millis(control.get("per"))
+            if per is not None and not 1 <= per <= _YEAR_MS:
+                return False
+            limit = control.get("limit")
+            if field == "rate" and per is not None and isinstance(limit, int) and limit > per:
+                return False
+    debounce = task.get("debounce")
+    if isinstance(debounce, dict):
+        delay = _millis(debounce.get("delay"))
+        wait = _millis(debounce.get("max_wait"))
+        if delay is not None and delay > _YEAR_MS:
+            return False
+        if wait is not None and not (delay or 0) <= wait <= _YEAR_MS:
+            return False
+    return True
+
+
 def _task_ok(task):
     """A task body: `timeout` (default 5 min) between 1 ms and 7 days, a target's `timeout` not
-    above it, a `delay` that keeps the due time before the year 10000, and a backoff's `max` not
-    below its `initial` (default 5 s) and at most ten years."""
+    above it, a `delay` that keeps the due time before the year 10000, a backoff's `max` not
+    below its `initial` (default 5 s) and at most ten years, and the flow controls' rules."""
     if not isinstance(task, dict):
         return True
+    if not _flow_ok(task):
+        return False
     timeout = _millis(task.get("timeout"))
     if timeout is not None and not 1 <= timeout <= 7 * _DAY_MS:
         return False

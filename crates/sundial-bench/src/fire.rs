@@ -47,6 +47,49 @@ pub struct FireArgs {
     /// Concurrent in-process handler runs (the engine's per-queue limit).
     #[arg(long, default_value_t = Config::default().default_concurrency)]
     pub concurrency: usize,
+    /// Flow controls on every task of the load, none of them binding, to see what checking
+    /// them costs: `priority` (0-9 in turn), `group` (one of 100 group keys, limit 1,000),
+    /// `rate` (one of 100 rate keys, 1,000 per second each), `all` (the three).
+    #[arg(long, value_enum, default_value_t = Controls::None)]
+    pub controls: Controls,
+}
+
+/// The flow controls the fire load's tasks carry (`--controls`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Controls {
+    None,
+    Priority,
+    Group,
+    Rate,
+    All,
+}
+
+impl Controls {
+    /// Task `i` of the load with the controls on.
+    fn apply(self, spec: TaskSpec, i: i64) -> TaskSpec {
+        let (priority, group, rate) = match self {
+            Controls::None => (false, false, false),
+            Controls::Priority => (true, false, false),
+            Controls::Group => (false, true, false),
+            Controls::Rate => (false, false, true),
+            Controls::All => (true, true, true),
+        };
+        let mut spec = spec;
+        if priority && let Ok(p) = sundial::Priority::new((i % 10) as u8) {
+            spec = spec.priority(p);
+        }
+        if group {
+            spec = spec.concurrency(format!("group-{}", i % 100), 1_000);
+        }
+        if rate {
+            spec = spec.rate(
+                Some(format!("rate-{}", i % 100)),
+                1_000,
+                Duration::from_secs(1),
+            );
+        }
+        spec
+    }
 }
 
 struct Stats {
@@ -62,10 +105,11 @@ struct Stats {
 pub async fn run(common: &Common, args: &FireArgs) -> Result<()> {
     let dir = DataDir::new(common)?;
     println!(
-        "fire: {} tasks/s for {}s with {} pending; data dir {}, durability {:?}, shards {}, concurrency {}",
+        "fire: {} tasks/s for {}s with {} pending, controls {:?}; data dir {}, durability {:?}, shards {}, concurrency {}",
         args.rate,
         args.secs,
         args.pending,
+        args.controls,
         dir.path().display(),
         common.durability,
         common.shards,
@@ -120,6 +164,7 @@ pub async fn run(common: &Common, args: &FireArgs) -> Result<()> {
         });
     }
     let engine = sundial.start();
+    let cpu_before = crate::common::cpu_seconds("sundial-sqlite");
 
     let clock = sundial.clock().clone();
     let total = args.rate * args.secs;
@@ -128,6 +173,7 @@ pub async fn run(common: &Common, args: &FireArgs) -> Result<()> {
         let sundial = sundial.clone();
         let clock = clock.clone();
         let (rate, secs, lead, batch) = (args.rate, args.secs, args.lead_ms, args.batch.max(1));
+        let controls = args.controls;
         tokio::spawn(async move {
             // Smallest margin between a second's scheduling finishing and its first due time.
             let mut min_margin = i64::MAX;
@@ -137,10 +183,14 @@ pub async fn run(common: &Common, args: &FireArgs) -> Result<()> {
                 let dues: Vec<Timestamp> = (0..rate as i64)
                     .map(|i| Timestamp(second + i * 1_000 / rate as i64))
                     .collect();
-                for chunk in dues.chunks(batch) {
+                for (c, chunk) in dues.chunks(batch).enumerate() {
                     let specs = chunk
                         .iter()
-                        .map(|t| TaskSpec::new("bench.noop").queue("fire").run_at(*t))
+                        .enumerate()
+                        .map(|(i, t)| {
+                            let n = k * rate as i64 + (c * batch + i) as i64;
+                            controls.apply(TaskSpec::new("bench.noop").queue("fire").run_at(*t), n)
+                        })
                         .collect();
                     sundial.schedule_many(specs).await?;
                 }
@@ -183,6 +233,7 @@ pub async fn run(common: &Common, args: &FireArgs) -> Result<()> {
         }
     }
     let min_margin = producer.await??;
+    let cpu_after = crate::common::cpu_seconds("sundial-sqlite");
     let after_run = print_rss("after the run");
     engine.shutdown(Duration::from_secs(5)).await;
 
@@ -200,6 +251,12 @@ pub async fn run(common: &Common, args: &FireArgs) -> Result<()> {
         }
     );
     println!("  fire lateness: {}", summary(&h, "ms", 1.0));
+    let fired = stats.fired.load(Ordering::Relaxed).max(1) as f64;
+    println!(
+        "  cpu per task (create and fire; process / SQLite threads): {:.1} / {:.1} us",
+        (cpu_after.0 - cpu_before.0) * 1e6 / fired,
+        (cpu_after.1 - cpu_before.1) * 1e6 / fired
+    );
     if let Ok(p) = stats.parts.lock() {
         println!("    due -> claim issued:    {}", summary(&p.0, "ms", 1.0));
         println!("    claim -> handler start: {}", summary(&p.1, "ms", 1.0));

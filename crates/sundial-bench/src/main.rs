@@ -18,6 +18,7 @@
 
 mod common;
 mod counting;
+mod fairness;
 mod fire;
 mod idle;
 mod ops;
@@ -48,6 +49,9 @@ enum Cmd {
     Schedule(schedule::ScheduleArgs),
     /// Fire lateness at a steady rate with many tasks pending far ahead; memory.
     Fire(fire::FireArgs),
+    /// One namespace's burst beside another's trickle: the trickle's lateness, the burst's
+    /// drain rate.
+    Fairness(fairness::FairnessArgs),
     /// Store reads per minute while idle with many tasks pending a day ahead.
     Idle(idle::IdleArgs),
     /// Time from reopening after kill -9 until every overdue task has run.
@@ -82,6 +86,7 @@ fn main() -> Result<()> {
         match &cli.command {
             Cmd::Schedule(a) => schedule::run(&cli.common, a).await,
             Cmd::Fire(a) => fire::run(&cli.common, a).await,
+            Cmd::Fairness(a) => fairness::run(&cli.common, a).await,
             Cmd::Idle(a) => idle::run(&cli.common, a).await,
             Cmd::Recover(a) => recover::run(&cli.common, a).await,
             Cmd::Schedules(a) => schedules::run(&cli.common, a).await,

@@ -161,6 +161,16 @@ struct AddArgs {
     /// How many tasks with --concurrency-key may run at once (1 to 10,000).
     #[arg(long, requires = "concurrency_key", value_parser = clap::value_parser!(u32).range(1..=10_000))]
     concurrency_limit: Option<u32>,
+    /// A rate limit: at most this many starts per --rate-per (1 to 10,000), evenly spaced, for
+    /// the tasks with --rate-key (or this queue's rate-limited tasks without it).
+    #[arg(long, requires = "rate_per", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    rate_limit: Option<u32>,
+    /// The period of --rate-limit, e.g. 1m.
+    #[arg(long, requires = "rate_limit", value_name = "DURATION")]
+    rate_per: Option<String>,
+    /// The key --rate-limit counts starts under (default: the queue).
+    #[arg(long, requires = "rate_limit")]
+    rate_key: Option<String>,
     /// Admit at most one task per queue and this key per --throttle-per; a create inside the
     /// period stores nothing and prints the admitted task.
     #[arg(long, requires = "throttle_per", conflicts_with = "idempotency_key")]
@@ -353,6 +363,13 @@ pub async fn run(mut args: TaskArgs) -> anyhow::Result<ExitCode> {
                     .concurrency_key
                     .zip(a.concurrency_limit)
                     .map(|(key, limit)| sundial_server::wire::ConcurrencySpec { key, limit }),
+                rate: a.rate_limit.zip(a.rate_per).map(|(limit, per)| {
+                    sundial_server::wire::RateSpec {
+                        key: a.rate_key,
+                        limit,
+                        per,
+                    }
+                }),
                 throttle: a
                     .throttle_key
                     .zip(a.throttle_per)
@@ -528,6 +545,20 @@ fn show_task(t: &TaskView, json: bool) {
             t.concurrency
                 .as_ref()
                 .map(|c| format!("{} (at most {})", c.key, c.limit))
+                .unwrap_or_else(|| "-".to_string()),
+        ),
+        (
+            "rate limit",
+            t.rate
+                .as_ref()
+                .map(|r| {
+                    format!(
+                        "{} per {} ({})",
+                        r.limit,
+                        r.per,
+                        r.key.as_deref().unwrap_or("the queue")
+                    )
+                })
                 .unwrap_or_else(|| "-".to_string()),
         ),
         ("timeout", t.timeout.clone()),

@@ -1,7 +1,8 @@
 //! Flow control across three `sundial server` processes on one PostgreSQL schema: a group limit
 //! holds for workers polling every node at once (checked by a counter of tasks in hand),
-//! creates under one throttle key sent to all three nodes at once admit exactly one task, and
-//! creates under one debounce key leave exactly one pending task.
+//! creates under one throttle key sent to all three nodes at once admit exactly one task,
+//! creates under one debounce key leave exactly one pending task, and a rate limit spaces the
+//! starts of tasks created and polled on every node.
 //!
 //! Needs `SUNDIAL_TEST_DATABASE_URL` (skipped without it, failed without it when
 //! `SUNDIAL_REQUIRE_POSTGRES=1`; see `common/pg.rs`). Every wait is bounded; nothing asserts
@@ -49,7 +50,7 @@ async fn post(url: &str, body: Value) -> (u16, Value) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn three_nodes_keep_a_group_limit_a_throttle_and_a_debounce() {
+async fn three_nodes_keep_a_group_limit_a_throttle_a_debounce_and_a_rate_limit() {
     let Some(storage) = Storage::new(Backend::Postgres) else {
         return;
     };
@@ -160,4 +161,59 @@ async fn three_nodes_keep_a_group_limit_a_throttle_and_a_debounce() {
     let most = most.load(Ordering::SeqCst);
     assert!(most <= LIMIT, "{most} of the group in hand at once");
     assert!(most >= 2, "the limit let several run at once ({most})");
+
+    // Rate limit: 8 tasks under one key, 5 per second (one per 200 ms), created on every node
+    // and polled from every node: the last becomes ready at least 7 intervals after the first,
+    // which became ready after `began` (read on the clock the servers read).
+    const RATED: usize = 8;
+    let began = sundial::Clock::now(&sundial::SystemClock);
+    for n in 0..RATED {
+        let (status, t) = post(
+            &format!("{}/v1/tasks", urls[n % NODES]),
+            json!({"kind": "call", "queue": "rated", "payload": {"n": n},
+                   "rate": {"key": "api", "limit": 5, "per": "1s"}}),
+        )
+        .await;
+        assert_eq!(status, 201, "{t}");
+    }
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut workers = Vec::new();
+    for w in 0..NODES * 2 {
+        let client = servers[w % NODES].client();
+        let done = done.clone();
+        workers.push(tokio::spawn(async move {
+            for _ in 0..600 {
+                if done.load(Ordering::SeqCst) >= RATED {
+                    return;
+                }
+                let got = client
+                    .poll(
+                        "rated",
+                        &format!("r{w}"),
+                        4,
+                        Duration::from_millis(100),
+                        None,
+                    )
+                    .await
+                    .unwrap();
+                for t in got.tasks {
+                    client.complete(t.id, t.execution_id, None).await.unwrap();
+                    done.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }));
+    }
+    for w in workers {
+        w.await.unwrap();
+    }
+    assert_eq!(
+        done.load(Ordering::SeqCst),
+        RATED,
+        "every rated task ran once"
+    );
+    let took = sundial::Clock::now(&sundial::SystemClock).0 - began.0;
+    assert!(
+        took >= 1_400,
+        "8 starts at 5/s over three nodes took {took} ms"
+    );
 }

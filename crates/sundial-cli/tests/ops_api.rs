@@ -1250,6 +1250,125 @@ async fn debounces_keep_one_pending_task_per_key(backend: Backend) {
     assert_eq!(common::count(&c).await, 1);
 }
 
+async fn rate_limits_are_stored_bounded_and_space_worker_starts(backend: Backend) {
+    let Some(storage) = Storage::new(backend) else {
+        return;
+    };
+    let server = Server::start_on(&storage);
+    let c = server.client();
+    let u = server.url.clone();
+    // Bad input: a clear error naming the field, nothing stored.
+    for (bad, field) in [
+        (
+            json!({"kind": "k", "rate": {"limit": 0, "per": "1s"}}),
+            "rate.limit",
+        ),
+        (
+            json!({"kind": "k", "rate": {"limit": 10001, "per": "1h"}}),
+            "rate.limit",
+        ),
+        (
+            json!({"kind": "k", "rate": {"limit": 100, "per": "50ms"}}),
+            "rate.limit",
+        ),
+        (
+            json!({"kind": "k", "rate": {"limit": 1, "per": "0s"}}),
+            "rate.per",
+        ),
+        (
+            json!({"kind": "k", "rate": {"limit": 1, "per": "400d"}}),
+            "rate.per",
+        ),
+        (
+            json!({"kind": "k", "rate": {"key": " a", "limit": 1, "per": "1s"}}),
+            "rate.key",
+        ),
+        (json!({"kind": "k", "rate": {"limit": 1}}), "rate"),
+    ] {
+        let (status, body) = send("POST", &format!("{u}/v1/tasks"), Some(bad.clone())).await;
+        assert_eq!(status, 422, "{bad}: {body}");
+        let named = body["error"]["field"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+            + body["error"]["message"].as_str().unwrap_or_default();
+        assert!(named.contains(field), "{bad}: {body}");
+    }
+    assert_eq!(common::count(&c).await, 0);
+
+    // Stored and shown; the CLI takes the same.
+    let (status, t) = send(
+        "POST",
+        &format!("{u}/v1/tasks"),
+        Some(json!({"kind": "k", "queue": "later", "delay": "1h",
+                    "rate": {"key": "smtp", "limit": 30, "per": "1m"}})),
+    )
+    .await;
+    assert_eq!(status, 201, "{t}");
+    assert_eq!(t["rate"], json!({"key": "smtp", "limit": 30, "per": "1m"}));
+    let cli = json_out(
+        &sundial(
+            &server,
+            &[
+                "task",
+                "add",
+                "k",
+                "-q",
+                "later",
+                "--delay",
+                "1h",
+                "--rate-limit",
+                "5",
+                "--rate-per",
+                "1s",
+                "--json",
+            ],
+        )
+        .await,
+    );
+    assert_eq!(cli["rate"], json!({"limit": 5, "per": "1s"}));
+
+    // Worker polls: 5 tasks due now under a limit of 4 per second (one per 250 ms) become
+    // ready one at a time, so the last starts at least 1 s after the first was created; while
+    // they wait the queue shows them as rate limited.
+    const N: usize = 5;
+    let began = sundial::Clock::now(&sundial::SystemClock);
+    for n in 0..N {
+        let (status, t) = send(
+            "POST",
+            &format!("{u}/v1/tasks"),
+            Some(json!({"kind": "k", "queue": "rl", "payload": {"n": n},
+                        "rate": {"key": "api", "limit": 4, "per": "1s"}})),
+        )
+        .await;
+        assert_eq!(status, 201, "{t}");
+    }
+    let mut saw_waiting = false;
+    let mut taken = Vec::new();
+    for _ in 0..300 {
+        if !saw_waiting {
+            saw_waiting = c.queue("rl").await.unwrap().rate_limited > 0;
+        }
+        let got = c
+            .poll("rl", "w", 10, Duration::from_millis(50), None)
+            .await
+            .unwrap();
+        for t in got.tasks {
+            c.complete(t.id, t.execution_id, None).await.unwrap();
+            taken.push(t);
+        }
+        if taken.len() == N {
+            break;
+        }
+    }
+    assert_eq!(taken.len(), N, "every task ran");
+    assert!(saw_waiting, "the queue showed tasks waiting for the limit");
+    // The last became ready at least 4 intervals after the first, which became ready after
+    // `began` (read on the clock the server reads).
+    let took = sundial::Clock::now(&sundial::SystemClock).0 - began.0;
+    assert!(took >= 1_000, "5 starts at 4/s took {took} ms");
+}
+
 macro_rules! both_backends {
     ($($name:ident),* $(,)?) => {$(
         mod $name {
@@ -1271,6 +1390,7 @@ both_backends!(
     group_limits_are_stored_bounded_and_hold_for_worker_polls,
     throttles_admit_one_task_per_period_and_answer_it,
     debounces_keep_one_pending_task_per_key,
+    rate_limits_are_stored_bounded_and_space_worker_starts,
     queues_show_counts_and_pause_is_durable,
     dead_tasks_retry_with_their_attempts,
     bulk_cancel_and_retry_count_and_change,

@@ -33,8 +33,8 @@ pub use schedule::{
 pub use shard::{rendezvous_owner, shard_for};
 pub use target::{PushMethod, Target, authority};
 pub use task::{
-    Due, Exclusive, ExclusiveMode, INTERNAL_QUEUE_PREFIX, Limits, NewTask, Tags, Task, TaskSpec,
-    TaskState, check_tags, is_internal_queue,
+    Due, Exclusive, ExclusiveMode, INTERNAL_QUEUE_PREFIX, Limits, NewTask, RateLimit, Tags, Task,
+    TaskSpec, TaskState, check_tags, is_internal_queue,
 };
 pub use time::{Clock, ManualClock, Timestamp};
 pub use trace::TraceContext;

@@ -135,6 +135,77 @@ pub enum ExclusiveMode {
     Skip,
 }
 
+/// A rate limit: at most `limit` starts per `per_ms` for the tasks that share its key (the
+/// queue's own limit when `key` is `None`), across nodes, spaced evenly: two starts under one
+/// key are at least [`RateLimit::interval_ms`] apart, so any window of `per_ms` holds at most
+/// `limit` of them and no period's allowance comes as a burst. The limit of the task about to
+/// start decides.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimit {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    pub limit: u32,
+    pub per_ms: u64,
+}
+
+impl RateLimit {
+    /// The largest `limit` accepted.
+    pub const MAX_LIMIT: u32 = 10_000;
+    /// The longest period accepted (366 days).
+    pub const MAX_PER_MS: u64 = 366 * 24 * 3600 * 1000;
+    /// The prefix of a queue's own rate key: a control character, which keys may not contain,
+    /// so it never meets a client's key.
+    const QUEUE_PREFIX: &'static str = "\u{1f}queue\u{1f}";
+
+    /// Least milliseconds between two starts under the key: `per_ms / limit`, rounded up.
+    pub fn interval_ms(&self) -> u64 {
+        self.per_ms.div_ceil(u64::from(self.limit.max(1))).max(1)
+    }
+
+    /// The key the store spaces starts under, for a task of `queue`.
+    pub fn store_key(&self, queue: &str) -> String {
+        match &self.key {
+            Some(k) => k.clone(),
+            None => format!("{}{queue}", Self::QUEUE_PREFIX),
+        }
+    }
+
+    fn validate(&self, limits: &Limits) -> Result<(), ValidationError> {
+        if let Some(k) = &self.key {
+            if !namespace::has_valid_namespace(k) {
+                return Err(ValidationError::BadCharacters {
+                    field: "rate.key",
+                    reason: "the namespace part is not a namespace name",
+                });
+            }
+            check_key("rate.key", namespace::local(k), limits.max_key_len)?;
+        }
+        if !(1..=Self::MAX_LIMIT).contains(&self.limit) {
+            return Err(ValidationError::OutOfRange {
+                field: "rate.limit",
+                reason: format!("must be between 1 and {}", Self::MAX_LIMIT),
+            });
+        }
+        if !(1..=Self::MAX_PER_MS).contains(&self.per_ms) {
+            return Err(ValidationError::OutOfRange {
+                field: "rate.per",
+                reason: "must be between 1ms and 366 days".into(),
+            });
+        }
+        if u64::from(self.limit) > self.per_ms {
+            return Err(ValidationError::OutOfRange {
+                field: "rate.limit",
+                reason: format!(
+                    "at most one start per millisecond: a period of {} ms takes a limit of at most {}",
+                    self.per_ms, self.per_ms
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// A group limit: at most `limit` running tasks per key, across queues and nodes (an exclusive
 /// key is the case `limit = 1`). The limit of the task about to start decides: it starts only
 /// while fewer than its `limit` tasks with its key run.
@@ -212,6 +283,8 @@ pub struct TaskSpec {
     pub backoff: Backoff,
     pub timeout: Duration,
     pub exclusive: Option<Exclusive>,
+    /// At most so many starts per period under a key (see [`RateLimit`]).
+    pub rate: Option<RateLimit>,
     /// Order among due tasks (see [`crate::priority`]); never makes a task start early.
     pub priority: Priority,
     pub tags: Tags,
@@ -238,6 +311,9 @@ impl TaskSpec {
             if let Some(ex) = &mut self.exclusive {
                 ex.key = namespace::qualify(ns, &ex.key);
             }
+            if let Some(key) = self.rate.as_mut().and_then(|r| r.key.as_mut()) {
+                *key = namespace::qualify(ns, key);
+            }
         }
         self
     }
@@ -253,6 +329,7 @@ impl TaskSpec {
             backoff: Backoff::default(),
             timeout: Self::DEFAULT_TIMEOUT,
             exclusive: None,
+            rate: None,
             priority: Priority::DEFAULT,
             tags: Tags::new(),
             target: None,
@@ -335,6 +412,17 @@ impl TaskSpec {
         self
     }
 
+    /// A rate limit: at most `limit` starts per `per`, evenly spaced, for the tasks with the
+    /// rate `key` (across queues and nodes), or for the queue's tasks when `key` is `None`.
+    pub fn rate(mut self, key: Option<String>, limit: u32, per: Duration) -> Self {
+        self.rate = Some(RateLimit {
+            key,
+            limit,
+            per_ms: u64::try_from(per.as_millis()).unwrap_or(u64::MAX),
+        });
+        self
+    }
+
     /// Checks every field and resolves the due time against `now`. On success the result is a
     /// complete row; on failure nothing about the spec is kept anywhere.
     pub fn validate(
@@ -372,6 +460,9 @@ impl TaskSpec {
                     reason: format!("must be between 1 and {}", Exclusive::MAX_LIMIT),
                 });
             }
+        }
+        if let Some(rate) = &self.rate {
+            rate.validate(limits)?;
         }
         check_tags(&self.tags, limits)?;
         let payload =
@@ -443,6 +534,7 @@ impl TaskSpec {
             backoff: self.backoff,
             timeout_ms: u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX),
             exclusive: self.exclusive,
+            rate: self.rate,
             priority: self.priority,
             tags: self.tags,
             target,
@@ -540,6 +632,7 @@ pub struct NewTask {
     pub backoff: Backoff,
     pub timeout_ms: u64,
     pub exclusive: Option<Exclusive>,
+    pub rate: Option<RateLimit>,
     pub priority: Priority,
     pub tags: Tags,
     pub target: Option<Target>,
@@ -564,6 +657,9 @@ pub struct Task {
     pub backoff: Backoff,
     pub timeout_ms: u64,
     pub exclusive: Option<Exclusive>,
+    /// At most so many starts per period under a key (see [`RateLimit`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<RateLimit>,
     /// Order among due tasks (see [`crate::priority`]).
     #[serde(default)]
     pub priority: Priority,

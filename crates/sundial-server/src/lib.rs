@@ -240,7 +240,8 @@ impl TaskGauges {
     }
 
     /// `sundial_queue_lateness_seconds{queue}` (how late the queue's oldest due task that has not
-    /// started is now; 0 when none is overdue) and `sundial_queue_paused{queue}` (1 while paused).
+    /// started is now; 0 when none is overdue), `sundial_queue_paused{queue}` (1 while paused)
+    /// and `sundial_queue_rate_limited{queue}` (due tasks waiting for their rate limit).
     fn record_queues(&self, queues: &[sundial::QueueInfo]) {
         let Ok(mut seen) = self.queues.lock() else {
             return;
@@ -252,6 +253,7 @@ impl TaskGauges {
         for queue in seen.difference(&now) {
             metrics::gauge!("sundial_queue_lateness_seconds", "namespace" => sundial_core::namespace::namespace_of(queue).to_string(), "queue" => sundial_core::namespace::local(queue).to_string()).set(0.0);
             metrics::gauge!("sundial_queue_paused", "namespace" => sundial_core::namespace::namespace_of(queue).to_string(), "queue" => sundial_core::namespace::local(queue).to_string()).set(0.0);
+            metrics::gauge!("sundial_queue_rate_limited", "namespace" => sundial_core::namespace::namespace_of(queue).to_string(), "queue" => sundial_core::namespace::local(queue).to_string()).set(0.0);
         }
         for q in queues {
             let lateness = q.lateness.map_or(0.0, |d| d.as_secs_f64());
@@ -262,6 +264,8 @@ impl TaskGauges {
             } else {
                 0.0
             });
+            metrics::gauge!("sundial_queue_rate_limited", "namespace" => sundial_core::namespace::namespace_of(&q.queue).to_string(), "queue" => sundial_core::namespace::local(&q.queue).to_string())
+                .set(q.rate_limited as f64);
         }
         seen.extend(now);
     }
@@ -697,6 +701,14 @@ pub fn describe_metrics() {
     describe_gauge!(
         "sundial_queue_paused",
         "1 while the queue is paused (refreshed on scrape)"
+    );
+    describe_gauge!(
+        "sundial_queue_rate_limited",
+        "Due tasks with a rate limit that have not started: waiting for their limit's turn (refreshed on scrape)"
+    );
+    describe_counter!(
+        "sundial_rate_limited_total",
+        "Claims a rate limit refused (each retried at the limit's next turn), by queue"
     );
     describe_gauge!(
         "sundial_shard_owned",

@@ -188,6 +188,9 @@ impl Ns {
             if let Some(ex) = &mut task.exclusive {
                 ex.key = namespace::local(&ex.key).to_string();
             }
+            if let Some(key) = task.rate.as_mut().and_then(|r| r.key.as_mut()) {
+                *key = namespace::local(key).to_string();
+            }
         }
         Some(task)
     }

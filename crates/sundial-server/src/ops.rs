@@ -56,6 +56,10 @@ pub struct QueueView {
     pub lateness: Option<String>,
     /// The lateness in milliseconds, for dashboards.
     pub lateness_ms: Option<u64>,
+    /// Due tasks with a rate limit (`CreateTask.rate`) that have not started: waiting for their
+    /// limit's turn.
+    #[serde(default)]
+    pub rate_limited: u64,
     pub settings: QueueSettingsView,
 }
 
@@ -128,6 +132,7 @@ impl From<QueueInfo> for QueueView {
                 .lateness
                 .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             settings: settings_view(q.settings.as_ref()),
+            rate_limited: q.rate_limited,
             queue: q.queue,
         }
     }

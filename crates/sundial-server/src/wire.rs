@@ -88,6 +88,17 @@ pub struct CreateTask {
         deserialize_with = "crate::extract::opt_object_only"
     )]
     pub concurrency: Option<ConcurrencySpec>,
+    /// A rate limit: at most `limit` starts per `per` for the tasks with this rate `key` (across
+    /// queues and nodes), or for this queue's rate-limited tasks when `key` is left out; starts
+    /// are spaced evenly (`per / limit` apart), never a burst of the period's allowance. A task
+    /// over the limit waits (scheduled) for its turn; a worker queue's task becomes ready at its
+    /// turn.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::extract::opt_object_only"
+    )]
+    pub rate: Option<RateSpec>,
     /// String tags for search (`GET /v1/tasks?tag=key:value`): at most 16, keys and values
     /// checked like `key`; a tag key may not contain `:`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -301,6 +312,33 @@ pub struct ConcurrencySpec {
     pub limit: u32,
 }
 
+/// A rate limit on the wire.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RateSpec {
+    /// What is limited, checked like `key` (an API, a customer); left out: the task's queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "smtp:mailgun")]
+    pub key: Option<String>,
+    /// Starts per `per`, 1 to 10,000, and at most one per millisecond of `per`.
+    #[schema(minimum = 1, maximum = 10000, example = 100)]
+    pub limit: u32,
+    /// The period, 1 ms to 366 days: `"1s"`, `"1m"`, `"1h"`.
+    #[serde(deserialize_with = "crate::duration::required")]
+    #[schema(example = "1m")]
+    pub per: String,
+}
+
+impl RateSpec {
+    fn from_rate(r: sundial::RateLimit) -> Self {
+        RateSpec {
+            key: r.key,
+            limit: r.limit,
+            per: WireDuration(Duration::from_millis(r.per_ms)).to_string(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum ExclusiveModeView {
@@ -393,6 +431,9 @@ impl CreateTask {
                 ));
             }
             spec = spec.concurrency(c.key, c.limit);
+        }
+        if let Some(r) = self.rate {
+            spec = spec.rate(r.key, r.limit, parse_duration("rate.per", &r.per)?);
         }
         if let Some(tags) = self.tags {
             spec = spec.tags(tags);
@@ -514,6 +555,9 @@ pub struct TaskView {
     /// Its group limit, when above 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<ConcurrencySpec>,
+    /// Its rate limit (see `CreateTask.rate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<RateSpec>,
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
     /// 0 to 9, 9 the most urgent (see `CreateTask.priority`).
@@ -578,6 +622,7 @@ impl From<Task> for TaskView {
                     key: e.key.clone(),
                     limit: e.limit,
                 }),
+            rate: t.rate.map(RateSpec::from_rate),
             exclusive: t.exclusive.filter(|e| e.limit == 1).map(|e| ExclusiveView {
                 key: e.key,
                 mode: match e.mode {

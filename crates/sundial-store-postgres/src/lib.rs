@@ -531,6 +531,33 @@ impl PostgresStore {
         Ok(())
     }
 
+    /// Takes the transaction advisory locks of rate limit `keys` (sorted, so that callers
+    /// taking several never wait for each other in a cycle).
+    async fn lock_rate_keys(
+        &self,
+        client: &impl GenericClient,
+        keys: &[String],
+    ) -> Result<(), StoreError> {
+        let mut locks: Vec<i32> = keys
+            .iter()
+            .map(|k| schema::exclusive_lock_key(&self.schema, k))
+            .collect();
+        locks.sort_unstable();
+        locks.dedup();
+        if locks.is_empty() {
+            return Ok(());
+        }
+        let stmt = client
+            .prepare_cached(&self.sql.lock_keys)
+            .await
+            .map_err(pg)?;
+        client
+            .execute(&stmt, &[&schema::RATE_LOCK_CLASS, &locks])
+            .await
+            .map_err(pg)?;
+        Ok(())
+    }
+
     /// [`Store::insert`] inside the caller's transaction (which it must not commit on `Err`).
     pub(crate) async fn insert_in(
         &self,
@@ -599,11 +626,20 @@ impl PostgresStore {
                 .await?
             }
         };
+        // The rate limit key and interval of each claimable task that has one.
+        let mut rated: HashMap<Uuid, (String, i64)> = HashMap::new();
         for r in claimable {
             let id: Uuid = col(&r, 0)?;
             let key: Option<String> = col(&r, 1)?;
             let mode: Option<String> = col(&r, 2)?;
             let limit = i64::from(col::<i32>(&r, 3)?);
+            if let Some(rate) = col::<Option<String>>(&r, 5)? {
+                let queue: String = col(&r, 4)?;
+                let rate: sundial_core::RateLimit =
+                    serde_json::from_str(&rate).map_err(|e| StoreError::corrupt_from("rate", e))?;
+                let interval = i64::try_from(rate.interval_ms()).unwrap_or(i64::MAX);
+                rated.insert(id, (rate.store_key(&queue), interval));
+            }
             let exclusive = match (key, mode) {
                 (Some(k), Some(m)) => Some((k, rows::parse_mode(&m)?, limit)),
                 (Some(_), None) => {
@@ -632,6 +668,21 @@ impl PostgresStore {
             }
         }
 
+        // 3b. Serialise starts per rate limit key (after the row locks: a holder of a rate
+        //     lock waits for nothing but its commit, so no cycle forms), then read when each key
+        //     may start next.
+        let mut rate_keys: Vec<String> = rated.values().map(|(k, _)| k.clone()).collect();
+        rate_keys.sort_unstable();
+        rate_keys.dedup();
+        let mut rate_next: HashMap<String, i64> = HashMap::new();
+        if !rate_keys.is_empty() {
+            self.lock_rate_keys(tx, &rate_keys).await?;
+            for r in query(tx, &self.sql.rate_next, &[&rate_keys]).await? {
+                rate_next.insert(col(&r, 0)?, col(&r, 1)?);
+            }
+        }
+        let mut rate_taken: HashMap<String, i64> = HashMap::new();
+
         // 4. Decide each claim in the order given, as if they ran one after another.
         let plans: Vec<Plan> = claims
             .iter()
@@ -650,6 +701,15 @@ impl PostgresStore {
                             Plan::Skip(key)
                         }
                     };
+                }
+                if let Some((key, interval)) = rated.get(&c.id.0) {
+                    let next = rate_next.get(key).copied().unwrap_or(i64::MIN);
+                    if next > now.0 {
+                        return Plan::RateLimited(key.clone(), Timestamp(next), *interval);
+                    }
+                    let after = now.0.saturating_add(*interval);
+                    rate_next.insert(key.clone(), after);
+                    rate_taken.insert(key.clone(), after);
                 }
                 let plan = match c.target {
                     ClaimTarget::Run {
@@ -693,8 +753,12 @@ impl PostgresStore {
                         "skipped: exclusive key {key:?} was held by a running task"
                     ));
                 }
-                Plan::NotClaimable | Plan::Busy(_) => {}
+                Plan::NotClaimable | Plan::Busy(_) | Plan::RateLimited(..) => {}
             }
+        }
+        if !rate_taken.is_empty() {
+            let (keys, nexts): (Vec<String>, Vec<i64>) = rate_taken.into_iter().unzip();
+            query(tx, &self.sql.rate_taken, &[&keys, &nexts]).await?;
         }
         let mut changed: HashMap<Uuid, Task> = HashMap::new();
         if !ready_ids.is_empty() {
@@ -733,6 +797,11 @@ impl PostgresStore {
             .map(|(c, plan)| match plan {
                 Plan::NotClaimable => ClaimOutcome::NotClaimable,
                 Plan::Busy(exclusive_key) => ClaimOutcome::Busy { exclusive_key },
+                Plan::RateLimited(key, until, interval) => ClaimOutcome::RateLimited {
+                    key,
+                    until,
+                    interval_ms: u64::try_from(interval).unwrap_or(1),
+                },
                 Plan::Start { execution, .. } => match changed.remove(&c.id.0) {
                     Some(t) if t.execution_id == Some(execution) => {
                         ClaimOutcome::Started(Box::new(t))
@@ -809,7 +878,15 @@ impl PostgresStore {
         let mut tracestates: Vec<Option<&str>> = Vec::with_capacity(tasks.len());
         let mut priorities: Vec<i16> = Vec::with_capacity(tasks.len());
         let mut group_limits: Vec<i32> = Vec::with_capacity(tasks.len());
+        let mut rates: Vec<Option<String>> = Vec::with_capacity(tasks.len());
         for (i, t) in tasks.iter().enumerate() {
+            rates.push(
+                t.rate
+                    .as_ref()
+                    .map(serde_json::to_string)
+                    .transpose()
+                    .map_err(|e| StoreError::encode("rate", e))?,
+            );
             priorities.push(i16::from(t.priority.get()));
             group_limits.push(
                 t.exclusive
@@ -876,6 +953,7 @@ impl PostgresStore {
                 &tracestates,
                 &priorities,
                 &group_limits,
+                &rates,
             ],
         )
         .await?;
@@ -978,6 +1056,8 @@ fn due_entry(r: &Row) -> Result<DueEntry, StoreError> {
 enum Plan {
     NotClaimable,
     Busy(String),
+    /// The rate limit key, when it allows the next start, and the interval between starts.
+    RateLimited(String, Timestamp, i64),
     Start {
         execution: ExecutionId,
         lease_until: Timestamp,
@@ -1620,6 +1700,10 @@ impl Store for PostgresStore {
 
     async fn earliest_waiting(&self, queue: &str) -> Result<Option<Timestamp>, StoreError> {
         self.ops_earliest_waiting(queue).await
+    }
+
+    async fn count_rate_limited(&self, queue: &str, now: Timestamp) -> Result<u64, StoreError> {
+        self.ops_count_rate_limited(queue, now).await
     }
 
     async fn attempts(&self, id: TaskId) -> Result<Option<AttemptHistory>, StoreError> {

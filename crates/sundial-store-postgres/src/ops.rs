@@ -32,6 +32,7 @@ pub(crate) struct OpsSql {
     pub queue_put: String,
     pub queue_pause: String,
     pub earliest_waiting: String,
+    pub count_rate_limited: String,
     pub attempts: String,
     pub attempt_response: String,
     pub exists: String,
@@ -86,6 +87,10 @@ impl OpsSql {
             earliest_waiting: format!(
                 "SELECT min(due_at) FROM {tasks} WHERE queue = $1 \
                  AND state IN ('scheduled', 'ready')"
+            ),
+            count_rate_limited: format!(
+                "SELECT count(*) FROM {tasks} WHERE queue = $1 AND due_at <= $2 \
+                 AND rate IS NOT NULL AND state = 'scheduled'"
             ),
             attempts: format!(
                 "SELECT seq, execution_id, worker, started_at, ended_at, outcome, error, \
@@ -595,6 +600,19 @@ impl PostgresStore {
         match rows.first() {
             None => Ok(None),
             Some(r) => Ok(col::<Option<i64>>(r, 0)?.map(Timestamp)),
+        }
+    }
+
+    pub(crate) async fn ops_count_rate_limited(
+        &self,
+        queue: &str,
+        now: Timestamp,
+    ) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        let rows = query(&client, &self.ops.count_rate_limited, &[&queue, &now.0]).await?;
+        match rows.first() {
+            None => Ok(0),
+            Some(r) => Ok(u64::try_from(col::<i64>(r, 0)?).unwrap_or(0)),
         }
     }
 

@@ -11,7 +11,7 @@ use tokio_postgres::types::FromSql;
 use uuid::Uuid;
 
 /// The task columns every task query returns, in the order [`task_from_row`] reads them.
-const COLUMNS: [&str; 29] = [
+const COLUMNS: [&str; 30] = [
     "id",
     "shard",
     "queue",
@@ -41,6 +41,7 @@ const COLUMNS: [&str; 29] = [
     "tracestate",
     "priority",
     "exclusive_limit",
+    "rate",
 ];
 
 /// The column list qualified with `alias` (`t.id, t.shard, …`): queries that join the task table
@@ -110,6 +111,7 @@ pub fn task_from_row(r: &Row) -> Result<Task, StoreError> {
     let target: Option<String> = col(r, 24)?;
     let traceparent: Option<String> = col(r, 25)?;
     let tracestate: Option<String> = col(r, 26)?;
+    let rate: Option<String> = col(r, 29)?;
     let exclusive = match (ex_key, ex_mode) {
         (None, _) => None,
         (Some(key), Some(mode)) => Some(Exclusive {
@@ -141,6 +143,9 @@ pub fn task_from_row(r: &Row) -> Result<Task, StoreError> {
         timeout_ms: u64::try_from(timeout_ms)
             .map_err(|_| StoreError::corrupt(format!("timeout_ms {timeout_ms} is negative")))?,
         exclusive,
+        rate: rate
+            .map(|s| serde_json::from_str(&s).map_err(|e| StoreError::corrupt_from("rate", e)))
+            .transpose()?,
         priority: Priority::from_stored(i64::from(col::<i16>(r, 27)?)),
         execution_id: exec.map(ExecutionId),
         lease_expires_at: time(col(r, 15)?),

@@ -24,6 +24,8 @@ use crate::PostgresError;
 pub(crate) const MIGRATION_LOCK_CLASS: i32 = 0x5355_4e44; // "SUND"
 /// The advisory-lock class of exclusive keys (see `claim_due` and `claim_ready`).
 pub(crate) const EXCLUSIVE_LOCK_CLASS: i32 = 0x5355_4e58; // "SUNX"
+/// The advisory-lock class of rate limit keys (see `claim_due`).
+pub(crate) const RATE_LOCK_CLASS: i32 = 0x5355_4e52; // "SUNR"
 
 /// PostgreSQL's longest identifier, in bytes (`NAMEDATALEN - 1`).
 const MAX_IDENTIFIER_LEN: usize = 63;
@@ -491,6 +493,21 @@ ALTER TABLE {schema}.tasks
 ALTER TABLE {schema}.tasks ADD COLUMN debounce_key text COLLATE "C";
 CREATE INDEX tasks_debounce ON {schema}.tasks (queue, debounce_key)
     WHERE debounce_key IS NOT NULL AND state = 'scheduled' AND attempt = 0;
+"#,
+    },
+    Migration {
+        version: 19,
+        name: "rate limits",
+        // A task's rate limit (`sundial_core::RateLimit` as JSON, NULL for none), and per key
+        // the earliest time the next start may happen.
+        sql: r#"
+ALTER TABLE {schema}.tasks ADD COLUMN rate text;
+CREATE INDEX tasks_rate_limited ON {schema}.tasks (queue, due_at)
+    WHERE rate IS NOT NULL AND state = 'scheduled';
+CREATE TABLE {schema}.rate_limits (
+    key     text COLLATE "C" PRIMARY KEY,
+    next_at bigint NOT NULL
+);
 "#,
     },
 ];

@@ -30,6 +30,10 @@ pub(crate) struct Sql {
     pub next_due_after: String,
     pub exclusive_keys_of: String,
     pub lock_keys: String,
+    /// The next allowed start of each rate limit key in `$1`.
+    pub rate_next: String,
+    /// Records the next allowed start (`$2`) of each rate limit key (`$1`).
+    pub rate_taken: String,
     pub lock_claimable: String,
     /// `lock_claimable` limited to one shard (`$3`): a fenced claim covers its shard only.
     pub lock_claimable_in_shard: String,
@@ -493,18 +497,18 @@ impl Sql {
                 "INSERT INTO {tasks} AS t (id, shard, queue, kind, key, payload, due_at, state, \
                  attempt, max_attempts, backoff, timeout_ms, exclusive_key, exclusive_mode, \
                  created_at, updated_at, tags, target, traceparent, tracestate, priority, \
-                 exclusive_limit) \
+                 exclusive_limit, rate) \
                  SELECT u.id, u.shard, u.queue, u.kind, u.key, u.payload, u.due_at, 'scheduled', 0, \
                  u.max_attempts, u.backoff, u.timeout_ms, u.exclusive_key, u.exclusive_mode, \
                  u.created_at, u.created_at, u.tags, u.target, u.traceparent, u.tracestate, \
-                 u.priority, u.exclusive_limit \
+                 u.priority, u.exclusive_limit, u.rate \
                  FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[], $5::text[], \
                  $6::text[], $7::bigint[], $8::bigint[], $9::text[], $10::bigint[], $11::text[], \
                  $12::text[], $13::bigint[], $14::bigint[], $15::text[], $16::text[], \
-                 $17::text[], $18::text[], $19::smallint[], $20::int4[]) \
+                 $17::text[], $18::text[], $19::smallint[], $20::int4[], $21::text[]) \
                  AS u(id, shard, queue, kind, key, payload, due_at, max_attempts, backoff, \
                  timeout_ms, exclusive_key, exclusive_mode, created_at, ord, tags, target, \
-                 traceparent, tracestate, priority, exclusive_limit) \
+                 traceparent, tracestate, priority, exclusive_limit, rate) \
                  ORDER BY u.queue, u.key, u.ord \
                  ON CONFLICT (queue, key) WHERE key IS NOT NULL AND state IN {LIVE} DO NOTHING \
                  RETURNING {c}"
@@ -542,13 +546,23 @@ impl Sql {
             ),
             lock_keys: "SELECT pg_advisory_xact_lock($1::int4, k) FROM unnest($2::int4[]) AS k"
                 .to_string(),
+            rate_next: format!(
+                "SELECT key, next_at FROM {s}.rate_limits WHERE key = ANY($1::text[])"
+            ),
+            rate_taken: format!(
+                "INSERT INTO {s}.rate_limits (key, next_at) \
+                 SELECT * FROM unnest($1::text[], $2::bigint[]) \
+                 ON CONFLICT (key) DO UPDATE SET next_at = excluded.next_at"
+            ),
             lock_claimable: format!(
-                "SELECT t.id, t.exclusive_key, t.exclusive_mode, t.exclusive_limit FROM {tasks} t \
+                "SELECT t.id, t.exclusive_key, t.exclusive_mode, t.exclusive_limit, t.queue, t.rate \
+                 FROM {tasks} t \
                  WHERE t.id = ANY($1::uuid[]) AND t.state = 'scheduled' AND t.due_at <= $2 \
                  ORDER BY t.id FOR UPDATE OF t"
             ),
             lock_claimable_in_shard: format!(
-                "SELECT t.id, t.exclusive_key, t.exclusive_mode, t.exclusive_limit FROM {tasks} t \
+                "SELECT t.id, t.exclusive_key, t.exclusive_mode, t.exclusive_limit, t.queue, t.rate \
+                 FROM {tasks} t \
                  WHERE t.id = ANY($1::uuid[]) AND t.state = 'scheduled' AND t.due_at <= $2 \
                  AND t.shard = $3 ORDER BY t.id FOR UPDATE OF t"
             ),

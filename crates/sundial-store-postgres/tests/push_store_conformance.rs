@@ -31,6 +31,9 @@ async fn push_secrets_older_than_namespaces_are_the_default_namespaces() {
              ALTER TABLE \"{schema}\".tasks DROP COLUMN exclusive_limit;
              DROP INDEX \"{schema}\".tasks_debounce;
              ALTER TABLE \"{schema}\".tasks DROP COLUMN debounce_key;
+             DROP TABLE \"{schema}\".rate_limits;
+             DROP INDEX \"{schema}\".tasks_rate_limited;
+             ALTER TABLE \"{schema}\".tasks DROP COLUMN rate;
              DELETE FROM \"{schema}\".schema_migrations WHERE version >= 15;"
         ))
         .await

@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
-use sundial_core::{ExecutionId, NewTask, Priority, Task, TaskId, TaskState, Timestamp};
+use sundial_core::{ExecutionId, NewTask, Priority, RateLimit, Task, TaskId, TaskState, Timestamp};
 use sundial_store::{
     AttemptHistory, ClaimOutcome, ClaimTarget, DeadGroup, DeadGroupFilter, DebounceOutcome,
     DebouncedCreate, DueClaim, DueEntry, DueKey, Fence, IdempotencyDecision, IdempotentCreate,
@@ -756,7 +756,7 @@ fn run_filtered<T>(
 /// sub-journal again, and releasing it walks that journal from the start. One statement per chunk
 /// keeps both costs per chunk instead of per row.
 const INSERT_CHUNK: usize = 64;
-const INSERT_PARAMS: usize = 19;
+const INSERT_PARAMS: usize = 20;
 
 /// Inserts `tasks` in order; a task whose live `(queue, key)` is already held (by an earlier
 /// task, possibly of the same batch) becomes [`Inserted::Duplicate`].
@@ -785,8 +785,8 @@ fn insert_chunk(
         .map(|i| {
             let p = |n: usize| i * INSERT_PARAMS + n;
             format!(
-                "(?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, 'scheduled', 0, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})",
-                p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9), p(10), p(11), p(12), p(13), p(13), p(14), p(15), p(16), p(17), p(18), p(19)
+                "(?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, 'scheduled', 0, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})",
+                p(1), p(2), p(3), p(4), p(5), p(6), p(7), p(8), p(9), p(10), p(11), p(12), p(13), p(13), p(14), p(15), p(16), p(17), p(18), p(19), p(20)
             )
         })
         .collect::<Vec<_>>()
@@ -796,7 +796,8 @@ fn insert_chunk(
     let sql = format!(
         "INSERT INTO tasks (id, shard, queue, kind, key, payload, due_at, state, attempt, \
          max_attempts, backoff, timeout_ms, exclusive_key, exclusive_mode, created_at, updated_at, \
-         tags, target, traceparent, tracestate, priority, exclusive_limit) VALUES {values} ON CONFLICT DO NOTHING RETURNING {TASK_COLUMNS}"
+         tags, target, traceparent, tracestate, priority, exclusive_limit, rate) VALUES {values} \
+         ON CONFLICT DO NOTHING RETURNING {TASK_COLUMNS}"
     );
     let timeouts: Vec<i64> = chunk.iter().map(|t| t.timeout_ms as i64).collect();
     let priorities: Vec<u8> = chunk.iter().map(|t| t.priority.get()).collect();
@@ -820,6 +821,11 @@ fn insert_chunk(
         .map(|t| t.target.as_ref().map(serde_json::to_string).transpose())
         .collect::<Result<Vec<Option<String>>, _>>()
         .map_err(|e| StoreError::encode("target", e))?;
+    let rates = chunk
+        .iter()
+        .map(|t| t.rate.as_ref().map(serde_json::to_string).transpose())
+        .collect::<Result<Vec<Option<String>>, _>>()
+        .map_err(|e| StoreError::encode("rate", e))?;
     let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(chunk.len() * INSERT_PARAMS);
     let modes: Vec<Option<&str>> = chunk
         .iter()
@@ -864,6 +870,7 @@ fn insert_chunk(
         args.push(&tracestates[i]);
         args.push(&priorities[i]);
         args.push(&group_limits[i]);
+        args.push(&rates[i]);
     }
     let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
     let mut rows = stmt.query(args.as_slice()).map_err(backend)?;
@@ -920,11 +927,13 @@ const GROUP_FREE_SQL: &str = "(exclusive_key IS NULL OR (SELECT count(*) FROM ta
 /// Claims per multi-row `UPDATE` statement.
 const CLAIM_CHUNK: usize = 64;
 
-/// Claims in order. The first claim of each task without an exclusive key (nearly all) is taken
+/// Claims in order. The first claim of each task without an exclusive key or a rate limit (nearly
+/// all) is taken
 /// with one `UPDATE … WHERE id IN (…)` per chunk; one statement per task would re-journal and walk
 /// the savepoint's sub-journal per task, as with inserts (see [`INSERT_CHUNK`]). Everything else
-/// goes through [`claim_one`] in the caller's order: exclusive tasks (whose check must see the
-/// claims made just before them, which a single statement does not promise), repeated claims, and
+/// goes through [`claim_one`] in the caller's order: exclusive and rate-limited tasks (whose check
+/// must see the claims made just before them, which a single statement does not promise), repeated
+/// claims, and
 /// claims the chunk did not take, which `claim_one` then classifies.
 fn claim_many(
     conn: &Connection,
@@ -959,7 +968,7 @@ fn claim_many(
              lease_expires_at = (SELECT lease FROM c WHERE c.id = tasks.id), \
              started_at = ?1, updated_at = ?1, worker = NULL \
              WHERE id IN (SELECT id FROM c) AND state = 'scheduled' AND due_at <= ?1 \
-             AND exclusive_key IS NULL RETURNING {TASK_COLUMNS}"
+             AND exclusive_key IS NULL AND rate IS NULL RETURNING {TASK_COLUMNS}"
         );
         let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(1 + 3 * chunk.len());
         args.push(&now.0);
@@ -985,7 +994,7 @@ fn claim_many(
         let sql = format!(
             "UPDATE tasks SET state = 'ready', updated_at = ?1 \
              WHERE id IN ({ids}) AND state = 'scheduled' AND due_at <= ?1 \
-             AND exclusive_key IS NULL RETURNING {TASK_COLUMNS}"
+             AND exclusive_key IS NULL AND rate IS NULL RETURNING {TASK_COLUMNS}"
         );
         let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(1 + chunk.len());
         args.push(&now.0);
@@ -1022,7 +1031,73 @@ fn collect_taken(
     Ok(())
 }
 
+/// The rate limit of a claimable task and the key it is counted under, when it has one.
+fn rate_of(
+    conn: &Connection,
+    c: &DueClaim,
+    now: Timestamp,
+) -> Result<Option<(String, RateLimit)>, StoreError> {
+    let row: Option<(String, String)> = conn
+        .prepare_cached(
+            "SELECT queue, rate FROM tasks \
+             WHERE id = ?1 AND state = 'scheduled' AND due_at <= ?2 AND rate IS NOT NULL",
+        )
+        .map_err(backend)?
+        .query_row(params![c.id.as_bytes(), now.0], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()
+        .map_err(backend)?;
+    row.map(|(queue, rate)| {
+        let rate: RateLimit =
+            serde_json::from_str(&rate).map_err(|e| StoreError::corrupt_from("rate", e))?;
+        Ok((rate.store_key(&queue), rate))
+    })
+    .transpose()
+}
+
 fn claim_one(conn: &Connection, c: &DueClaim, now: Timestamp) -> Result<ClaimOutcome, StoreError> {
+    // A rate limit: the key's next start may not come before its `next_at` (the writer's
+    // transaction serialises every check and update of it).
+    let rate = rate_of(conn, c, now)?;
+    if let Some((key, limit)) = &rate {
+        let next: Option<i64> = conn
+            .prepare_cached("SELECT next_at FROM rate_limits WHERE key = ?1")
+            .map_err(backend)?
+            .query_row(params![key], |r| r.get(0))
+            .optional()
+            .map_err(backend)?;
+        if let Some(next) = next
+            && next > now.0
+        {
+            return Ok(ClaimOutcome::RateLimited {
+                key: key.clone(),
+                until: Timestamp(next),
+                interval_ms: limit.interval_ms(),
+            });
+        }
+    }
+    let outcome = claim_one_unlimited(conn, c, now)?;
+    if let (Some((key, limit)), ClaimOutcome::Started(_) | ClaimOutcome::Readied(_)) =
+        (&rate, &outcome)
+    {
+        let interval = i64::try_from(limit.interval_ms()).unwrap_or(i64::MAX);
+        conn.prepare_cached(
+            "INSERT INTO rate_limits (key, next_at) VALUES (?1, ?2) \
+             ON CONFLICT (key) DO UPDATE SET next_at = excluded.next_at",
+        )
+        .map_err(backend)?
+        .execute(params![key, now.0.saturating_add(interval)])
+        .map_err(backend)?;
+    }
+    Ok(outcome)
+}
+
+fn claim_one_unlimited(
+    conn: &Connection,
+    c: &DueClaim,
+    now: Timestamp,
+) -> Result<ClaimOutcome, StoreError> {
     const FREE: &str = GROUP_FREE_SQL;
     let claimed = match c.target {
         ClaimTarget::Run {
@@ -1603,6 +1678,23 @@ impl Store for SqliteStore {
         let queue = queue.to_string();
         self.read(move |conn| ops::earliest_waiting(conn, &queue))
             .await
+    }
+
+    async fn count_rate_limited(&self, queue: &str, now: Timestamp) -> Result<u64, StoreError> {
+        let queue = queue.to_string();
+        self.read(move |conn| {
+            let n: i64 = conn
+                .prepare_cached(
+                    "SELECT count(*) FROM tasks INDEXED BY tasks_rate_limited \
+                     WHERE queue = ?1 AND due_at <= ?2 AND rate IS NOT NULL \
+                     AND state = 'scheduled'",
+                )
+                .map_err(backend)?
+                .query_row(params![queue, now.0], |r| r.get(0))
+                .map_err(backend)?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+        .await
     }
 
     async fn attempts(&self, id: TaskId) -> Result<Option<AttemptHistory>, StoreError> {

@@ -14,7 +14,7 @@ use crate::backend;
 pub const TASK_COLUMNS: &str = "id, shard, queue, kind, key, payload, due_at, state, attempt, \
     max_attempts, backoff, timeout_ms, exclusive_key, exclusive_mode, execution_id, \
     lease_expires_at, worker, last_error, result, created_at, updated_at, started_at, finished_at, \
-    tags, target, traceparent, tracestate, priority, exclusive_limit";
+    tags, target, traceparent, tracestate, priority, exclusive_limit, rate";
 
 pub fn parse_state(s: &str) -> Result<TaskState, StoreError> {
     s.parse()
@@ -55,6 +55,7 @@ pub fn task_from_row(r: &Row<'_>) -> Result<Task, StoreError> {
     let target: Option<String> = r.get(24).map_err(backend)?;
     let traceparent: Option<String> = r.get(25).map_err(backend)?;
     let tracestate: Option<String> = r.get(26).map_err(backend)?;
+    let rate: Option<String> = r.get(29).map_err(backend)?;
     let exclusive = match (ex_key, ex_mode.as_deref()) {
         (Some(key), Some("wait")) => Some(Exclusive {
             key,
@@ -89,6 +90,9 @@ pub fn task_from_row(r: &Row<'_>) -> Result<Task, StoreError> {
         backoff,
         timeout_ms: r.get::<_, i64>(11).map_err(backend)? as u64,
         exclusive,
+        rate: rate
+            .map(|s| serde_json::from_str(&s).map_err(|e| StoreError::corrupt_from("rate", e)))
+            .transpose()?,
         priority: Priority::from_stored(r.get(27).map_err(backend)?),
         execution_id: exec
             .map(|b| uuid16(&b, "execution id").map(ExecutionId::from_bytes))

@@ -370,6 +370,18 @@ ALTER TABLE tasks ADD COLUMN debounce_key TEXT;
 CREATE INDEX tasks_debounce ON tasks (queue, debounce_key)
     WHERE debounce_key IS NOT NULL AND state = 'scheduled' AND attempt = 0;
 "#,
+    // 18: rate limits: a task's limit (`sundial_core::RateLimit` as JSON, NULL for none), the
+    // index that counts a queue's due tasks waiting for theirs, and per key the earliest time
+    // the next start may happen.
+    r#"
+ALTER TABLE tasks ADD COLUMN rate TEXT;
+CREATE INDEX tasks_rate_limited ON tasks (queue, due_at)
+    WHERE rate IS NOT NULL AND state = 'scheduled';
+CREATE TABLE rate_limits (
+    key     TEXT PRIMARY KEY,
+    next_at INTEGER NOT NULL
+) WITHOUT ROWID;
+"#,
 ];
 
 /// A task's place in line among ready tasks (`sundial_core::Priority::rank`), as the

@@ -49,7 +49,8 @@ fn insert(store: &SqliteStore, tasks: Vec<NewTask>) {
 /// without what migrations 4 (the store's facts), 5 (operations), 6 (push delivery), 7 (fire
 /// retention), 8 (idempotency), 9 (access), 10 (workflow run retention), 11 (push attempts'
 /// answers: dropped with `task_attempts`), 12 (trace context), 14 (the namespace of push
-/// secrets: dropped with `push_secrets`), 15 (priorities), 16 (group limits) and 17 (debounce) added.
+/// secrets: dropped with `push_secrets`), 15 (priorities), 16 (group limits), 17 (debounce)
+/// and 18 (rate limits) added.
 fn forget_shard_count(dir: &Path) {
     let conn = rusqlite::Connection::open(dir.join("sundial.db")).unwrap();
     conn.execute_batch(
@@ -73,6 +74,8 @@ fn forget_shard_count(dir: &Path) {
          CREATE INDEX tasks_ready ON tasks (queue, id) WHERE state = 'ready';
          ALTER TABLE tasks DROP COLUMN exclusive_limit;
          DROP INDEX tasks_debounce; ALTER TABLE tasks DROP COLUMN debounce_key;
+         DROP TABLE rate_limits; DROP INDEX tasks_rate_limited;
+         ALTER TABLE tasks DROP COLUMN rate;
          PRAGMA user_version = 3;",
     )
     .unwrap();
@@ -184,6 +187,8 @@ fn push_secrets_older_than_namespaces_are_the_default_namespaces() {
          CREATE INDEX tasks_ready ON tasks (queue, id) WHERE state = 'ready';
          ALTER TABLE tasks DROP COLUMN exclusive_limit;
          DROP INDEX tasks_debounce; ALTER TABLE tasks DROP COLUMN debounce_key;
+         DROP TABLE rate_limits; DROP INDEX tasks_rate_limited;
+         ALTER TABLE tasks DROP COLUMN rate;
          PRAGMA user_version = 13;",
     )
     .unwrap();

@@ -297,6 +297,10 @@ impl<H: Hooks> Store for Forwarding<H> {
         let _g = self.enter("earliest_waiting", None);
         self.inner.earliest_waiting(queue).await
     }
+    async fn count_rate_limited(&self, queue: &str, now: Timestamp) -> Result<u64, StoreError> {
+        let _g = self.enter("count_rate_limited", None);
+        self.inner.count_rate_limited(queue, now).await
+    }
     async fn attempts(&self, id: TaskId) -> Result<Option<AttemptHistory>, StoreError> {
         let _g = self.enter("attempts", None);
         self.inner.attempts(id).await

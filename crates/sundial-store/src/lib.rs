@@ -250,6 +250,10 @@ pub trait Store: Send + Sync + 'static {
     /// The earliest due time among `queue`'s tasks waiting to start (`scheduled` or `ready`).
     async fn earliest_waiting(&self, queue: &str) -> Result<Option<Timestamp>, StoreError>;
 
+    /// How many of `queue`'s tasks with a rate limit are due by `now` and still `scheduled`:
+    /// those waiting for their limit's turn (and, for a moment, any not claimed yet).
+    async fn count_rate_limited(&self, queue: &str, now: Timestamp) -> Result<u64, StoreError>;
+
     /// The kept attempts of a task, oldest first, and its total attempt count. `None` for an
     /// unknown task.
     async fn attempts(&self, id: TaskId) -> Result<Option<AttemptHistory>, StoreError>;

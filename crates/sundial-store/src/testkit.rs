@@ -128,6 +128,8 @@ macro_rules! store_conformance {
             claim_due_is_exclusive_under_concurrency
             exclusive_key_starts_once_under_concurrency
             group_limit_is_never_exceeded_under_concurrency
+            a_rate_limit_spaces_starts_by_its_interval
+            a_rate_limit_holds_under_concurrent_claims
             exclusive_wait_is_busy_while_key_runs
             exclusive_skip_is_cancelled_while_key_runs
             claim_ready_takes_ready_tasks_in_id_order
@@ -485,6 +487,7 @@ pub async fn insert_then_get_round_trips_every_field(store: Arc<dyn Store>) {
             .backoff(backoff.clone())
             .timeout(Duration::from_secs(90))
             .concurrency("mailbox:ada", 3)
+            .rate(Some("smtp ü".into()), 30, Duration::from_secs(60))
             .priority(Priority::new(8).expect("a priority"))
             .tag("tenant", "ada ü")
             .tag("tier", "gold")
@@ -522,6 +525,11 @@ pub async fn insert_then_get_round_trips_every_field(store: Arc<dyn Store>) {
             key: "mailbox:ada".into(),
             mode: ExclusiveMode::Skip,
             limit: 3,
+        }),
+        rate: Some(sundial_core::RateLimit {
+            key: Some("smtp ü".into()),
+            limit: 30,
+            per_ms: 60_000,
         }),
         priority: Priority::new(8).expect("a priority"),
         tags: [("tenant", "ada ü"), ("tier", "gold")]
@@ -565,6 +573,7 @@ pub async fn insert_then_get_round_trips_every_field(store: Arc<dyn Store>) {
         backoff: Backoff::default(),
         timeout_ms: 300_000,
         exclusive: None,
+        rate: None,
         priority: Priority::DEFAULT,
         tags: Default::default(),
         execution_id: None,
@@ -1521,6 +1530,167 @@ pub async fn group_limit_is_never_exceeded_under_concurrency(store: Arc<dyn Stor
         .count();
     assert_eq!(now_started, 1, "{again:?}");
     assert_eq!(running_in(s, queue).await, 3);
+}
+
+/// A rate limit (2 per second: one start per 500 ms) lets one of its key's due tasks start
+/// (or become ready) and refuses the others with the time of the next start, until then; a
+/// task without a rate key counts under its queue's own limit, apart from other queues.
+pub async fn a_rate_limit_spaces_starts_by_its_interval(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let rated = |key: Option<&str>, queue: &str| {
+        make(
+            TaskSpec::new("k").queue(queue).rate(
+                key.map(str::to_string),
+                2,
+                Duration::from_secs(1),
+            ),
+            at(0),
+        )
+    };
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        ids.push(
+            insert(s, rated(Some("api"), if i % 2 == 0 { "ra" } else { "rb" }))
+                .await
+                .id,
+        );
+    }
+    let run = |id: TaskId, now: Timestamp| DueClaim {
+        id,
+        target: run_target(execution_id(), Timestamp(now.0 + LEASE)),
+    };
+    let out = s
+        .claim_due(
+            ids.iter().map(|id| run(*id, at(10))).collect(),
+            at(10),
+            None,
+        )
+        .await
+        .expect("claim_due");
+    assert!(matches!(out[0], ClaimOutcome::Started(_)), "{out:?}");
+    for o in &out[1..] {
+        match o {
+            ClaimOutcome::RateLimited {
+                key,
+                until,
+                interval_ms,
+            } => {
+                assert_eq!(key, "api");
+                assert_eq!(*until, at(510));
+                assert_eq!(*interval_ms, 500);
+            }
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+    for id in &ids[1..] {
+        assert_eq!(get(s, *id).await.state, TaskState::Scheduled);
+    }
+    // Waiting for the limit, per queue: ra holds ids 0 (started) and 2, rb 1 and 3.
+    assert_eq!(s.count_rate_limited("ra", at(10)).await.expect("count"), 1);
+    assert_eq!(s.count_rate_limited("rb", at(10)).await.expect("count"), 2);
+    assert_eq!(
+        s.count_rate_limited("rb", Timestamp(-1))
+            .await
+            .expect("count"),
+        0
+    );
+    // Not before the interval has passed.
+    let out = s
+        .claim_due(vec![run(ids[1], at(509))], at(509), None)
+        .await
+        .expect("claim_due");
+    assert!(
+        matches!(out[0], ClaimOutcome::RateLimited { .. }),
+        "{out:?}"
+    );
+    // Then one more, as a ready claim (a worker queue's task counts when it becomes ready).
+    let out = s
+        .claim_due(
+            vec![
+                DueClaim {
+                    id: ids[1],
+                    target: ClaimTarget::Ready,
+                },
+                run(ids[2], at(510)),
+            ],
+            at(510),
+            None,
+        )
+        .await
+        .expect("claim_due");
+    assert!(matches!(out[0], ClaimOutcome::Readied(_)), "{out:?}");
+    assert!(
+        matches!(&out[1], ClaimOutcome::RateLimited { until, .. } if *until == at(1_010)),
+        "{out:?}"
+    );
+
+    // Without a key, each queue has a limit of its own.
+    let qa = insert(s, rated(None, "ra")).await.id;
+    let qa2 = insert(s, rated(None, "ra")).await.id;
+    let qb = insert(s, rated(None, "rb")).await.id;
+    let out = s
+        .claim_due(
+            vec![run(qa, at(600)), run(qa2, at(600)), run(qb, at(600))],
+            at(600),
+            None,
+        )
+        .await
+        .expect("claim_due");
+    assert!(matches!(out[0], ClaimOutcome::Started(_)), "{out:?}");
+    assert!(
+        matches!(out[1], ClaimOutcome::RateLimited { .. }),
+        "{out:?}"
+    );
+    assert!(matches!(out[2], ClaimOutcome::Started(_)), "{out:?}");
+}
+
+/// Claims racing for one rate limit key's due tasks: one start per interval, whichever call
+/// wins, and the others refused.
+pub async fn a_rate_limit_holds_under_concurrent_claims(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let mut ids = Vec::new();
+    for _ in 0..12 {
+        let t = make(
+            TaskSpec::new("k").queue("rate-race").rate(
+                Some("race".into()),
+                10,
+                Duration::from_secs(1),
+            ),
+            at(0),
+        );
+        ids.push(insert(s, t).await.id);
+    }
+    let now = at(10);
+    let batches: Vec<Vec<DueClaim>> = ids
+        .chunks(3)
+        .map(|c| {
+            c.iter()
+                .map(|id| DueClaim {
+                    id: *id,
+                    target: run_target(execution_id(), Timestamp(now.0 + LEASE)),
+                })
+                .collect()
+        })
+        .collect();
+    let calls: Vec<BoxFuture<'_, _>> = batches
+        .iter()
+        .map(|b| s.claim_due(b.clone(), now, None))
+        .collect();
+    let mut started = 0;
+    let mut limited = 0;
+    for out in join_all(calls).await {
+        for o in out.expect("claim_due") {
+            match o {
+                ClaimOutcome::Started(_) => started += 1,
+                ClaimOutcome::RateLimited { until, .. } => {
+                    assert_eq!(until, at(110));
+                    limited += 1;
+                }
+                other => panic!("unexpected outcome {other:?}"),
+            }
+        }
+    }
+    assert_eq!((started, limited), (1, 11));
 }
 
 /// Drives two futures at once.

@@ -194,6 +194,13 @@ pub enum ClaimOutcome {
     Readied(Box<Task>),
     /// Its exclusive key is held by a running task and its mode is `wait`: still `scheduled`.
     Busy { exclusive_key: String },
+    /// Its rate limit's key started a task less than the limit's interval ago: still
+    /// `scheduled`; the key allows the next start at `until`, and one per `interval_ms` after.
+    RateLimited {
+        key: String,
+        until: Timestamp,
+        interval_ms: u64,
+    },
     /// Its exclusive key is held and its mode is `skip`: now `cancelled`.
     Skipped(Box<Task>),
     /// Not scheduled any more, or not yet due (cancelled, already taken, moved later).

@@ -64,8 +64,8 @@ pub use series::register_queue_metrics;
 pub use sundial_core::Tags;
 pub use sundial_core::{
     Backoff, Clock, Due, Exclusive, ExclusiveMode, ExecutionId, INTERNAL_QUEUE_PREFIX, Limits,
-    ManualClock, Priority, PushMethod, Target, Task, TaskId, TaskSpec, TaskState, Timestamp,
-    TokenId, TraceContext, ValidationError, is_internal_queue,
+    ManualClock, Priority, PushMethod, RateLimit, Target, Task, TaskId, TaskSpec, TaskState,
+    Timestamp, TokenId, TraceContext, ValidationError, is_internal_queue,
 };
 pub use sundial_store::{
     AccessStore, Attempt, AttemptHistory, AttemptOutcome, AttemptResponse, Cluster, PushSecret,
@@ -1062,6 +1062,9 @@ fn spec_fingerprint(spec: &TaskSpec) -> String {
     // still match their retries.
     if spec.priority != sundial_core::Priority::DEFAULT {
         canonical["priority"] = serde_json::json!(spec.priority.get());
+    }
+    if let Some(rate) = &spec.rate {
+        canonical["rate"] = serde_json::to_value(rate).unwrap_or_default();
     }
     let canonical = canonical.to_string();
     const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;

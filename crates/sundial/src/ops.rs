@@ -42,6 +42,8 @@ pub struct QueueInfo {
     pub lateness: Option<Duration>,
     /// Stored settings, when the queue was ever configured or paused.
     pub settings: Option<QueueSettings>,
+    /// Due tasks with a rate limit that have not started: waiting for their limit's turn.
+    pub rate_limited: u64,
 }
 
 /// What a bulk action found and did.
@@ -135,7 +137,13 @@ impl Sundial {
             None
         };
         let oldest_overdue_at = oldest.filter(|t| *t <= now);
+        let rate_limited = if oldest_overdue_at.is_some() {
+            self.engine.store.count_rate_limited(&queue, now).await?
+        } else {
+            0
+        };
         Ok(QueueInfo {
+            rate_limited,
             paused: settings.as_ref().is_some_and(|s| s.paused),
             lateness: oldest_overdue_at.map(|t| now.since(t)),
             oldest_overdue_at,

@@ -66,6 +66,9 @@ pub(crate) struct ShardLoop {
     starved: Starved,
     /// The queues in whose line (see `super::line`) this loop holds a waiting entry.
     in_line: HashSet<Arc<str>>,
+    /// Per rate limit key, the latest time this loop offered one of its refused entries for
+    /// (see [`ShardLoop::rate_slot`]).
+    rate_slots: HashMap<String, Timestamp>,
 }
 
 impl Drop for ShardLoop {
@@ -126,6 +129,7 @@ impl ShardLoop {
             store_backoff: FIRST_BACKOFF,
             starved: Starved::default(),
             in_line: HashSet::new(),
+            rate_slots: HashMap::new(),
         }
     }
 
@@ -610,6 +614,22 @@ impl ShardLoop {
                     };
                     self.window.insert(retry, b.meta);
                 }
+                ClaimOutcome::RateLimited {
+                    key,
+                    until,
+                    interval_ms,
+                } => {
+                    metrics::counter!("sundial_rate_limited_total", "namespace" => sundial_core::namespace::namespace_of(&b.meta.queue).to_string(), "queue" => sundial_core::namespace::local(&b.meta.queue).to_string())
+                        .increment(1);
+                    let slot = self.rate_slot(key, until, interval_ms, now);
+                    self.window.insert(
+                        DueKey {
+                            due_at: slot,
+                            id: b.key.id,
+                        },
+                        b.meta,
+                    );
+                }
                 ClaimOutcome::Skipped(task) => {
                     tracing::debug!(id = %task.id, "skipped: exclusive key busy");
                 }
@@ -619,6 +639,33 @@ impl ShardLoop {
         for q in readied_queues {
             engine.ready_changed(&q);
         }
+    }
+}
+
+impl ShardLoop {
+    /// When an entry refused by the rate limit `key` (next start allowed at `until`, then one
+    /// per `interval_ms`) is offered again: the key's next start this loop has not offered to
+    /// another of its entries yet. Refused entries so take successive starts, one claim each,
+    /// instead of all asking for the same one. A start offered to an entry that is then not
+    /// taken (cancelled, or another node's) only makes the next entry's come later; it never
+    /// lets one start early, as the store decides every start.
+    fn rate_slot(
+        &mut self,
+        key: String,
+        until: Timestamp,
+        interval_ms: u64,
+        now: Timestamp,
+    ) -> Timestamp {
+        if self.rate_slots.len() > 4_096 {
+            self.rate_slots.retain(|_, at| *at > now);
+        }
+        let interval = Duration::from_millis(interval_ms.max(1));
+        let slot = match self.rate_slots.get(&key) {
+            Some(last) if *last >= until => last.saturating_add(interval),
+            _ => until,
+        };
+        self.rate_slots.insert(key, slot);
+        slot
     }
 }
 
