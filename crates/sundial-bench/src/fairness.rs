@@ -4,7 +4,7 @@
 //! tasks due in that same second and then `--b-rate` per second for `--secs` seconds. Both run
 //! in-process handlers that take `--work-ms` each (a tokio sleep, so the CPU stays with the
 //! engine), under the engine's per-queue concurrency. Reported: B's lateness (handler start −
-//! due) p50/p99/max, A's drain rate (A's tasks / (its last start − its first due time)), and
+//! due) p50/p99/max, A's drain rate (A's tasks / (its last start − its first start)), and
 //! starts before their due time (must be 0). `--b-burst 0 --b-rate 0` measures A alone.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,14 +36,24 @@ pub struct FairnessArgs {
     #[arg(long, default_value_t = 5)]
     pub work_ms: u64,
     /// How long before the burst's second everything is stored.
-    #[arg(long, default_value_t = 3_000)]
+    #[arg(long, default_value_t = 10_000)]
     pub lead_ms: i64,
 }
 
-#[derive(Default)]
 struct Side {
     fired: AtomicU64,
+    first_start: AtomicU64,
     last_start: AtomicU64,
+}
+
+impl Default for Side {
+    fn default() -> Self {
+        Side {
+            fired: AtomicU64::new(0),
+            first_start: AtomicU64::new(u64::MAX),
+            last_start: AtomicU64::new(0),
+        }
+    }
 }
 
 pub async fn run(common: &Common, args: &FairnessArgs) -> Result<()> {
@@ -87,8 +97,9 @@ pub async fn run(common: &Common, args: &FairnessArgs) -> Result<()> {
                 h.saturating_record(lateness as u64);
             }
             side.fired.fetch_add(1, Ordering::Relaxed);
-            side.last_start
-                .fetch_max(u64::try_from(now.0).unwrap_or(0), Ordering::Relaxed);
+            let at = u64::try_from(now.0).unwrap_or(0);
+            side.first_start.fetch_min(at, Ordering::Relaxed);
+            side.last_start.fetch_max(at, Ordering::Relaxed);
             async move {
                 tokio::time::sleep(work).await;
                 Ok::<(), sundial::HandlerError>(())
@@ -125,7 +136,15 @@ pub async fn run(common: &Common, args: &FairnessArgs) -> Result<()> {
     for chunk in specs.chunks(1_000) {
         sundial.schedule_many(chunk.to_vec()).await?;
     }
+    let stored_at = clock.now().0;
+    if stored_at > base {
+        println!(
+            "  WARNING: storing took until {} ms after the burst's first due time (raise --lead-ms)",
+            stored_at - base
+        );
+    }
     let engine = sundial.start();
+    let cpu_before = crate::common::cpu_seconds("sundial-sqlite");
     let total_b = args.b_burst + steady;
     let give_up = Timestamp(base + 1_000 + args.secs as i64 * 1_000 + 120_000);
     loop {
@@ -141,21 +160,33 @@ pub async fn run(common: &Common, args: &FairnessArgs) -> Result<()> {
             bail!("only {fa} of A's and {fb} of B's tasks ran within 120 s");
         }
     }
+    let cpu_after = crate::common::cpu_seconds("sundial-sqlite");
     engine.shutdown(Duration::from_secs(5)).await;
 
-    let a_span_ms = a.last_start.load(Ordering::Relaxed) as i64 - base;
-    let drain = if a_span_ms > 0 {
-        args.burst as f64 * 1_000.0 / a_span_ms as f64
+    let first = a.first_start.load(Ordering::Relaxed) as i64;
+    let last = a.last_start.load(Ordering::Relaxed) as i64;
+    let drain = if last > first {
+        (args.burst.saturating_sub(1)) as f64 * 1_000.0 / (last - first) as f64
     } else {
         0.0
     };
     println!(
-        "  A: {} tasks, last start {} ms after the first due time: {:.0} tasks/s",
-        args.burst, a_span_ms, drain
+        "  A: {} tasks; first start {} ms after the first due time, last {} ms: {:.0} tasks/s \
+         between them",
+        args.burst,
+        first - base,
+        last - base,
+        drain
     );
     if let Ok(h) = b_late.lock() {
         println!("  B lateness: {}", summary(&h, "ms", 1.0));
     }
+    let runs = (args.burst + total_b).max(1) as f64;
+    println!(
+        "  cpu per task run (process / SQLite threads): {:.1} / {:.1} us",
+        (cpu_after.0 - cpu_before.0) * 1e6 / runs,
+        (cpu_after.1 - cpu_before.1) * 1e6 / runs
+    );
     println!("  early starts: {}", early.load(Ordering::Relaxed));
     println!("  load after: {}", loadavg());
     Ok(())

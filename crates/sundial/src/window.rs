@@ -14,12 +14,16 @@
 //!
 //! The window holds no payloads: a key, a queue and a kind (shared strings) per entry.
 //!
-//! **Parked entries:** the due entries of a push receiver whose slots were all taken are moved
-//! aside into that receiver's lane ([`Window::park`]), and entries of a receiver with a lane go
-//! straight into it. A walk of the due entries ([`Window::due`]) no longer passes them, so a
-//! receiver that is slow or down, however long its backlog, costs the others nothing; its lane is
-//! read from the front when it has free slots ([`Window::lanes`]). Parked entries are still in the
-//! window: they count against its capacity and the cursor invariant covers them.
+//! **Parked entries:** the due entries of a push receiver whose slots were all taken, or of a
+//! queue whose in-process permits were all taken, are moved aside into that receiver's or
+//! queue's lane ([`Window::park`]), and entries of a receiver or queue with a lane go straight
+//! into it. A walk of the due entries ([`Window::due`]) no longer passes them, so a receiver that
+//! is slow or down, or a queue with a burst of work, however long its backlog, costs the others
+//! nothing: neither the walk's time nor its bound; its lane is read from the front when it has
+//! free slots ([`Window::lanes`]). Entries with a priority other than the default are never
+//! parked in a queue's lane (a lane is in due order, which is rank order only among equals).
+//! Parked entries are still in the window: they count against its capacity and the cursor
+//! invariant covers them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -39,11 +43,32 @@ pub struct Meta {
     pub priority: Priority,
 }
 
+/// What a lane of parked entries waits for (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// A push receiver's slots.
+    Push(Arc<str>),
+    /// A queue's in-process permits.
+    Queue(Arc<str>),
+}
+
+impl Lane {
+    /// The lane an entry goes to once its receiver or queue has one: its push receiver's, else
+    /// its queue's when it has the default priority, else none.
+    pub fn of(meta: &Meta) -> Option<Lane> {
+        match &meta.push_host {
+            Some(host) => Some(Lane::Push(host.clone())),
+            None if meta.priority == Priority::DEFAULT => Some(Lane::Queue(meta.queue.clone())),
+            None => None,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct Window {
     entries: BTreeMap<DueKey, Meta>,
-    /// Parked entries, by push receiver (see the module docs). No lane is empty.
-    lanes: HashMap<Arc<str>, BTreeMap<DueKey, Meta>>,
+    /// Parked entries, by push receiver or queue (see the module docs). No lane is empty.
+    lanes: HashMap<Lane, BTreeMap<DueKey, Meta>>,
     parked: usize,
     capacity: usize,
     cursor: Option<DueKey>,
@@ -113,10 +138,12 @@ impl Window {
         self.trim();
     }
 
-    /// Adds an entry to its receiver's lane when it has one, else to the walked entries.
+    /// Adds an entry to its receiver's or queue's lane when it has one, else to the walked
+    /// entries.
     fn put(&mut self, key: DueKey, meta: Meta) {
-        if let Some(host) = &meta.push_host
-            && let Some(lane) = self.lanes.get_mut(host)
+        if !self.lanes.is_empty()
+            && let Some(lane) = Lane::of(&meta)
+            && let Some(lane) = self.lanes.get_mut(&lane)
         {
             if lane.insert(key, meta).is_none() {
                 self.parked += 1;
@@ -231,12 +258,12 @@ impl Window {
         self.entries.range(..=to)
     }
 
-    /// The receivers with parked entries, each with its parked entries due at or before `now`,
-    /// oldest first.
+    /// The receivers and queues with parked entries, each with its parked entries due at or
+    /// before `now`, oldest first.
     pub fn lanes(
         &self,
         now: Timestamp,
-    ) -> impl Iterator<Item = (&Arc<str>, impl Iterator<Item = (&DueKey, &Meta)>)> {
+    ) -> impl Iterator<Item = (&Lane, impl Iterator<Item = (&DueKey, &Meta)>)> {
         let to = DueKey {
             due_at: now,
             id: TaskId::MAX,
@@ -244,16 +271,17 @@ impl Window {
         self.lanes.iter().map(move |(h, l)| (h, l.range(..=to)))
     }
 
-    /// Moves a walked entry of a push task into its receiver's lane (its slots are all taken).
-    /// Entries without a receiver, and keys not walked, are left as they are.
+    /// Moves a walked entry into its receiver's or queue's lane (its slots or permits are all
+    /// taken). Entries without a lane (see [`Lane::of`]), and keys not walked, are left as they
+    /// are.
     pub fn park(&mut self, key: &DueKey) {
-        let Some(host) = self.entries.get(key).and_then(|m| m.push_host.clone()) else {
+        let Some(lane) = self.entries.get(key).and_then(Lane::of) else {
             return;
         };
         if let Some(meta) = self.entries.remove(key)
             && self
                 .lanes
-                .entry(host)
+                .entry(lane)
                 .or_default()
                 .insert(*key, meta)
                 .is_none()
@@ -267,6 +295,9 @@ impl Window {
     }
 
     fn remove_parked(&mut self, key: &DueKey) -> Option<Meta> {
+        if self.lanes.is_empty() {
+            return None;
+        }
         let (host, meta) = self
             .lanes
             .iter_mut()
@@ -383,9 +414,9 @@ mod tests {
         let mut w = Window::new(4);
         w.insert(key(5, 1), push("slow"));
         w.insert(key(6, 2), push("fast"));
-        w.insert(key(7, 3), meta());
+        w.insert(key(7, 3), urgent());
         w.park(&key(5, 1));
-        w.park(&key(7, 3)); // not a push task: stays walked
+        w.park(&key(7, 3)); // a priority of its own: never parked, stays walked
         let walked: Vec<_> = w.due(Timestamp(10)).map(|(k, _)| *k).collect();
         assert_eq!(walked, vec![key(6, 2), key(7, 3)]);
         assert_eq!((w.len(), w.parked()), (3, 1));
@@ -394,9 +425,12 @@ mod tests {
         w.insert(key(8, 4), push("slow"));
         let lanes: Vec<(String, Vec<DueKey>)> = w
             .lanes(Timestamp(10))
-            .map(|(h, l)| (h.to_string(), l.map(|(k, _)| *k).collect()))
+            .map(|(h, l)| (format!("{h:?}"), l.map(|(k, _)| *k).collect()))
             .collect();
-        assert_eq!(lanes, vec![("slow".into(), vec![key(5, 1), key(8, 4)])]);
+        assert_eq!(
+            lanes,
+            vec![(r#"Push("slow")"#.into(), vec![key(5, 1), key(8, 4)])]
+        );
         assert_eq!(w.first_due_after(Timestamp(7)), Some(Timestamp(8)));
         // Over capacity, the latest entry goes, parked or not, and the cursor follows.
         w.insert(key(9, 5), meta());
@@ -412,6 +446,54 @@ mod tests {
         // Entries of a receiver without a lane are walked again.
         w.insert(key(8, 7), push("slow"));
         assert!(w.due(Timestamp(10)).any(|(k, _)| *k == key(8, 7)));
+    }
+
+    fn urgent() -> Meta {
+        Meta {
+            priority: Priority::MAX,
+            ..meta()
+        }
+    }
+
+    fn in_queue(q: &str) -> Meta {
+        Meta {
+            queue: Arc::from(q),
+            ..meta()
+        }
+    }
+
+    /// A queue whose permits ran out parks its entries; the walk then reaches another queue's
+    /// later entries at once, and the parked queue's later entries go straight to its lane.
+    #[test]
+    fn a_starved_queue_is_parked_and_the_walk_reaches_the_others() {
+        let mut w = Window::new(100);
+        for i in 0..50u8 {
+            w.insert(key(i64::from(i), i), in_queue("busy"));
+        }
+        w.insert(key(60, 200), in_queue("other"));
+        let walked: Vec<DueKey> = w.due(Timestamp(100)).take(10).map(|(k, _)| *k).collect();
+        for k in &walked {
+            w.park(k);
+        }
+        assert_eq!(w.parked(), 10);
+        // A later entry of the parked queue joins its lane, not the walk.
+        w.insert(key(70, 201), in_queue("busy"));
+        assert_eq!(w.parked(), 11);
+        // An urgent entry of that queue is never parked.
+        w.insert(
+            key(71, 202),
+            Meta {
+                priority: Priority::MAX,
+                ..in_queue("busy")
+            },
+        );
+        let lanes: Vec<(Lane, usize)> = w
+            .lanes(Timestamp(100))
+            .map(|(l, e)| (l.clone(), e.count()))
+            .collect();
+        assert_eq!(lanes, vec![(Lane::Queue(Arc::from("busy")), 11)]);
+        assert!(w.due(Timestamp(100)).any(|(k, _)| *k == key(71, 202)));
+        assert_eq!(w.len(), 53);
     }
 
     #[test]

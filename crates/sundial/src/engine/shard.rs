@@ -30,7 +30,7 @@ use tokio::sync::{OwnedSemaphorePermit, watch};
 
 use super::{Engine, LeaseLost, Owner, QueueState, changed_or_never};
 use crate::handler::Handler;
-use crate::window::{Meta, Window};
+use crate::window::{Lane, Meta, Window};
 
 /// First pause after a failed store call or a panic; doubled on each repeat up to its cap.
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
@@ -336,13 +336,33 @@ impl ShardLoop {
         // Entries of receivers found full, to be parked in their lanes (see `window`).
         let mut to_park: Vec<DueKey> = Vec::new();
         let until = now.saturating_add(lead);
-        // First the parked entries of receivers with free slots, from the front of each lane:
-        // one more than there are free slots, whose failed acquire marks the receiver full again.
+        // First the parked entries of receivers and queues with free slots, from the front of
+        // each lane: one more than there are free slots, whose failed acquire marks the receiver
+        // or queue full again. A lane without a free slot is not read at all.
         let mut from_lanes: Vec<(DueKey, Meta)> = Vec::new();
-        for (host, lane) in self.window.lanes(until) {
-            let free = engine.push_host(host).available_permits();
+        for (lane, entries) in self.window.lanes(until) {
+            let free = match lane {
+                Lane::Push(host) => engine.push_host(host).available_permits(),
+                Lane::Queue(queue) => self
+                    .queues
+                    .entry(queue.clone())
+                    .or_insert_with(|| engine.queue(queue))
+                    .permits
+                    .available_permits(),
+            };
+            if free == 0 {
+                match lane {
+                    Lane::Push(_) => starved.push = true,
+                    Lane::Queue(queue) => {
+                        starved.queue = true;
+                        starved_queues.insert(queue.clone());
+                    }
+                }
+                continue;
+            }
             from_lanes.extend(
-                lane.take(free.min(claim_batch).saturating_add(1))
+                entries
+                    .take(free.min(claim_batch).saturating_add(1))
                     .map(|(k, m)| (*k, m.clone())),
             );
         }
@@ -351,18 +371,27 @@ impl ShardLoop {
         let mut full = false;
         // Whether a free queue permit was left to another loop's better-ranked entry.
         let mut deferred = false;
-        let mut walk: Vec<(&DueKey, &Meta)> = self
-            .window
-            .due(until)
-            .take(claim_batch.saturating_mul(4))
+        let mut candidates: Vec<(bool, (&DueKey, &Meta))> = from_lanes
+            .iter()
+            .map(|(k, m)| (true, (k, m)))
+            .chain(
+                self.window
+                    .due(until)
+                    .take(claim_batch.saturating_mul(4))
+                    .map(|e| (false, e)),
+            )
             .collect();
-        // Among the entries walked, the higher priority first (`sundial_core::priority`: the due
-        // time moved by the priority's credit); entries of the default priority keep due order.
-        if walk.iter().any(|(_, m)| m.priority != Priority::DEFAULT) {
-            walk.sort_by_key(|(k, m)| (m.priority.rank(k.due_at), k.due_at, k.id));
+        // The higher priority first (`sundial_core::priority`: the due time moved by the
+        // priority's credit), parked or walked; entries of the default priority keep due order.
+        // Parked entries first otherwise: each lane's front is its queue's or receiver's
+        // earliest.
+        if candidates
+            .iter()
+            .any(|(_, (_, m))| m.priority != Priority::DEFAULT)
+        {
+            candidates.sort_by_key(|(_, (k, m))| (m.priority.rank(k.due_at), k.due_at, k.id));
         }
-        let walk = walk.into_iter().map(|e| (false, e));
-        for (parked, (key, meta)) in from_lanes.iter().map(|(k, m)| (true, (k, m))).chain(walk) {
+        for (parked, (key, meta)) in candidates {
             if batch.len() >= claim_batch {
                 full = true;
                 break;
@@ -377,6 +406,9 @@ impl ShardLoop {
                 continue;
             }
             if starved_queues.contains(&meta.queue) {
+                if !parked && meta.push_host.is_none() {
+                    to_park.push(*key);
+                }
                 continue;
             }
             // A task claimed ahead runs from its due time: its lease counts from then.
@@ -478,6 +510,10 @@ impl ShardLoop {
                     starved.queue = true;
                     starved_queues.insert(meta.queue.clone());
                     q.line.wait(self.shard, place);
+                    // Out of the walk until the queue has a free permit (see `window`).
+                    if !parked {
+                        to_park.push(*key);
+                    }
                 }
             }
         }
