@@ -172,6 +172,7 @@ fn show(q: &QueueView, json: bool) {
         ),
         ("oldest due", dash(&q.oldest_overdue_at)),
         ("lateness", dash(&q.lateness)),
+        ("rate limited", q.rate_limited.to_string()),
         (
             "retention",
             format!(

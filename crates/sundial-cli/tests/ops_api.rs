@@ -1327,6 +1327,15 @@ async fn rate_limits_are_stored_bounded_and_space_worker_starts(backend: Backend
         .await,
     );
     assert_eq!(cli["rate"], json!({"limit": 5, "per": "1s"}));
+    let shown = sundial(&server, &["queue", "get", "later"]).await;
+    assert!(shown.status.success());
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        shown
+            .lines()
+            .any(|l| l.starts_with("rate limited") && l.ends_with(" 0")),
+        "{shown}"
+    );
 
     // Worker polls: 5 tasks due now under a limit of 4 per second (one per 250 ms) become
     // ready one at a time, so the last starts at least 1 s after the first was created; while
