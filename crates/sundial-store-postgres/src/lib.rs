@@ -504,11 +504,13 @@ impl PostgresStore {
         }
     }
 
-    /// Takes the advisory locks of `keys`, in sorted lock order (so two callers never wait for
-    /// each other crosswise).
+    /// Takes the transaction advisory locks of `keys` in lock class `class` (exclusive keys,
+    /// rate limit keys), in sorted lock order (so two callers never wait for each other
+    /// crosswise).
     async fn lock_keys(
         &self,
         client: &impl GenericClient,
+        class: i32,
         keys: &[String],
     ) -> Result<(), StoreError> {
         let mut locks: Vec<i32> = keys
@@ -524,37 +526,7 @@ impl PostgresStore {
             .prepare_cached(&self.sql.lock_keys)
             .await
             .map_err(pg)?;
-        client
-            .execute(&stmt, &[&EXCLUSIVE_LOCK_CLASS, &locks])
-            .await
-            .map_err(pg)?;
-        Ok(())
-    }
-
-    /// Takes the transaction advisory locks of rate limit `keys` (sorted, so that callers
-    /// taking several never wait for each other in a cycle).
-    async fn lock_rate_keys(
-        &self,
-        client: &impl GenericClient,
-        keys: &[String],
-    ) -> Result<(), StoreError> {
-        let mut locks: Vec<i32> = keys
-            .iter()
-            .map(|k| schema::exclusive_lock_key(&self.schema, k))
-            .collect();
-        locks.sort_unstable();
-        locks.dedup();
-        if locks.is_empty() {
-            return Ok(());
-        }
-        let stmt = client
-            .prepare_cached(&self.sql.lock_keys)
-            .await
-            .map_err(pg)?;
-        client
-            .execute(&stmt, &[&schema::RATE_LOCK_CLASS, &locks])
-            .await
-            .map_err(pg)?;
+        client.execute(&stmt, &[&class, &locks]).await.map_err(pg)?;
         Ok(())
     }
 
@@ -608,7 +580,7 @@ impl PostgresStore {
                 .iter()
                 .map(|r| col(r, 0))
                 .collect::<Result<_, _>>()?;
-            self.lock_keys(tx, &keys).await?;
+            self.lock_keys(tx, EXCLUSIVE_LOCK_CLASS, &keys).await?;
         }
 
         // 2. Lock the claimable rows (scheduled and due), in id order.
@@ -676,7 +648,8 @@ impl PostgresStore {
         rate_keys.dedup();
         let mut rate_next: HashMap<String, i64> = HashMap::new();
         if !rate_keys.is_empty() {
-            self.lock_rate_keys(tx, &rate_keys).await?;
+            self.lock_keys(tx, schema::RATE_LOCK_CLASS, &rate_keys)
+                .await?;
             for r in query(tx, &self.sql.rate_next, &[&rate_keys]).await? {
                 rate_next.insert(col(&r, 0)?, col(&r, 1)?);
             }

@@ -403,6 +403,25 @@ impl Sundial {
         }
         idempotency.validate()?;
         let fingerprint = spec_fingerprint(&spec);
+        let (task, now) = self.single_create(spec)?;
+        let create = sundial_store::IdempotentCreate {
+            task,
+            key: idempotency.key,
+            version: idempotency.version,
+            fingerprint,
+            remember: sundial_store::Remember::AfterFinish {
+                ms: u64::try_from(self.engine.config.idempotency_window.as_millis())
+                    .unwrap_or(u64::MAX),
+            },
+            now,
+        };
+        self.finish_idempotent(create).await
+    }
+
+    /// The task a single create (idempotent, throttled or debounced) stores, validated at the
+    /// clock's now (returned too) with the current trace context; the request's audit record
+    /// names it.
+    fn single_create(&self, spec: TaskSpec) -> Result<(sundial_core::NewTask, Timestamp), Error> {
         let spec = with_current_trace(spec, &mut None);
         let now = self.engine.clock.now();
         let cfg = &self.engine.config;
@@ -413,17 +432,14 @@ impl Sundial {
             &cfg.limits,
         )?;
         sundial_store::audit_scope::name_target(task.id.to_string());
-        let create = sundial_store::IdempotentCreate {
-            task,
-            key: idempotency.key,
-            version: idempotency.version,
-            fingerprint,
-            remember: sundial_store::Remember::AfterFinish {
-                ms: u64::try_from(cfg.idempotency_window.as_millis()).unwrap_or(u64::MAX),
-            },
-            now,
-        };
-        self.finish_idempotent(create).await
+        Ok((task, now))
+    }
+
+    /// Counts a task the store just created and tells the engine of it.
+    fn stored(&self, t: &Task) {
+        metrics::counter!("sundial_task_created_total", "namespace" => sundial_core::namespace::namespace_of(&t.queue).to_string(), "queue" => sundial_core::namespace::local(&t.queue).to_string())
+            .increment(1);
+        self.engine.notify_task(t);
     }
 
     /// Stores an idempotent or throttled create and tells the engine of the task.
@@ -433,9 +449,7 @@ impl Sundial {
     ) -> Result<Created, Error> {
         match self.engine.store.insert_idempotent(create).await? {
             sundial_store::IdempotentOutcome::Created(t) => {
-                metrics::counter!("sundial_task_created_total", "namespace" => sundial_core::namespace::namespace_of(&t.queue).to_string(), "queue" => sundial_core::namespace::local(&t.queue).to_string())
-                    .increment(1);
-                self.engine.notify_task(&t);
+                self.stored(&t);
                 Ok(Created {
                     task: *t,
                     repeat: false,
@@ -475,16 +489,7 @@ impl Sundial {
             return Err(Error::ShuttingDown);
         }
         throttle.validate()?;
-        let spec = with_current_trace(spec, &mut None);
-        let now = self.engine.clock.now();
-        let cfg = &self.engine.config;
-        let task = spec.validate(
-            TaskId(uuid::Uuid::now_v7()),
-            now,
-            cfg.shard_count,
-            &cfg.limits,
-        )?;
-        sundial_store::audit_scope::name_target(task.id.to_string());
+        let (task, now) = self.single_create(spec)?;
         let create = sundial_store::IdempotentCreate {
             task,
             key: throttle.record_key(),
@@ -519,16 +524,7 @@ impl Sundial {
                 "a debounced create takes its due time from debounce.delay: run_at and delay are not allowed",
             )));
         }
-        let spec = with_current_trace(spec.delay(debounce.delay), &mut None);
-        let now = self.engine.clock.now();
-        let cfg = &self.engine.config;
-        let task = spec.validate(
-            TaskId(uuid::Uuid::now_v7()),
-            now,
-            cfg.shard_count,
-            &cfg.limits,
-        )?;
-        sundial_store::audit_scope::name_target(task.id.to_string());
+        let (task, now) = self.single_create(spec.delay(debounce.delay))?;
         let create = sundial_store::DebouncedCreate {
             task,
             key: debounce.key,
@@ -539,9 +535,7 @@ impl Sundial {
         };
         match self.engine.store.insert_debounced(create).await? {
             sundial_store::DebounceOutcome::Created(t) => {
-                metrics::counter!("sundial_task_created_total", "namespace" => sundial_core::namespace::namespace_of(&t.queue).to_string(), "queue" => sundial_core::namespace::local(&t.queue).to_string())
-                    .increment(1);
-                self.engine.notify_task(&t);
+                self.stored(&t);
                 Ok(Debounced {
                     task: *t,
                     replaced: false,
