@@ -148,11 +148,12 @@ def _backfill_ok(body):
 
 
 def _queue_settings_ok(case, body):
-    """A queue's settings: Sundial's own queues (`sundial.*`) take no `target`, and a target's
-    `timeout` is between 1 ms and the longest task timeout (7 days)."""
+    """A queue's settings: Sundial's own queues (`sundial.*`) take no `target` and no
+    `concurrency`, and a target's `timeout` is between 1 ms and the longest task timeout (7 days)."""
     queue = (case.path_parameters or {}).get("queue")
     target = body.get("target")
-    if isinstance(queue, str) and queue.startswith("sundial.") and target is not None:
+    own = isinstance(queue, str) and queue.startswith("sundial.")
+    if own and (target is not None or body.get("concurrency") is not None):
         return False
     if isinstance(target, dict):
         call = _millis(target.get("timeout"))

@@ -1,5 +1,6 @@
 //! `sundial queue ...`: list queues with their counts and lateness, pause and resume them, set
-//! their settings (retention overrides, a default push target), list the workers that polled,
+//! their settings (retention overrides, a default push target, a concurrency limit), list the
+//! workers that polled,
 //! and show the nodes sharing the store with their shards, on a running server.
 
 use std::process::ExitCode;
@@ -40,9 +41,14 @@ enum QueueCommand {
     /// Start the queue's waiting tasks again, in due order.
     Resume { queue: String },
     /// Replace the queue's settings: retention of finished tasks (e.g. 1d, 12h; unset ones
-    /// follow the server's defaults) and the default push target (none unless given).
+    /// follow the server's defaults), the default push target and the concurrency limit (none
+    /// unless given).
     Set {
         queue: String,
+        /// At most this many of the queue's tasks run at once, on every node together
+        /// (handlers, push deliveries and workers alike); 1 to 10000.
+        #[arg(long)]
+        concurrency: Option<u32>,
         #[arg(long)]
         retention_succeeded: Option<String>,
         #[arg(long)]
@@ -96,6 +102,7 @@ pub async fn run(mut args: QueueArgs) -> anyhow::Result<ExitCode> {
         QueueCommand::Resume { queue } => client.resume_queue(&queue).await.map(|q| show(&q, json)),
         QueueCommand::Set {
             queue,
+            concurrency,
             retention_succeeded,
             retention_cancelled,
             retention_dead,
@@ -124,6 +131,7 @@ pub async fn run(mut args: QueueArgs) -> anyhow::Result<ExitCode> {
                     timeout: target_timeout,
                     retry_statuses: None,
                 }),
+                concurrency,
             };
             client
                 .set_queue(&queue, &settings)
@@ -173,6 +181,13 @@ fn show(q: &QueueView, json: bool) {
         ("oldest due", dash(&q.oldest_overdue_at)),
         ("lateness", dash(&q.lateness)),
         ("rate limited", q.rate_limited.to_string()),
+        (
+            "concurrency",
+            q.settings
+                .concurrency
+                .map(|n| format!("at most {n} running"))
+                .unwrap_or_else(|| "no limit".to_string()),
+        ),
         (
             "retention",
             format!(

@@ -1,8 +1,9 @@
 //! Flow control across three `sundial server` processes on one PostgreSQL schema: a group limit
 //! holds for workers polling every node at once (checked by a counter of tasks in hand),
 //! creates under one throttle key sent to all three nodes at once admit exactly one task,
-//! creates under one debounce key leave exactly one pending task, and a rate limit spaces the
-//! starts of tasks created and polled on every node.
+//! creates under one debounce key leave exactly one pending task, a rate limit spaces the
+//! starts of tasks created and polled on every node, and a queue's concurrency limit (set on
+//! one node) holds for workers taking several tasks per poll on every node.
 //!
 //! Needs `SUNDIAL_TEST_DATABASE_URL` (skipped without it, failed without it when
 //! `SUNDIAL_REQUIRE_POSTGRES=1`; see `common/pg.rs`). Every wait is bounded; nothing asserts
@@ -50,7 +51,7 @@ async fn post(url: &str, body: Value) -> (u16, Value) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn three_nodes_keep_a_group_limit_a_throttle_a_debounce_and_a_rate_limit() {
+async fn three_nodes_keep_a_group_limit_a_throttle_a_debounce_a_rate_limit_and_a_queue_limit() {
     let Some(storage) = Storage::new(Backend::Postgres) else {
         return;
     };
@@ -216,4 +217,67 @@ async fn three_nodes_keep_a_group_limit_a_throttle_a_debounce_and_a_rate_limit()
         took >= 1_400,
         "8 starts at 5/s over three nodes took {took} ms"
     );
+
+    // Queue limit: set on one node, 3 at once for the whole queue; 24 tasks, workers on every
+    // node asking for 2 per poll.
+    const QUEUED: usize = 24;
+    const QUEUE_LIMIT: usize = 3;
+    let http = sundial_cli::http_client_builder().build().unwrap();
+    let resp = http
+        .put(format!("{}/v1/queues/qlim", urls[1]))
+        .header("content-type", "application/json")
+        .body(json!({"concurrency": QUEUE_LIMIT}).to_string())
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status().as_u16(), 200);
+    for n in 0..QUEUED {
+        let (status, t) = post(
+            &format!("{}/v1/tasks", urls[n % NODES]),
+            json!({"kind": "work", "queue": "qlim", "payload": {"n": n}}),
+        )
+        .await;
+        assert_eq!(status, 201, "{t}");
+    }
+    let in_hand = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut workers = Vec::new();
+    for w in 0..NODES * 3 {
+        let client = servers[w % NODES].client();
+        let (in_hand, most, done) = (in_hand.clone(), most.clone(), done.clone());
+        workers.push(tokio::spawn(async move {
+            for _ in 0..600 {
+                if done.load(Ordering::SeqCst) >= QUEUED {
+                    return;
+                }
+                let got = client
+                    .poll(
+                        "qlim",
+                        &format!("q{w}"),
+                        2,
+                        Duration::from_millis(100),
+                        None,
+                    )
+                    .await
+                    .unwrap();
+                let n = got.tasks.len();
+                let now = in_hand.fetch_add(n, Ordering::SeqCst) + n;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                in_hand.fetch_sub(n, Ordering::SeqCst);
+                for t in got.tasks {
+                    client.complete(t.id, t.execution_id, None).await.unwrap();
+                    done.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }));
+    }
+    for w in workers {
+        w.await.unwrap();
+    }
+    assert_eq!(done.load(Ordering::SeqCst), QUEUED, "every task ran once");
+    let most = most.load(Ordering::SeqCst);
+    assert!(most <= QUEUE_LIMIT, "{most} of the queue in hand at once");
+    assert!(most >= 2, "the limit let several run at once ({most})");
 }

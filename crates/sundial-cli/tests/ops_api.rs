@@ -529,6 +529,41 @@ async fn queues_show_counts_and_pause_is_durable(backend: Backend) {
     assert_eq!(set["settings"]["target"]["timeout"], "5s");
     let got = json_out(&sundial(&server, &["queue", "get", "mail", "--json"]).await);
     assert_eq!(got["settings"]["target"], set["settings"]["target"]);
+
+    // A concurrency limit: in range only, never on Sundial's own queues; a refused one leaves
+    // the settings as they were.
+    for bad in [json!({"concurrency": 0}), json!({"concurrency": 10_001})] {
+        let (status, body) =
+            send("PUT", &format!("{}/v1/queues/mail", server.url), Some(bad)).await;
+        assert_eq!(status, 422, "{body}");
+        assert_eq!(body["error"]["field"], "concurrency", "{body}");
+    }
+    let (status, body) = send(
+        "PUT",
+        &format!("{}/v1/queues/sundial.schedules", server.url),
+        Some(json!({"concurrency": 2})),
+    )
+    .await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["error"]["field"], "concurrency", "{body}");
+    let (_, q) = send("GET", &format!("{}/v1/queues/mail", server.url), None).await;
+    assert_eq!(q["settings"]["target"], set["settings"]["target"], "{q}");
+    assert_eq!(q["settings"].get("concurrency"), None, "{q}");
+    let set = json_out(
+        &sundial(
+            &server,
+            &["queue", "set", "mail", "--concurrency", "4", "--json"],
+        )
+        .await,
+    );
+    assert_eq!(set["settings"]["concurrency"], 4, "{set}");
+    let shown = sundial(&server, &["queue", "get", "mail"]).await;
+    let text = String::from_utf8_lossy(&shown.stdout).into_owned();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("concurrency") && l.ends_with("at most 4 running")),
+        "{text}"
+    );
 }
 
 async fn dead_tasks_retry_with_their_attempts(backend: Backend) {

@@ -75,6 +75,13 @@ pub struct QueueSettingsView {
     /// `ready` for workers. Sundial's own queues (`sundial.*`) take none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<TargetSpec>,
+    /// At most this many of the queue's tasks run at once, on every node together: in-process
+    /// handlers, push deliveries and worker polls alike (absent: no limit). Due tasks over the
+    /// limit wait, in due order, and start as running ones finish; a poll takes no more than
+    /// the free places. Lowering it stops nothing that runs. Sundial's own queues take none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 10000)]
+    pub concurrency: Option<u32>,
 }
 
 /// How long finished tasks of the queue are kept (durations such as `"7d"`).
@@ -109,6 +116,7 @@ fn settings_view(s: Option<&QueueSettings>) -> QueueSettingsView {
             cancelled: duration_view(r.cancelled_ms),
             dead: duration_view(r.dead_ms),
         },
+        concurrency: s.and_then(|s| s.config.concurrency),
     }
 }
 
@@ -585,8 +593,8 @@ pub(crate) fn retention_ms(field: &str, v: Option<&str>) -> Result<Option<u64>, 
 }
 
 /// Set a queue's settings: retention overrides per finished state (absent: the server's
-/// defaults) and a default push target. The whole settings object is replaced; the pause state
-/// is not part of it.
+/// defaults), a default push target and a concurrency limit (cluster-wide). The whole settings
+/// object is replaced; the pause state is not part of it.
 #[utoipa::path(
     put, path = "/v1/queues/{queue}", tag = "queues",
     params(("queue" = String, Path, description = "Queue name")),
@@ -603,7 +611,8 @@ pub async fn put_queue(
     ApiJson(body): ApiJson<QueueSettingsView>,
 ) -> Result<Json<QueueView>, ApiError> {
     let r = &body.retention;
-    let body_has_target = body.target.is_some();
+    // A target or a limit is checked by the kernel, and its error names its own field.
+    let own_fields_checked = body.target.is_some() || body.concurrency.is_some();
     let config = QueueConfig {
         retention: RetentionOverride {
             succeeded_ms: retention_ms("retention.succeeded", r.succeeded.as_deref())?,
@@ -611,13 +620,13 @@ pub async fn put_queue(
             dead_ms: retention_ms("retention.dead", r.dead.as_deref())?,
         },
         target: body.target.map(TargetSpec::into_target).transpose()?,
+        concurrency: body.concurrency,
     };
     st.sundial
         .configure_queue(&ns.given("queue", &queue)?, config)
         .await
         .map_err(|e| match e {
-            // The target is checked like a task's, and the error names its field.
-            e @ sundial::Error::Invalid(_) if body_has_target => ApiError::from(e),
+            e @ sundial::Error::Invalid(_) if own_fields_checked => ApiError::from(e),
             e => ApiError::from(e).with_field("queue"),
         })?;
     queue_view(&st, &ns, &queue).await

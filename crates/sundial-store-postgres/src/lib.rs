@@ -600,8 +600,16 @@ impl PostgresStore {
         };
         // The rate limit key and interval of each claimable task that has one.
         let mut rated: HashMap<Uuid, (String, i64)> = HashMap::new();
+        // The queue and its concurrency limit of each claimable start in a limited queue.
+        let mut queue_limited: HashMap<Uuid, (String, i64)> = HashMap::new();
+        let starts: HashSet<Uuid> = run_ids.iter().copied().collect();
         for r in claimable {
             let id: Uuid = col(&r, 0)?;
+            if let Some(lim) = col::<Option<i32>>(&r, 6)?
+                && starts.contains(&id)
+            {
+                queue_limited.insert(id, (col(&r, 4)?, i64::from(lim)));
+            }
             let key: Option<String> = col(&r, 1)?;
             let mode: Option<String> = col(&r, 2)?;
             let limit = i64::from(col::<i32>(&r, 3)?);
@@ -640,6 +648,21 @@ impl PostgresStore {
             }
         }
 
+        // 3a. Serialise starts per limited queue (after the row locks, as for rate keys below;
+        //     `claim_ready` takes a queue's lock before anything else), then count what runs.
+        let mut limited_queues: Vec<String> =
+            queue_limited.values().map(|(q, _)| q.clone()).collect();
+        limited_queues.sort_unstable();
+        limited_queues.dedup();
+        let mut running_in_queue: HashMap<String, i64> = HashMap::new();
+        if !limited_queues.is_empty() {
+            self.lock_keys(tx, schema::QUEUE_LOCK_CLASS, &limited_queues)
+                .await?;
+            for r in query(tx, &self.sql.running_queues, &[&limited_queues]).await? {
+                running_in_queue.insert(col(&r, 0)?, col(&r, 1)?);
+            }
+        }
+
         // 3b. Serialise starts per rate limit key (after the row locks: a holder of a rate
         //     lock waits for nothing but its commit, so no cycle forms), then read when each key
         //     may start next.
@@ -663,6 +686,12 @@ impl PostgresStore {
                 let Some(exclusive) = available.get(&c.id.0) else {
                     return Plan::NotClaimable;
                 };
+                let limited = queue_limited.get(&c.id.0);
+                if let Some((queue, limit)) = limited
+                    && running_in_queue.get(queue).copied().unwrap_or(0) >= *limit
+                {
+                    return Plan::QueueFull(queue.clone());
+                }
                 if let Some((key, mode, limit)) = exclusive
                     && running.get(key).copied().unwrap_or(0) >= *limit
                 {
@@ -691,6 +720,9 @@ impl PostgresStore {
                     } => {
                         if let Some((key, _, _)) = exclusive {
                             *running.entry(key.clone()).or_insert(0) += 1;
+                        }
+                        if let Some((queue, _)) = limited {
+                            *running_in_queue.entry(queue.clone()).or_insert(0) += 1;
                         }
                         Plan::Start {
                             execution,
@@ -726,7 +758,8 @@ impl PostgresStore {
                         "skipped: exclusive key {key:?} was held by a running task"
                     ));
                 }
-                Plan::NotClaimable | Plan::Busy(_) | Plan::RateLimited(..) => {}
+                Plan::NotClaimable | Plan::Busy(_) | Plan::QueueFull(_) | Plan::RateLimited(..) => {
+                }
             }
         }
         if !rate_taken.is_empty() {
@@ -770,6 +803,7 @@ impl PostgresStore {
             .map(|(c, plan)| match plan {
                 Plan::NotClaimable => ClaimOutcome::NotClaimable,
                 Plan::Busy(exclusive_key) => ClaimOutcome::Busy { exclusive_key },
+                Plan::QueueFull(queue) => ClaimOutcome::QueueFull { queue },
                 Plan::RateLimited(key, until, interval) => ClaimOutcome::RateLimited {
                     key,
                     until,
@@ -1029,6 +1063,8 @@ fn due_entry(r: &Row) -> Result<DueEntry, StoreError> {
 enum Plan {
     NotClaimable,
     Busy(String),
+    /// The queue's concurrency limit is reached.
+    QueueFull(String),
     /// The rate limit key, when it allows the next start, and the interval between starts.
     RateLimited(String, Timestamp, i64),
     Start {
@@ -1386,6 +1422,31 @@ impl Store for PostgresStore {
         let audit = audit_scope::claim_pending();
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
+        // A limited queue: take its lock (so starts of it everywhere are serialised), then start
+        // no more than its free places.
+        let lock = schema::exclusive_lock_key(&self.schema, &claim.queue);
+        let limit = query(
+            &tx,
+            &self.sql.lock_queue_limit,
+            &[&claim.queue, &schema::QUEUE_LOCK_CLASS, &lock],
+        )
+        .await?
+        .first()
+        .map(|r| col::<i32>(r, 0))
+        .transpose()?;
+        let want = match limit {
+            Some(limit) => {
+                let running: i64 =
+                    query(&tx, &self.sql.running_queues, &[&vec![claim.queue.clone()]])
+                        .await?
+                        .first()
+                        .map(|r| col(r, 1))
+                        .transpose()?
+                        .unwrap_or(0);
+                want.min(usize::try_from((i64::from(limit) - running).max(0)).unwrap_or(0))
+            }
+            None => want,
+        };
         let execs: Vec<Uuid> = claim.execution_ids.iter().map(|e| e.0).collect();
         let kinds: Option<Vec<&str>> = claim
             .kinds

@@ -26,6 +26,9 @@ pub(crate) const MIGRATION_LOCK_CLASS: i32 = 0x5355_4e44; // "SUND"
 pub(crate) const EXCLUSIVE_LOCK_CLASS: i32 = 0x5355_4e58; // "SUNX"
 /// The advisory-lock class of rate limit keys (see `claim_due`).
 pub(crate) const RATE_LOCK_CLASS: i32 = 0x5355_4e52; // "SUNR"
+/// The advisory-lock class of queues with a concurrency limit (see `claim_due` and
+/// `claim_ready`): every start of such a queue's tasks holds it until its commit.
+pub(crate) const QUEUE_LOCK_CLASS: i32 = 0x5355_4e51; // "SUNQ"
 
 /// PostgreSQL's longest identifier, in bytes (`NAMEDATALEN - 1`).
 const MAX_IDENTIFIER_LEN: usize = 63;

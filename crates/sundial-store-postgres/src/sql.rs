@@ -38,6 +38,11 @@ pub(crate) struct Sql {
     /// `lock_claimable` limited to one shard (`$3`): a fenced claim covers its shard only.
     pub lock_claimable_in_shard: String,
     pub running_keys: String,
+    /// How many tasks of each queue in `$1` run.
+    pub running_queues: String,
+    /// A queue's (`$1`) concurrency limit, with its advisory lock (`$2`, `$3`) taken first; no
+    /// row for a queue without a limit (and then no lock).
+    pub lock_queue_limit: String,
     pub ready_claimed: String,
     pub start_claimed: String,
     pub skip_claimed: String,
@@ -554,17 +559,29 @@ impl Sql {
                  SELECT * FROM unnest($1::text[], $2::bigint[]) \
                  ON CONFLICT (key) DO UPDATE SET next_at = excluded.next_at"
             ),
+            // Column 6: the queue's concurrency limit (`QueueConfig::concurrency`), if any.
             lock_claimable: format!(
-                "SELECT t.id, t.exclusive_key, t.exclusive_mode, t.exclusive_limit, t.queue, t.rate \
-                 FROM {tasks} t \
+                "SELECT t.id, t.exclusive_key, t.exclusive_mode, t.exclusive_limit, t.queue, t.rate, \
+                 (q.config::jsonb->>'concurrency')::int4 \
+                 FROM {tasks} t LEFT JOIN {s}.queue_settings q ON q.queue = t.queue \
                  WHERE t.id = ANY($1::uuid[]) AND t.state = 'scheduled' AND t.due_at <= $2 \
                  ORDER BY t.id FOR UPDATE OF t"
             ),
             lock_claimable_in_shard: format!(
-                "SELECT t.id, t.exclusive_key, t.exclusive_mode, t.exclusive_limit, t.queue, t.rate \
-                 FROM {tasks} t \
+                "SELECT t.id, t.exclusive_key, t.exclusive_mode, t.exclusive_limit, t.queue, t.rate, \
+                 (q.config::jsonb->>'concurrency')::int4 \
+                 FROM {tasks} t LEFT JOIN {s}.queue_settings q ON q.queue = t.queue \
                  WHERE t.id = ANY($1::uuid[]) AND t.state = 'scheduled' AND t.due_at <= $2 \
                  AND t.shard = $3 ORDER BY t.id FOR UPDATE OF t"
+            ),
+            running_queues: format!(
+                "SELECT queue, count(*) FROM {tasks} \
+                 WHERE state = 'running' AND queue = ANY($1::text[]) GROUP BY queue"
+            ),
+            lock_queue_limit: format!(
+                "SELECT l.lim FROM (SELECT (config::jsonb->>'concurrency')::int4 AS lim \
+                     FROM {s}.queue_settings WHERE queue = $1) l, \
+                 LATERAL (SELECT pg_advisory_xact_lock($2::int4, $3::int4) WHERE l.lim IS NOT NULL) x"
             ),
             running_keys: format!(
                 "SELECT exclusive_key, count(*) FROM {tasks} \

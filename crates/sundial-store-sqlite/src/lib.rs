@@ -924,6 +924,20 @@ fn insert_chunk(
 const GROUP_FREE_SQL: &str = "(exclusive_key IS NULL OR (SELECT count(*) FROM tasks r \
     WHERE r.state = 'running' AND r.exclusive_key = tasks.exclusive_key) < tasks.exclusive_limit)";
 
+/// Whether the queue of the task in `tasks` has a free place under its concurrency limit
+/// (`concurrency` in `queue_settings.config`): no settings or no limit, or fewer running tasks
+/// of the queue than it allows (over `tasks_queue_state_id`). The `CASE` counts only for a
+/// limited queue.
+const QUEUE_FREE_SQL: &str = "((SELECT CASE WHEN json_extract(q.config, '$.concurrency') IS NULL \
+    THEN 1 ELSE (SELECT count(*) FROM tasks r WHERE r.queue = q.queue AND r.state = 'running') \
+    < json_extract(q.config, '$.concurrency') END \
+    FROM queue_settings q WHERE q.queue = tasks.queue) IS NOT 0)";
+
+/// Whether the queue of the task in `tasks` has no concurrency limit (so a chunked claim may
+/// start it without counting).
+const QUEUE_UNLIMITED_SQL: &str = "NOT EXISTS (SELECT 1 FROM queue_settings q \
+    WHERE q.queue = tasks.queue AND json_extract(q.config, '$.concurrency') IS NOT NULL)";
+
 /// Claims per multi-row `UPDATE` statement.
 const CLAIM_CHUNK: usize = 64;
 
@@ -968,7 +982,8 @@ fn claim_many(
              lease_expires_at = (SELECT lease FROM c WHERE c.id = tasks.id), \
              started_at = ?1, updated_at = ?1, worker = NULL \
              WHERE id IN (SELECT id FROM c) AND state = 'scheduled' AND due_at <= ?1 \
-             AND exclusive_key IS NULL AND rate IS NULL RETURNING {TASK_COLUMNS}"
+             AND exclusive_key IS NULL AND rate IS NULL AND {QUEUE_UNLIMITED_SQL} \
+             RETURNING {TASK_COLUMNS}"
         );
         let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(1 + 3 * chunk.len());
         args.push(&now.0);
@@ -1108,7 +1123,7 @@ fn claim_one_unlimited(
                 "UPDATE tasks SET state = 'running', attempt = attempt + 1, execution_id = ?2, \
                  lease_expires_at = ?3, started_at = ?4, updated_at = ?4, worker = NULL \
                  WHERE id = ?1 AND state = 'scheduled' AND due_at <= ?4 AND {FREE} \
-                 RETURNING {TASK_COLUMNS}"
+                 AND {QUEUE_FREE_SQL} RETURNING {TASK_COLUMNS}"
             );
             update_returning(
                 conn,
@@ -1135,7 +1150,22 @@ fn claim_one_unlimited(
     if let Some(outcome) = claimed {
         return Ok(outcome);
     }
-    // Nothing changed: find out whether an exclusive key is what stood in the way.
+    // Nothing changed: find out whether the queue's limit (for a start) or an exclusive key is
+    // what stood in the way.
+    if matches!(c.target, ClaimTarget::Run { .. }) {
+        let full: Option<String> = conn
+            .prepare_cached(&format!(
+                "SELECT queue FROM tasks WHERE id = ?1 AND state = 'scheduled' AND due_at <= ?2 \
+                 AND NOT {QUEUE_FREE_SQL}"
+            ))
+            .map_err(backend)?
+            .query_row(params![c.id.as_bytes(), now.0], |r| r.get(0))
+            .optional()
+            .map_err(backend)?;
+        if let Some(queue) = full {
+            return Ok(ClaimOutcome::QueueFull { queue });
+        }
+    }
     let mut stmt = conn
         .prepare_cached(
             "SELECT exclusive_key, exclusive_mode FROM tasks \
@@ -1380,6 +1410,22 @@ impl Store for SqliteStore {
                      worker = ?4 WHERE id = ?1 AND state = 'ready' AND {GROUP_FREE_SQL} \
                      RETURNING {TASK_COLUMNS}"
                 );
+                // The queue's concurrency limit: no more starts than it has free places.
+                let free: Option<i64> = conn
+                    .prepare_cached(
+                        "SELECT json_extract(q.config, '$.concurrency') - (SELECT count(*) \
+                         FROM tasks r WHERE r.queue = q.queue AND r.state = 'running') \
+                         FROM queue_settings q WHERE q.queue = ?1",
+                    )
+                    .map_err(backend)?
+                    .query_row(params![claim.queue], |r| r.get(0))
+                    .optional()
+                    .map_err(backend)?
+                    .flatten();
+                let want = match free {
+                    Some(free) => want.min(usize::try_from(free.max(0)).unwrap_or(0)),
+                    None => want,
+                };
                 let page = (want * 4 + 16) as i64;
                 // The empty blob sorts before every id.
                 let mut after: (i64, Vec<u8>) = (i64::MIN, Vec::new());
@@ -1397,6 +1443,9 @@ impl Store for SqliteStore {
                     };
                     after = last.clone();
                     for (_, id) in ids {
+                        if out.len() >= want {
+                            break;
+                        }
                         let Some(exec) = claim.execution_ids.get(out.len()) else {
                             break;
                         };

@@ -36,6 +36,17 @@ pub struct QueueConfig {
     /// a change reaches the tasks already waiting.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub target: Option<Target>,
+    /// At most this many of the queue's tasks run at once, on every node together: in-process
+    /// handlers, push deliveries and worker polls alike. The store checks it at every start
+    /// (`ClaimOutcome::QueueFull`, and `claim_ready` takes no more than the free places).
+    /// Lowering it stops nothing that runs; new starts wait until fewer run than it allows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
+}
+
+impl QueueConfig {
+    /// The largest `concurrency` a queue may have.
+    pub const MAX_CONCURRENCY: u32 = 10_000;
 }
 
 /// A queue's stored settings. A queue that was never configured nor paused has none (the

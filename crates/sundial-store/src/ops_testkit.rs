@@ -399,6 +399,7 @@ pub async fn queue_settings_round_trip_and_pause_is_idempotent(store: Arc<dyn St
                 .timeout(std::time::Duration::from_secs(5))
                 .retry_statuses(vec![404]),
         ),
+        concurrency: Some(7),
     };
     let q = s
         .put_queue_config("q", config.clone(), at(1))

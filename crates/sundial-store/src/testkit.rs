@@ -128,6 +128,7 @@ macro_rules! store_conformance {
             claim_due_is_exclusive_under_concurrency
             exclusive_key_starts_once_under_concurrency
             group_limit_is_never_exceeded_under_concurrency
+            queue_limit_is_never_exceeded_under_concurrency
             a_rate_limit_spaces_starts_by_its_interval
             a_rate_limit_holds_under_concurrent_claims
             exclusive_wait_is_busy_while_key_runs
@@ -1530,6 +1531,147 @@ pub async fn group_limit_is_never_exceeded_under_concurrency(store: Arc<dyn Stor
         .count();
     assert_eq!(now_started, 1, "{again:?}");
     assert_eq!(running_in(s, queue).await, 3);
+}
+
+/// A queue limit of 3 (`QueueConfig::concurrency`): concurrent `claim_due` batches and
+/// `claim_ready` calls start exactly 3 of the queue's tasks; the other due starts are
+/// `QueueFull` and stay scheduled, while readying is not limited (a ready task runs nothing).
+/// When one of the 3 finishes, the next claim starts one more, and only one; another queue's
+/// tasks are not held back; a removed limit frees the rest.
+pub async fn queue_limit_is_never_exceeded_under_concurrency(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let queue = "queue-limit";
+    let limited = crate::QueueConfig {
+        concurrency: Some(3),
+        ..crate::QueueConfig::default()
+    };
+    s.put_queue_config(queue, limited, at(0))
+        .await
+        .expect("configure");
+    let plain = || make(TaskSpec::new("k").queue(queue), at(0));
+    let now = at(10);
+    let mut due = Vec::new();
+    for _ in 0..9 {
+        due.push(insert(s, plain()).await.id);
+    }
+    let mut ready = Vec::new();
+    for _ in 0..2 {
+        let t = insert(s, plain()).await;
+        make_ready(s, t.id, now).await;
+        ready.push(t.id);
+    }
+    let other = insert(s, make(TaskSpec::new("k").queue("queue-free"), at(0)))
+        .await
+        .id;
+    let run = |id: TaskId| DueClaim {
+        id,
+        target: run_target(execution_id(), Timestamp(now.0 + LEASE)),
+    };
+    let batches: Vec<Vec<DueClaim>> = due[..9]
+        .chunks(3)
+        .map(|c| c.iter().copied().map(run).collect())
+        .collect();
+    let mut due_calls: Vec<BoxFuture<'_, _>> = Vec::new();
+    for b in &batches {
+        due_calls.push(s.claim_due(b.clone(), now, None));
+    }
+    let ready_calls: Vec<BoxFuture<'_, _>> = (0..2)
+        .map(|i| s.claim_ready(ready_claim(queue, 4, &format!("w{i}"), now)))
+        .collect();
+    let (due_out, ready_out) = poll_fn_join(join_all(due_calls), join_all(ready_calls)).await;
+    let mut started: Vec<Task> = Vec::new();
+    let mut full: Vec<TaskId> = Vec::new();
+    for (batch, out) in batches.iter().zip(due_out) {
+        for (claim, outcome) in batch.iter().zip(out.expect("claim_due")) {
+            match outcome {
+                ClaimOutcome::Started(t) => started.push(*t),
+                ClaimOutcome::QueueFull { queue: q } => {
+                    assert_eq!(q, queue);
+                    assert_eq!(get(s, claim.id).await.state, TaskState::Scheduled);
+                    full.push(claim.id);
+                }
+                other => panic!("unexpected outcome {other:?}"),
+            }
+        }
+    }
+    for out in ready_out {
+        started.extend(out.expect("claim_ready"));
+    }
+    assert_eq!(started.len(), 3, "started {:?}", ids(&started));
+    assert_eq!(running_in(s, queue).await, 3);
+
+    // Another queue's start and a readying are not held back.
+    let out = s
+        .claim_due(
+            vec![
+                run(other),
+                DueClaim {
+                    id: full[0],
+                    target: ClaimTarget::Ready,
+                },
+            ],
+            now,
+            None,
+        )
+        .await
+        .expect("claim_due");
+    assert!(matches!(out[0], ClaimOutcome::Started(_)), "{out:?}");
+    assert!(matches!(out[1], ClaimOutcome::Readied(_)), "{out:?}");
+    let full = &full[1..];
+    assert!(
+        s.claim_ready(ready_claim(queue, 4, "w", now))
+            .await
+            .expect("claim_ready")
+            .is_empty(),
+        "a full queue starts nothing for a worker"
+    );
+
+    // One finishes: one more starts, and only one.
+    let first = &started[0];
+    let exec = first.execution_id.expect("an execution");
+    s.complete(first.id, exec, at(11), None)
+        .await
+        .expect("complete");
+    let again = s
+        .claim_due(full.iter().copied().map(run).collect(), at(11), None)
+        .await
+        .expect("claim_due");
+    let now_started = again
+        .iter()
+        .filter(|o| matches!(o, ClaimOutcome::Started(_)))
+        .count();
+    assert_eq!(now_started, 1, "{again:?}");
+    assert_eq!(running_in(s, queue).await, 3);
+    let second = &started[1];
+    s.complete(
+        second.id,
+        second.execution_id.expect("an execution"),
+        at(12),
+        None,
+    )
+    .await
+    .expect("complete");
+    let polled = s
+        .claim_ready(ready_claim(queue, 4, "w", at(12)))
+        .await
+        .expect("claim_ready");
+    assert_eq!(polled.len(), 1, "a worker takes the one free place");
+    assert_eq!(running_in(s, queue).await, 3);
+
+    // Without the limit, the rest start.
+    s.put_queue_config(queue, crate::QueueConfig::default(), at(13))
+        .await
+        .expect("configure");
+    let rest = s
+        .claim_due(full.iter().copied().map(run).collect(), at(13), None)
+        .await
+        .expect("claim_due");
+    assert!(
+        rest.iter()
+            .all(|o| matches!(o, ClaimOutcome::Started(_) | ClaimOutcome::NotClaimable)),
+        "{rest:?}"
+    );
+    assert_eq!(running_in(s, queue).await, 3 + full.len() - 1);
 }
 
 /// A rate limit (2 per second: one start per 500 ms) lets one of its key's due tasks start

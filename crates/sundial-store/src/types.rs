@@ -201,6 +201,9 @@ pub enum ClaimOutcome {
         until: Timestamp,
         interval_ms: u64,
     },
+    /// Its queue's concurrency limit (`QueueConfig::concurrency`) is reached: as many of the
+    /// queue's tasks run as it allows, on every node together. Still `scheduled`.
+    QueueFull { queue: String },
     /// Its exclusive key is held and its mode is `skip`: now `cancelled`.
     Skipped(Box<Task>),
     /// Not scheduled any more, or not yet due (cancelled, already taken, moved later).

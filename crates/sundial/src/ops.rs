@@ -153,7 +153,9 @@ impl Sundial {
         })
     }
 
-    /// Sets a queue's configuration (its pause state is kept).
+    /// Sets a queue's configuration (its pause state is kept). A concurrency limit holds on
+    /// every node at once (the store checks it at each start); a start refused by it on another
+    /// node looks again when a place frees there, or within 1 s.
     pub async fn configure_queue(
         &self,
         queue: &str,
@@ -168,6 +170,22 @@ impl Sundial {
                 reason: format!("{queue:?} is one of Sundial's own queues and takes no target"),
             }));
         }
+        if let Some(limit) = config.concurrency {
+            if sundial_core::is_internal_queue(queue) {
+                return Err(Error::Invalid(sundial_core::ValidationError::OutOfRange {
+                    field: "concurrency",
+                    reason: format!(
+                        "{queue:?} is one of Sundial's own queues and takes no concurrency limit"
+                    ),
+                }));
+            }
+            if !(1..=QueueConfig::MAX_CONCURRENCY).contains(&limit) {
+                return Err(Error::Invalid(sundial_core::ValidationError::OutOfRange {
+                    field: "concurrency",
+                    reason: format!("must be between 1 and {}", QueueConfig::MAX_CONCURRENCY),
+                }));
+            }
+        }
         // A queue's default target is checked exactly like a task's (its call timeout is bounded
         // by each task's own timeout at delivery).
         config.target = config
@@ -176,11 +194,14 @@ impl Sundial {
             .transpose()
             .map_err(Error::Invalid)?;
         let now = self.engine.clock.now();
-        Ok(self
+        let settings = self
             .engine
             .store
             .put_queue_config(queue, config, now)
-            .await?)
+            .await?;
+        self.engine
+            .set_limited(queue, settings.config.concurrency.is_some());
+        Ok(settings)
     }
 
     /// Pauses a queue, durably: from now on no task of it starts here (in-process handlers and

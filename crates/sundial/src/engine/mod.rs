@@ -13,7 +13,8 @@
 //! - [`poll`]: the worker protocol (long-poll claims, heartbeats).
 //! - [`retention`]: deleting finished tasks, fire records and closed workflow runs past their
 //!   retention, in small batches on a task of its own.
-//! - [`pause`]: paused queues (held back by the shard loops and pollers), read from the store.
+//! - [`pause`]: paused queues (held back by the shard loops and pollers) and queues with a
+//!   concurrency limit, read from the store.
 //! - [`step`]: [`crate::Stepper`], which turns every loop on the caller's clock instead of tasks.
 //!
 //! Writes that make a task scheduled (create, retry, trigger, lease expiry, a released exclusive
@@ -66,8 +67,8 @@ pub(crate) struct Engine {
     shards: Vec<ShardSignal>,
     /// Bumped whenever a concurrency permit is released, so starved shards look again.
     permits_released: watch::Sender<u64>,
-    /// Tasks waiting for an exclusive key, by key.
-    exclusive_waiting: Mutex<HashMap<String, Vec<(u32, DueEntry)>>>,
+    /// Tasks waiting for a place: of an exclusive key or group, or of their queue's limit.
+    exclusive_waiting: Mutex<HashMap<WaitFor, Vec<(u32, DueEntry)>>>,
     /// Bumped by every release of an exclusive key, before its waiters are taken. A claim refused
     /// as busy compares it with its value from before the claim: a release in between may have
     /// found no waiter to wake, so the refused task looks again at once.
@@ -86,6 +87,15 @@ pub(crate) struct Engine {
     pub(crate) paused: pause::PausedQueues,
     /// The workers that polled this node (see [`seen`]).
     pub(crate) seen: seen::SeenWorkers,
+}
+
+/// What a start refused for want of a place waits for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) enum WaitFor {
+    /// A place of an exclusive key or group key (`ClaimOutcome::Busy`).
+    Group(String),
+    /// A place under the queue's concurrency limit (`ClaimOutcome::QueueFull`).
+    Queue(String),
 }
 
 pub(crate) struct QueueState {

@@ -1,4 +1,5 @@
-//! Paused queues: which queues this engine holds back, kept in step with the store.
+//! Paused and limited queues: which queues this engine holds back, and which have a concurrency
+//! limit, kept in step with the store.
 //!
 //! The pause state lives in the store (`queue_settings.paused`); every engine keeps a copy. A
 //! pause or resume through this engine's facade changes the copy at once; the store is read
@@ -10,6 +11,11 @@
 //! store, scheduled and visible as due) and its pollers wait. A resume marks every shard to scan
 //! from the front at its next turn and wakes the queue's pollers, so the waiting tasks start in
 //! due order.
+//!
+//! The limited queues (`QueueConfig::concurrency`) are read with the pause state. The store
+//! enforces each limit at every start whatever this copy says; the copy only tells which
+//! finishes free a place worth announcing (to this node's waiting starts and, through the
+//! placement, every node's pollers).
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
@@ -23,6 +29,8 @@ use super::Engine;
 #[derive(Default)]
 pub(crate) struct PausedQueues {
     set: RwLock<Arc<HashSet<String>>>,
+    /// The queues with a concurrency limit.
+    limited: RwLock<Arc<HashSet<String>>>,
     /// Whether the store has been read at least once.
     loaded: std::sync::atomic::AtomicBool,
 }
@@ -34,6 +42,23 @@ impl PausedQueues {
             .read()
             .map(|s| s.clone())
             .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    /// Whether `queue` has a concurrency limit, as last read or set.
+    pub(crate) fn is_limited(&self, queue: &str) -> bool {
+        let set = match self.limited.read() {
+            Ok(s) => s,
+            Err(p) => p.into_inner(),
+        };
+        !set.is_empty() && set.contains(queue)
+    }
+
+    fn replace_limited(&self, next: HashSet<String>) {
+        let mut guard = match self.limited.write() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        *guard = Arc::new(next);
     }
 
     pub(crate) fn loaded(&self) -> bool {
@@ -70,12 +95,33 @@ impl Engine {
         self.resumed(&resumed);
     }
 
-    /// Reads the paused queues from the store.
+    /// Applies a queue's concurrency limit set (or removed) through this engine at once.
+    pub(crate) fn set_limited(&self, queue: &str, limited: bool) {
+        let mut next: HashSet<String> = match self.paused.limited.read() {
+            Ok(s) => (**s).clone(),
+            Err(p) => (**p.into_inner()).clone(),
+        };
+        if limited {
+            next.insert(queue.to_string());
+        } else {
+            next.remove(queue);
+        }
+        self.paused.replace_limited(next);
+        // A raised or removed limit may free places at once.
+        self.ready_changed(queue);
+        self.wake_queue_waiters(queue);
+    }
+
+    /// Reads the paused and the limited queues from the store.
     pub(crate) async fn refresh_paused(&self) -> Result<(), StoreError> {
-        let next: HashSet<String> = self
-            .store
-            .list_queue_settings()
-            .await?
+        let settings = self.store.list_queue_settings().await?;
+        let limited: HashSet<String> = settings
+            .iter()
+            .filter(|s| s.config.concurrency.is_some())
+            .map(|s| s.queue.clone())
+            .collect();
+        self.paused.replace_limited(limited);
+        let next: HashSet<String> = settings
             .into_iter()
             .filter(|s| s.paused)
             .map(|s| s.queue)

@@ -1,6 +1,7 @@
 //! Handler runs and the results of attempts: an in-process run under its queue permit, with its
 //! timeout and the shutdown interruption; `complete` and `fail` (shared with remote workers); and
-//! the hand-over of exclusive keys to the tasks waiting for them.
+//! the hand-over of freed places (exclusive keys and groups, limited queues) to the tasks waiting
+//! for them.
 //!
 //! Never decides whether a result is accepted: the store's update is conditional on the attempt's
 //! execution id, and a refused result is reported, not forced.
@@ -16,7 +17,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use tracing::Instrument;
 
-use super::{Engine, wait_true};
+use super::{Engine, WaitFor, wait_true};
 use crate::Error;
 use crate::handler::{AttemptAnswer, Handler, HandlerError, RunSlots, TaskContext};
 use crate::trace::{self, Step};
@@ -205,32 +206,57 @@ impl Engine {
         Ok(t)
     }
 
-    /// A task holding an exclusive key (or a place in a group) stopped running: one slot of the
-    /// key is free, so wake the best-ranked task waiting for it (the earliest due, moved by its
-    /// priority). The others stay registered for the next release; each also retries on its
-    /// own within 1 s, the backstop for a wake that finds its task gone, and for holders on
-    /// other nodes.
+    /// A task stopped running (or will never run): when it held a place of an exclusive key or
+    /// group, or of a queue with a concurrency limit, one place is free, so wake the
+    /// best-ranked task waiting for it (the earliest due, moved by its priority), and for a
+    /// limited queue let its pollers look again (on every node, through the placement). The
+    /// other waiters stay registered for the next release; each also retries on its own within
+    /// 1 s, the backstop for a wake that finds its task gone, and for holders on other nodes.
     pub fn release_exclusive(&self, task: &Task) {
-        let Some(ex) = &task.exclusive else {
+        let queue_limited = self.paused.is_limited(&task.queue);
+        if task.exclusive.is_none() && !queue_limited {
             return;
-        };
+        }
         self.exclusive_releases.fetch_add(1, Ordering::SeqCst);
+        if let Some(ex) = &task.exclusive {
+            self.wake_waiters(&WaitFor::Group(ex.key.clone()), 1);
+        }
+        if queue_limited {
+            self.wake_waiters(&WaitFor::Queue(task.queue.clone()), 1);
+            self.ready_changed(&task.queue);
+        }
+    }
+
+    /// Wakes every start waiting for a place in `queue` (its limit was raised or removed).
+    pub(crate) fn wake_queue_waiters(&self, queue: &str) {
+        self.exclusive_releases.fetch_add(1, Ordering::SeqCst);
+        self.wake_waiters(&WaitFor::Queue(queue.to_string()), usize::MAX);
+    }
+
+    /// Hands up to `n` of the best-ranked waiters for `what` back to their shards.
+    fn wake_waiters(&self, what: &WaitFor, n: usize) {
         let waiting: Vec<(u32, DueEntry)> = self
             .exclusive_waiting
             .lock()
             .ok()
             .and_then(|mut w| {
-                let list = w.get_mut(&ex.key)?;
-                let best = list
-                    .iter()
-                    .enumerate()
-                    .min_by_key(|(_, (_, e))| (e.priority.rank(e.key.due_at), e.key))
-                    .map(|(i, _)| i)?;
-                let woken = list.swap_remove(best);
-                if list.is_empty() {
-                    w.remove(&ex.key);
+                let list = w.get_mut(what)?;
+                let mut woken = Vec::new();
+                while woken.len() < n {
+                    let Some(best) = list
+                        .iter()
+                        .enumerate()
+                        .min_by_key(|(_, (_, e))| (e.priority.rank(e.key.due_at), e.key))
+                        .map(|(i, _)| i)
+                    else {
+                        break;
+                    };
+                    woken.push(list.swap_remove(best));
                 }
-                Some(vec![woken])
+                if list.is_empty() {
+                    w.remove(what);
+                }
+                Some(woken)
             })
             .unwrap_or_default();
         for (shard, e) in waiting {

@@ -28,7 +28,7 @@ use sundial_store::{ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey};
 use crate::trace::{self, Step};
 use tokio::sync::{OwnedSemaphorePermit, watch};
 
-use super::{Engine, LeaseLost, Owner, QueueState, changed_or_never};
+use super::{Engine, LeaseLost, Owner, QueueState, WaitFor, changed_or_never};
 use crate::handler::Handler;
 use crate::window::{Lane, Meta, Window};
 
@@ -619,36 +619,10 @@ impl ShardLoop {
                     readied_queues.insert(b.meta.queue.clone());
                 }
                 ClaimOutcome::Busy { exclusive_key } => {
-                    let entry = DueEntry {
-                        key: b.key,
-                        queue: b.meta.queue.to_string(),
-                        kind: b.meta.kind.to_string(),
-                        timeout_ms: b.meta.timeout_ms,
-                        push_host: b.meta.push_host.as_deref().map(str::to_string),
-                        priority: b.meta.priority,
-                    };
-                    if let Ok(mut w) = engine.exclusive_waiting.lock() {
-                        let list = w.entry(exclusive_key).or_default();
-                        // Refused again (a backstop retry): it is registered once.
-                        if !list.iter().any(|(_, e)| e.key.id == entry.key.id) {
-                            list.push((self.shard, entry));
-                        }
-                    }
-                    // A release since the claim began may have missed this waiter: look again
-                    // now. Otherwise the release wakes it; the 1 s retry is a backstop only.
-                    let released =
-                        engine.exclusive_releases.load(Ordering::SeqCst) != releases_before;
-                    // Looked at again, a waiter keeps its due time, so waiters of a group
-                    // start in due order (a release hands them back with their keys too).
-                    let retry = if released {
-                        b.key
-                    } else {
-                        DueKey {
-                            due_at: now.saturating_add(Duration::from_secs(1)),
-                            id: b.key.id,
-                        }
-                    };
-                    self.window.insert(retry, b.meta);
+                    self.wait_for_place(b, WaitFor::Group(exclusive_key), now, releases_before);
+                }
+                ClaimOutcome::QueueFull { queue } => {
+                    self.wait_for_place(b, WaitFor::Queue(queue), now, releases_before);
                 }
                 ClaimOutcome::RateLimited {
                     key,
@@ -675,6 +649,49 @@ impl ShardLoop {
         for q in readied_queues {
             engine.ready_changed(&q);
         }
+    }
+}
+
+impl ShardLoop {
+    /// Keeps an entry whose start was refused for want of a place (of a group key, or of its
+    /// queue's limit) until a release hands it back, or for the 1 s backstop retry.
+    fn wait_for_place(
+        &mut self,
+        b: Pending,
+        wait_for: WaitFor,
+        now: Timestamp,
+        releases_before: u64,
+    ) {
+        let engine = self.engine.clone();
+        let entry = DueEntry {
+            key: b.key,
+            queue: b.meta.queue.to_string(),
+            kind: b.meta.kind.to_string(),
+            timeout_ms: b.meta.timeout_ms,
+            push_host: b.meta.push_host.as_deref().map(str::to_string),
+            priority: b.meta.priority,
+        };
+        if let Ok(mut w) = engine.exclusive_waiting.lock() {
+            let list = w.entry(wait_for).or_default();
+            // Refused again (a backstop retry): it is registered once.
+            if !list.iter().any(|(_, e)| e.key.id == entry.key.id) {
+                list.push((self.shard, entry));
+            }
+        }
+        // A release since the claim began may have missed this waiter: look again
+        // now. Otherwise the release wakes it; the 1 s retry is a backstop only.
+        let released = engine.exclusive_releases.load(Ordering::SeqCst) != releases_before;
+        // Looked at again, a waiter keeps its due time, so waiters of a group
+        // start in due order (a release hands them back with their keys too).
+        let retry = if released {
+            b.key
+        } else {
+            DueKey {
+                due_at: now.saturating_add(Duration::from_secs(1)),
+                id: b.key.id,
+            }
+        };
+        self.window.insert(retry, b.meta);
     }
 }
 
