@@ -86,6 +86,25 @@ def test_queue_default_push_target(client, queue):
         client.set_queue_settings(queue, target={"url": "ftp://example.com/x"})
 
 
+def test_queue_concurrency_limit(client, queue):
+    q = client.set_queue_settings(queue, concurrency=2)
+    assert q.settings["concurrency"] == 2
+    for _ in range(3):
+        client.create_task("k", queue=queue)
+    taken = []
+    for _ in range(50):
+        taken += client.poll(queue, worker="w", max=5, wait=0.1)
+        if len(taken) >= 2:
+            break
+    assert len(taken) == 2, "a poll takes no more than the free places"
+    assert client.poll(queue, worker="w", max=5, wait=0.1) == []
+    client.complete(taken[0].id, taken[0].execution_id)
+    assert len(client.poll(queue, worker="w", max=5, wait=2)) == 1
+    with pytest.raises(Invalid):
+        client.set_queue_settings(queue, concurrency=0)
+    assert client.set_queue_settings(queue).settings.get("concurrency") is None
+
+
 def test_push_secrets_add_list_rotate_revoke(server):
     with server.client() as c:
         added = c.add_push_secret()

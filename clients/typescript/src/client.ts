@@ -370,8 +370,10 @@ export class SundialClient {
 
   /**
    * Replace a queue's settings: its default push `target` (tasks of the queue created without a
-   * target are delivered to it) and its `retention` overrides. The whole settings object is
-   * replaced: a field left out is cleared (no `target` removes the default target).
+   * target are delivered to it), its `retention` overrides and its `concurrency` limit (at most
+   * that many of the queue's tasks run at once, on every node: handlers, push calls and workers
+   * alike). The whole settings object is replaced: a field left out is cleared (no `target`
+   * removes the default target, no `concurrency` the limit).
    */
   async setQueueSettings(queue: string, settings: QueueSettings): Promise<Queue> {
     return (await this.send({ method: "PUT", path: `/v1/queues/${seg(queue)}`, body: settings })) as Queue;

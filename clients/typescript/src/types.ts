@@ -66,7 +66,7 @@ export type BulkFilter = Omit<TaskFilter, "key" | "limit"> & { dry_run?: boolean
 
 export type Attempt = S["AttemptView"];
 export type Queue = S["QueueView"];
-/** A queue's settings: its default push target and retention overrides. */
+/** A queue's settings: its default push target, retention overrides and concurrency limit. */
 export type QueueSettings = S["QueueSettingsView"];
 /** A push signing secret (`whsec_…`): in full only in the answer that created it. */
 export type PushSecret = S["SecretView"];

@@ -49,7 +49,8 @@ pub struct FireArgs {
     pub concurrency: usize,
     /// Flow controls on every task of the load, none of them binding, to see what checking
     /// them costs: `priority` (0-9 in turn), `group` (one of 100 group keys, limit 1,000),
-    /// `rate` (one of 100 rate keys, 1,000 per second each), `all` (the three).
+    /// `rate` (one of 100 rate keys, 1,000 per second each), `all` (the three), `queue` (the
+    /// load's queue limited to 10,000 running at once).
     #[arg(long, value_enum, default_value_t = Controls::None)]
     pub controls: Controls,
 }
@@ -62,13 +63,14 @@ pub enum Controls {
     Group,
     Rate,
     All,
+    Queue,
 }
 
 impl Controls {
     /// Task `i` of the load with the controls on.
     fn apply(self, spec: TaskSpec, i: i64) -> TaskSpec {
         let (priority, group, rate) = match self {
-            Controls::None => (false, false, false),
+            Controls::None | Controls::Queue => (false, false, false),
             Controls::Priority => (true, false, false),
             Controls::Group => (false, true, false),
             Controls::Rate => (false, false, true),
@@ -123,6 +125,17 @@ pub async fn run(common: &Common, args: &FireArgs) -> Result<()> {
     let store = common.open_store(dir.path())?;
     let (counted, counting) = counting_store(Arc::new(store), common.shards);
     let sundial = Sundial::builder().config(config).with_store(counted)?;
+    if args.controls == Controls::Queue {
+        sundial
+            .configure_queue(
+                "fire",
+                sundial::QueueConfig {
+                    concurrency: Some(sundial::QueueConfig::MAX_CONCURRENCY),
+                    ..sundial::QueueConfig::default()
+                },
+            )
+            .await?;
+    }
     print_rss("after open");
     preload(
         &sundial,

@@ -284,7 +284,7 @@ def resume_queue(queue: str) -> Op:
     return Op("POST", f"/v1/queues/{_seg(queue)}/resume", parse=m.Queue.from_dict)
 
 
-QUEUE_SETTINGS_FIELDS: Tuple[str, ...] = ("retention", "target")
+QUEUE_SETTINGS_FIELDS: Tuple[str, ...] = ("retention", "target", "concurrency")
 
 
 def set_queue_settings(queue: str, settings: Mapping[str, Any]) -> Op:

@@ -242,12 +242,19 @@ class _Methods:
         *,
         target: Optional[Mapping[str, Any]] = None,
         retention: Optional[Mapping[str, Any]] = None,
+        concurrency: Optional[int] = None,
     ) -> Any:
         """Replace a queue's settings: its default push ``target`` (``{"url": …, "method"?,
         "headers"?, "timeout"?}``; tasks of the queue created without a target are delivered to
-        it) and its ``retention`` overrides. The whole settings object is replaced: a field left
-        out is cleared (``target=None`` removes the default target). Answers the :class:`Queue`."""
-        return self._run(ops.set_queue_settings(queue, {"target": target, "retention": retention}))
+        it), its ``retention`` overrides and its ``concurrency`` limit (at most that many of the
+        queue's tasks run at once, on every node: handlers, push calls and workers alike). The
+        whole settings object is replaced: a field left out is cleared (``target=None`` removes
+        the default target, ``concurrency=None`` the limit). Answers the :class:`Queue`."""
+        return self._run(
+            ops.set_queue_settings(
+                queue, {"target": target, "retention": retention, "concurrency": concurrency}
+            )
+        )
 
     # push signing secrets (admin)
 

@@ -4,7 +4,7 @@
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 
-import { Invalid, NotFound, SundialClient, Unavailable } from "../index.js";
+import { Invalid, NotFound, type PolledTask, SundialClient, Unavailable } from "../index.js";
 import { Server, uniqueQueue } from "./server.js";
 
 let server: Server;
@@ -77,6 +77,24 @@ test("a queue's default push target is set and cleared", async () => {
   assert.equal(cleared.settings.target ?? null, null);
   assert.equal(cleared.settings.retention?.succeeded, "1h");
   await assert.rejects(c.setQueueSettings(queue, { target: { url: "ftp://example.com/x" } }), Invalid);
+});
+
+test("a queue's concurrency limit caps what polls take", async () => {
+  const queue = uniqueQueue();
+  const q = await c.setQueueSettings(queue, { concurrency: 2 });
+  assert.equal(q.settings.concurrency, 2);
+  for (let i = 0; i < 3; i++) await c.createTask("k", { queue });
+  const taken: PolledTask[] = [];
+  for (let i = 0; i < 50 && taken.length < 2; i++) {
+    taken.push(...(await c.poll(queue, "w", { max: 5, wait: "100ms" })));
+  }
+  assert.equal(taken.length, 2, "a poll takes no more than the free places");
+  assert.deepEqual(await c.poll(queue, "w", { max: 5, wait: "100ms" }), []);
+  const first = taken[0]!;
+  await c.complete(first.id, first.execution_id);
+  assert.equal((await c.poll(queue, "w", { max: 5, wait: "2s" })).length, 1);
+  await assert.rejects(c.setQueueSettings(queue, { concurrency: 0 }), Invalid);
+  assert.equal((await c.setQueueSettings(queue, {})).settings.concurrency ?? null, null);
 });
 
 test("push secrets are added, listed, rotated and revoked", async () => {
