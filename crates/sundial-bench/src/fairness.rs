@@ -5,7 +5,8 @@
 //! in-process handlers that take `--work-ms` each (a tokio sleep, so the CPU stays with the
 //! engine), under the engine's per-queue concurrency. Reported: B's lateness (handler start −
 //! due) p50/p99/max, A's drain rate (A's tasks / (its last start − its first start)), and
-//! starts before their due time (must be 0). `--b-burst 0 --b-rate 0` measures A alone.
+//! starts before their due time (must be 0). `--b-burst 0 --b-rate 0` measures A alone;
+//! `--a-limit N` puts a queue limit of N on A's queue.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,6 +39,10 @@ pub struct FairnessArgs {
     /// How long before the burst's second everything is stored.
     #[arg(long, default_value_t = 10_000)]
     pub lead_ms: i64,
+    /// A concurrency limit on A's queue (`PUT /v1/queues/{queue}` `concurrency`): at most this
+    /// many of A's tasks run at once.
+    #[arg(long)]
+    pub a_limit: Option<u32>,
 }
 
 struct Side {
@@ -74,6 +79,18 @@ pub async fn run(common: &Common, args: &FairnessArgs) -> Result<()> {
     let sundial = Sundial::builder()
         .config(common.config())
         .with_store(Arc::new(store))?;
+    if let Some(limit) = args.a_limit {
+        sundial
+            .configure_queue(
+                "a\u{1f}work",
+                sundial::QueueConfig {
+                    concurrency: Some(limit),
+                    ..sundial::QueueConfig::default()
+                },
+            )
+            .await?;
+        println!("  A's queue limited to {limit} running at once");
+    }
     let clock = sundial.clock().clone();
     let base = clock.now().0 + args.lead_ms;
 

@@ -11,7 +11,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use sundial::{QueueConfig, Sundial, Task, TaskContext, TaskId, TaskSpec, TaskState, Timestamp};
+use async_trait::async_trait;
+use common::intercept::Intercept;
+use sundial::{
+    ManualClock, QueueConfig, Store, StoreError, Sundial, Task, TaskContext, TaskId, TaskSpec,
+    TaskState, Timestamp,
+};
+use sundial_store::{ClaimOutcome, DueClaim, Fence};
 
 fn limited(n: u32) -> QueueConfig {
     QueueConfig {
@@ -237,4 +243,136 @@ async fn a_limit_out_of_range_or_on_an_own_queue_is_refused_and_nothing_is_store
         .unwrap_err();
     assert!(e.to_string().contains("own queues"), "{e}");
     assert!(h.sundial.queue("q").await.unwrap().is_none());
+}
+
+/// Counts the starts the store refused for the queue's limit.
+#[derive(Default)]
+struct CountRefusals {
+    refused: AtomicUsize,
+}
+
+#[async_trait]
+impl Intercept for CountRefusals {
+    async fn claim_due(
+        &self,
+        inner: &dyn Store,
+        claims: Vec<DueClaim>,
+        now: Timestamp,
+        fence: Option<Fence>,
+    ) -> Result<Vec<ClaimOutcome>, StoreError> {
+        let out = inner.claim_due(claims, now, fence).await?;
+        let refused = out
+            .iter()
+            .filter(|o| matches!(o, ClaimOutcome::QueueFull { .. }))
+            .count();
+        self.refused.fetch_add(refused, Ordering::SeqCst);
+        Ok(out)
+    }
+}
+
+/// A backlog behind a small limit is handed over place by place: a start refused for the limit
+/// waits for a finish to hand it the place (or for the backstop), and is not claimed again at
+/// every finish of another task. With 200 tasks behind a limit of 2, each refused about once,
+/// not once per finish (which would be thousands of refused claims). The clock never moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_behind_a_limit_is_not_claimed_again_at_every_finish() {
+    const TASKS: usize = 200;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(common::intercept::sqlite(
+        dir.path(),
+        CountRefusals::default(),
+    ));
+    let clock = ManualClock::new(common::T0);
+    let sundial = Sundial::builder()
+        .clock(Arc::new(clock))
+        .with_store(store.clone())
+        .expect("a valid config");
+    sundial.configure_queue("small", limited(2)).await.unwrap();
+    let done = Arc::new(AtomicUsize::new(0));
+    {
+        let done = done.clone();
+        sundial.register("s", move |_ctx: TaskContext| {
+            let done = done.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                done.fetch_add(1, Ordering::SeqCst);
+                Ok::<(), String>(())
+            }
+        });
+    }
+    let specs = (0..TASKS)
+        .map(|_| TaskSpec::new("s").queue("small"))
+        .collect::<Vec<_>>();
+    sundial.schedule_many(specs).await.unwrap();
+    let engine = sundial.start();
+    for _ in 0..3_000 {
+        if done.load(Ordering::SeqCst) >= TASKS {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(done.load(Ordering::SeqCst), TASKS, "every task ran");
+    let refused = store.hooks.refused.load(Ordering::SeqCst);
+    assert!(
+        refused <= 3 * TASKS,
+        "{refused} starts refused for {TASKS} tasks behind the limit"
+    );
+    engine.shutdown(Duration::from_secs(5)).await;
+}
+
+/// Waiting starts are handed the place by finishes; the 1 s retry (for a place freed on
+/// another node, or a hand-over whose task is gone) is kept for the front of the line only.
+/// With 100 tasks behind one running task, each second of the clock retries a few, not all 100.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_front_of_a_long_line_retries_every_second() {
+    const TASKS: usize = 100;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(common::intercept::sqlite(
+        dir.path(),
+        CountRefusals::default(),
+    ));
+    let clock = ManualClock::new(common::T0);
+    let sundial = Sundial::builder()
+        .clock(Arc::new(clock.clone()))
+        .with_store(store.clone())
+        .expect("a valid config");
+    sundial.configure_queue("line", limited(1)).await.unwrap();
+    let finish = Arc::new(tokio::sync::Semaphore::new(0));
+    {
+        let finish = finish.clone();
+        sundial.register("l", move |_ctx: TaskContext| {
+            let finish = finish.clone();
+            async move {
+                if let Ok(permit) = finish.acquire().await {
+                    permit.forget();
+                }
+                Ok::<(), String>(())
+            }
+        });
+    }
+    let specs = (0..TASKS)
+        .map(|_| TaskSpec::new("l").queue("line"))
+        .collect::<Vec<_>>();
+    sundial.schedule_many(specs).await.unwrap();
+    let engine = sundial.start();
+    let refused = || store.hooks.refused.load(Ordering::SeqCst);
+    for _ in 0..1_000 {
+        if refused() >= TASKS - 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(refused(), TASKS - 1, "each waiting task was refused once");
+    for _ in 0..3 {
+        clock.advance(Duration::from_millis(1_100));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let retried = refused() - (TASKS - 1);
+    assert!(
+        retried <= 3 * 16,
+        "{retried} retries in 3 s of 99 waiting tasks"
+    );
+    assert!(retried >= 1, "the front of the line still retries");
+    finish.add_permits(TASKS);
+    engine.shutdown(Duration::from_secs(5)).await;
 }

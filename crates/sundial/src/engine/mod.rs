@@ -68,10 +68,12 @@ pub(crate) struct Engine {
     /// Bumped whenever a concurrency permit is released, so starved shards look again.
     permits_released: watch::Sender<u64>,
     /// Tasks waiting for a place: of an exclusive key or group, or of their queue's limit.
-    exclusive_waiting: Mutex<HashMap<WaitFor, Vec<(u32, DueEntry)>>>,
-    /// Bumped by every release of an exclusive key, before its waiters are taken. A claim refused
-    /// as busy compares it with its value from before the claim: a release in between may have
-    /// found no waiter to wake, so the refused task looks again at once.
+    exclusive_waiting: Mutex<HashMap<WaitFor, WaitLine>>,
+    /// Bumped by every release of a place (exclusive key, group, limited queue) that found no
+    /// waiter to hand it to, and by a raised queue limit. A claim refused for want of a place
+    /// compares it with its value from before the claim: a release in between may have freed a
+    /// place nobody was handed, so the refused task looks again at once. (A release that woke a
+    /// waiter handed its place on; the refused task waits in line.)
     exclusive_releases: AtomicU64,
     reaper: ReaperSignal,
     in_flight: AtomicUsize,
@@ -96,6 +98,48 @@ pub(crate) enum WaitFor {
     Group(String),
     /// A place under the queue's concurrency limit (`ClaimOutcome::QueueFull`).
     Queue(String),
+}
+
+/// How many of a line's best-ranked waiters retry on their own every second.
+pub(crate) const WAIT_FRONT: usize = 8;
+
+/// The starts waiting for one [`WaitFor`], in line: by rank (the due time moved by the
+/// priority), then due key. Registering, finding the front and taking the best are logarithmic,
+/// so a line of tens of thousands costs no more per refusal than a short one.
+#[derive(Default)]
+pub(crate) struct WaitLine {
+    line: std::collections::BTreeMap<(i64, DueKey), (u32, DueEntry)>,
+    ranks: HashMap<sundial_core::TaskId, (i64, DueKey)>,
+}
+
+impl WaitLine {
+    /// Registers `entry` of `shard` (once: a refused-again entry keeps its place) and answers
+    /// whether it is among the line's [`WAIT_FRONT`] best.
+    pub(crate) fn register(&mut self, shard: u32, entry: DueEntry) -> bool {
+        let place = (entry.priority.rank(entry.key.due_at), entry.key);
+        if self.ranks.insert(entry.key.id, place).is_none() {
+            self.line.insert(place, (shard, entry));
+        }
+        self.line.range(..place).take(WAIT_FRONT).count() < WAIT_FRONT
+    }
+
+    /// Takes the best-ranked waiter.
+    pub(crate) fn take_best(&mut self) -> Option<(u32, DueEntry)> {
+        let (_, (shard, entry)) = self.line.pop_first()?;
+        self.ranks.remove(&entry.key.id);
+        Some((shard, entry))
+    }
+
+    /// Takes a waiter out of line (it started another way: its own retry).
+    pub(crate) fn remove(&mut self, id: sundial_core::TaskId) {
+        if let Some(place) = self.ranks.remove(&id) {
+            self.line.remove(&place);
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.line.is_empty()
+    }
 }
 
 pub(crate) struct QueueState {

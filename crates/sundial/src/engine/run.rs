@@ -214,10 +214,6 @@ impl Engine {
     /// 1 s, the backstop for a wake that finds its task gone, and for holders on other nodes.
     pub fn release_exclusive(&self, task: &Task) {
         let queue_limited = self.paused.is_limited(&task.queue);
-        if task.exclusive.is_none() && !queue_limited {
-            return;
-        }
-        self.exclusive_releases.fetch_add(1, Ordering::SeqCst);
         if let Some(ex) = &task.exclusive {
             self.wake_waiters(&WaitFor::Group(ex.key.clone()), 1);
         }
@@ -227,38 +223,72 @@ impl Engine {
         }
     }
 
+    /// A task that may have waited in line started (by its own retry rather than a hand-over):
+    /// it leaves the line, so no later release hands its place to a task that already runs.
+    pub(crate) fn left_line(&self, task: &Task) {
+        let queue_limited = self.paused.is_limited(&task.queue);
+        if task.exclusive.is_none() && !queue_limited {
+            return;
+        }
+        let Ok(mut w) = self.exclusive_waiting.lock() else {
+            return;
+        };
+        if w.is_empty() {
+            return;
+        }
+        let mut lines = Vec::with_capacity(2);
+        if let Some(ex) = &task.exclusive {
+            lines.push(WaitFor::Group(ex.key.clone()));
+        }
+        if queue_limited {
+            lines.push(WaitFor::Queue(task.queue.clone()));
+        }
+        for what in lines {
+            if let Some(line) = w.get_mut(&what) {
+                line.remove(task.id);
+                if line.is_empty() {
+                    w.remove(&what);
+                }
+            }
+        }
+    }
+
     /// Wakes every start waiting for a place in `queue` (its limit was raised or removed).
     pub(crate) fn wake_queue_waiters(&self, queue: &str) {
         self.exclusive_releases.fetch_add(1, Ordering::SeqCst);
         self.wake_waiters(&WaitFor::Queue(queue.to_string()), usize::MAX);
     }
 
-    /// Hands up to `n` of the best-ranked waiters for `what` back to their shards.
+    /// Hands up to `n` of the best-ranked waiters for `what` back to their shards. When there
+    /// are none, the freed place goes to whoever claims next: the release counter tells a claim
+    /// refused meanwhile to look again at once.
     fn wake_waiters(&self, what: &WaitFor, n: usize) {
-        let waiting: Vec<(u32, DueEntry)> = self
-            .exclusive_waiting
-            .lock()
-            .ok()
-            .and_then(|mut w| {
-                let list = w.get_mut(what)?;
+        let waiting: Vec<(u32, DueEntry)> = match self.exclusive_waiting.lock() {
+            Ok(mut w) => {
                 let mut woken = Vec::new();
-                while woken.len() < n {
-                    let Some(best) = list
-                        .iter()
-                        .enumerate()
-                        .min_by_key(|(_, (_, e))| (e.priority.rank(e.key.due_at), e.key))
-                        .map(|(i, _)| i)
-                    else {
-                        break;
-                    };
-                    woken.push(list.swap_remove(best));
+                if let Some(line) = w.get_mut(what) {
+                    while woken.len() < n {
+                        let Some(best) = line.take_best() else {
+                            break;
+                        };
+                        woken.push(best);
+                    }
+                    if line.is_empty() {
+                        w.remove(what);
+                    }
                 }
-                if list.is_empty() {
-                    w.remove(what);
+                if woken.is_empty() {
+                    // Bumped under the lock, so a refused claim registering after this release
+                    // sees it (it reads the counter after registering, under the same lock).
+                    self.exclusive_releases.fetch_add(1, Ordering::SeqCst);
                 }
-                Some(woken)
-            })
-            .unwrap_or_default();
+                woken
+            }
+            Err(_) => {
+                self.exclusive_releases.fetch_add(1, Ordering::SeqCst);
+                Vec::new()
+            }
+        };
         for (shard, e) in waiting {
             if let Some(s) = self.shards.get(shard as usize) {
                 if let Ok(mut inbox) = s.inbox.lock() {

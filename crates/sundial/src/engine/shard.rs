@@ -602,6 +602,7 @@ impl ShardLoop {
         for (b, outcome) in claimed {
             match outcome {
                 ClaimOutcome::Started(task) => {
+                    engine.left_line(&task);
                     if let Some(until) = task.lease_expires_at {
                         engine.lease_granted(until);
                     }
@@ -611,6 +612,7 @@ impl ShardLoop {
                     }
                 }
                 ClaimOutcome::Readied(task) => {
+                    engine.left_line(&task);
                     // Ready for workers: the fire is one point of the trace; the poll that takes
                     // the task delivers it (`sundial.task.deliver`).
                     drop(trace::task_span(Step::Fire, &task).entered());
@@ -671,23 +673,33 @@ impl ShardLoop {
             push_host: b.meta.push_host.as_deref().map(str::to_string),
             priority: b.meta.priority,
         };
-        if let Ok(mut w) = engine.exclusive_waiting.lock() {
-            let list = w.entry(wait_for).or_default();
-            // Refused again (a backstop retry): it is registered once.
-            if !list.iter().any(|(_, e)| e.key.id == entry.key.id) {
-                list.push((self.shard, entry));
+        // Registered, then the release counter read, under the waiters' lock: a release either
+        // finds this waiter in line (and may hand it the place) or has bumped the counter.
+        let (front, released) = match engine.exclusive_waiting.lock() {
+            Ok(mut w) => {
+                let front = w.entry(wait_for).or_default().register(self.shard, entry);
+                (
+                    front,
+                    engine.exclusive_releases.load(Ordering::SeqCst) != releases_before,
+                )
             }
-        }
-        // A release since the claim began may have missed this waiter: look again
-        // now. Otherwise the release wakes it; the 1 s retry is a backstop only.
-        let released = engine.exclusive_releases.load(Ordering::SeqCst) != releases_before;
-        // Looked at again, a waiter keeps its due time, so waiters of a group
-        // start in due order (a release hands them back with their keys too).
+            Err(_) => (true, true),
+        };
+        // A place freed since the claim began and handed to nobody: look again now, with the
+        // due key, so waiters start in due order. Otherwise a finish hands the place over; the
+        // front of the line also retries every second on its own (the backstop for a place
+        // freed on another node, or handed to a task that is gone), the rest of a long line
+        // every 30 s, so a backlog behind a small limit is not claimed over and over.
         let retry = if released {
             b.key
         } else {
+            let backstop = if front {
+                Duration::from_secs(1)
+            } else {
+                Duration::from_secs(30)
+            };
             DueKey {
-                due_at: now.saturating_add(Duration::from_secs(1)),
+                due_at: now.saturating_add(backstop),
                 id: b.key.id,
             }
         };
