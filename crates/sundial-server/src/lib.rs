@@ -710,6 +710,10 @@ pub fn describe_metrics() {
         "sundial_rate_limited_total",
         "Claims a rate limit refused (each retried at the limit's next turn), by queue"
     );
+    describe_counter!(
+        "sundial_queue_limited_total",
+        "Starts the queue's concurrency limit refused (each waits in line for a place), by queue"
+    );
     describe_gauge!(
         "sundial_shard_owned",
         "1 while this node runs the shard's loop (owns it), else 0; every node reports every shard, so max by (shard) over the nodes is 0 for a shard without owner"

@@ -5,13 +5,15 @@
 //! Owns the list of per-queue and per-shard counters the engine emits; never records an event.
 //! Labels are bounded: a queue, a shard, never a kind, an attempt or an id.
 
-/// Registers, at 0, the per-queue counters of the engine (created, debounced, rate-limited claims, succeeded, cancelled, dead,
+/// Registers, at 0, the per-queue counters of the engine (created, debounced, rate-limited and
+/// queue-limited claims, succeeded, cancelled, dead,
 /// failed attempts, retries, lease expiries) for `queue`. Registering again changes nothing.
 pub fn register_queue_metrics(queue: &str) {
     for name in [
         "sundial_task_created_total",
         "sundial_task_debounced_total",
         "sundial_rate_limited_total",
+        "sundial_queue_limited_total",
         "sundial_task_succeeded_total",
         "sundial_task_cancelled_total",
         "sundial_task_dead_total",

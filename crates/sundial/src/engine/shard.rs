@@ -624,6 +624,8 @@ impl ShardLoop {
                     self.wait_for_place(b, WaitFor::Group(exclusive_key), now, releases_before);
                 }
                 ClaimOutcome::QueueFull { queue } => {
+                    metrics::counter!("sundial_queue_limited_total", "namespace" => sundial_core::namespace::namespace_of(&queue).to_string(), "queue" => sundial_core::namespace::local(&queue).to_string())
+                        .increment(1);
                     self.wait_for_place(b, WaitFor::Queue(queue), now, releases_before);
                 }
                 ClaimOutcome::RateLimited {
