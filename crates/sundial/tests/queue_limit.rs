@@ -254,13 +254,16 @@ impl Intercept for CountRefusals {
     }
 }
 
-/// A backlog behind a small limit is handed over place by place: a start refused for the limit
-/// waits for a finish to hand it the place (or for the backstop), and is not claimed again at
-/// every finish of another task. With 200 tasks behind a limit of 2, each refused about once,
-/// not once per finish (which would be thousands of refused claims). The clock never moves.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_backlog_behind_a_limit_is_not_claimed_again_at_every_finish() {
-    const TASKS: usize = 200;
+/// An engine on a fresh embedded store that counts refused starts, on a manual clock at
+/// [`common::T0`], with `queue` limited to `limit` running at once.
+struct Counted {
+    sundial: Sundial,
+    clock: ManualClock,
+    store: Arc<common::intercept::Intercepted<CountRefusals>>,
+    _dir: tempfile::TempDir,
+}
+
+async fn counted(queue: &str, limit: u32) -> Counted {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(common::intercept::sqlite(
         dir.path(),
@@ -268,10 +271,35 @@ async fn a_backlog_behind_a_limit_is_not_claimed_again_at_every_finish() {
     ));
     let clock = ManualClock::new(common::T0);
     let sundial = Sundial::builder()
-        .clock(Arc::new(clock))
+        .clock(Arc::new(clock.clone()))
         .with_store(store.clone())
         .expect("a valid config");
-    sundial.configure_queue("small", limited(2)).await.unwrap();
+    sundial
+        .configure_queue(queue, limited(limit))
+        .await
+        .unwrap();
+    Counted {
+        sundial,
+        clock,
+        store,
+        _dir: dir,
+    }
+}
+
+/// A backlog behind a small limit is handed over place by place: a start refused for the limit
+/// waits for a finish to hand it the place (or for the backstop), and is not claimed again at
+/// every finish of another task. With 200 tasks behind a limit of 2, each refused about once,
+/// not once per finish (which would be thousands of refused claims). The clock never moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_behind_a_limit_is_not_claimed_again_at_every_finish() {
+    const TASKS: usize = 200;
+    // The data directory (`_dir`) lives as long as the test.
+    let Counted {
+        sundial,
+        store,
+        _dir,
+        ..
+    } = counted("small", 2).await;
     let done = Arc::new(AtomicUsize::new(0));
     {
         let done = done.clone();
@@ -310,17 +338,12 @@ async fn a_backlog_behind_a_limit_is_not_claimed_again_at_every_finish() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_front_of_a_long_line_retries_every_second() {
     const TASKS: usize = 100;
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(common::intercept::sqlite(
-        dir.path(),
-        CountRefusals::default(),
-    ));
-    let clock = ManualClock::new(common::T0);
-    let sundial = Sundial::builder()
-        .clock(Arc::new(clock.clone()))
-        .with_store(store.clone())
-        .expect("a valid config");
-    sundial.configure_queue("line", limited(1)).await.unwrap();
+    let Counted {
+        sundial,
+        clock,
+        store,
+        _dir,
+    } = counted("line", 1).await;
     let finish = Arc::new(tokio::sync::Semaphore::new(0));
     {
         let finish = finish.clone();
