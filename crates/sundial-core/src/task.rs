@@ -157,6 +157,8 @@ impl RateLimit {
     /// The prefix of a queue's own rate key: a control character, which keys may not contain,
     /// so it never meets a client's key.
     const QUEUE_PREFIX: &'static str = "\u{1f}queue\u{1f}";
+    /// The prefix of a key's take slot (see [`RateLimit::take_key`]).
+    const TAKE_PREFIX: &'static str = "\u{1f}take\u{1f}";
 
     /// Least milliseconds between two starts under the key: `per_ms / limit`, rounded up.
     pub fn interval_ms(&self) -> u64 {
@@ -169,6 +171,14 @@ impl RateLimit {
             Some(k) => k.clone(),
             None => format!("{}{queue}", Self::QUEUE_PREFIX),
         }
+    }
+
+    /// The key the store spaces a worker queue's takes under (a worker's poll claiming a ready
+    /// task), for a task of `queue`: apart from [`RateLimit::store_key`], which spaces the
+    /// readying, so a take right after its own task's readying is not refused. Both begin with a
+    /// control character, which client keys may not contain, so neither meets a client's key.
+    pub fn take_key(&self, queue: &str) -> String {
+        format!("{}{}", Self::TAKE_PREFIX, self.store_key(queue))
     }
 
     fn validate(&self, limits: &Limits) -> Result<(), ValidationError> {

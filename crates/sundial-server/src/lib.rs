@@ -708,7 +708,7 @@ pub fn describe_metrics() {
     );
     describe_counter!(
         "sundial_rate_limited_total",
-        "Claims a rate limit refused (each retried at the limit's next turn), by queue"
+        "Claims a rate limit refused (each retried at the limit's next turn) and worker polls that passed over a task before its take turn, by queue"
     );
     describe_counter!(
         "sundial_queue_limited_total",

@@ -92,7 +92,8 @@ pub struct CreateTask {
     /// queues and nodes), or for this queue's rate-limited tasks when `key` is left out; starts
     /// are spaced evenly (`per / limit` apart), never a burst of the period's allowance. A task
     /// over the limit waits (scheduled) for its turn; a worker queue's task becomes ready at its
-    /// turn.
+    /// turn and a worker's poll takes it only at the key's next take turn, so workers that come
+    /// back to a pile of ready tasks still start them one interval apart.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",

@@ -179,8 +179,9 @@ use sundial_store::{
     AttemptHistory, ClaimOutcome, ClaimTarget, DeadGroup, DeadGroupFilter, DebounceOutcome,
     DebouncedCreate, DueClaim, DueEntry, DueKey, Fence, IdempotencyDecision, IdempotentCreate,
     IdempotentOutcome, Inserted, LIST_VISIT_BUDGET, QueueConfig, QueueSettings, ReadyClaim,
-    RetentionRules, Retry, SelectPage, StateCount, Store, StoreError, TaskFilter, TaskPage,
-    TransitionError, debounced_due, idempotency_decision, idempotency_remembered, page_cursor,
+    ReadyTaken, RetentionRules, Retry, SelectPage, StateCount, Store, StoreError, TaskFilter,
+    TaskPage, TransitionError, debounced_due, idempotency_decision, idempotency_remembered,
+    page_cursor,
 };
 use thiserror::Error;
 use tokio_postgres::types::ToSql;
@@ -502,6 +503,43 @@ impl PostgresStore {
             Refusal::Attempt => self.attempt_refusal(client, id).await,
             Refusal::State => self.state_refusal(client, id).await,
         }
+    }
+
+    /// Whether the ready task `id`, under `rate`, may be taken by this claim now: its take key's
+    /// lock is tried (never waited for: a key another claim holds is passed over), its turn read
+    /// under the lock, and at most one task per key is picked per page.
+    async fn take_turn_open(
+        &self,
+        tx: &impl GenericClient,
+        turns: &mut TakeTurns,
+        id: Uuid,
+        rate: &sundial_core::RateLimit,
+        queue: &str,
+    ) -> Result<bool, StoreError> {
+        let key = rate.take_key(queue);
+        let interval = i64::try_from(rate.interval_ms()).unwrap_or(i64::MAX);
+        if !turns.held.contains_key(&key) && !turns.busy.contains(&key) {
+            let lock = schema::exclusive_lock_key(&self.schema, &key);
+            let got = !query(
+                tx,
+                &self.sql.try_lock_keys,
+                &[&schema::RATE_LOCK_CLASS, &vec![key.clone()], &vec![lock]],
+            )
+            .await?
+            .is_empty();
+            if got {
+                let next = query(tx, &self.sql.rate_next, &[&vec![key.clone()]])
+                    .await?
+                    .first()
+                    .map(|r| col::<i64>(r, 1))
+                    .transpose()?
+                    .unwrap_or(i64::MIN);
+                turns.held.insert(key.clone(), next);
+            } else {
+                turns.busy.insert(key.clone());
+            }
+        }
+        Ok(turns.pick(id, key, interval))
     }
 
     /// Takes the transaction advisory locks of `keys` in lock class `class` (exclusive keys,
@@ -1088,6 +1126,83 @@ enum Refusal {
     State,
 }
 
+/// The rate limit take turns of one worker claim (`RateLimit::take_key`, see `claim_ready`).
+struct TakeTurns {
+    now: i64,
+    /// Keys whose lock this claim holds, with their next take turn as read under it (and moved
+    /// by this claim's takes).
+    held: HashMap<String, i64>,
+    /// Keys whose lock another claim holds: passed over for this claim.
+    busy: HashSet<String>,
+    /// The tasks of the current page picked under a key, with the key's interval.
+    picked: HashMap<Uuid, (String, i64)>,
+    /// Turns this claim took: each key's next turn.
+    taken: HashMap<String, i64>,
+    /// The earliest turn of a key this claim passed over.
+    passed: Option<i64>,
+}
+
+impl TakeTurns {
+    fn new(now: Timestamp) -> Self {
+        Self {
+            now: now.0,
+            held: HashMap::new(),
+            busy: HashSet::new(),
+            picked: HashMap::new(),
+            taken: HashMap::new(),
+            passed: None,
+        }
+    }
+
+    fn pass(&mut self, turn: i64) {
+        self.passed = Some(self.passed.map_or(turn, |p| p.min(turn)));
+    }
+
+    /// Whether `id` may be taken under `key` now (its lock already tried); picks it if so.
+    fn pick(&mut self, id: Uuid, key: String, interval: i64) -> bool {
+        let soon = self.now.saturating_add(interval);
+        let Some(next) = self.held.get(&key).copied() else {
+            // Another claim is taking under the key this moment.
+            self.pass(soon);
+            return false;
+        };
+        if next > self.now {
+            self.pass(next);
+            return false;
+        }
+        if self.picked.values().any(|(k, _)| *k == key) {
+            self.pass(soon);
+            return false;
+        }
+        self.picked.insert(id, (key, interval));
+        true
+    }
+
+    /// After a page's update: the picks that started move their key's turn one interval past
+    /// their start; the others leave it open.
+    fn settle(&mut self, started: &[Task]) {
+        for t in started {
+            if let Some((key, interval)) = self.picked.remove(&t.id.0) {
+                let next = t
+                    .started_at
+                    .map_or(self.now, |s| s.0)
+                    .saturating_add(interval);
+                self.held.insert(key.clone(), next);
+                self.taken.insert(key, next);
+            }
+        }
+        self.picked.clear();
+    }
+
+    fn taken(&mut self) -> HashMap<String, i64> {
+        std::mem::take(&mut self.taken)
+    }
+
+    fn next_turn(&self) -> Option<Timestamp> {
+        self.passed.map(Timestamp)
+    }
+}
+
 #[async_trait]
 impl Store for PostgresStore {
     async fn insert(&self, tasks: Vec<NewTask>) -> Result<Vec<Inserted>, StoreError> {
@@ -1414,10 +1529,10 @@ impl Store for PostgresStore {
         Ok(out)
     }
 
-    async fn claim_ready(&self, claim: ReadyClaim) -> Result<Vec<Task>, StoreError> {
+    async fn claim_ready(&self, claim: ReadyClaim) -> Result<ReadyTaken, StoreError> {
         let want = claim.execution_ids.len();
         if want == 0 || claim.kinds.as_ref().is_some_and(|k| k.is_empty()) {
-            return Ok(Vec::new());
+            return Ok(ReadyTaken::default());
         }
         let audit = audit_scope::claim_pending();
         let mut client = self.client().await?;
@@ -1457,21 +1572,27 @@ impl Store for PostgresStore {
         let mut passed: Vec<String> = Vec::new();
         // Keys whose advisory lock this transaction holds.
         let mut held: HashSet<String> = HashSet::new();
+        // Rate limit keys' take turns: the query leaves out keys whose turn has not come; a key
+        // is then taken under its advisory lock (tried, never waited for), read again under it.
+        let mut turns = TakeTurns::new(claim.now);
         // Candidates by rank (the due time moved by the priority) and id.
         let mut after: Option<(i64, Uuid)> = None;
         let mut out: Vec<Task> = Vec::with_capacity(want);
+        let now = claim.now.0;
         while out.len() < want {
             let room = limit_param(want - out.len());
             let variant = usize::from(kinds.is_some()) * 2 + usize::from(after.is_some());
             let sql = &self.sql.ready_candidates[variant];
             let rows = match (&kinds, &after) {
-                (None, None) => query(&tx, sql, &[&claim.queue, &passed, &room]).await?,
+                (None, None) => query(&tx, sql, &[&claim.queue, &passed, &room, &now]).await?,
                 (None, Some((r, a))) => {
-                    query(&tx, sql, &[&claim.queue, &passed, &room, r, a]).await?
+                    query(&tx, sql, &[&claim.queue, &passed, &room, r, a, &now]).await?
                 }
-                (Some(k), None) => query(&tx, sql, &[&claim.queue, &passed, &room, k]).await?,
+                (Some(k), None) => {
+                    query(&tx, sql, &[&claim.queue, &passed, &room, k, &now]).await?
+                }
                 (Some(k), Some((r, a))) => {
-                    query(&tx, sql, &[&claim.queue, &passed, &room, k, r, a]).await?
+                    query(&tx, sql, &[&claim.queue, &passed, &room, k, r, a, &now]).await?
                 }
             };
             let Some(last) = rows.last() else {
@@ -1480,7 +1601,18 @@ impl Store for PostgresStore {
             after = Some((col(last, 2)?, col(last, 0)?));
             let mut candidates: Vec<(Uuid, Option<String>)> = Vec::with_capacity(rows.len());
             for r in &rows {
-                candidates.push((col(r, 0)?, col(r, 1)?));
+                let id: Uuid = col(r, 0)?;
+                if let Some(rate) = col::<Option<String>>(r, 3)? {
+                    let rate: sundial_core::RateLimit = serde_json::from_str(&rate)
+                        .map_err(|e| StoreError::corrupt_from("rate", e))?;
+                    if !self
+                        .take_turn_open(&tx, &mut turns, id, &rate, &claim.queue)
+                        .await?
+                    {
+                        continue;
+                    }
+                }
+                candidates.push((id, col(r, 1)?));
             }
             // Try (never wait for) the locks of keys not yet held.
             let mut to_lock: Vec<String> = candidates
@@ -1537,7 +1669,25 @@ impl Store for PostgresStore {
             .await?;
             let mut started = tasks_from_rows(&rows)?;
             started.sort_by_key(|t| t.id);
+            turns.settle(&started);
             out.extend(started);
+        }
+        if out.len() < want && turns.next_turn().is_none() {
+            // Tasks the candidates left out for their take turn: when the first of them comes.
+            let turn: Option<i64> = query(&tx, &self.sql.next_take_turn, &[&claim.queue, &now])
+                .await?
+                .first()
+                .map(|r| col(r, 0))
+                .transpose()?
+                .flatten();
+            if let Some(turn) = turn {
+                turns.pass(turn);
+            }
+        }
+        let taken = turns.taken();
+        if !taken.is_empty() {
+            let (keys, nexts): (Vec<String>, Vec<i64>) = taken.into_iter().unzip();
+            query(&tx, &self.sql.rate_taken, &[&keys, &nexts]).await?;
         }
         let audit = match audit {
             Some(a) if !out.is_empty() => {
@@ -1552,7 +1702,7 @@ impl Store for PostgresStore {
         }
         // In the order they were taken (a page's update returns its rows in id order).
         out.sort_by_key(|t| (t.priority.rank(t.due_at), t.id));
-        Ok(out)
+        Ok(ReadyTaken::new(out, turns.next_turn()))
     }
 
     async fn heartbeat(

@@ -89,8 +89,11 @@ impl OpsSql {
                  AND state IN ('scheduled', 'ready')"
             ),
             count_rate_limited: format!(
-                "SELECT count(*) FROM {tasks} WHERE queue = $1 AND due_at <= $2 \
-                 AND rate IS NOT NULL AND state = 'scheduled'"
+                "SELECT count(*) FROM {tasks} t WHERE t.queue = $1 AND t.rate IS NOT NULL \
+                 AND ((t.state = 'scheduled' AND t.due_at <= $2) \
+                      OR (t.state = 'ready' AND EXISTS (SELECT 1 FROM {s}.rate_limits rl \
+                          WHERE rl.key = {take} AND rl.next_at > $2)))",
+                take = crate::sql::TAKE_KEY_SQL,
             ),
             attempts: format!(
                 "SELECT seq, execution_id, worker, started_at, ended_at, outcome, error, \

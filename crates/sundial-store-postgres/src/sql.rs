@@ -13,6 +13,11 @@ use crate::schema::{RANK_SQL, SchemaName};
 /// Live states: the ones that hold a business key.
 const LIVE: &str = "('scheduled', 'ready', 'running')";
 
+/// A task's (`t`) take key, `sundial_core::RateLimit::take_key` in SQL (`rate` holds the limit as
+/// JSON); checked against the Rust one by this module's tests.
+pub(crate) const TAKE_KEY_SQL: &str = "(chr(31) || 'take' || chr(31) || COALESCE(t.rate::jsonb->>'key', \
+    chr(31) || 'queue' || chr(31) || t.queue))";
+
 /// `sundial_store::error_group` of `last_error` in SQL: its first line, at most
 /// `sundial_store::ERROR_GROUP_CHARS` characters; the expression of the index
 /// `tasks_dead_error` (migration 14).
@@ -49,6 +54,9 @@ pub(crate) struct Sql {
     /// Indexed by `kinds filter as usize * 2 + after cursor as usize`.
     pub ready_candidates: [String; 4],
     pub try_lock_keys: String,
+    /// The earliest take turn (`$2` on) of the ready rate-limited tasks of queue `$1` that
+    /// `ready_candidates` leaves out for it.
+    pub next_take_turn: String,
     pub start_ready: String,
     pub heartbeat: String,
     pub complete: String,
@@ -455,13 +463,16 @@ impl Sql {
         let ready_candidates =
             [(false, false), (false, true), (true, false), (true, true)].map(|(kinds, after)| {
                 format!(
-                    "SELECT t.id, t.exclusive_key, {RANK_SQL} FROM {tasks} t \
+                    "SELECT t.id, t.exclusive_key, {RANK_SQL}, t.rate FROM {tasks} t \
                      WHERE t.state = 'ready' AND t.queue = $1 \
                      AND (t.exclusive_key IS NULL OR (NOT (t.exclusive_key = ANY($2::text[])) \
                           AND (SELECT count(*) FROM {tasks} r WHERE r.state = 'running' \
                                AND r.exclusive_key = t.exclusive_key) < t.exclusive_limit)) \
+                     AND (t.rate IS NULL OR NOT EXISTS (SELECT 1 FROM {s}.rate_limits rl \
+                          WHERE rl.key = {TAKE_KEY_SQL} AND rl.next_at > ${now})) \
                      {kinds} {after} \
                      ORDER BY {RANK_SQL}, t.id LIMIT $3 FOR UPDATE OF t SKIP LOCKED",
+                    now = 4 + usize::from(kinds) + 2 * usize::from(after),
                     kinds = if kinds {
                         "AND t.kind = ANY($4::text[])"
                     } else {
@@ -612,6 +623,12 @@ impl Sql {
                  WHERE t.id = u.id AND t.state = 'scheduled' RETURNING {c}"
             ),
             ready_candidates,
+            next_take_turn: format!(
+                "SELECT min(rl.next_at) FROM {tasks} t JOIN {s}.rate_limits rl \
+                 ON rl.key = {TAKE_KEY_SQL} \
+                 WHERE t.state = 'ready' AND t.queue = $1 AND t.rate IS NOT NULL \
+                 AND rl.next_at > $2"
+            ),
             try_lock_keys: "SELECT u.key FROM unnest($2::text[], $3::int4[]) AS u(key, lock) \
                  WHERE pg_try_advisory_xact_lock($1::int4, u.lock)"
                 .to_string(),
@@ -714,6 +731,42 @@ impl Sql {
             schedules: ScheduleSql::new(s),
             workflows: WorkflowSql::new(s),
             push: crate::push::PushSql::new(s),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TAKE_KEY_SQL;
+    use sundial_core::RateLimit;
+
+    #[tokio::test]
+    async fn the_take_key_in_sql_is_the_rust_one() {
+        let Some(url) = crate::testkit::database_url() else {
+            return;
+        };
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .expect("connect to PostgreSQL");
+        tokio::spawn(conn);
+        for key in [Some("acme:smtp".to_string()), None] {
+            let rate = RateLimit {
+                key,
+                limit: 3,
+                per_ms: 1_000,
+            };
+            let json = serde_json::to_string(&rate).expect("encode");
+            let row = client
+                .query_one(
+                    &format!(
+                        "SELECT {TAKE_KEY_SQL} FROM (VALUES ($1::text, $2::text)) AS t(rate, queue)"
+                    ),
+                    &[&json, &"mail"],
+                )
+                .await
+                .expect("query");
+            let in_sql: String = row.get(0);
+            assert_eq!(in_sql, rate.take_key("mail"), "{json}");
         }
     }
 }

@@ -53,7 +53,8 @@ async fn running(store: &dyn Store, n: usize) -> Vec<sundial_core::Task> {
             now: Timestamp(20),
         })
         .await
-        .unwrap();
+        .unwrap()
+        .tasks;
     assert_eq!(got.len(), n);
     got
 }

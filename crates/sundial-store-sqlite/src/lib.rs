@@ -39,9 +39,9 @@ use sundial_store::{
     AttemptHistory, ClaimOutcome, ClaimTarget, DeadGroup, DeadGroupFilter, DebounceOutcome,
     DebouncedCreate, DueClaim, DueEntry, DueKey, Fence, IdempotencyDecision, IdempotentCreate,
     IdempotentOutcome, Inserted, LIST_VISIT_BUDGET, ListDriver, QueueConfig, QueueSettings,
-    ReadyClaim, RetentionRules, Retry, SelectPage, StateCount, Store, StoreError, TaskFilter,
-    TaskPage, TransitionError, debounced_due, idempotency_decision, idempotency_remembered,
-    page_cursor,
+    ReadyClaim, ReadyTaken, RetentionRules, Retry, SelectPage, StateCount, Store, StoreError,
+    TaskFilter, TaskPage, TransitionError, debounced_due, idempotency_decision,
+    idempotency_remembered, page_cursor,
 };
 use thiserror::Error;
 
@@ -1071,6 +1071,76 @@ fn rate_of(
     .transpose()
 }
 
+/// The take turns of rate limit keys within one worker claim (`RateLimit::take_key`): read from
+/// `rate_limits` once per key, then kept as the claim takes (the writer's transaction serialises
+/// every check and update of them).
+struct TakeTurns {
+    now: Timestamp,
+    next: HashMap<String, i64>,
+    /// The earliest turn of a key this claim passed over.
+    passed: Option<i64>,
+}
+
+impl TakeTurns {
+    fn new(now: Timestamp) -> Self {
+        Self {
+            now,
+            next: HashMap::new(),
+            passed: None,
+        }
+    }
+
+    /// Whether `key` may take a task now; when not, its turn is remembered for
+    /// [`TakeTurns::next_turn`].
+    fn open(&mut self, conn: &Connection, key: &str) -> Result<bool, StoreError> {
+        let next = match self.next.get(key) {
+            Some(next) => *next,
+            None => {
+                let next: i64 = conn
+                    .prepare_cached("SELECT next_at FROM rate_limits WHERE key = ?1")
+                    .map_err(backend)?
+                    .query_row(params![key], |r| r.get(0))
+                    .optional()
+                    .map_err(backend)?
+                    .unwrap_or(i64::MIN);
+                self.next.insert(key.to_string(), next);
+                next
+            }
+        };
+        if next > self.now.0 {
+            self.passed = Some(self.passed.map_or(next, |p| p.min(next)));
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// Records a take under `key` that started at `started`: the key's next take comes one
+    /// interval later.
+    fn take(
+        &mut self,
+        conn: &Connection,
+        key: String,
+        started: Timestamp,
+        rate: &RateLimit,
+    ) -> Result<(), StoreError> {
+        let interval = i64::try_from(rate.interval_ms()).unwrap_or(i64::MAX);
+        let next = started.0.saturating_add(interval);
+        conn.prepare_cached(
+            "INSERT INTO rate_limits (key, next_at) VALUES (?1, ?2) \
+             ON CONFLICT (key) DO UPDATE SET next_at = excluded.next_at",
+        )
+        .map_err(backend)?
+        .execute(params![key, next])
+        .map_err(backend)?;
+        self.next.insert(key, next);
+        Ok(())
+    }
+
+    fn next_turn(&self) -> Option<Timestamp> {
+        self.passed.map(Timestamp)
+    }
+}
+
 fn claim_one(conn: &Connection, c: &DueClaim, now: Timestamp) -> Result<ClaimOutcome, StoreError> {
     // A rate limit: the key's next start may not come before its `next_at` (the writer's
     // transaction serialises every check and update of it).
@@ -1381,7 +1451,7 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn claim_ready(&self, claim: ReadyClaim) -> Result<Vec<Task>, StoreError> {
+    async fn claim_ready(&self, claim: ReadyClaim) -> Result<ReadyTaken, StoreError> {
         self.writer
             .write(move |conn| {
                 let want = claim.execution_ids.len();
@@ -1396,7 +1466,7 @@ impl Store for SqliteStore {
                 // call; the update checks again.
                 let mut stmt = conn
                     .prepare_cached(&format!(
-                        "SELECT {RANK_SQL}, id FROM tasks INDEXED BY tasks_ready \
+                        "SELECT {RANK_SQL}, id, rate FROM tasks INDEXED BY tasks_ready \
                          WHERE state = 'ready' AND queue = ?1 \
                          AND (?2 IS NULL OR kind IN (SELECT value FROM json_each(?2))) \
                          AND ({RANK_SQL}, id) > (?3, ?4) AND {GROUP_FREE_SQL} \
@@ -1430,25 +1500,37 @@ impl Store for SqliteStore {
                 // The empty blob sorts before every id.
                 let mut after: (i64, Vec<u8>) = (i64::MIN, Vec::new());
                 let mut out = Vec::with_capacity(want);
+                let mut turns = TakeTurns::new(claim.now);
                 while out.len() < want {
-                    let ids: Vec<(i64, Vec<u8>)> = stmt
+                    let rows: Vec<(i64, Vec<u8>, Option<String>)> = stmt
                         .query_map(params![claim.queue, kinds, after.0, after.1, page], |r| {
-                            Ok((r.get(0)?, r.get(1)?))
+                            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
                         })
                         .map_err(backend)?
                         .collect::<Result<_, _>>()
                         .map_err(backend)?;
-                    let Some(last) = ids.last() else {
+                    let Some(last) = rows.last() else {
                         break;
                     };
-                    after = last.clone();
-                    for (_, id) in ids {
+                    after = (last.0, last.1.clone());
+                    for (_, id, rate) in rows {
                         if out.len() >= want {
                             break;
                         }
                         let Some(exec) = claim.execution_ids.get(out.len()) else {
                             break;
                         };
+                        // A rate limit: taken only at its key's take turn.
+                        let rate = rate
+                            .map(|r| serde_json::from_str::<RateLimit>(&r))
+                            .transpose()
+                            .map_err(|e| StoreError::corrupt_from("rate", e))?;
+                        let take_key = rate.as_ref().map(|r| r.take_key(&claim.queue));
+                        if let Some(key) = &take_key
+                            && !turns.open(conn, key)?
+                        {
+                            continue;
+                        }
                         if let Some(t) = update_returning(
                             conn,
                             &sql,
@@ -1459,11 +1541,14 @@ impl Store for SqliteStore {
                                 &claim.worker,
                             ],
                         )? {
+                            if let (Some(key), Some(rate)) = (take_key, &rate) {
+                                turns.take(conn, key, t.started_at.unwrap_or(claim.now), rate)?;
+                            }
                             out.push(t);
                         }
                     }
                 }
-                Ok(out)
+                Ok(ReadyTaken::new(out, turns.next_turn()))
             })
             .await
     }
@@ -1741,7 +1826,28 @@ impl Store for SqliteStore {
                 .map_err(backend)?
                 .query_row(params![queue, now.0], |r| r.get(0))
                 .map_err(backend)?;
-            Ok(u64::try_from(n).unwrap_or(0))
+            // Ready ones passed over until their take turn.
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT rate FROM tasks INDEXED BY tasks_ready \
+                     WHERE state = 'ready' AND queue = ?1 AND rate IS NOT NULL",
+                )
+                .map_err(backend)?;
+            let rates: Vec<String> = stmt
+                .query_map(params![queue], |r| r.get(0))
+                .map_err(backend)?
+                .collect::<Result<_, _>>()
+                .map_err(backend)?;
+            let mut turns = TakeTurns::new(now);
+            let mut waiting = 0i64;
+            for rate in rates {
+                let rate: RateLimit =
+                    serde_json::from_str(&rate).map_err(|e| StoreError::corrupt_from("rate", e))?;
+                if !turns.open(conn, &rate.take_key(&queue))? {
+                    waiting += 1;
+                }
+            }
+            Ok(u64::try_from(n + waiting).unwrap_or(0))
         })
         .await
     }

@@ -530,6 +530,7 @@ pub async fn access_audit_rides_with_the_request_write(
                 .claim_ready(ready_claim("audited", 1, "w", t0))
                 .await
                 .expect("claim_ready")
+                .tasks
         })
         .await;
     assert_eq!(claimed.len(), 1);

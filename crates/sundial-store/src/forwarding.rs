@@ -12,8 +12,8 @@ use sundial_core::{ExecutionId, NewTask, Task, TaskId, Timestamp};
 use crate::{
     AttemptHistory, ClaimOutcome, DeadGroup, DeadGroupFilter, DebounceOutcome, DebouncedCreate,
     DueClaim, DueEntry, DueKey, Fence, IdempotentCreate, IdempotentOutcome, Inserted, QueueConfig,
-    QueueSettings, ReadyClaim, RetentionRules, Retry, SelectPage, StateCount, Store, StoreError,
-    TaskFilter, TaskPage, TransitionError,
+    QueueSettings, ReadyClaim, ReadyTaken, RetentionRules, Retry, SelectPage, StateCount, Store,
+    StoreError, TaskFilter, TaskPage, TransitionError,
 };
 
 /// One forwarded call, as [`Hooks::enter`] sees it.
@@ -66,7 +66,7 @@ pub trait Hooks: Send + Sync + 'static {
         &self,
         inner: &dyn Store,
         claim: ReadyClaim,
-    ) -> Result<Vec<Task>, StoreError> {
+    ) -> Result<ReadyTaken, StoreError> {
         inner.claim_ready(claim).await
     }
     async fn complete(
@@ -199,7 +199,7 @@ impl<H: Hooks> Store for Forwarding<H> {
         let _g = self.enter("claim_due", fence.map(|f| f.shard));
         self.hooks.claim_due(&*self.inner, claims, now, fence).await
     }
-    async fn claim_ready(&self, claim: ReadyClaim) -> Result<Vec<Task>, StoreError> {
+    async fn claim_ready(&self, claim: ReadyClaim) -> Result<ReadyTaken, StoreError> {
         let _g = self.enter("claim_ready", None);
         self.hooks.claim_ready(&*self.inner, claim).await
     }

@@ -62,8 +62,8 @@ pub use schedules::{
 pub use types::{
     ClaimOutcome, ClaimTarget, DeadGroup, DeadGroupFilter, DebounceOutcome, DebouncedCreate,
     DueClaim, DueEntry, DueKey, ERROR_GROUP_CHARS, IdempotencyDecision, IdempotentCreate,
-    IdempotentOutcome, Inserted, LIST_VISIT_BUDGET, ListDriver, ReadyClaim, Remember, Retry,
-    StateCount, TaskFilter, TaskPage, debounced_due, error_group, idempotency_decision,
+    IdempotentOutcome, Inserted, LIST_VISIT_BUDGET, ListDriver, ReadyClaim, ReadyTaken, Remember,
+    Retry, StateCount, TaskFilter, TaskPage, debounced_due, error_group, idempotency_decision,
     idempotency_remembered, page_cursor,
 };
 pub use workflows::{
@@ -163,7 +163,12 @@ pub trait Store: Send + Sync + 'static {
     /// the caller read its clock, the claim having queued behind the readying write: the start
     /// happens after the readying, which was at or past the due time), and its lease ends at that
     /// start plus the task's own timeout. So no task is recorded as started before it was due.
-    async fn claim_ready(&self, claim: ReadyClaim) -> Result<Vec<Task>, StoreError>;
+    ///
+    /// A task with a rate limit is taken only at its key's take turn (`RateLimit::take_key`,
+    /// spaced by the limit's interval across every caller and node), so workers that come back
+    /// to a pile of ready tasks still start them one interval apart; one passed over for its
+    /// turn is named by [`ReadyTaken::next_turn`].
+    async fn claim_ready(&self, claim: ReadyClaim) -> Result<ReadyTaken, StoreError>;
 
     /// Extends the lease of a running attempt to `now` plus the task's own timeout (never
     /// shortening it).
@@ -250,8 +255,9 @@ pub trait Store: Send + Sync + 'static {
     /// The earliest due time among `queue`'s tasks waiting to start (`scheduled` or `ready`).
     async fn earliest_waiting(&self, queue: &str) -> Result<Option<Timestamp>, StoreError>;
 
-    /// How many of `queue`'s tasks with a rate limit are due by `now` and still `scheduled`:
-    /// those waiting for their limit's turn (and, for a moment, any not claimed yet).
+    /// How many of `queue`'s tasks with a rate limit wait for their limit's turn at `now`: those
+    /// due and still `scheduled` (and, for a moment, any not claimed yet), and the `ready` ones
+    /// whose take turn (`RateLimit::take_key`) has not come.
     async fn count_rate_limited(&self, queue: &str, now: Timestamp) -> Result<u64, StoreError>;
 
     /// The kept attempts of a task, oldest first, and its total attempt count. `None` for an

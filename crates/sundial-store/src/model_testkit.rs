@@ -410,7 +410,8 @@ async fn apply(store: &dyn Store, m: &mut Model, op: &Op) -> Result<(), String> 
                     now,
                 })
                 .await
-                .map_err(|e| store_err(&e))?;
+                .map_err(|e| store_err(&e))?
+                .tasks;
             // By rank (the model's tasks all have the default priority: the due time), then id.
             let mut ready: Vec<(i64, TaskId)> = m
                 .tasks

@@ -472,7 +472,8 @@ pub async fn earliest_waiting_covers_scheduled_and_ready(store: Arc<dyn Store>) 
     let taken = s
         .claim_ready(ready_claim("q", 1, "w", at(30)))
         .await
-        .expect("claim_ready");
+        .expect("claim_ready")
+        .tasks;
     assert_eq!(ids(&taken), vec![early.id]);
     assert_eq!(
         s.earliest_waiting("q").await.expect("earliest"),
@@ -501,7 +502,8 @@ pub async fn attempts_record_each_start_and_how_it_ended(store: Arc<dyn Store>) 
     let taken = s
         .claim_ready(ready_claim("default", 1, "w-7", at(250)))
         .await
-        .expect("claim_ready");
+        .expect("claim_ready")
+        .tasks;
     assert_eq!(ids(&taken), vec![t.id]);
     let e2 = taken[0].execution_id.expect("execution id");
     let lease_end = taken[0].lease_expires_at.expect("lease");

@@ -39,8 +39,8 @@ use uuid::Uuid;
 use crate::Retry;
 use crate::{
     ClaimOutcome, ClaimTarget, DebounceOutcome, DebouncedCreate, DueClaim, DueEntry, DueKey,
-    IdempotentCreate, IdempotentOutcome, Inserted, ReadyClaim, Remember, Store, TaskFilter,
-    TaskPage, TransitionError,
+    IdempotentCreate, IdempotentOutcome, Inserted, ReadyClaim, ReadyTaken, Remember, Store,
+    TaskFilter, TaskPage, TransitionError,
 };
 
 /// What a conformance factory hands back, for every suite of this crate: the store under test
@@ -131,6 +131,8 @@ macro_rules! store_conformance {
             queue_limit_is_never_exceeded_under_concurrency
             a_rate_limit_spaces_starts_by_its_interval
             a_rate_limit_holds_under_concurrent_claims
+            a_rate_limit_spaces_worker_takes
+            a_rate_limit_spaces_worker_takes_under_concurrent_polls
             exclusive_wait_is_busy_while_key_runs
             exclusive_skip_is_cancelled_while_key_runs
             claim_ready_takes_ready_tasks_in_id_order
@@ -720,7 +722,8 @@ pub async fn duplicate_live_key_is_refused(store: Arc<dyn Store>) {
                 let got = s
                     .claim_ready(ready_claim("q", 1, "w", at(2)))
                     .await
-                    .expect("claim_ready");
+                    .expect("claim_ready")
+                    .tasks;
                 assert_eq!(ids(&got), vec![holder.id]);
             }
             _ => {}
@@ -1205,7 +1208,8 @@ pub async fn claim_due_ready_makes_task_ready(store: Arc<dyn Store>) {
     let taken = s
         .claim_ready(ready_claim("q", 1, "w", at(7)))
         .await
-        .expect("claim_ready");
+        .expect("claim_ready")
+        .tasks;
     assert_eq!(ids(&taken), vec![t.id]);
     assert_eq!(taken[0].attempt, 1);
 }
@@ -1419,7 +1423,7 @@ pub async fn exclusive_key_starts_once_under_concurrency(store: Arc<dyn Store>) 
             }
         }
         for out in ready_out {
-            started.extend(ids(&out.expect("claim_ready")));
+            started.extend(ids(&out.expect("claim_ready").tasks));
         }
         let running = s
             .list(
@@ -1512,7 +1516,7 @@ pub async fn group_limit_is_never_exceeded_under_concurrency(store: Arc<dyn Stor
         }
     }
     for out in ready_out {
-        started.extend(out.expect("claim_ready"));
+        started.extend(out.expect("claim_ready").tasks);
     }
     assert_eq!(started.len(), 3, "started {:?}", ids(&started));
     assert_eq!(running_in(s, queue).await, 3);
@@ -1595,7 +1599,7 @@ pub async fn queue_limit_is_never_exceeded_under_concurrency(store: Arc<dyn Stor
         }
     }
     for out in ready_out {
-        started.extend(out.expect("claim_ready"));
+        started.extend(out.expect("claim_ready").tasks);
     }
     assert_eq!(started.len(), 3, "started {:?}", ids(&started));
     assert_eq!(running_in(s, queue).await, 3);
@@ -1622,6 +1626,7 @@ pub async fn queue_limit_is_never_exceeded_under_concurrency(store: Arc<dyn Stor
         s.claim_ready(ready_claim(queue, 4, "w", now))
             .await
             .expect("claim_ready")
+            .tasks
             .is_empty(),
         "a full queue starts nothing for a worker"
     );
@@ -1654,7 +1659,8 @@ pub async fn queue_limit_is_never_exceeded_under_concurrency(store: Arc<dyn Stor
     let polled = s
         .claim_ready(ready_claim(queue, 4, "w", at(12)))
         .await
-        .expect("claim_ready");
+        .expect("claim_ready")
+        .tasks;
     assert_eq!(polled.len(), 1, "a worker takes the one free place");
     assert_eq!(running_in(s, queue).await, 3);
 
@@ -1835,6 +1841,115 @@ pub async fn a_rate_limit_holds_under_concurrent_claims(store: Arc<dyn Store>) {
     assert_eq!((started, limited), (1, 11));
 }
 
+/// Readies `n` tasks of worker queue `queue` under a rate limit of 10 a second (one turn every
+/// 100 ms, the queue's own key), one readying turn apart from `at(0)` on, as the shard loop
+/// would; then no worker has taken any of them.
+async fn ready_rated(s: &dyn Store, queue: &str, n: usize) -> Vec<TaskId> {
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let t = make(
+            TaskSpec::new("k")
+                .queue(queue)
+                .rate(None, 10, Duration::from_secs(1)),
+            at(0),
+        );
+        ids.push(insert(s, t).await.id);
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let now = at(100 * i as i64);
+        let out = s
+            .claim_due(
+                vec![DueClaim {
+                    id: *id,
+                    target: ClaimTarget::Ready,
+                }],
+                now,
+                None,
+            )
+            .await
+            .expect("claim_due");
+        assert!(matches!(out[0], ClaimOutcome::Readied(_)), "{out:?}");
+    }
+    ids
+}
+
+/// Workers that were away find a queue's rate-limited tasks ready, all readied at their turns;
+/// their polls still take them one turn apart, never the pile at once, and a ready task
+/// without a limit is not held back by them.
+pub async fn a_rate_limit_spaces_worker_takes(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    let rated = ready_rated(s, "rate-take", 4).await;
+    let free = insert(s, due_task("rate-take", "k", 0)).await;
+    make_ready(s, free.id, at(1)).await;
+    let back = at(10_000);
+    let first = s
+        .claim_ready(ready_claim("rate-take", 4, "w", back))
+        .await
+        .expect("claim_ready");
+    let mut taken = ids(&first.tasks);
+    taken.sort();
+    let mut want = vec![rated[0], free.id];
+    want.sort();
+    assert_eq!(taken, want, "one rated task, and the one without a limit");
+    assert_eq!(
+        first.next_turn,
+        Some(at(10_100)),
+        "the next take one interval on"
+    );
+    assert_eq!(
+        s.count_rate_limited("rate-take", at(10_099))
+            .await
+            .expect("count"),
+        3
+    );
+    let early = s
+        .claim_ready(ready_claim("rate-take", 4, "w", at(10_099)))
+        .await
+        .expect("claim_ready");
+    assert!(early.tasks.is_empty(), "not before the turn: {early:?}");
+    assert_eq!(early.next_turn, Some(at(10_100)));
+    for (i, id) in rated[1..].iter().enumerate() {
+        let now = at(10_100 + 100 * i as i64);
+        let got = s
+            .claim_ready(ready_claim("rate-take", 4, "w", now))
+            .await
+            .expect("claim_ready");
+        assert_eq!(ids(&got.tasks), vec![*id], "one per turn, in order");
+        assert_eq!(got.tasks[0].started_at, Some(now));
+    }
+    assert_eq!(
+        s.count_rate_limited("rate-take", at(10_400))
+            .await
+            .expect("count"),
+        0
+    );
+    // Nothing passed over: no turn to wait for.
+    let none = s
+        .claim_ready(ready_claim("rate-take", 4, "w", at(20_000)))
+        .await
+        .expect("claim_ready");
+    assert_eq!(none, ReadyTaken::default());
+}
+
+/// Concurrent polls at one moment take one rate-limited task between them.
+pub async fn a_rate_limit_spaces_worker_takes_under_concurrent_polls(store: Arc<dyn Store>) {
+    let s = store.as_ref();
+    ready_rated(s, "rate-poll-race", 6).await;
+    let now = at(10_000);
+    let calls: Vec<BoxFuture<'_, _>> = (0..8)
+        .map(|i| s.claim_ready(ready_claim("rate-poll-race", 2, &format!("w{i}"), now)))
+        .collect();
+    let mut taken = 0;
+    for out in join_all(calls).await {
+        let out = out.expect("claim_ready");
+        taken += out.tasks.len();
+        // A poll that saw the tasks passes them over until the next turn; one that found them
+        // locked by another poll's claim at that moment may not have seen them at all.
+        assert!(out.next_turn.is_none_or(|t| t > now), "{out:?}");
+    }
+    assert_eq!(taken, 1);
+}
+
 /// Drives two futures at once.
 async fn poll_fn_join<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
     let (mut a, mut b) = (Box::pin(a), Box::pin(b));
@@ -1954,6 +2069,7 @@ pub async fn exclusive_wait_is_busy_while_key_runs(store: Arc<dyn Store>) {
         s.claim_ready(ready_claim("d", 1, "w", at(6)))
             .await
             .expect("claim_ready")
+            .tasks
             .is_empty(),
         "the ready task's key is now held by the running one"
     );
@@ -2055,7 +2171,8 @@ pub async fn trace_context_stays_through_every_state_change(store: Arc<dyn Store
     let got = s
         .claim_ready(ready_claim("traced", 1, "w", at(2)))
         .await
-        .expect("claim_ready");
+        .expect("claim_ready")
+        .tasks;
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].trace, trace, "claimed by a worker");
     let exec = got[0].execution_id.expect("running");
@@ -2102,7 +2219,11 @@ pub async fn claim_ready_takes_ready_tasks_in_id_order(store: Arc<dyn Store>) {
     make_ready(s, elsewhere.id, at(5)).await;
 
     let first = ready_claim("work", 3, "worker-1", at(10));
-    let got = s.claim_ready(first.clone()).await.expect("claim_ready");
+    let got = s
+        .claim_ready(first.clone())
+        .await
+        .expect("claim_ready")
+        .tasks;
     assert_eq!(ids(&got), ids(&rs[..3]), "oldest ids first");
     let mut used = HashSet::new();
     for t in &got {
@@ -2128,18 +2249,21 @@ pub async fn claim_ready_takes_ready_tasks_in_id_order(store: Arc<dyn Store>) {
     let second = s
         .claim_ready(ready_claim("work", 3, "worker-2", at(11)))
         .await
-        .expect("claim_ready");
+        .expect("claim_ready")
+        .tasks;
     assert_eq!(ids(&second), ids(&rs[3..]), "only the tasks not yet taken");
     assert!(
         s.claim_ready(ready_claim("work", 3, "worker-3", at(12)))
             .await
             .expect("claim_ready")
+            .tasks
             .is_empty()
     );
     assert!(
         s.claim_ready(ready_claim("nowhere", 3, "worker-3", at(12)))
             .await
             .expect("claim_ready")
+            .tasks
             .is_empty()
     );
     assert_eq!(get(s, scheduled.id).await, scheduled);
@@ -2193,7 +2317,8 @@ pub async fn claim_ready_takes_ready_tasks_by_priority_rank(store: Arc<dyn Store
         let batch = s
             .claim_ready(ready_claim("work", 2, "w", Timestamp(11 * step + round)))
             .await
-            .expect("claim_ready");
+            .expect("claim_ready")
+            .tasks;
         for t in &batch {
             assert!(t.started_at >= Some(t.due_at), "never before its due time");
         }
@@ -2214,7 +2339,8 @@ pub async fn claim_ready_never_starts_a_task_before_its_due_time(store: Arc<dyn 
     let got = s
         .claim_ready(ready_claim("q", 5, "w", at(90)))
         .await
-        .expect("claim_ready");
+        .expect("claim_ready")
+        .tasks;
     assert_eq!(ids(&got), vec![t.id]);
     assert_eq!(got[0].started_at, Some(at(100)), "started at its due time");
     assert_eq!(got[0].lease_expires_at, Some(at(100 + t.timeout_ms as i64)));
@@ -2225,7 +2351,8 @@ pub async fn claim_ready_never_starts_a_task_before_its_due_time(store: Arc<dyn 
     let got = s
         .claim_ready(ready_claim("q", 5, "w", at(150)))
         .await
-        .expect("claim_ready");
+        .expect("claim_ready")
+        .tasks;
     assert_eq!(got[0].started_at, Some(at(150)));
     assert_eq!(got[0].lease_expires_at, Some(at(150 + u.timeout_ms as i64)));
 }
@@ -2248,6 +2375,7 @@ pub async fn claim_ready_respects_kinds_filter(store: Arc<dyn Store>) {
         s.claim_ready(with_kinds(&[], at(2)))
             .await
             .expect("claim_ready")
+            .tasks
             .is_empty(),
         "an empty kind list takes nothing"
     );
@@ -2255,12 +2383,14 @@ pub async fn claim_ready_respects_kinds_filter(store: Arc<dyn Store>) {
         s.claim_ready(with_kinds(&["zzz"], at(2)))
             .await
             .expect("claim_ready")
+            .tasks
             .is_empty()
     );
     let got = s
         .claim_ready(with_kinds(&["a", "c"], at(3)))
         .await
-        .expect("claim_ready");
+        .expect("claim_ready")
+        .tasks;
     let mut expected = by_kind["a"].clone();
     expected.extend(&by_kind["c"]);
     expected.sort();
@@ -2271,7 +2401,8 @@ pub async fn claim_ready_respects_kinds_filter(store: Arc<dyn Store>) {
     let rest = s
         .claim_ready(ready_claim("q", 5, "w", at(4)))
         .await
-        .expect("claim_ready");
+        .expect("claim_ready")
+        .tasks;
     assert_eq!(ids(&rest), by_kind["b"]);
 }
 
@@ -2286,6 +2417,7 @@ pub async fn claim_ready_respects_batch_size(store: Arc<dyn Store>) {
         s.claim_ready(ready_claim("q", 0, "w", at(2)))
             .await
             .expect("claim_ready")
+            .tasks
             .is_empty()
     );
     assert_eq!(counts(s).await, count_map(&[("q", TaskState::Ready, 6)]));
@@ -2294,7 +2426,8 @@ pub async fn claim_ready_respects_batch_size(store: Arc<dyn Store>) {
         let got = s
             .claim_ready(ready_claim("q", batch, "w", at(3)))
             .await
-            .expect("claim_ready");
+            .expect("claim_ready")
+            .tasks;
         assert_eq!(got.len(), want, "batch of {batch}");
         taken.extend(ids(&got));
     }
@@ -2325,7 +2458,8 @@ pub async fn claim_ready_skips_busy_exclusive_keys(store: Arc<dyn Store>) {
     let got = s
         .claim_ready(ready_claim("w", 1, "w", at(3)))
         .await
-        .expect("claim_ready");
+        .expect("claim_ready")
+        .tasks;
     assert_eq!(
         ids(&got),
         vec![free.id],
@@ -2335,6 +2469,7 @@ pub async fn claim_ready_skips_busy_exclusive_keys(store: Arc<dyn Store>) {
         s.claim_ready(ready_claim("w", 3, "w", at(3)))
             .await
             .expect("claim_ready")
+            .tasks
             .is_empty()
     );
     assert_eq!(
@@ -2352,7 +2487,8 @@ pub async fn claim_ready_skips_busy_exclusive_keys(store: Arc<dyn Store>) {
     let got = s
         .claim_ready(ready_claim("w", 3, "w", at(5)))
         .await
-        .expect("claim_ready");
+        .expect("claim_ready")
+        .tasks;
     assert_eq!(
         ids(&got),
         vec![blocked[0].id],
@@ -2370,7 +2506,8 @@ pub async fn claim_ready_skips_busy_exclusive_keys(store: Arc<dyn Store>) {
     let got = s
         .claim_ready(ready_claim("w", 3, "w", at(7)))
         .await
-        .expect("claim_ready");
+        .expect("claim_ready")
+        .tasks;
     assert_eq!(ids(&got), vec![g1.id, f2.id, f3.id]);
     assert_eq!(get(s, g2.id).await.state, TaskState::Ready);
     assert_eq!(get(s, blocked[1].id).await.state, TaskState::Ready);
@@ -2391,7 +2528,7 @@ pub async fn claim_ready_never_returns_a_task_twice_under_concurrency(store: Arc
     let results = join_all(futures).await;
     let mut seen = HashSet::new();
     for (c, got) in claims.iter().zip(results) {
-        let got = got.expect("claim_ready");
+        let got = got.expect("claim_ready").tasks;
         assert!(got.len() <= 4);
         for t in got {
             assert!(seen.insert(t.id), "task {} handed out twice", t.id);
@@ -2404,7 +2541,8 @@ pub async fn claim_ready_never_returns_a_task_twice_under_concurrency(store: Arc
     let rest = s
         .claim_ready(ready_claim("q", 20, "last", at(3)))
         .await
-        .expect("claim_ready");
+        .expect("claim_ready")
+        .tasks;
     for t in rest {
         assert!(seen.insert(t.id), "task {} handed out twice", t.id);
     }
@@ -2689,6 +2827,7 @@ pub async fn cancel_from_live_states(store: Arc<dyn Store>) {
         s.claim_ready(ready_claim("q", 5, "w", at(12)))
             .await
             .expect("claim_ready")
+            .tasks
             .is_empty()
     );
     assert_eq!(
@@ -3100,7 +3239,8 @@ pub async fn count_by_state_follows_transitions(store: Arc<dyn Store>) {
     let taken = s
         .claim_ready(ready_claim("alpha", 5, "w", at(3)))
         .await
-        .expect("claim_ready");
+        .expect("claim_ready")
+        .tasks;
     assert_eq!(ids(&taken), vec![alpha[0].id]);
     s.expire_leases(at(5), 10, None)
         .await
@@ -3690,6 +3830,7 @@ pub async fn terminal_states_never_change(store: Arc<dyn Store>) {
         s.claim_ready(ready_claim("q", 10, "w", later))
             .await
             .expect("claim_ready")
+            .tasks
             .is_empty()
     );
     for t in &before {

@@ -268,6 +268,23 @@ pub struct ReadyClaim {
     pub now: Timestamp,
 }
 
+/// What a worker's claim took ([`crate::Store::claim_ready`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct ReadyTaken {
+    /// The tasks claimed, in the order they were taken.
+    pub tasks: Vec<Task>,
+    /// When ready tasks passed over for their rate limit's turn may be taken: the earliest turn
+    /// among them (`None`: none was passed over). A poll that took nothing waits until then.
+    pub next_turn: Option<Timestamp>,
+}
+
+impl ReadyTaken {
+    pub fn new(tasks: Vec<Task>, next_turn: Option<Timestamp>) -> Self {
+        Self { tasks, next_turn }
+    }
+}
+
 /// Filter for listing tasks (and for bulk actions). Every field narrows; all must match.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TaskFilter {

@@ -14,7 +14,7 @@ use common::intercept::Intercept;
 use common::*;
 use sundial::{Config, ManualClock, Sundial, TaskSpec};
 use sundial_core::{Task, Timestamp};
-use sundial_store::{ReadyClaim, Store, StoreError};
+use sundial_store::{ReadyClaim, ReadyTaken, Store, StoreError};
 
 /// Counts `claim_ready` calls.
 struct CountReadyClaims(Arc<AtomicUsize>);
@@ -25,7 +25,7 @@ impl Intercept for CountReadyClaims {
         &self,
         inner: &dyn Store,
         claim: ReadyClaim,
-    ) -> Result<Vec<Task>, StoreError> {
+    ) -> Result<ReadyTaken, StoreError> {
         self.0.fetch_add(1, Ordering::SeqCst);
         inner.claim_ready(claim).await
     }

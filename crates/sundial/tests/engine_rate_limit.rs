@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use sundial::{TaskSpec, Timestamp};
+use sundial::{Clock, TaskSpec, Timestamp};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_limit_is_never_exceeded_in_any_window() {
@@ -76,5 +76,81 @@ async fn a_rate_limit_is_never_exceeded_in_any_window() {
     assert!(span < 19 * 200 + 1_000, "took {span} ms: {starts:?}");
     for id in limited {
         wait_state(s, id, sundial::TaskState::Succeeded).await;
+    }
+}
+
+/// Waits (bounded, real time) until the poll has answered or is parked on the clock waiting.
+async fn answered_or_parked(
+    clock: &sundial::ManualClock,
+    poll: &tokio::task::JoinHandle<Vec<sundial::Task>>,
+) {
+    for _ in 0..10_000 {
+        if poll.is_finished() || clock.sleepers() >= 1 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("the poll neither answered nor waited");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_back_from_away_take_rate_limited_tasks_one_turn_apart() {
+    const TASKS: usize = 5;
+    let h = harness().await;
+    let mut stepper = h.sundial.stepper();
+    let s = &h.sundial;
+    // A worker queue (no handler for the kind), 5 starts a second: one per 200 ms.
+    let mut ids = Vec::new();
+    for _ in 0..TASKS {
+        let spec = TaskSpec::new("mail.send").queue("mail").run_at(T0).rate(
+            None,
+            5,
+            Duration::from_secs(1),
+        );
+        ids.push(s.schedule(spec).await.unwrap());
+    }
+    // No worker for 2 s: every task becomes ready at its readying turn.
+    for _ in 0..200 {
+        stepper.settle().await;
+        h.clock.advance(Duration::from_millis(10));
+    }
+    stepper.settle().await;
+    for id in &ids {
+        wait_state(s, *id, sundial::TaskState::Ready).await;
+    }
+    // A worker comes back and polls for up to 10 at a time, one poll after another.
+    let back = h.clock.now();
+    let mut starts: Vec<Timestamp> = Vec::new();
+    while starts.len() < TASKS {
+        let sundial = s.clone();
+        let poll = tokio::spawn(async move {
+            sundial
+                .poll("mail", None, None, 10, Duration::from_secs(30))
+                .await
+                .unwrap()
+        });
+        for _ in 0..1_000 {
+            answered_or_parked(&h.clock, &poll).await;
+            if poll.is_finished() {
+                break;
+            }
+            h.clock.advance(Duration::from_millis(10));
+            stepper.settle().await;
+        }
+        let got = poll.await.unwrap();
+        assert_eq!(
+            got.len(),
+            1,
+            "one task per turn, however many are ready: {got:?}"
+        );
+        starts.push(got[0].started_at.unwrap());
+    }
+    assert_eq!(starts[0], back, "the first is taken at once");
+    for pair in starts.windows(2) {
+        let gap = pair[1].0 - pair[0].0;
+        assert!(
+            (200..=210).contains(&gap),
+            "takes {gap} ms apart, not one turn (200 ms): {starts:?}"
+        );
     }
 }

@@ -1,12 +1,13 @@
 //! The worker protocol's engine side: long-polls that wait for ready tasks of a queue and claim
-//! them (one waiting poller woken per readiness, passed on after a full batch), and heartbeats.
+//! them (one waiting poller woken per readiness, passed on after a full batch; a poll that found
+//! only tasks waiting for their rate limit's take turn looks again at that turn), and heartbeats.
 //!
 //! Never decides whether a claim is allowed: `claim_ready` is conditional in the store.
 
 use std::time::Duration;
 
-use sundial_core::{ExecutionId, Task, TaskId};
-use sundial_store::ReadyClaim;
+use sundial_core::{ExecutionId, Task, TaskId, Timestamp};
+use sundial_store::{ReadyClaim, ReadyTaken};
 
 use super::Engine;
 use crate::Error;
@@ -67,9 +68,15 @@ impl Engine {
                 worker: worker.clone(),
                 now,
             };
-            let tasks = self.claim_ready(claim).await?;
-            if tasks.len() >= max && kinds.is_none() {
-                // A full batch: more may be ready; the next waiting poller looks.
+            let (tasks, next_turn) = self.claim_ready(claim).await?;
+            if next_turn.is_some() {
+                metrics::counter!("sundial_rate_limited_total", "namespace" => sundial_core::namespace::namespace_of(queue).to_string(), "queue" => sundial_core::namespace::local(queue).to_string())
+                    .increment(1);
+            }
+            if (tasks.len() >= max || (next_turn.is_some() && !tasks.is_empty())) && kinds.is_none()
+            {
+                // A full batch: more may be ready; the next waiting poller looks. Or tasks were
+                // passed over for their rate limit's turn: the next waiting poller waits for it.
                 q.ready.notify_one();
             }
             if !tasks.is_empty() {
@@ -80,9 +87,11 @@ impl Engine {
             if now >= deadline || self.is_stopping() {
                 return Ok(Vec::new());
             }
+            // A ready task passed over for its rate limit's turn: look again at that turn.
+            let wake = next_turn.map_or(deadline, |turn| turn.min(deadline));
             tokio::select! {
                 _ = notified => {}
-                _ = self.clock.sleep_until(deadline) => {}
+                _ = self.clock.sleep_until(wake) => {}
                 _ = stopping.changed() => {}
             }
             // Woken well past the deadline: the process was stopped (SIGSTOP, a stall) while the
@@ -95,8 +104,16 @@ impl Engine {
         }
     }
 
-    async fn claim_ready(&self, claim: ReadyClaim) -> Result<Vec<Task>, Error> {
-        let mut tasks = self.store.claim_ready(claim).await?;
+    /// Claims for a poll: the tasks taken, and when a rate limit's next turn lets more be taken.
+    async fn claim_ready(
+        &self,
+        claim: ReadyClaim,
+    ) -> Result<(Vec<Task>, Option<Timestamp>), Error> {
+        let ReadyTaken {
+            mut tasks,
+            next_turn,
+            ..
+        } = self.store.claim_ready(claim).await?;
         for t in &mut tasks {
             if t.trace.is_some() {
                 // The worker continues the trace from its delivery.
@@ -111,7 +128,7 @@ impl Engine {
                     .record(s.since(t.became_due_at()).as_secs_f64());
             }
         }
-        Ok(tasks)
+        Ok((tasks, next_turn))
     }
 
     /// Extends a running attempt's lease by the task's own timeout (the store has it; nothing is
