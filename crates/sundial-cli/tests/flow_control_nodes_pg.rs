@@ -218,6 +218,87 @@ async fn three_nodes_keep_a_group_limit_a_throttle_a_debounce_a_rate_limit_and_a
         "8 starts at 5/s over three nodes took {took} ms"
     );
 
+    // Workers away: 5 tasks under another key, 5 per second, become ready at their turns while
+    // nobody polls. Workers on every node then come back to the pile, asking for 4 per poll,
+    // and still start them one turn (200 ms) apart: the turn is taken at the poll, cluster-wide.
+    const AWAY: usize = 5;
+    let mut away = Vec::new();
+    for n in 0..AWAY {
+        let (status, t) = post(
+            &format!("{}/v1/tasks", urls[n % NODES]),
+            json!({"kind": "call", "queue": "rated-away", "payload": {"n": n},
+                   "rate": {"key": "api-away", "limit": 5, "per": "1s"}}),
+        )
+        .await;
+        assert_eq!(status, 201, "{t}");
+        away.push(t["id"].as_str().unwrap().to_string());
+    }
+    let http = sundial_cli::http_client_builder().build().unwrap();
+    for id in &away {
+        let mut state = String::new();
+        for _ in 0..200 {
+            let t: Value = http
+                .get(format!("{}/v1/tasks/{id}", urls[0]))
+                .send()
+                .await
+                .expect("send")
+                .json()
+                .await
+                .unwrap();
+            state = t["state"].as_str().unwrap_or_default().to_string();
+            if state == "ready" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            state, "ready",
+            "task {id} became ready with no worker polling"
+        );
+    }
+    let starts = Arc::new(std::sync::Mutex::new(Vec::<jiff::Timestamp>::new()));
+    let mut workers = Vec::new();
+    for w in 0..NODES * 2 {
+        let client = servers[w % NODES].client();
+        let starts = starts.clone();
+        workers.push(tokio::spawn(async move {
+            for _ in 0..600 {
+                if starts.lock().unwrap().len() >= AWAY {
+                    return;
+                }
+                let got = client
+                    .poll(
+                        "rated-away",
+                        &format!("a{w}"),
+                        4,
+                        Duration::from_millis(100),
+                        None,
+                    )
+                    .await
+                    .unwrap();
+                for t in got.tasks {
+                    // The lease ends the task's timeout (the same for all) after its start.
+                    let started: jiff::Timestamp = t.lease_expires_at.parse().unwrap();
+                    starts.lock().unwrap().push(started);
+                    client.complete(t.id, t.execution_id, None).await.unwrap();
+                }
+            }
+        }));
+    }
+    for w in workers {
+        w.await.unwrap();
+    }
+    let mut starts = starts.lock().unwrap().clone();
+    assert_eq!(starts.len(), AWAY, "every task taken once after the break");
+    starts.sort();
+    for pair in starts.windows(2) {
+        let gap = pair[1].duration_since(pair[0]).as_millis();
+        assert!(
+            gap >= 200,
+            "takes {gap} ms apart after the workers came back (one turn is 200 ms): {starts:?}"
+        );
+    }
+
     // Queue limit: set on one node, 3 at once for the whole queue; 24 tasks, workers on every
     // node asking for 2 per poll.
     const QUEUED: usize = 24;

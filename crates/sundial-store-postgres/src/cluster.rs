@@ -32,7 +32,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use sundial_core::{Priority, TaskId, Timestamp};
 use sundial_store::{
-    Cluster, ClusterState, DueEntry, DueKey, Fence, Member, ShardLease, StoreError, Wakeup,
+    Cluster, ClusterState, DueEntry, DueKey, Fence, Member, Place, ShardLease, StoreError, Wakeup,
 };
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, NoTls};
@@ -303,6 +303,10 @@ fn encode_one(w: &Wakeup) -> String {
             ]),
         },
         Wakeup::Ready { queue } => serde_json::json!(["r", queue]),
+        Wakeup::Released { place, handed } => match place {
+            Place::Group(key) => serde_json::json!(["p", "g", key, handed]),
+            Place::Queue(queue) => serde_json::json!(["p", "q", queue, handed]),
+        },
         Wakeup::Membership => serde_json::json!(["m"]),
     };
     v.to_string()
@@ -317,7 +321,8 @@ pub(crate) fn encode(wakeups: &[Wakeup]) -> Vec<String> {
     let mut current = String::new();
     for w in wakeups {
         let line = encode_one(w);
-        if !seen.insert(line.clone()) {
+        // Each release offers one place: two alike are two places, not a duplicate.
+        if !matches!(w, Wakeup::Released { .. }) && !seen.insert(line.clone()) {
             continue;
         }
         if line.len() > MAX_PAYLOAD {
@@ -403,6 +408,23 @@ fn decode_one(line: &str) -> Option<Wakeup> {
             Some(Wakeup::Ready {
                 queue: queue.as_str()?.to_string(),
             })
+        }
+        "p" => {
+            let [_, class, name, handed] = v.as_slice() else {
+                return None;
+            };
+            let name = name.as_str()?.to_string();
+            let place = match class.as_str()? {
+                "g" => Place::Group(name),
+                "q" => Place::Queue(name),
+                _ => return None,
+            };
+            let handed = if handed.is_null() {
+                None
+            } else {
+                Some(handed.as_i64()?)
+            };
+            Some(Wakeup::Released { place, handed })
         }
         "m" if v.len() == 1 => Some(Wakeup::Membership),
         _ => None,
@@ -551,6 +573,14 @@ mod tests {
             },
             due(0, -5, "ünïcode"),
             Wakeup::Membership,
+            Wakeup::Released {
+                place: Place::Group("acme:smtp".to_string()),
+                handed: Some(-1_700_000_000_123),
+            },
+            Wakeup::Released {
+                place: Place::Queue("mail".to_string()),
+                handed: None,
+            },
         ];
         let payloads = encode(&ws);
         assert_eq!(payloads.len(), 1);
@@ -564,6 +594,16 @@ mod tests {
         };
         let payloads = encode(&[r.clone(), r.clone(), due(1, 2, "q"), r.clone()]);
         assert_eq!(decode(&payloads.concat()), vec![r, due(1, 2, "q")]);
+    }
+
+    #[test]
+    fn two_alike_releases_are_two_places() {
+        let r = Wakeup::Released {
+            place: Place::Group("g".to_string()),
+            handed: None,
+        };
+        let payloads = encode(&[r.clone(), r.clone()]);
+        assert_eq!(decode(&payloads.concat()), vec![r.clone(), r]);
     }
 
     #[test]

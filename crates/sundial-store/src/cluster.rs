@@ -39,10 +39,26 @@ pub enum Wakeup {
     Due { shard: u32, entry: DueEntry },
     /// Tasks of `queue` became ready for workers.
     Ready { queue: String },
+    /// A place of a group key or of a limited queue was freed on one node, and handed there to
+    /// the waiter ranked `handed` (its due time moved by its priority; `None`: that node had no
+    /// waiter for it). Another node hands it to its own best waiter when that one ranks before
+    /// `handed`, so a place freed on one node reaches a waiter on another at once, in rank order,
+    /// instead of at that waiter's backstop retry. The store decides every start, so a place
+    /// offered on two nodes still starts only one task.
+    Released { place: Place, handed: Option<i64> },
     /// A node joined or left the membership: the others look at the shard placement now rather
     /// than at their next turn (a clean shutdown hands its shards over at once, a newcomer gets
     /// its share without waiting a third of the lease TTL).
     Membership,
+}
+
+/// What a start refused for want of a place waits for (see [`Wakeup::Released`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Place {
+    /// A place of an exclusive key or group key (`ClaimOutcome::Busy`).
+    Group(String),
+    /// A place under the queue's concurrency limit (`ClaimOutcome::QueueFull`).
+    Queue(String),
 }
 
 /// A live node as the membership records it: its name and the `now` of its last heartbeat. A node

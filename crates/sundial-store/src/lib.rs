@@ -46,7 +46,7 @@ pub use access::{
     AccessStore, AuditFilter, AuditPage, AuditRecord, Namespace, NamespaceError, NewAuditRecord,
     NewToken, Scope, TokenRecord,
 };
-pub use cluster::{Cluster, ClusterState, Fence, Member, ShardLease, Wakeup};
+pub use cluster::{Cluster, ClusterState, Fence, Member, Place, ShardLease, Wakeup};
 
 pub use error::{Reason, StoreError, TransitionError};
 pub use ops::{

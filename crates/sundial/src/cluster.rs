@@ -707,7 +707,7 @@ async fn publisher_loop(engine: Arc<dyn ShardHost>, node: &ClusterNode) {
         let mut membership = false;
         batch.retain(|w| match w {
             Wakeup::Ready { queue } => queues.insert(queue.clone()),
-            Wakeup::Due { .. } => true,
+            Wakeup::Due { .. } | Wakeup::Released { .. } => true,
             Wakeup::Membership => !std::mem::replace(&mut membership, true),
         });
         if let Err(e) = node.cluster.publish(batch).await {

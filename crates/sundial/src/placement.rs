@@ -155,6 +155,16 @@ impl Placement {
         }
     }
 
+    /// A place of `place` was freed here and handed to the waiter ranked `handed` (`None`: to
+    /// nobody): tell the other nodes, whose waiters may rank before it, when there are others.
+    pub(crate) fn place_released(&self, place: sundial_store::Place, handed: Option<i64>) {
+        if let Placement::Cluster(c) = self
+            && !c.is_alone()
+        {
+            c.publish(Wakeup::Released { place, handed });
+        }
+    }
+
     /// Retention: deletes up to `limit` expired finished tasks: of every shard on a single node,
     /// of the held shards (fenced) on several.
     pub(crate) async fn purge_tasks(

@@ -802,7 +802,7 @@ async fn wake_ups_for_tasks_due_after_the_next_rescan_are_not_published() {
             .iter()
             .filter_map(|w| match w {
                 Wakeup::Due { entry, .. } => Some(entry.key.id),
-                Wakeup::Ready { .. } | Wakeup::Membership => None,
+                Wakeup::Ready { .. } | Wakeup::Released { .. } | Wakeup::Membership => None,
             })
             .collect()
     };
@@ -1218,4 +1218,94 @@ async fn a_newcomer_that_listens_late_still_gets_its_share() {
         "the newcomer got its share once it listened, without the clock moving: {owned:?}"
     );
     running.shutdown(Duration::from_secs(5)).await;
+}
+
+/// A place of a group freed on one node reaches a task waiting for it on another node at once,
+/// not at the waiter's 1 s backstop retry: the clock moves less than 1 s from the waiter's
+/// refusal on, so only the release told between the nodes can start it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_place_freed_on_one_node_starts_a_waiter_on_another_at_once() {
+    let c = cluster(2).await;
+    wait_balanced(&c).await;
+    // Heartbeats on both sides, so neither node thinks itself alone.
+    run_for(&c.clock, Duration::from_secs(4)).await;
+    let finish = Arc::new(tokio::sync::Semaphore::new(0));
+    let (started_tx, mut started) =
+        tokio::sync::mpsc::unbounded_channel::<(usize, sundial::TaskId)>();
+    for (i, (s, _)) in c.nodes.iter().enumerate() {
+        let (finish, started_tx) = (finish.clone(), started_tx.clone());
+        s.register("g", move |ctx: sundial::TaskContext| {
+            let (finish, started_tx) = (finish.clone(), started_tx.clone());
+            async move {
+                let _ = started_tx.send((i, ctx.task.id));
+                if let Ok(permit) = finish.acquire().await {
+                    permit.forget();
+                }
+                Ok::<(), String>(())
+            }
+        });
+    }
+    // A business key on a shard of node `i` (the shard follows the queue and key).
+    let key_on = |i: usize| -> String {
+        let owned = c.nodes[i].0.owned_shards();
+        (0..10_000)
+            .map(|n| format!("k{n}"))
+            .find(|k| {
+                owned.contains(&sundial_core::shard_for(
+                    "default",
+                    Some(k),
+                    &sundial::TaskId(uuid::Uuid::nil()),
+                    16,
+                ))
+            })
+            .unwrap()
+    };
+    let spec = |key: String| {
+        TaskSpec::new("g")
+            .key(key)
+            .run_at(c.clock.now())
+            .concurrency("acct", 1)
+    };
+    // Runs until the next start, moving the clock 10 ms at a time but never by `budget` in
+    // all: less than the waiter's 1 s backstop.
+    async fn next_start(
+        clock: &ManualClock,
+        started: &mut tokio::sync::mpsc::UnboundedReceiver<(usize, sundial::TaskId)>,
+        budget: Duration,
+    ) -> Option<(usize, sundial::TaskId)> {
+        let mut moved = Duration::ZERO;
+        loop {
+            if let Ok(got) = tokio::time::timeout(Duration::from_millis(20), started.recv()).await {
+                return got;
+            }
+            if moved >= budget {
+                return None;
+            }
+            clock.advance(Duration::from_millis(10));
+            moved += Duration::from_millis(10);
+        }
+    }
+    let holder = c.nodes[0].0.schedule(spec(key_on(0))).await.unwrap();
+    let got = next_start(&c.clock, &mut started, Duration::from_millis(300)).await;
+    assert_eq!(
+        got,
+        Some((0, holder)),
+        "the holder runs on its shard's node"
+    );
+    // Refused for the group's one place, the waiter waits on node 1.
+    let waiter = c.nodes[1].0.schedule(spec(key_on(1))).await.unwrap();
+    let got = next_start(&c.clock, &mut started, Duration::from_millis(200)).await;
+    assert_eq!(
+        got, None,
+        "a second task of the group started while the first ran"
+    );
+    finish.add_permits(1);
+    let got = next_start(&c.clock, &mut started, Duration::from_millis(400)).await;
+    assert_eq!(
+        got,
+        Some((1, waiter)),
+        "the waiter on the other node starts when the place frees, before its backstop retry"
+    );
+    finish.add_permits(1);
+    wait_state(&c.nodes[0].0, waiter, TaskState::Succeeded).await;
 }

@@ -91,14 +91,10 @@ pub(crate) struct Engine {
     pub(crate) seen: seen::SeenWorkers,
 }
 
-/// What a start refused for want of a place waits for.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) enum WaitFor {
-    /// A place of an exclusive key or group key (`ClaimOutcome::Busy`).
-    Group(String),
-    /// A place under the queue's concurrency limit (`ClaimOutcome::QueueFull`).
-    Queue(String),
-}
+/// What a start refused for want of a place waits for: a place of an exclusive key or group
+/// (`ClaimOutcome::Busy`), or under the queue's concurrency limit (`ClaimOutcome::QueueFull`).
+/// The store's type, as a release is also told to the other nodes (`Wakeup::Released`).
+pub(crate) use sundial_store::Place as WaitFor;
 
 /// How many of a line's best-ranked waiters retry on their own every second.
 pub(crate) const WAIT_FRONT: usize = 8;
@@ -139,6 +135,11 @@ impl WaitLine {
 
     pub(crate) fn is_empty(&self) -> bool {
         self.line.is_empty()
+    }
+
+    /// The rank of the best-ranked waiter.
+    pub(crate) fn best_rank(&self) -> Option<i64> {
+        self.line.first_key_value().map(|((rank, _), _)| *rank)
     }
 }
 
@@ -560,6 +561,7 @@ impl ShardHost for Engine {
         match wakeup {
             Wakeup::Due { shard, entry } => self.notify_local(shard, entry),
             Wakeup::Ready { queue } => self.wake_pollers(&queue),
+            Wakeup::Released { place, handed } => self.released_elsewhere(&place, handed),
             // Handled by the membership loop (the subscriber hands it there).
             Wakeup::Membership => {}
         }

@@ -17,7 +17,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use tracing::Instrument;
 
-use super::{Engine, WaitFor, wait_true};
+use super::{Engine, WaitFor, WaitLine, wait_true};
 use crate::Error;
 use crate::handler::{AttemptAnswer, Handler, HandlerError, RunSlots, TaskContext};
 use crate::trace::{self, Step};
@@ -208,19 +208,49 @@ impl Engine {
 
     /// A task stopped running (or will never run): when it held a place of an exclusive key or
     /// group, or of a queue with a concurrency limit, one place is free, so wake the
-    /// best-ranked task waiting for it (the earliest due, moved by its priority), and for a
-    /// limited queue let its pollers look again (on every node, through the placement). The
-    /// other waiters stay registered for the next release; each also retries on its own within
-    /// 1 s, the backstop for a wake that finds its task gone, and for holders on other nodes.
+    /// best-ranked task waiting for it here (the earliest due, moved by its priority), tell the
+    /// other nodes (whose best waiter takes it when it ranks before the one woken here, see
+    /// [`Engine::released_elsewhere`]), and for a limited queue let its pollers look again (on
+    /// every node, through the placement). The other waiters stay registered for the next
+    /// release; each also retries on its own within 1 s, the backstop for a wake that finds its
+    /// task gone or a wake-up between nodes that was lost.
     pub fn release_exclusive(&self, task: &Task) {
         let queue_limited = self.paused.is_limited(&task.queue);
         if let Some(ex) = &task.exclusive {
-            self.wake_waiters(&WaitFor::Group(ex.key.clone()), 1);
+            self.release_place(WaitFor::Group(ex.key.clone()));
         }
         if queue_limited {
-            self.wake_waiters(&WaitFor::Queue(task.queue.clone()), 1);
+            self.release_place(WaitFor::Queue(task.queue.clone()));
             self.ready_changed(&task.queue);
         }
+    }
+
+    /// One place of `place` freed on this node: handed to the best waiter here, and offered to
+    /// the other nodes' waiters that rank before it.
+    fn release_place(&self, place: WaitFor) {
+        let handed = self
+            .wake_waiters(&place, 1)
+            .first()
+            .map(|(_, e)| e.priority.rank(e.key.due_at));
+        self.placement.place_released(place, handed);
+    }
+
+    /// Another node freed a place of `place` and handed it to its waiter ranked `handed` (`None`:
+    /// to nobody). The best waiter here takes it when it ranks before that one; when nobody was
+    /// handed it and nobody waits here, a claim refused meanwhile looks again at once (as after
+    /// a local release).
+    pub(crate) fn released_elsewhere(&self, place: &WaitFor, handed: Option<i64>) {
+        if let Some(handed) = handed {
+            let best = self
+                .exclusive_waiting
+                .lock()
+                .ok()
+                .and_then(|w| w.get(place).and_then(WaitLine::best_rank));
+            if best.is_none_or(|rank| rank >= handed) {
+                return;
+            }
+        }
+        self.wake_waiters(place, 1);
     }
 
     /// A task that may have waited in line started (by its own retry rather than a hand-over):
@@ -262,7 +292,7 @@ impl Engine {
     /// Hands up to `n` of the best-ranked waiters for `what` back to their shards. When there
     /// are none, the freed place goes to whoever claims next: the release counter tells a claim
     /// refused meanwhile to look again at once.
-    fn wake_waiters(&self, what: &WaitFor, n: usize) {
+    fn wake_waiters(&self, what: &WaitFor, n: usize) -> Vec<(u32, DueEntry)> {
         let waiting: Vec<(u32, DueEntry)> = match self.exclusive_waiting.lock() {
             Ok(mut w) => {
                 let mut woken = Vec::new();
@@ -289,13 +319,14 @@ impl Engine {
                 Vec::new()
             }
         };
-        for (shard, e) in waiting {
-            if let Some(s) = self.shards.get(shard as usize) {
+        for (shard, e) in &waiting {
+            if let Some(s) = self.shards.get(*shard as usize) {
                 if let Ok(mut inbox) = s.inbox.lock() {
-                    inbox.push(e);
+                    inbox.push(e.clone());
                 }
                 s.wake.notify_one();
             }
         }
+        waiting
     }
 }
