@@ -1,6 +1,6 @@
-//! Long-poll wake-ups: tasks becoming ready wake one waiting poller (which passes the wake-up on
-//! when it took a full batch), not every poller of the queue; pollers restricted to some kinds
-//! are all woken. Counted on a store that records how often `claim_ready` is called.
+//! Long-poll wake-ups: tasks becoming ready wake one waiting poller per task (each passes the
+//! wake-up on when it took a full batch), not every poller of the queue; pollers restricted to
+//! some kinds are all woken. Counted on a store that records how often `claim_ready` is called.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -16,8 +16,17 @@ use sundial::{Config, ManualClock, Sundial, TaskSpec};
 use sundial_core::{Task, Timestamp};
 use sundial_store::{ReadyClaim, ReadyTaken, Store, StoreError};
 
-/// Counts `claim_ready` calls.
-struct CountReadyClaims(Arc<AtomicUsize>);
+/// Counts `claim_ready` calls, and how many are under way at once. While `gather` is set, a
+/// call waits (up to 300 ms, real time) for that many to be under way, so calls made side by
+/// side are seen together.
+struct CountReadyClaims(Arc<AtomicUsize>, Arc<InFlight>);
+
+#[derive(Default)]
+struct InFlight {
+    now: AtomicUsize,
+    most: AtomicUsize,
+    gather: AtomicUsize,
+}
 
 #[async_trait]
 impl Intercept for CountReadyClaims {
@@ -27,7 +36,19 @@ impl Intercept for CountReadyClaims {
         claim: ReadyClaim,
     ) -> Result<ReadyTaken, StoreError> {
         self.0.fetch_add(1, Ordering::SeqCst);
-        inner.claim_ready(claim).await
+        let f = &self.1;
+        let now = f.now.fetch_add(1, Ordering::SeqCst) + 1;
+        f.most.fetch_max(now, Ordering::SeqCst);
+        let gather = f.gather.load(Ordering::SeqCst);
+        for _ in 0..60 {
+            if f.now.load(Ordering::SeqCst) >= gather {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let out = inner.claim_ready(claim).await;
+        f.now.fetch_sub(1, Ordering::SeqCst);
+        out
     }
 }
 
@@ -35,6 +56,7 @@ struct Setup {
     sundial: Sundial,
     clock: ManualClock,
     claims: Arc<AtomicUsize>,
+    in_flight: Arc<InFlight>,
     _dir: tempfile::TempDir,
 }
 
@@ -45,9 +67,10 @@ fn setup() -> Setup {
 fn setup_with(config: Config) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let claims = Arc::new(AtomicUsize::new(0));
+    let in_flight = Arc::new(InFlight::default());
     let store = Arc::new(common::intercept::sqlite(
         dir.path(),
-        CountReadyClaims(claims.clone()),
+        CountReadyClaims(claims.clone(), in_flight.clone()),
     ));
     let clock = ManualClock::new(T0);
     let sundial = Sundial::builder()
@@ -59,6 +82,7 @@ fn setup_with(config: Config) -> Setup {
         sundial,
         clock,
         claims,
+        in_flight,
         _dir: dir,
     }
 }
@@ -184,6 +208,47 @@ async fn a_poller_that_took_a_full_batch_wakes_the_next() {
         total += got.len();
     }
     assert_eq!(total, 6);
+}
+
+/// Tasks readied together wake as many waiting pollers at once, which claim side by side: a
+/// poller taking one task per poll does not wait for the one woken before it to finish its
+/// claim (each a durable write) before it is woken in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_readied_together_wake_as_many_pollers_at_once() {
+    const READIED: usize = 3;
+    let s = setup_with(Config {
+        shard_count: 1,
+        ..Config::default()
+    });
+    let mut stepper = s.sundial.stepper();
+    let waiting = pollers(&s, READIED + 2, 1, None).await;
+    s.in_flight.most.store(0, Ordering::SeqCst);
+    s.in_flight.gather.store(READIED, Ordering::SeqCst);
+    let due = Timestamp(T0.0 + 1_000);
+    let specs = (0..READIED)
+        .map(|_| TaskSpec::new("w").queue("q").run_at(due))
+        .collect();
+    s.sundial.schedule_many(specs).await.unwrap();
+    stepper.settle().await;
+    s.clock.advance(Duration::from_secs(1));
+    stepper.settle().await;
+    let mut got = 0;
+    for _ in 0..1_000 {
+        got = waiting.iter().filter(|h| h.is_finished()).count();
+        if got >= READIED {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(got, READIED, "each readied task went to a poller");
+    assert_eq!(
+        s.in_flight.most.load(Ordering::SeqCst),
+        READIED,
+        "the woken pollers claimed side by side"
+    );
+    for h in waiting {
+        h.abort();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -96,6 +96,10 @@ pub(crate) struct Engine {
 /// The store's type, as a release is also told to the other nodes (`Wakeup::Released`).
 pub(crate) use sundial_store::Place as WaitFor;
 
+/// The most waiting pollers one readiness wakes (each takes at least one task; a poller that
+/// took a full batch wakes the next).
+const POLLERS_WOKEN_AT_ONCE: usize = 64;
+
 /// How many of a line's best-ranked waiters retry on their own every second.
 pub(crate) const WAIT_FRONT: usize = 8;
 
@@ -369,15 +373,27 @@ impl Engine {
     /// Tasks of `queue` became ready: wake pollers here and (through the placement) on other
     /// nodes.
     pub(crate) fn ready_changed(&self, queue: &str) {
-        self.wake_pollers(queue);
+        self.ready_changed_by(queue, 1);
+    }
+
+    /// `n` tasks of `queue` became ready: wake up to `n` waiting pollers here, so they claim side
+    /// by side rather than one after another, and (through the placement) pollers on other
+    /// nodes.
+    pub(crate) fn ready_changed_by(&self, queue: &str, n: usize) {
+        self.wake_pollers(queue, n);
         self.placement.ready_written(queue);
     }
 
-    /// Wakes one waiting poller of `queue` that takes any kind (it passes the wake-up on when
-    /// it took a full batch) and every poller restricted to some kinds.
-    pub(crate) fn wake_pollers(&self, queue: &str) {
+    /// Wakes up to `n` (at most [`POLLERS_WOKEN_AT_ONCE`]) waiting pollers of `queue` that take
+    /// any kind (each passes the wake-up on when it took a full batch) and every poller
+    /// restricted to some kinds.
+    pub(crate) fn wake_pollers(&self, queue: &str, n: usize) {
         let q = self.queue(queue);
-        q.ready.notify_one();
+        // Each call wakes one waiting poller; with none waiting, the first leaves a permit for
+        // the next to wait and the rest do nothing.
+        for _ in 0..n.clamp(1, POLLERS_WOKEN_AT_ONCE) {
+            q.ready.notify_one();
+        }
         q.ready_filtered.notify_waiters();
     }
 
@@ -560,7 +576,7 @@ impl ShardHost for Engine {
     fn deliver(&self, wakeup: Wakeup) {
         match wakeup {
             Wakeup::Due { shard, entry } => self.notify_local(shard, entry),
-            Wakeup::Ready { queue } => self.wake_pollers(&queue),
+            Wakeup::Ready { queue } => self.wake_pollers(&queue, 1),
             Wakeup::Released { place, handed } => self.released_elsewhere(&place, handed),
             // Handled by the membership loop (the subscriber hands it there).
             Wakeup::Membership => {}

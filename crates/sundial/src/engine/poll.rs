@@ -1,5 +1,5 @@
 //! The worker protocol's engine side: long-polls that wait for ready tasks of a queue and claim
-//! them (one waiting poller woken per readiness, passed on after a full batch; a poll that found
+//! them (one waiting poller woken per task readied, passed on after a full batch; a poll that found
 //! only tasks waiting for their rate limit's take turn looks again at that turn), and heartbeats.
 //!
 //! Never decides whether a claim is allowed: `claim_ready` is conditional in the store.

@@ -598,7 +598,8 @@ impl ShardLoop {
         releases_before: u64,
     ) {
         let engine = self.engine.clone();
-        let mut readied_queues: HashSet<Arc<str>> = HashSet::new();
+        // Tasks readied per queue: as many waiting pollers are woken.
+        let mut readied_queues: HashMap<Arc<str>, usize> = HashMap::new();
         for (b, outcome) in claimed {
             match outcome {
                 ClaimOutcome::Started(task) => {
@@ -618,7 +619,7 @@ impl ShardLoop {
                     drop(trace::task_span(Step::Fire, &task).entered());
                     metrics::histogram!("sundial_fire_lateness_seconds", "namespace" => sundial_core::namespace::namespace_of(&task.queue).to_string(), "queue" => sundial_core::namespace::local(&task.queue).to_string(), "target" => "ready")
                         .record(now.since(task.became_due_at()).as_secs_f64());
-                    readied_queues.insert(b.meta.queue.clone());
+                    *readied_queues.entry(b.meta.queue.clone()).or_default() += 1;
                 }
                 ClaimOutcome::Busy { exclusive_key } => {
                     self.wait_for_place(b, WaitFor::Group(exclusive_key), now, releases_before);
@@ -650,8 +651,8 @@ impl ShardLoop {
                 ClaimOutcome::NotClaimable => {}
             }
         }
-        for q in readied_queues {
-            engine.ready_changed(&q);
+        for (q, n) in readied_queues {
+            engine.ready_changed_by(&q, n);
         }
     }
 }
