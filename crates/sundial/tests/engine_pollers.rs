@@ -145,6 +145,19 @@ async fn pollers(
     handles
 }
 
+/// Schedules `n` tasks of queue `q` due together 1 s on, then steps the clock there: with one
+/// shard they become ready in one claim.
+async fn ready_together(s: &Setup, stepper: &mut sundial::Stepper, n: usize) {
+    let due = Timestamp(T0.0 + 1_000);
+    let specs = (0..n)
+        .map(|_| TaskSpec::new("w").queue("q").run_at(due))
+        .collect();
+    s.sundial.schedule_many(specs).await.unwrap();
+    stepper.settle().await;
+    s.clock.advance(Duration::from_secs(1));
+    stepper.settle().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ready_task_wakes_one_waiting_poller_not_all_of_them() {
     let s = setup();
@@ -188,14 +201,7 @@ async fn a_poller_that_took_a_full_batch_wakes_the_next() {
     });
     let mut stepper = s.sundial.stepper();
     let waiting = pollers(&s, 3, 2, None).await;
-    let due = Timestamp(T0.0 + 1_000);
-    let specs = (0..6)
-        .map(|_| TaskSpec::new("w").queue("q").run_at(due))
-        .collect();
-    s.sundial.schedule_many(specs).await.unwrap();
-    stepper.settle().await;
-    s.clock.advance(Duration::from_secs(1));
-    stepper.settle().await;
+    ready_together(&s, &mut stepper, 6).await;
     // Three pollers taking two each all get theirs: the first woken took a full batch and woke
     // the next, and so on.
     let mut total = 0;
@@ -224,14 +230,7 @@ async fn tasks_readied_together_wake_as_many_pollers_at_once() {
     let waiting = pollers(&s, READIED + 2, 1, None).await;
     s.in_flight.most.store(0, Ordering::SeqCst);
     s.in_flight.gather.store(READIED, Ordering::SeqCst);
-    let due = Timestamp(T0.0 + 1_000);
-    let specs = (0..READIED)
-        .map(|_| TaskSpec::new("w").queue("q").run_at(due))
-        .collect();
-    s.sundial.schedule_many(specs).await.unwrap();
-    stepper.settle().await;
-    s.clock.advance(Duration::from_secs(1));
-    stepper.settle().await;
+    ready_together(&s, &mut stepper, READIED).await;
     let mut got = 0;
     for _ in 0..1_000 {
         got = waiting.iter().filter(|h| h.is_finished()).count();
