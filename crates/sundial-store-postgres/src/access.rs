@@ -17,7 +17,7 @@ use tokio_postgres::Row;
 use uuid::Uuid;
 
 use crate::rows::col;
-use crate::{PostgresStore, limit_param, pg, query, query_opt};
+use crate::{PostgresStore, limit_param, pg, query, query_opt, query_planned_per_call};
 
 const TOKEN_COLUMNS: &str =
     "id, name, scope, namespace, secret_hash, created_at, expires_at, revoked_at";
@@ -392,7 +392,7 @@ impl AccessStore for PostgresStore {
             .as_deref()
             .and_then(|a| a.parse::<TokenId>().ok())
             .map(|id| id.0);
-        let client = self.client().await?;
+        let mut client = self.client().await?;
         let sql = self.access_sql(&format!(
             "SELECT {AUDIT_COLUMNS} FROM {{schema}}.audit_log \
              WHERE ($1::bigint IS NULL OR seq < $1) \
@@ -402,8 +402,8 @@ impl AccessStore for PostgresStore {
                AND ($6::text IS NULL OR target = $6) \
              ORDER BY seq DESC LIMIT $7"
         ));
-        let rows = query(
-            &client,
+        let rows = query_planned_per_call(
+            &mut client,
             &sql,
             &[
                 &filter.before,

@@ -156,8 +156,11 @@
 //! engine's skew check and decides nothing.
 
 mod access;
+mod claimer;
 mod cluster;
 mod completer;
+mod inserter;
+mod lanes;
 mod ops;
 mod push;
 mod rows;
@@ -327,6 +330,10 @@ pub struct PostgresStore {
     channel: String,
     /// Completions waiting to share a statement (see `completer.rs`).
     completer: completer::SharedCompleter,
+    /// Worker claims waiting to share a transaction (see `claimer.rs`).
+    claimer: claimer::SharedClaimer,
+    /// Inserts waiting to share a transaction (see `inserter.rs`).
+    inserter: inserter::SharedInserter,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -353,16 +360,29 @@ impl PostgresStore {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(opts.acquire_timeout);
         }
+        // Appended to any `options` the URL gives; the later setting of one name wins.
+        let mut options = config
+            .get_options()
+            .map(str::trim)
+            .unwrap_or_default()
+            .to_string();
         if let Some(idle) = opts.idle_in_transaction_timeout {
-            // Appended to any `options` the URL gives; the later setting of one name wins.
             let ms = idle.as_millis().max(1);
-            let options = match config.get_options() {
-                Some(o) if !o.trim().is_empty() => {
-                    format!("{o} -c idle_in_transaction_session_timeout={ms}")
-                }
-                _ => format!("-c idle_in_transaction_session_timeout={ms}"),
-            };
-            config.options(&options);
+            options.push_str(&format!(" -c idle_in_transaction_session_timeout={ms}"));
+        }
+        // Each prepared statement is planned once per connection, not at every execution: the
+        // store's own statements have one good plan whatever their parameters, and PostgreSQL's
+        // default (a fresh plan per call while it judges the generic one costlier) spent a third
+        // of the database's CPU per delivered task on planning (BENCHMARKS.md, "Planned once").
+        // The operator's filtered reads, whose best plan does depend on which filters are set,
+        // are planned per call (`query_planned_per_call`). A URL that sets `plan_cache_mode`
+        // itself keeps its setting.
+        if !options.contains("plan_cache_mode") {
+            options.push_str(" -c plan_cache_mode=force_generic_plan");
+        }
+        let options = options.trim();
+        if !options.is_empty() {
+            config.options(options);
         }
         let manager = Manager::from_config(config.clone(), NoTls, ManagerConfig::default());
         let pool = Pool::builder(manager)
@@ -382,6 +402,8 @@ impl PostgresStore {
             schema,
             config,
             completer: Default::default(),
+            claimer: Default::default(),
+            inserter: Default::default(),
         };
         // Counter stripes of backends that are gone (earlier runs) fold into one.
         client.execute(&store.sql.fold_counts, &[]).await?;
@@ -503,6 +525,172 @@ impl PostgresStore {
             Refusal::Attempt => self.attempt_refusal(client, id).await,
             Refusal::State => self.state_refusal(client, id).await,
         }
+    }
+
+    /// The claim of a group of polls (`claimer.rs`) in `tx`, which the caller commits: up to
+    /// one task per execution id, each started under its execution id for its worker.
+    pub(crate) async fn claim_ready_in(
+        &self,
+        tx: &impl GenericClient,
+        claim: &claimer::ReadyGroup,
+    ) -> Result<ReadyTaken, StoreError> {
+        let want = claim.execution_ids.len();
+        if want == 0 {
+            return Ok(ReadyTaken::default());
+        }
+        // A limited queue: take its lock (so starts of it everywhere are serialised), then start
+        // no more than its free places.
+        let lock = schema::exclusive_lock_key(&self.schema, &claim.queue);
+        let limit = query(
+            tx,
+            &self.sql.lock_queue_limit,
+            &[&claim.queue, &schema::QUEUE_LOCK_CLASS, &lock],
+        )
+        .await?
+        .first()
+        .map(|r| col::<i32>(r, 0))
+        .transpose()?;
+        let want = match limit {
+            Some(limit) => {
+                let running: i64 =
+                    query(tx, &self.sql.running_queues, &[&vec![claim.queue.clone()]])
+                        .await?
+                        .first()
+                        .map(|r| col(r, 1))
+                        .transpose()?
+                        .unwrap_or(0);
+                want.min(usize::try_from((i64::from(limit) - running).max(0)).unwrap_or(0))
+            }
+            None => want,
+        };
+        let kinds: Option<Vec<&str>> = claim
+            .kinds
+            .as_ref()
+            .map(|k| k.iter().map(String::as_str).collect());
+        // Keys this call passes over from now on: started by it (one task per key) or being
+        // claimed by another transaction at this moment.
+        let mut passed: Vec<String> = Vec::new();
+        // Keys whose advisory lock this transaction holds.
+        let mut held: HashSet<String> = HashSet::new();
+        // Rate limit keys' take turns: the query leaves out keys whose turn has not come; a key
+        // is then taken under its advisory lock (tried, never waited for), read again under it.
+        let mut turns = TakeTurns::new(claim.now);
+        // Candidates by rank (the due time moved by the priority) and id.
+        let mut after: Option<(i64, Uuid)> = None;
+        let mut out: Vec<Task> = Vec::with_capacity(want);
+        let now = claim.now.0;
+        while out.len() < want {
+            let room = limit_param(want - out.len());
+            let variant = usize::from(kinds.is_some()) * 2 + usize::from(after.is_some());
+            let sql = &self.sql.ready_candidates[variant];
+            let rows = match (&kinds, &after) {
+                (None, None) => query(tx, sql, &[&claim.queue, &passed, &room, &now]).await?,
+                (None, Some((r, a))) => {
+                    query(tx, sql, &[&claim.queue, &passed, &room, r, a, &now]).await?
+                }
+                (Some(k), None) => query(tx, sql, &[&claim.queue, &passed, &room, k, &now]).await?,
+                (Some(k), Some((r, a))) => {
+                    query(tx, sql, &[&claim.queue, &passed, &room, k, r, a, &now]).await?
+                }
+            };
+            let Some(last) = rows.last() else {
+                break;
+            };
+            after = Some((col(last, 2)?, col(last, 0)?));
+            let mut candidates: Vec<(Uuid, Option<String>)> = Vec::with_capacity(rows.len());
+            for r in &rows {
+                let id: Uuid = col(r, 0)?;
+                if let Some(rate) = col::<Option<String>>(r, 3)? {
+                    let rate: sundial_core::RateLimit = serde_json::from_str(&rate)
+                        .map_err(|e| StoreError::corrupt_from("rate", e))?;
+                    if !self
+                        .take_turn_open(tx, &mut turns, id, &rate, &claim.queue)
+                        .await?
+                    {
+                        continue;
+                    }
+                }
+                candidates.push((id, col(r, 1)?));
+            }
+            // Try (never wait for) the locks of keys not yet held.
+            let mut to_lock: Vec<String> = candidates
+                .iter()
+                .filter_map(|(_, k)| k.clone())
+                .filter(|k| !held.contains(k))
+                .collect();
+            to_lock.sort_unstable();
+            to_lock.dedup();
+            if !to_lock.is_empty() {
+                let locks: Vec<i32> = to_lock
+                    .iter()
+                    .map(|k| schema::exclusive_lock_key(&self.schema, k))
+                    .collect();
+                let got: HashSet<String> = query(
+                    tx,
+                    &self.sql.try_lock_keys,
+                    &[&EXCLUSIVE_LOCK_CLASS, &to_lock, &locks],
+                )
+                .await?
+                .iter()
+                .map(|r| col(r, 0))
+                .collect::<Result<_, _>>()?;
+                for k in to_lock {
+                    if got.contains(&k) {
+                        held.insert(k);
+                    } else {
+                        passed.push(k);
+                    }
+                }
+            }
+            // At most one task per key; keyless tasks always.
+            let mut pick: Vec<Uuid> = Vec::with_capacity(candidates.len());
+            for (id, key) in candidates {
+                match key {
+                    None => pick.push(id),
+                    Some(k) => {
+                        if held.contains(&k) && !passed.contains(&k) {
+                            passed.push(k);
+                            pick.push(id);
+                        }
+                    }
+                }
+            }
+            if pick.is_empty() {
+                continue;
+            }
+            let rest = &claim.execution_ids[out.len()..];
+            let workers = &claim.workers[out.len()..];
+            let rows = query(
+                tx,
+                &self.sql.start_ready,
+                &[&pick, &rest, &claim.now.0, &workers],
+            )
+            .await?;
+            let mut started = tasks_from_rows(&rows)?;
+            started.sort_by_key(|t| t.id);
+            turns.settle(&started);
+            out.extend(started);
+        }
+        if out.len() < want && turns.next_turn().is_none() {
+            // Tasks the candidates left out for their take turn: when the first of them comes.
+            let turn: Option<i64> = query(tx, &self.sql.next_take_turn, &[&claim.queue, &now])
+                .await?
+                .first()
+                .map(|r| col(r, 0))
+                .transpose()?
+                .flatten();
+            if let Some(turn) = turn {
+                turns.pass(turn);
+            }
+        }
+        let taken = turns.taken();
+        if !taken.is_empty() {
+            let (keys, nexts): (Vec<String>, Vec<i64>) = taken.into_iter().unzip();
+            query(tx, &self.sql.rate_taken, &[&keys, &nexts]).await?;
+        }
+        // In the order they were taken (a page's update returns its rows in id order).
+        out.sort_by_key(|t| (t.priority.rank(t.due_at), t.id));
+        Ok(ReadyTaken::new(out, turns.next_turn()))
     }
 
     /// Whether the ready task `id`, under `rate`, may be taken by this claim now: its take key's
@@ -1068,6 +1256,24 @@ async fn query(
     client.query(&stmt, params).await.map_err(pg)
 }
 
+/// [`query`] with a plan made for these parameters (`plan_cache_mode = force_custom_plan`, for
+/// this one transaction): for the operator's reads whose filters are optional (`$1 IS NULL OR
+/// …`) or whose ranges decide the index, where the connection's plan made once would not fit
+/// every call. Costs three more round trips, so the engine's statements never use it.
+async fn query_planned_per_call(
+    client: &mut deadpool_postgres::Client,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<Row>, StoreError> {
+    let tx = client.transaction().await.map_err(pg)?;
+    tx.batch_execute("SET LOCAL plan_cache_mode = force_custom_plan")
+        .await
+        .map_err(pg)?;
+    let rows = query(&tx, sql, params).await?;
+    tx.commit().await.map_err(pg)?;
+    Ok(rows)
+}
+
 async fn query_opt(
     client: &impl GenericClient,
     sql: &str,
@@ -1209,22 +1415,7 @@ impl Store for PostgresStore {
         if tasks.is_empty() {
             return Ok(Vec::new());
         }
-        let audit = audit_scope::claim_pending();
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(pg)?;
-        let out = self.insert_in(&tx, &tasks).await?;
-        let audit = match audit {
-            Some(a) if out.iter().any(|i| matches!(i, Inserted::Created(_))) => {
-                let seq = self.insert_audit_in(&tx, a.record()).await?;
-                Some((a, seq))
-            }
-            _ => None,
-        };
-        tx.commit().await.map_err(pg)?;
-        if let Some((a, seq)) = audit {
-            a.written(seq);
-        }
-        Ok(out)
+        self.insert_grouped(tasks).await
     }
 
     async fn insert_debounced(&self, c: DebouncedCreate) -> Result<DebounceOutcome, StoreError> {
@@ -1530,179 +1721,10 @@ impl Store for PostgresStore {
     }
 
     async fn claim_ready(&self, claim: ReadyClaim) -> Result<ReadyTaken, StoreError> {
-        let want = claim.execution_ids.len();
-        if want == 0 || claim.kinds.as_ref().is_some_and(|k| k.is_empty()) {
+        if claim.execution_ids.is_empty() || claim.kinds.as_ref().is_some_and(|k| k.is_empty()) {
             return Ok(ReadyTaken::default());
         }
-        let audit = audit_scope::claim_pending();
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(pg)?;
-        // A limited queue: take its lock (so starts of it everywhere are serialised), then start
-        // no more than its free places.
-        let lock = schema::exclusive_lock_key(&self.schema, &claim.queue);
-        let limit = query(
-            &tx,
-            &self.sql.lock_queue_limit,
-            &[&claim.queue, &schema::QUEUE_LOCK_CLASS, &lock],
-        )
-        .await?
-        .first()
-        .map(|r| col::<i32>(r, 0))
-        .transpose()?;
-        let want = match limit {
-            Some(limit) => {
-                let running: i64 =
-                    query(&tx, &self.sql.running_queues, &[&vec![claim.queue.clone()]])
-                        .await?
-                        .first()
-                        .map(|r| col(r, 1))
-                        .transpose()?
-                        .unwrap_or(0);
-                want.min(usize::try_from((i64::from(limit) - running).max(0)).unwrap_or(0))
-            }
-            None => want,
-        };
-        let execs: Vec<Uuid> = claim.execution_ids.iter().map(|e| e.0).collect();
-        let kinds: Option<Vec<&str>> = claim
-            .kinds
-            .as_ref()
-            .map(|k| k.iter().map(String::as_str).collect());
-        // Keys this call passes over from now on: started by it (one task per key) or being
-        // claimed by another transaction at this moment.
-        let mut passed: Vec<String> = Vec::new();
-        // Keys whose advisory lock this transaction holds.
-        let mut held: HashSet<String> = HashSet::new();
-        // Rate limit keys' take turns: the query leaves out keys whose turn has not come; a key
-        // is then taken under its advisory lock (tried, never waited for), read again under it.
-        let mut turns = TakeTurns::new(claim.now);
-        // Candidates by rank (the due time moved by the priority) and id.
-        let mut after: Option<(i64, Uuid)> = None;
-        let mut out: Vec<Task> = Vec::with_capacity(want);
-        let now = claim.now.0;
-        while out.len() < want {
-            let room = limit_param(want - out.len());
-            let variant = usize::from(kinds.is_some()) * 2 + usize::from(after.is_some());
-            let sql = &self.sql.ready_candidates[variant];
-            let rows = match (&kinds, &after) {
-                (None, None) => query(&tx, sql, &[&claim.queue, &passed, &room, &now]).await?,
-                (None, Some((r, a))) => {
-                    query(&tx, sql, &[&claim.queue, &passed, &room, r, a, &now]).await?
-                }
-                (Some(k), None) => {
-                    query(&tx, sql, &[&claim.queue, &passed, &room, k, &now]).await?
-                }
-                (Some(k), Some((r, a))) => {
-                    query(&tx, sql, &[&claim.queue, &passed, &room, k, r, a, &now]).await?
-                }
-            };
-            let Some(last) = rows.last() else {
-                break;
-            };
-            after = Some((col(last, 2)?, col(last, 0)?));
-            let mut candidates: Vec<(Uuid, Option<String>)> = Vec::with_capacity(rows.len());
-            for r in &rows {
-                let id: Uuid = col(r, 0)?;
-                if let Some(rate) = col::<Option<String>>(r, 3)? {
-                    let rate: sundial_core::RateLimit = serde_json::from_str(&rate)
-                        .map_err(|e| StoreError::corrupt_from("rate", e))?;
-                    if !self
-                        .take_turn_open(&tx, &mut turns, id, &rate, &claim.queue)
-                        .await?
-                    {
-                        continue;
-                    }
-                }
-                candidates.push((id, col(r, 1)?));
-            }
-            // Try (never wait for) the locks of keys not yet held.
-            let mut to_lock: Vec<String> = candidates
-                .iter()
-                .filter_map(|(_, k)| k.clone())
-                .filter(|k| !held.contains(k))
-                .collect();
-            to_lock.sort_unstable();
-            to_lock.dedup();
-            if !to_lock.is_empty() {
-                let locks: Vec<i32> = to_lock
-                    .iter()
-                    .map(|k| schema::exclusive_lock_key(&self.schema, k))
-                    .collect();
-                let got: HashSet<String> = query(
-                    &tx,
-                    &self.sql.try_lock_keys,
-                    &[&EXCLUSIVE_LOCK_CLASS, &to_lock, &locks],
-                )
-                .await?
-                .iter()
-                .map(|r| col(r, 0))
-                .collect::<Result<_, _>>()?;
-                for k in to_lock {
-                    if got.contains(&k) {
-                        held.insert(k);
-                    } else {
-                        passed.push(k);
-                    }
-                }
-            }
-            // At most one task per key; keyless tasks always.
-            let mut pick: Vec<Uuid> = Vec::with_capacity(candidates.len());
-            for (id, key) in candidates {
-                match key {
-                    None => pick.push(id),
-                    Some(k) => {
-                        if held.contains(&k) && !passed.contains(&k) {
-                            passed.push(k);
-                            pick.push(id);
-                        }
-                    }
-                }
-            }
-            if pick.is_empty() {
-                continue;
-            }
-            let rest = &execs[out.len()..];
-            let rows = query(
-                &tx,
-                &self.sql.start_ready,
-                &[&pick, &rest, &claim.now.0, &claim.worker],
-            )
-            .await?;
-            let mut started = tasks_from_rows(&rows)?;
-            started.sort_by_key(|t| t.id);
-            turns.settle(&started);
-            out.extend(started);
-        }
-        if out.len() < want && turns.next_turn().is_none() {
-            // Tasks the candidates left out for their take turn: when the first of them comes.
-            let turn: Option<i64> = query(&tx, &self.sql.next_take_turn, &[&claim.queue, &now])
-                .await?
-                .first()
-                .map(|r| col(r, 0))
-                .transpose()?
-                .flatten();
-            if let Some(turn) = turn {
-                turns.pass(turn);
-            }
-        }
-        let taken = turns.taken();
-        if !taken.is_empty() {
-            let (keys, nexts): (Vec<String>, Vec<i64>) = taken.into_iter().unzip();
-            query(&tx, &self.sql.rate_taken, &[&keys, &nexts]).await?;
-        }
-        let audit = match audit {
-            Some(a) if !out.is_empty() => {
-                let seq = self.insert_audit_in(&tx, a.record()).await?;
-                Some((a, seq))
-            }
-            _ => None,
-        };
-        tx.commit().await.map_err(pg)?;
-        if let Some((a, seq)) = audit {
-            a.written(seq);
-        }
-        // In the order they were taken (a page's update returns its rows in id order).
-        out.sort_by_key(|t| (t.priority.rank(t.due_at), t.id));
-        Ok(ReadyTaken::new(out, turns.next_turn()))
+        self.claim_ready_grouped(claim).await
     }
 
     async fn heartbeat(
@@ -1834,9 +1856,9 @@ impl Store for PostgresStore {
         limit: usize,
     ) -> Result<Vec<DeadGroup>, StoreError> {
         let (prefix, default_only) = filter.namespace_test();
-        let client = self.client().await?;
-        let rows = query(
-            &client,
+        let mut client = self.client().await?;
+        let rows = query_planned_per_call(
+            &mut client,
             &self.sql.dead_groups,
             &[&filter.queue, &limit_param(limit), &prefix, &default_only],
         )
@@ -1948,5 +1970,53 @@ impl Store for PostgresStore {
             .await?;
         tx.commit().await.map_err(pg)?;
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn plan_cache_mode(client: &impl GenericClient) -> String {
+        query(client, "SELECT current_setting('plan_cache_mode')", &[])
+            .await
+            .expect("read the setting")[0]
+            .get(0)
+    }
+
+    /// The store's connections plan each statement once; the operator's filtered reads are
+    /// planned per call for that one transaction only; a URL's own `plan_cache_mode` stays.
+    #[tokio::test]
+    async fn statements_are_planned_once_and_filtered_reads_per_call() {
+        let Some(test) = testkit::TestSchema::fresh() else {
+            return;
+        };
+        let opts = PostgresOptions {
+            schema: test.schema.clone(),
+            pool_size: 1,
+            ..PostgresOptions::default()
+        };
+        let store = PostgresStore::connect(&test.url, opts.clone())
+            .await
+            .expect("connect");
+        let mut client = store.client().await.expect("client");
+        assert_eq!(plan_cache_mode(&client).await, "force_generic_plan");
+        let rows = query_planned_per_call(
+            &mut client,
+            "SELECT current_setting('plan_cache_mode')",
+            &[],
+        )
+        .await
+        .expect("query");
+        assert_eq!(rows[0].get::<_, String>(0), "force_custom_plan");
+        assert_eq!(plan_cache_mode(&client).await, "force_generic_plan");
+        drop(client);
+        drop(store);
+
+        let separator = if test.url.contains('?') { '&' } else { '?' };
+        let url = format!("{}{separator}options=-c%20plan_cache_mode%3Dauto", test.url);
+        let store = PostgresStore::connect(&url, opts).await.expect("connect");
+        let client = store.client().await.expect("client");
+        assert_eq!(plan_cache_mode(&client).await, "auto");
     }
 }

@@ -18,7 +18,7 @@ use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use crate::rows::{self, col, task_from_row, tasks_from_rows};
-use crate::{PostgresStore, limit_param, pg, query, query_opt};
+use crate::{PostgresStore, limit_param, pg, query, query_opt, query_planned_per_call};
 
 /// Live states: the ones that hold a business key.
 const LIVE: &str = "('scheduled', 'ready', 'running')";
@@ -459,8 +459,8 @@ impl PostgresStore {
     ) -> Result<Filtered, StoreError> {
         let tags = format!("{}.task_tags", self.schema.ident);
         let (sql, args) = filtered(&self.sql.tasks, &tags, filter, columns, limit, budget);
-        let client = self.client().await?;
-        Filtered::from_rows(query(&client, &sql, &params(&args)).await?)
+        let mut client = self.client().await?;
+        Filtered::from_rows(query_planned_per_call(&mut client, &sql, &params(&args)).await?)
     }
 
     /// The plan PostgreSQL chooses for a page of `list` with `filter` (`EXPLAIN (FORMAT JSON)`
@@ -480,9 +480,9 @@ impl PostgresStore {
             limit.saturating_add(1),
             LIST_VISIT_BUDGET,
         );
-        let client = self.client().await?;
-        let rows = query(
-            &client,
+        let mut client = self.client().await?;
+        let rows = query_planned_per_call(
+            &mut client,
             &format!("EXPLAIN (FORMAT JSON) {sql}"),
             &params(&args),
         )

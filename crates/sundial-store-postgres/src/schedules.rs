@@ -30,7 +30,7 @@ use tokio_postgres::Row;
 use uuid::Uuid;
 
 use crate::rows::{col, col_u32, parse_state};
-use crate::{PostgresStore, limit_param, pg, query, query_opt};
+use crate::{PostgresStore, limit_param, pg, query, query_opt, query_planned_per_call};
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
     StoreError::corrupt(format!("{what}: {e}"))
@@ -465,9 +465,9 @@ impl ScheduleStore for PostgresStore {
     ) -> Result<SchedulePage, StoreError> {
         let (after, end) = filter.id_range(after);
         let from = i32::try_from(filter.searched_from() + 1).unwrap_or(i32::MAX);
-        let client = self.client().await?;
-        let rows = query(
-            &client,
+        let mut client = self.client().await?;
+        let rows = query_planned_per_call(
+            &mut client,
             &self.sql.schedules.search,
             &[
                 &after,

@@ -513,6 +513,55 @@ CREATE TABLE {schema}.rate_limits (
 );
 "#,
     },
+    Migration {
+        version: 20,
+        name: "attempts recorded per row that enters or leaves running",
+        // The same records as version 6's statement trigger, which ran four queries over its
+        // transition tables after every `UPDATE` of tasks, heartbeats and batches of
+        // `scheduled -> ready` included: a third of the database's CPU per delivered task
+        // (BENCHMARKS.md, "The attempt trigger"). This one is called, by the trigger's `WHEN`
+        // (checked without calling any function), only for a row whose state enters or leaves
+        // `running`, and does one lookup and one write; the trim reads its setting only when an
+        // earlier attempt exists.
+        sql: r#"
+DROP TRIGGER IF EXISTS task_attempts_update ON {schema}.tasks;
+DROP FUNCTION IF EXISTS {schema}.task_attempts_after_update();
+
+CREATE FUNCTION {schema}.task_attempt_of_row() RETURNS trigger LANGUAGE plpgsql AS $fn$
+DECLARE
+    last_seq bigint;
+BEGIN
+    SELECT max(a.seq) INTO last_seq FROM {schema}.task_attempts a WHERE a.task_id = NEW.id;
+    IF OLD.state = 'running' THEN
+        UPDATE {schema}.task_attempts a SET ended_at = NEW.updated_at,
+            outcome = CASE
+                WHEN NEW.state = 'succeeded' THEN 'succeeded'
+                WHEN NEW.state = 'cancelled' THEN 'cancelled'
+                WHEN NEW.last_error = 'lease expired: the attempt neither finished nor heartbeated in time'
+                    THEN 'lease_expired'
+                ELSE 'failed' END,
+            error = CASE WHEN NEW.state IN ('scheduled', 'dead') THEN NEW.last_error END
+        WHERE a.task_id = NEW.id AND a.seq = last_seq;
+    ELSE
+        last_seq := COALESCE(last_seq, 0) + 1;
+        INSERT INTO {schema}.task_attempts (task_id, seq, execution_id, worker, started_at)
+        VALUES (NEW.id, last_seq, NEW.execution_id, NEW.worker,
+                COALESCE(NEW.started_at, NEW.updated_at));
+        IF last_seq > 1 THEN
+            DELETE FROM {schema}.task_attempts a WHERE a.task_id = NEW.id
+            AND a.seq <= last_seq
+                - (SELECT s.value FROM {schema}.store_settings s WHERE s.name = 'attempts_kept');
+        END IF;
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+CREATE TRIGGER task_attempt_of_row AFTER UPDATE ON {schema}.tasks FOR EACH ROW
+    WHEN (OLD.state <> NEW.state AND (OLD.state = 'running' OR NEW.state = 'running'))
+    EXECUTE FUNCTION {schema}.task_attempt_of_row();
+"#,
+    },
 ];
 
 /// A task's place in line among ready tasks (`sundial_core::Priority::rank`), as the
@@ -743,12 +792,17 @@ mod tests {
     }
 
     #[test]
-    fn the_attempt_trigger_knows_the_lease_expiry_error() {
-        assert!(
-            MIGRATIONS[5]
-                .sql
-                .contains(sundial_store::LEASE_EXPIRED_ERROR)
-        );
+    fn the_attempt_triggers_know_the_lease_expiry_error() {
+        for version in [6, 20] {
+            let m = MIGRATIONS
+                .iter()
+                .find(|m| m.version == version)
+                .map(|m| m.sql);
+            assert!(
+                m.is_some_and(|sql| sql.contains(sundial_store::LEASE_EXPIRED_ERROR)),
+                "migration {version}"
+            );
+        }
     }
 
     #[test]

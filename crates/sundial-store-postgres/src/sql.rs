@@ -639,7 +639,7 @@ impl Sql {
                  execution_id = ($2::uuid[])[pick.n::int4], \
                  lease_expires_at = GREATEST($3::bigint, t.due_at) + t.timeout_ms, \
                  started_at = GREATEST($3::bigint, t.due_at), updated_at = GREATEST($3::bigint, t.due_at), \
-                 worker = $4 \
+                 worker = ($4::text[])[pick.n::int4] \
                  FROM pick WHERE t.id = pick.id RETURNING {c}"
             ),
             heartbeat: format!(

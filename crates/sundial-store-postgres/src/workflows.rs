@@ -30,7 +30,7 @@ use tokio_postgres::Row;
 use uuid::Uuid;
 
 use crate::rows::col;
-use crate::{PostgresStore, limit_param, pg, query, query_opt};
+use crate::{PostgresStore, limit_param, pg, query, query_opt, query_planned_per_call};
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
     StoreError::corrupt(format!("{what}: {e}"))
@@ -576,9 +576,9 @@ impl WorkflowStore for PostgresStore {
         after: Option<&str>,
         limit: usize,
     ) -> Result<WorkflowPage, StoreError> {
-        let client = self.client().await?;
-        let rows = query(
-            &client,
+        let mut client = self.client().await?;
+        let rows = query_planned_per_call(
+            &mut client,
             &self.sql.workflows.list,
             &[
                 &after,

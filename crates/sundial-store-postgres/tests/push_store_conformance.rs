@@ -34,6 +34,8 @@ async fn push_secrets_older_than_namespaces_are_the_default_namespaces() {
              DROP TABLE \"{schema}\".rate_limits;
              DROP INDEX \"{schema}\".tasks_rate_limited;
              ALTER TABLE \"{schema}\".tasks DROP COLUMN rate;
+             DROP TRIGGER task_attempt_of_row ON \"{schema}\".tasks;
+             DROP FUNCTION \"{schema}\".task_attempt_of_row();
              DELETE FROM \"{schema}\".schema_migrations WHERE version >= 15;"
         ))
         .await

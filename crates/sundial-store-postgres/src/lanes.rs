@@ -1,0 +1,81 @@
+//! Calls waiting to share one transaction, in lanes (see `claimer.rs` and `inserter.rs`).
+//!
+//! A call is queued in its lane; the call that finds no group task running for the lane starts
+//! one, which takes the lane's calls group by group until it finds the lane empty (the lane is
+//! then dropped). A group holds calls in arrival order up to a total weight (tasks wanted or
+//! carried), and always at least one call, however heavy.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::Hash;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub(crate) struct Lanes<K, C> {
+    lanes: Mutex<HashMap<K, Lane<C>>>,
+    /// Groups taken so far (each one transaction), for tests.
+    groups: AtomicU64,
+}
+
+struct Lane<C> {
+    calls: VecDeque<C>,
+    /// Whether a group task is running for the lane (it takes calls until it finds none).
+    running: bool,
+}
+
+impl<K, C> Default for Lanes<K, C> {
+    fn default() -> Self {
+        Self {
+            lanes: Mutex::new(HashMap::new()),
+            groups: AtomicU64::new(0),
+        }
+    }
+}
+
+impl<K: Hash + Eq, C> Lanes<K, C> {
+    /// Queues `call` in `key`'s lane; returns whether the caller must start the lane's group
+    /// task.
+    pub fn push(&self, key: K, call: C) -> bool {
+        let mut lanes = match self.lanes.lock() {
+            Ok(l) => l,
+            Err(p) => p.into_inner(),
+        };
+        let lane = lanes.entry(key).or_insert_with(|| Lane {
+            calls: VecDeque::new(),
+            running: false,
+        });
+        lane.calls.push_back(call);
+        !std::mem::replace(&mut lane.running, true)
+    }
+
+    /// The lane's next group (calls up to `max_weight` in all, by `weight`), or `None` (the lane
+    /// is dropped and its task ends) when no call waits.
+    pub fn take(&self, key: &K, max_weight: usize, weight: impl Fn(&C) -> usize) -> Option<Vec<C>> {
+        let mut lanes = match self.lanes.lock() {
+            Ok(l) => l,
+            Err(p) => p.into_inner(),
+        };
+        let lane = lanes.get_mut(key)?;
+        let mut group = Vec::new();
+        let mut total = 0usize;
+        while let Some(next) = lane.calls.front() {
+            let w = weight(next);
+            if !group.is_empty() && total + w > max_weight {
+                break;
+            }
+            total += w;
+            group.extend(lane.calls.pop_front());
+        }
+        if group.is_empty() {
+            lanes.remove(key);
+            return None;
+        }
+        self.groups.fetch_add(1, Ordering::Relaxed);
+        Some(group)
+    }
+
+    /// Groups taken so far.
+    #[cfg(test)]
+    pub fn groups(&self) -> u64 {
+        self.groups.load(Ordering::Relaxed)
+    }
+}
