@@ -7,7 +7,7 @@
 //! batch under way spawns one (a task of its own, so a caller that gives up waiting cancels
 //! nothing). The batch takes everything queued (at most [`MAX_BATCH`]), runs *one*
 //! `UPDATE … FROM unnest(…)` with each row's own condition, and answers every caller; calls that
-//! arrive meanwhile form the next batch. Nothing waits for company: an idle store's call runs at
+//! arrive meanwhile form the next batch (`lanes.rs`). Nothing waits for company: an idle store's call runs at
 //! once, as a group of one.
 //!
 //! Every row keeps its own condition, so the outcome of each call is what its single update would
@@ -19,8 +19,8 @@
 //! Should the grouped statement fail, each call of the batch is retried on its own, so one
 //! call's error is never another's.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use sundial_core::{ExecutionId, Task, TaskId, Timestamp};
 use sundial_store::TransitionError;
@@ -29,6 +29,7 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use crate::PostgresStore;
+use crate::lanes::Lanes;
 use crate::rows::tasks_from_rows;
 
 /// Most completions one statement carries.
@@ -46,44 +47,8 @@ pub(crate) struct Completion {
     pub reply: oneshot::Sender<Result<Task, TransitionError>>,
 }
 
-/// The queue of completions waiting for a batch, shared by the clones of one store.
-#[derive(Default)]
-pub(crate) struct Completer {
-    state: Mutex<State>,
-}
-
-#[derive(Default)]
-struct State {
-    queue: VecDeque<Completion>,
-    /// Whether a batch task is running (it takes the queue until it finds it empty).
-    running: bool,
-}
-
-impl Completer {
-    /// Queues `c`; returns whether the caller must start the batch task.
-    fn push(&self, c: Completion) -> bool {
-        let mut s = match self.state.lock() {
-            Ok(s) => s,
-            Err(p) => p.into_inner(),
-        };
-        s.queue.push_back(c);
-        !std::mem::replace(&mut s.running, true)
-    }
-
-    /// The next batch, or `None` (and the task ends) when the queue is empty.
-    fn take(&self) -> Option<Vec<Completion>> {
-        let mut s = match self.state.lock() {
-            Ok(s) => s,
-            Err(p) => p.into_inner(),
-        };
-        if s.queue.is_empty() {
-            s.running = false;
-            return None;
-        }
-        let n = s.queue.len().min(MAX_BATCH);
-        Some(s.queue.drain(..n).collect())
-    }
-}
+/// The completions waiting for a batch (one lane), shared by the clones of one store.
+pub(crate) type Completer = Lanes<(), Completion>;
 
 impl PostgresStore {
     /// [`sundial_store::Store::complete`] through the group completer.
@@ -103,7 +68,7 @@ impl PostgresStore {
             audit: sundial_store::audit_scope::claim_pending(),
             reply,
         };
-        if self.completer.push(c) {
+        if self.completer.push((), c) {
             let store = self.clone();
             tokio::spawn(async move { store.run_completions().await });
         }
@@ -120,7 +85,7 @@ impl PostgresStore {
     }
 
     async fn run_completions(self) {
-        while let Some(batch) = self.completer.take() {
+        while let Some(batch) = self.completer.take(&(), MAX_BATCH, |_| 1) {
             self.complete_batch(batch).await;
         }
     }

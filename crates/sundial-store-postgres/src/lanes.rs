@@ -1,9 +1,12 @@
 //! Calls waiting to share one transaction, in lanes (see `claimer.rs` and `inserter.rs`).
 //!
-//! A call is queued in its lane; the call that finds no group task running for the lane starts
-//! one, which takes the lane's calls group by group until it finds the lane empty (the lane is
-//! then dropped). A group holds calls in arrival order up to a total weight (tasks wanted or
-//! carried), and always at least one call, however heavy.
+//! A call is queued in its lane; the call that finds fewer than [`IN_FLIGHT`] group tasks
+//! running for the lane starts one, which takes the lane's calls group by group until it finds
+//! the lane empty (the last one to find it so drops the lane). A group holds calls in arrival
+//! order up to a total weight (tasks wanted or carried), and always at least one call, however
+//! heavy. One group in flight per lane: two (a call arriving while a group waits for its commit
+//! starting at once) made smaller groups and cost the database more CPU than it saved in waiting
+//! (drain 941–1,046/s against 1,062–1,181/s, BENCHMARKS.md).
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
@@ -16,10 +19,13 @@ pub(crate) struct Lanes<K, C> {
     groups: AtomicU64,
 }
 
+/// Most group tasks running at once per lane.
+pub(crate) const IN_FLIGHT: usize = 1;
+
 struct Lane<C> {
     calls: VecDeque<C>,
-    /// Whether a group task is running for the lane (it takes calls until it finds none).
-    running: bool,
+    /// Group tasks running for the lane (each takes calls until it finds none).
+    running: usize,
 }
 
 impl<K, C> Default for Lanes<K, C> {
@@ -32,8 +38,8 @@ impl<K, C> Default for Lanes<K, C> {
 }
 
 impl<K: Hash + Eq, C> Lanes<K, C> {
-    /// Queues `call` in `key`'s lane; returns whether the caller must start the lane's group
-    /// task.
+    /// Queues `call` in `key`'s lane; returns whether the caller must start a group task for
+    /// the lane.
     pub fn push(&self, key: K, call: C) -> bool {
         let mut lanes = match self.lanes.lock() {
             Ok(l) => l,
@@ -41,14 +47,18 @@ impl<K: Hash + Eq, C> Lanes<K, C> {
         };
         let lane = lanes.entry(key).or_insert_with(|| Lane {
             calls: VecDeque::new(),
-            running: false,
+            running: 0,
         });
         lane.calls.push_back(call);
-        !std::mem::replace(&mut lane.running, true)
+        if lane.running < IN_FLIGHT {
+            lane.running += 1;
+            return true;
+        }
+        false
     }
 
-    /// The lane's next group (calls up to `max_weight` in all, by `weight`), or `None` (the lane
-    /// is dropped and its task ends) when no call waits.
+    /// The lane's next group (calls up to `max_weight` in all, by `weight`), or `None` (the
+    /// calling group task ends; the last one drops the lane) when no call waits.
     pub fn take(&self, key: &K, max_weight: usize, weight: impl Fn(&C) -> usize) -> Option<Vec<C>> {
         let mut lanes = match self.lanes.lock() {
             Ok(l) => l,
@@ -66,7 +76,10 @@ impl<K: Hash + Eq, C> Lanes<K, C> {
             group.extend(lane.calls.pop_front());
         }
         if group.is_empty() {
-            lanes.remove(key);
+            lane.running = lane.running.saturating_sub(1);
+            if lane.running == 0 {
+                lanes.remove(key);
+            }
             return None;
         }
         self.groups.fetch_add(1, Ordering::Relaxed);
