@@ -31,7 +31,7 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use crate::PostgresStore;
-use crate::lanes::Lanes;
+use crate::lanes::{self, GroupCall, Lanes};
 
 /// Most tasks one group claim asks for (a call that wants more still runs, alone).
 pub(crate) const MAX_GROUP_TASKS: usize = 1024;
@@ -65,6 +65,21 @@ pub(crate) type Claimer = Lanes<LaneKey, Call>;
 /// Shared between clones of a store.
 pub(crate) type SharedClaimer = Arc<Claimer>;
 
+impl GroupCall for Call {
+    const WORK: &'static str = "claim";
+
+    fn run(
+        store: &PostgresStore,
+        group: Vec<Self>,
+    ) -> impl std::future::Future<Output = Result<(), (StoreError, Vec<Self>)>> + Send {
+        store.claim_together(group)
+    }
+
+    fn fail(self, e: StoreError) {
+        let _ = self.reply.send(Err(e));
+    }
+}
+
 impl PostgresStore {
     /// [`sundial_store::Store::claim_ready`] through the group claimer.
     pub(crate) async fn claim_ready_grouped(
@@ -79,8 +94,13 @@ impl PostgresStore {
             reply,
         };
         if self.claimer.push(key.clone(), call) {
-            let store = self.clone();
-            tokio::spawn(async move { store.run_claims(key).await });
+            tokio::spawn(lanes::run_lane(
+                self.clone(),
+                self.claimer.clone(),
+                key,
+                MAX_GROUP_TASKS,
+                |c: &Call| c.claim.execution_ids.len(),
+            ));
         }
         match rx.await {
             Ok(r) => r,
@@ -89,36 +109,6 @@ impl PostgresStore {
             Err(_) => Err(StoreError::NoAnswer {
                 what: "claim group",
             }),
-        }
-    }
-
-    async fn run_claims(self, key: LaneKey) {
-        while let Some(group) = self
-            .claimer
-            .take(&key, MAX_GROUP_TASKS, |c| c.claim.execution_ids.len())
-        {
-            if group.len() == 1 {
-                for call in group {
-                    self.claim_alone(call).await;
-                }
-                continue;
-            }
-            if let Err((e, group)) = self.claim_together(group).await {
-                tracing::debug!(error = %e, n = group.len(), "grouped claim failed; one by one");
-                for call in group {
-                    let store = self.clone();
-                    tokio::spawn(async move { store.claim_alone(call).await });
-                }
-            }
-        }
-    }
-
-    /// One call's claim; its error is its own.
-    async fn claim_alone(&self, call: Call) {
-        if let Err((e, mut group)) = self.claim_together(vec![call]).await
-            && let Some(call) = group.pop()
-        {
-            let _ = call.reply.send(Err(e));
         }
     }
 

@@ -24,7 +24,7 @@ use sundial_store::{Inserted, StoreError};
 use tokio::sync::oneshot;
 
 use crate::PostgresStore;
-use crate::lanes::Lanes;
+use crate::lanes::{self, GroupCall, Lanes};
 
 /// Most tasks one group inserts (a call with more still runs, alone).
 pub(crate) const MAX_GROUP_TASKS: usize = 1000;
@@ -44,6 +44,21 @@ pub(crate) type Inserter = Lanes<(), Call>;
 /// Shared between clones of a store.
 pub(crate) type SharedInserter = Arc<Inserter>;
 
+impl GroupCall for Call {
+    const WORK: &'static str = "insert";
+
+    fn run(
+        store: &PostgresStore,
+        group: Vec<Self>,
+    ) -> impl std::future::Future<Output = Result<(), (StoreError, Vec<Self>)>> + Send {
+        store.insert_together(group)
+    }
+
+    fn fail(self, e: StoreError) {
+        let _ = self.reply.send(Err(e));
+    }
+}
+
 impl PostgresStore {
     /// [`sundial_store::Store::insert`] through the group inserter.
     pub(crate) async fn insert_grouped(
@@ -57,8 +72,13 @@ impl PostgresStore {
             reply,
         };
         if self.inserter.push((), call) {
-            let store = self.clone();
-            tokio::spawn(async move { store.run_inserts().await });
+            tokio::spawn(lanes::run_lane(
+                self.clone(),
+                self.inserter.clone(),
+                (),
+                MAX_GROUP_TASKS,
+                |c: &Call| c.tasks.len(),
+            ));
         }
         match rx.await {
             Ok(r) => r,
@@ -67,33 +87,6 @@ impl PostgresStore {
             Err(_) => Err(StoreError::NoAnswer {
                 what: "insert group",
             }),
-        }
-    }
-
-    async fn run_inserts(self) {
-        while let Some(group) = self.inserter.take(&(), MAX_GROUP_TASKS, |c| c.tasks.len()) {
-            if group.len() == 1 {
-                for call in group {
-                    self.insert_alone(call).await;
-                }
-                continue;
-            }
-            if let Err((e, group)) = self.insert_together(group).await {
-                tracing::debug!(error = %e, n = group.len(), "grouped insert failed; one by one");
-                for call in group {
-                    let store = self.clone();
-                    tokio::spawn(async move { store.insert_alone(call).await });
-                }
-            }
-        }
-    }
-
-    /// One call's insert; its error is its own.
-    async fn insert_alone(&self, call: Call) {
-        if let Err((e, mut group)) = self.insert_together(vec![call]).await
-            && let Some(call) = group.pop()
-        {
-            let _ = call.reply.send(Err(e));
         }
     }
 

@@ -9,9 +9,14 @@
 //! (drain 941–1,046/s against 1,062–1,181/s, BENCHMARKS.md).
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::hash::Hash;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use sundial_store::StoreError;
+
+use crate::PostgresStore;
 
 pub(crate) struct Lanes<K, C> {
     lanes: Mutex<HashMap<K, Lane<C>>>,
@@ -90,5 +95,57 @@ impl<K: Hash + Eq, C> Lanes<K, C> {
     #[cfg(test)]
     pub fn groups(&self) -> u64 {
         self.groups.load(Ordering::Relaxed)
+    }
+}
+
+/// A call that the groups of its lane run together (`claimer.rs`, `inserter.rs`).
+pub(crate) trait GroupCall: Send + Sized + 'static {
+    /// What a group does, for log lines.
+    const WORK: &'static str;
+
+    /// Runs `group` in one transaction and answers each call; on failure nothing is answered
+    /// and the calls come back with the error.
+    fn run(
+        store: &PostgresStore,
+        group: Vec<Self>,
+    ) -> impl Future<Output = Result<(), (StoreError, Vec<Self>)>> + Send;
+
+    /// Answers the call with an error of its own.
+    fn fail(self, e: StoreError);
+}
+
+/// The group task of `key`'s lane: runs groups until it finds the lane empty. A lone call runs
+/// alone; the calls of a failed group run again one by one, each in a task of its own, so one
+/// call's error is never another's.
+pub(crate) async fn run_lane<K: Hash + Eq, C: GroupCall>(
+    store: PostgresStore,
+    lanes: Arc<Lanes<K, C>>,
+    key: K,
+    max_weight: usize,
+    weight: fn(&C) -> usize,
+) {
+    while let Some(group) = lanes.take(&key, max_weight, weight) {
+        if group.len() == 1 {
+            for call in group {
+                run_alone(&store, call).await;
+            }
+            continue;
+        }
+        if let Err((e, group)) = C::run(&store, group).await {
+            tracing::debug!(error = %e, n = group.len(), work = C::WORK, "group failed; one by one");
+            for call in group {
+                let store = store.clone();
+                tokio::spawn(async move { run_alone(&store, call).await });
+            }
+        }
+    }
+}
+
+/// One call as a group of its own; its error is its own.
+async fn run_alone<C: GroupCall>(store: &PostgresStore, call: C) {
+    if let Err((e, mut group)) = C::run(store, vec![call]).await
+        && let Some(call) = group.pop()
+    {
+        call.fail(e);
     }
 }
