@@ -66,7 +66,8 @@ pub(crate) type Claimer = Lanes<LaneKey, Call>;
 pub(crate) type SharedClaimer = Arc<Claimer>;
 
 impl GroupCall for Call {
-    const WORK: &'static str = "claim";
+    type Answer = ReadyTaken;
+    const WORK: &'static str = "claim group";
 
     fn run(
         store: &PostgresStore,
@@ -75,8 +76,8 @@ impl GroupCall for Call {
         store.claim_together(group)
     }
 
-    fn fail(self, e: StoreError) {
-        let _ = self.reply.send(Err(e));
+    fn into_reply(self) -> oneshot::Sender<Result<ReadyTaken, StoreError>> {
+        self.reply
     }
 }
 
@@ -86,30 +87,21 @@ impl PostgresStore {
         &self,
         claim: ReadyClaim,
     ) -> Result<ReadyTaken, StoreError> {
-        let (reply, rx) = oneshot::channel();
         let key = (claim.queue.clone(), claim.kinds.clone());
-        let call = Call {
-            claim,
-            audit: sundial_store::audit_scope::claim_pending(),
-            reply,
-        };
-        if self.claimer.push(key.clone(), call) {
-            tokio::spawn(lanes::run_lane(
-                self.clone(),
-                self.claimer.clone(),
-                key,
-                MAX_GROUP_TASKS,
-                |c: &Call| c.claim.execution_ids.len(),
-            ));
-        }
-        match rx.await {
-            Ok(r) => r,
-            // The group task ended without answering (its runtime shut down): whether the claim
-            // committed is unknown, exactly as for a connection lost mid-statement.
-            Err(_) => Err(StoreError::NoAnswer {
-                what: "claim group",
-            }),
-        }
+        let audit = sundial_store::audit_scope::claim_pending();
+        lanes::submit(
+            self,
+            &self.claimer,
+            key,
+            |reply| Call {
+                claim,
+                audit,
+                reply,
+            },
+            MAX_GROUP_TASKS,
+            |c| c.claim.execution_ids.len(),
+        )
+        .await
     }
 
     /// Claims for `group` in one transaction and answers each call with its tasks; on failure
@@ -143,20 +135,14 @@ impl PostgresStore {
                     took[*i] = true;
                 }
             }
-            let audited: Vec<usize> = (0..group.len())
-                .filter(|&i| took[i] && group[i].audit.is_some())
-                .collect();
-            let records: Vec<&sundial_store::NewAuditRecord> = audited
+            let audits = group
                 .iter()
-                .filter_map(|&i| group[i].audit.as_ref().map(PendingAudit::record))
+                .enumerate()
+                .filter(|(i, _)| took[*i])
+                .filter_map(|(i, c)| c.audit.as_ref().map(|a| (i, a)))
                 .collect();
-            let seqs = if records.is_empty() {
-                Vec::new()
-            } else {
-                self.insert_audits_in(&tx, &records).await?
-            };
+            let seqs = lanes::insert_group_audits(self, &tx, audits).await?;
             tx.commit().await.map_err(crate::pg)?;
-            let seqs: HashMap<usize, i64> = audited.into_iter().zip(seqs).collect();
             Ok::<_, StoreError>((taken, seqs))
         }
         .await;
@@ -192,7 +178,7 @@ mod tests {
     use sundial_store::{ClaimOutcome, ClaimTarget, DueClaim, Store};
 
     use super::*;
-    use crate::{PostgresOptions, testkit};
+    use crate::testkit;
 
     /// Polls that arrive while a claim of their queue is under way are claimed together, in one
     /// transaction, and each gets tasks under its own execution ids and worker name.
@@ -201,14 +187,7 @@ mod tests {
         let Some(test) = testkit::TestSchema::fresh() else {
             return;
         };
-        let opts = PostgresOptions {
-            schema: test.schema.clone(),
-            pool_size: 1,
-            ..PostgresOptions::default()
-        };
-        let store = PostgresStore::connect(&test.url, opts)
-            .await
-            .expect("connect");
+        let store = crate::connect_with_one_connection(&test.url, &test.schema).await;
         let now = Timestamp(1_700_000_000_000);
         let tasks: Vec<_> = (0..8)
             .map(|_| {

@@ -45,7 +45,8 @@ pub(crate) type Inserter = Lanes<(), Call>;
 pub(crate) type SharedInserter = Arc<Inserter>;
 
 impl GroupCall for Call {
-    const WORK: &'static str = "insert";
+    type Answer = Vec<Inserted>;
+    const WORK: &'static str = "insert group";
 
     fn run(
         store: &PostgresStore,
@@ -54,8 +55,8 @@ impl GroupCall for Call {
         store.insert_together(group)
     }
 
-    fn fail(self, e: StoreError) {
-        let _ = self.reply.send(Err(e));
+    fn into_reply(self) -> oneshot::Sender<Result<Vec<Inserted>, StoreError>> {
+        self.reply
     }
 }
 
@@ -65,29 +66,20 @@ impl PostgresStore {
         &self,
         tasks: Vec<NewTask>,
     ) -> Result<Vec<Inserted>, StoreError> {
-        let (reply, rx) = oneshot::channel();
-        let call = Call {
-            tasks,
-            audit: sundial_store::audit_scope::claim_pending(),
-            reply,
-        };
-        if self.inserter.push((), call) {
-            tokio::spawn(lanes::run_lane(
-                self.clone(),
-                self.inserter.clone(),
-                (),
-                MAX_GROUP_TASKS,
-                |c: &Call| c.tasks.len(),
-            ));
-        }
-        match rx.await {
-            Ok(r) => r,
-            // The group task ended without answering (its runtime shut down): whether the insert
-            // committed is unknown, exactly as for a connection lost mid-statement.
-            Err(_) => Err(StoreError::NoAnswer {
-                what: "insert group",
-            }),
-        }
+        let audit = sundial_store::audit_scope::claim_pending();
+        lanes::submit(
+            self,
+            &self.inserter,
+            (),
+            |reply| Call {
+                tasks,
+                audit,
+                reply,
+            },
+            MAX_GROUP_TASKS,
+            |c| c.tasks.len(),
+        )
+        .await
     }
 
     /// Inserts the tasks of `group` in one transaction and answers each call with its own
@@ -113,21 +105,14 @@ impl PostgresStore {
                 created.push(mine.iter().any(|i| matches!(i, Inserted::Created(_))));
                 at += call.tasks.len();
             }
-            let audited: Vec<usize> = (0..group.len())
-                .filter(|&i| created[i] && group[i].audit.is_some())
-                .collect();
-            let records: Vec<&sundial_store::NewAuditRecord> = audited
+            let audits = group
                 .iter()
-                .filter_map(|&i| group[i].audit.as_ref().map(PendingAudit::record))
+                .enumerate()
+                .filter(|(i, _)| created[*i])
+                .filter_map(|(i, c)| c.audit.as_ref().map(|a| (i, a)))
                 .collect();
-            let seqs = if records.is_empty() {
-                Vec::new()
-            } else {
-                self.insert_audits_in(&tx, &records).await?
-            };
+            let seqs = lanes::insert_group_audits(self, &tx, audits).await?;
             tx.commit().await.map_err(crate::pg)?;
-            let seqs: std::collections::HashMap<usize, i64> =
-                audited.into_iter().zip(seqs).collect();
             Ok::<_, StoreError>((out, seqs))
         }
         .await;
@@ -154,7 +139,7 @@ mod tests {
     use uuid::Uuid;
 
     use super::*;
-    use crate::{PostgresOptions, testkit};
+    use crate::testkit;
 
     const NOW: Timestamp = Timestamp(1_700_000_000_000);
 
@@ -165,18 +150,6 @@ mod tests {
         }
         spec.validate(TaskId(Uuid::now_v7()), NOW, 16, &Limits::default())
             .expect("valid")
-    }
-
-    /// A store whose one connection the test holds, so that calls queue behind the first group.
-    async fn store(test: &testkit::TestSchema) -> PostgresStore {
-        let opts = PostgresOptions {
-            schema: test.schema.clone(),
-            pool_size: 1,
-            ..PostgresOptions::default()
-        };
-        PostgresStore::connect(&test.url, opts)
-            .await
-            .expect("connect")
     }
 
     /// Runs the calls concurrently while the pool's connection is held, then lets them go.
@@ -208,7 +181,7 @@ mod tests {
         let Some(test) = testkit::TestSchema::fresh() else {
             return;
         };
-        let store = store(&test).await;
+        let store = crate::connect_with_one_connection(&test.url, &test.schema).await;
         let mut calls: Vec<Vec<NewTask>> = (0..6).map(|_| vec![task(None)]).collect();
         calls.push(vec![task(Some("one")), task(None)]);
         calls.push(vec![task(Some("one"))]);
@@ -248,7 +221,7 @@ mod tests {
         let Some(test) = testkit::TestSchema::fresh() else {
             return;
         };
-        let store = store(&test).await;
+        let store = crate::connect_with_one_connection(&test.url, &test.schema).await;
         let reused = task(None);
         store.insert(vec![reused.clone()]).await.expect("insert");
         let good: Vec<NewTask> = (0..4).map(|_| task(None)).collect();

@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use sundial_store::StoreError;
+use sundial_store::audit_scope::PendingAudit;
+use tokio::sync::oneshot;
 
 use crate::PostgresStore;
 
@@ -100,7 +102,10 @@ impl<K: Hash + Eq, C> Lanes<K, C> {
 
 /// A call that the groups of its lane run together (`claimer.rs`, `inserter.rs`).
 pub(crate) trait GroupCall: Send + Sized + 'static {
-    /// What a group does, for log lines.
+    /// What each call is answered with.
+    type Answer: Send + 'static;
+
+    /// What a group is, for log lines and for `StoreError::NoAnswer`.
     const WORK: &'static str;
 
     /// Runs `group` in one transaction and answers each call; on failure nothing is answered
@@ -110,14 +115,47 @@ pub(crate) trait GroupCall: Send + Sized + 'static {
         group: Vec<Self>,
     ) -> impl Future<Output = Result<(), (StoreError, Vec<Self>)>> + Send;
 
-    /// Answers the call with an error of its own.
-    fn fail(self, e: StoreError);
+    /// Where the call's answer goes.
+    fn into_reply(self) -> oneshot::Sender<Result<Self::Answer, StoreError>>;
+}
+
+/// Queues the call `make` builds around its reply channel in `key`'s lane, starts the lane's
+/// group task when none runs (a task of its own, so a caller that gives up waiting cancels
+/// nothing), and waits for the answer.
+pub(crate) async fn submit<K, C>(
+    store: &PostgresStore,
+    lanes: &Arc<Lanes<K, C>>,
+    key: K,
+    make: impl FnOnce(oneshot::Sender<Result<C::Answer, StoreError>>) -> C,
+    max_weight: usize,
+    weight: fn(&C) -> usize,
+) -> Result<C::Answer, StoreError>
+where
+    K: Hash + Eq + Clone + Send + 'static,
+    C: GroupCall,
+{
+    let (reply, rx) = oneshot::channel();
+    if lanes.push(key.clone(), make(reply)) {
+        tokio::spawn(run_lane(
+            store.clone(),
+            lanes.clone(),
+            key,
+            max_weight,
+            weight,
+        ));
+    }
+    match rx.await {
+        Ok(r) => r,
+        // The group task ended without answering (its runtime shut down): whether the group
+        // committed is unknown, exactly as for a connection lost mid-statement.
+        Err(_) => Err(StoreError::NoAnswer { what: C::WORK }),
+    }
 }
 
 /// The group task of `key`'s lane: runs groups until it finds the lane empty. A lone call runs
 /// alone; the calls of a failed group run again one by one, each in a task of its own, so one
 /// call's error is never another's.
-pub(crate) async fn run_lane<K: Hash + Eq, C: GroupCall>(
+async fn run_lane<K: Hash + Eq, C: GroupCall>(
     store: PostgresStore,
     lanes: Arc<Lanes<K, C>>,
     key: K,
@@ -146,6 +184,23 @@ async fn run_alone<C: GroupCall>(store: &PostgresStore, call: C) {
     if let Err((e, mut group)) = C::run(store, vec![call]).await
         && let Some(call) = group.pop()
     {
-        call.fail(e);
+        let _ = call.into_reply().send(Err(e));
     }
+}
+
+/// Writes in `tx` the audit records of a group's calls (`(call index, record)`, for the calls that
+/// changed something): the sequence number of each by call index, to mark them written
+/// (`PendingAudit::written`) once the transaction has committed.
+pub(crate) async fn insert_group_audits(
+    store: &PostgresStore,
+    tx: &deadpool_postgres::Transaction<'_>,
+    audits: Vec<(usize, &PendingAudit)>,
+) -> Result<HashMap<usize, i64>, StoreError> {
+    if audits.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let records: Vec<&sundial_store::NewAuditRecord> =
+        audits.iter().map(|(_, a)| a.record()).collect();
+    let seqs = store.insert_audits_in(tx, &records).await?;
+    Ok(audits.into_iter().map(|(i, _)| i).zip(seqs).collect())
 }

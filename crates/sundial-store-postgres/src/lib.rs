@@ -1973,6 +1973,18 @@ impl Store for PostgresStore {
     }
 }
 
+/// A store on `url` in `schema` with a pool of one connection, for tests that hold that
+/// connection to make calls queue.
+#[cfg(test)]
+pub(crate) async fn connect_with_one_connection(url: &str, schema: &str) -> PostgresStore {
+    let opts = PostgresOptions {
+        schema: schema.to_string(),
+        pool_size: 1,
+        ..PostgresOptions::default()
+    };
+    PostgresStore::connect(url, opts).await.expect("connect")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1991,14 +2003,7 @@ mod tests {
         let Some(test) = testkit::TestSchema::fresh() else {
             return;
         };
-        let opts = PostgresOptions {
-            schema: test.schema.clone(),
-            pool_size: 1,
-            ..PostgresOptions::default()
-        };
-        let store = PostgresStore::connect(&test.url, opts.clone())
-            .await
-            .expect("connect");
+        let store = connect_with_one_connection(&test.url, &test.schema).await;
         let mut client = store.client().await.expect("client");
         assert_eq!(plan_cache_mode(&client).await, "force_generic_plan");
         let rows = query_planned_per_call(
@@ -2015,7 +2020,7 @@ mod tests {
 
         let separator = if test.url.contains('?') { '&' } else { '?' };
         let url = format!("{}{separator}options=-c%20plan_cache_mode%3Dauto", test.url);
-        let store = PostgresStore::connect(&url, opts).await.expect("connect");
+        let store = connect_with_one_connection(&url, &test.schema).await;
         let client = store.client().await.expect("client");
         assert_eq!(plan_cache_mode(&client).await, "auto");
     }
