@@ -3,6 +3,8 @@
 # on the schema a given `sundial` build creates, without Sundial in the way: pgbench with
 # CLIENTS clients for SECS seconds, then WAL bytes and PostgreSQL CPU per task.
 #   bench/pg-task-lifecycle.sh [SUNDIAL_BIN] [SECS] [CLIENTS]
+# SETUP='sql' runs that SQL on the schema after the migrations (to try a schema change, such as
+# dropping an index, before writing it as a migration).
 set -euo pipefail
 cd "$(dirname "$0")"
 bin=${1:-../target/release/sundial}; secs=${2:-10}; clients=${3:-4}
@@ -19,6 +21,7 @@ for _ in $(seq 1 100); do
     sleep 0.1
 done
 sleep 1; kill "$srv"; wait "$srv" 2>/dev/null || true
+[ -n "${SETUP:-}" ] && psql -c "$SETUP" > /dev/null
 pm=$(head -1 "${PGPID:-/var/run/postgresql/15-main.pid}")
 pg_cpu() {
     local c live=0 v

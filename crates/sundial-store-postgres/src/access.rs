@@ -157,17 +157,66 @@ impl PostgresStore {
         Ok(())
     }
 
-    /// Inserts the audit records of a group of calls inside the caller's transaction; their
-    /// `seq`s, in order.
+    /// Inserts the audit records of a group of calls inside the caller's transaction, in one
+    /// statement (one round trip however many calls the group has); their `seq`s, in order.
     pub(crate) async fn insert_audits_in(
         &self,
         tx: &impl GenericClient,
         records: &[&NewAuditRecord],
     ) -> Result<Vec<i64>, StoreError> {
-        let mut seqs = Vec::with_capacity(records.len());
-        for r in records {
-            seqs.push(self.insert_audit_in(tx, r).await?);
+        match records {
+            [] => return Ok(Vec::new()),
+            [one] => return Ok(vec![self.insert_audit_in(tx, one).await?]),
+            _ => {}
         }
+        // The rows are inserted in the order of `ord`, so the sequence gives them increasing
+        // `seq`s in that order: sorted, the returned `seq`s are the records' in order.
+        let sql = self.access_sql(
+            "INSERT INTO {schema}.audit_log (at, actor_id, actor, namespace, action, target, \
+             request_id, status) \
+             SELECT at, actor_id, actor, namespace, action, target, request_id, status \
+             FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::text[], $5::text[], \
+                         $6::text[], $7::text[], $8::int4[]) WITH ORDINALITY \
+                  AS u(at, actor_id, actor, namespace, action, target, request_id, status, ord) \
+             ORDER BY ord RETURNING seq",
+        );
+        let stmt = tx.prepare_cached(&sql).await.map_err(pg)?;
+        let at: Vec<i64> = records.iter().map(|r| r.at.0).collect();
+        let actor_id: Vec<Option<Uuid>> =
+            records.iter().map(|r| r.actor_id.map(|id| id.0)).collect();
+        let actor: Vec<&str> = records.iter().map(|r| r.actor.as_str()).collect();
+        let namespace: Vec<&str> = records.iter().map(|r| r.namespace.as_str()).collect();
+        let action: Vec<&str> = records.iter().map(|r| r.action.as_str()).collect();
+        let target: Vec<Option<&str>> = records.iter().map(|r| r.target.as_deref()).collect();
+        let request_id: Vec<&str> = records.iter().map(|r| r.request_id.as_str()).collect();
+        let status: Vec<i32> = records.iter().map(|r| i32::from(r.status)).collect();
+        let rows = tx
+            .query(
+                &stmt,
+                &[
+                    &at,
+                    &actor_id,
+                    &actor,
+                    &namespace,
+                    &action,
+                    &target,
+                    &request_id,
+                    &status,
+                ],
+            )
+            .await
+            .map_err(pg)?;
+        let mut seqs = rows
+            .iter()
+            .map(|r| col::<i64>(r, 0))
+            .collect::<Result<Vec<_>, _>>()?;
+        if seqs.len() != records.len() {
+            return Err(corrupt(
+                "audit_log",
+                "the group insert returned another number of rows than it was given",
+            ));
+        }
+        seqs.sort_unstable();
         Ok(seqs)
     }
 
@@ -434,5 +483,56 @@ impl AccessStore for PostgresStore {
             .execute(&stmt, &[&before.0, &limit_param(limit)])
             .await
             .map_err(pg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit;
+
+    fn record(i: u16) -> NewAuditRecord {
+        NewAuditRecord {
+            at: Timestamp(1_700_000_000_000 + i64::from(i)),
+            actor_id: i.is_multiple_of(2).then(|| TokenId(Uuid::now_v7())),
+            actor: format!("actor-{i}"),
+            namespace: "default".into(),
+            action: format!("POST /v1/things/{i}"),
+            target: (!i.is_multiple_of(3)).then(|| format!("target-{i}")),
+            status: 200 + i,
+            request_id: format!("req-{i}"),
+        }
+    }
+
+    /// A group's records go in with one statement, and each record's `seq` is the one it was
+    /// stored under, in the order given.
+    #[tokio::test]
+    async fn a_group_of_audit_records_is_stored_in_order_with_its_seqs() {
+        let Some(test) = testkit::TestSchema::fresh() else {
+            return;
+        };
+        let store = crate::connect_with_one_connection(&test.url, &test.schema).await;
+        let records: Vec<NewAuditRecord> = (1..=5).map(record).collect();
+        let refs: Vec<&NewAuditRecord> = records.iter().collect();
+        let mut client = store.client().await.expect("client");
+        let tx = client.transaction().await.expect("begin");
+        let seqs = store.insert_audits_in(&tx, &refs).await.expect("insert");
+        tx.commit().await.expect("commit");
+        drop(client);
+        assert_eq!(seqs.len(), records.len());
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+        let page = store
+            .list_audit(&AuditFilter::default(), 100)
+            .await
+            .expect("list");
+        for (seq, want) in seqs.iter().zip(&records) {
+            let got = page
+                .records
+                .iter()
+                .find(|r| r.seq == *seq)
+                .unwrap_or_else(|| panic!("no record {seq}"));
+            assert_eq!(&got.record, want);
+        }
+        assert_eq!(page.records.len(), records.len());
     }
 }
