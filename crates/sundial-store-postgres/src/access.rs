@@ -14,6 +14,7 @@ use sundial_store::{
     NewToken, Scope, StoreError, TokenRecord,
 };
 use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use crate::rows::col;
@@ -27,6 +28,87 @@ const AUDIT_COLUMNS: &str =
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
     StoreError::corrupt(format!("{what}: {e}"))
+}
+
+/// The audit columns a statement inserts, in [`audit_group_sql`]'s order.
+pub(crate) const AUDIT_INSERT_COLUMNS: &str =
+    "at, actor_id, actor, namespace, action, target, request_id, status";
+
+/// A group's audit records as a row source for an `INSERT … SELECT`: `unnest` of the nine arrays
+/// of [`AuditArrays::params`], bound from `$first` on, as `a(link, at, actor_id, actor,
+/// namespace, action, target, request_id, status, ord)`. `link` is the id each record belongs
+/// to (its task), `ord` its place in the group. Inserted `ORDER BY ord`, the rows take
+/// increasing `seq`s in that order (see [`sorted_seqs`]).
+pub(crate) fn audit_group_sql(first: usize) -> String {
+    let p = |i: usize| first + i;
+    format!(
+        "unnest(${}::uuid[], ${}::bigint[], ${}::uuid[], ${}::text[], ${}::text[], ${}::text[], \
+         ${}::text[], ${}::text[], ${}::int4[]) WITH ORDINALITY \
+         AS a(link, at, actor_id, actor, namespace, action, target, request_id, status, ord)",
+        p(0),
+        p(1),
+        p(2),
+        p(3),
+        p(4),
+        p(5),
+        p(6),
+        p(7),
+        p(8)
+    )
+}
+
+/// The `seq`s a group insert returned, in the order of its records: the rows were inserted in
+/// that order, so the sequence numbered them increasingly.
+pub(crate) fn sorted_seqs(mut seqs: Vec<i64>) -> Vec<i64> {
+    seqs.sort_unstable();
+    seqs
+}
+
+/// A group's audit records, column by column, for [`audit_group_sql`].
+pub(crate) struct AuditArrays<'a> {
+    link: Vec<Uuid>,
+    at: Vec<i64>,
+    actor_id: Vec<Option<Uuid>>,
+    actor: Vec<&'a str>,
+    namespace: Vec<&'a str>,
+    action: Vec<&'a str>,
+    target: Vec<Option<&'a str>>,
+    request_id: Vec<&'a str>,
+    status: Vec<i32>,
+}
+
+impl<'a> AuditArrays<'a> {
+    pub(crate) fn new(records: &[(Uuid, &'a NewAuditRecord)]) -> Self {
+        AuditArrays {
+            link: records.iter().map(|(l, _)| *l).collect(),
+            at: records.iter().map(|(_, r)| r.at.0).collect(),
+            actor_id: records
+                .iter()
+                .map(|(_, r)| r.actor_id.map(|id| id.0))
+                .collect(),
+            actor: records.iter().map(|(_, r)| r.actor.as_str()).collect(),
+            namespace: records.iter().map(|(_, r)| r.namespace.as_str()).collect(),
+            action: records.iter().map(|(_, r)| r.action.as_str()).collect(),
+            target: records.iter().map(|(_, r)| r.target.as_deref()).collect(),
+            request_id: records.iter().map(|(_, r)| r.request_id.as_str()).collect(),
+            status: records.iter().map(|(_, r)| i32::from(r.status)).collect(),
+        }
+    }
+
+    /// The nine parameters, in [`audit_group_sql`]'s order.
+    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 9] {
+        [
+            &self.link,
+            &self.at,
+            &self.actor_id,
+            &self.actor,
+            &self.namespace,
+            &self.action,
+            &self.target,
+            &self.request_id,
+            &self.status,
+        ]
+    }
 }
 
 fn token_from_row(r: &Row) -> Result<TokenRecord, StoreError> {
@@ -169,44 +251,17 @@ impl PostgresStore {
             [one] => return Ok(vec![self.insert_audit_in(tx, one).await?]),
             _ => {}
         }
-        // The rows are inserted in the order of `ord`, so the sequence gives them increasing
-        // `seq`s in that order: sorted, the returned `seq`s are the records' in order.
-        let sql = self.access_sql(
-            "INSERT INTO {schema}.audit_log (at, actor_id, actor, namespace, action, target, \
-             request_id, status) \
-             SELECT at, actor_id, actor, namespace, action, target, request_id, status \
-             FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::text[], $5::text[], \
-                         $6::text[], $7::text[], $8::int4[]) WITH ORDINALITY \
-                  AS u(at, actor_id, actor, namespace, action, target, request_id, status, ord) \
-             ORDER BY ord RETURNING seq",
-        );
+        let sql = self.access_sql(&format!(
+            "INSERT INTO {{schema}}.audit_log ({AUDIT_INSERT_COLUMNS}) \
+             SELECT {AUDIT_INSERT_COLUMNS} FROM {} ORDER BY ord RETURNING seq",
+            audit_group_sql(1)
+        ));
         let stmt = tx.prepare_cached(&sql).await.map_err(pg)?;
-        let at: Vec<i64> = records.iter().map(|r| r.at.0).collect();
-        let actor_id: Vec<Option<Uuid>> =
-            records.iter().map(|r| r.actor_id.map(|id| id.0)).collect();
-        let actor: Vec<&str> = records.iter().map(|r| r.actor.as_str()).collect();
-        let namespace: Vec<&str> = records.iter().map(|r| r.namespace.as_str()).collect();
-        let action: Vec<&str> = records.iter().map(|r| r.action.as_str()).collect();
-        let target: Vec<Option<&str>> = records.iter().map(|r| r.target.as_deref()).collect();
-        let request_id: Vec<&str> = records.iter().map(|r| r.request_id.as_str()).collect();
-        let status: Vec<i32> = records.iter().map(|r| i32::from(r.status)).collect();
-        let rows = tx
-            .query(
-                &stmt,
-                &[
-                    &at,
-                    &actor_id,
-                    &actor,
-                    &namespace,
-                    &action,
-                    &target,
-                    &request_id,
-                    &status,
-                ],
-            )
-            .await
-            .map_err(pg)?;
-        let mut seqs = rows
+        let linked: Vec<(Uuid, &NewAuditRecord)> =
+            records.iter().map(|r| (Uuid::nil(), *r)).collect();
+        let arrays = AuditArrays::new(&linked);
+        let rows = tx.query(&stmt, &arrays.params()).await.map_err(pg)?;
+        let seqs = rows
             .iter()
             .map(|r| col::<i64>(r, 0))
             .collect::<Result<Vec<_>, _>>()?;
@@ -216,8 +271,7 @@ impl PostgresStore {
                 "the group insert returned another number of rows than it was given",
             ));
         }
-        seqs.sort_unstable();
-        Ok(seqs)
+        Ok(sorted_seqs(seqs))
     }
 
     async fn load_token(&self, id: TokenId) -> Result<Option<TokenRecord>, StoreError> {

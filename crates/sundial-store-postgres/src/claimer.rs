@@ -1,22 +1,32 @@
-//! Group claims: concurrent `claim_ready` calls for one queue share one transaction.
+//! Group claims: concurrent `claim_ready` calls for one queue share one claim.
 //!
-//! Every worker poll that finds tasks ready is a claim: a transaction that looks up the queue's
-//! limit, picks candidates by rank, starts them and commits (a WAL flush). With many workers each
-//! taking one task per poll, the database spends its time on that per-transaction work, once per
-//! task. So a call does not run its claim itself: it queues it under its queue and kinds filter,
-//! and whichever call finds no group of that queue under way spawns one (a task of its own, so a
-//! caller that gives up waiting cancels nothing). The group takes every call queued (up to
-//! [`MAX_GROUP_TASKS`] tasks wanted in all) and runs *one* claim for all of them: the wanted
-//! counts add up, each call brings its own execution ids and worker name, and each task started
-//! goes to the call whose execution id it was started under. Calls that arrive meanwhile form the
-//! next group. Nothing waits for company: an idle store's call runs at once, as a group of one.
+//! Every worker poll that finds tasks ready is a claim: it looks up the queue's limit, picks
+//! candidates by rank, starts them, records the request and commits (a WAL flush). With many
+//! workers each taking one task per poll, the database spends its time on that per-claim work,
+//! once per task. So a call does not run its claim itself: it queues it under its queue and
+//! kinds filter, and whichever call finds no group of that queue under way spawns one (a task of
+//! its own, so a caller that gives up waiting cancels nothing). The group takes every call
+//! queued (up to [`MAX_GROUP_TASKS`] tasks wanted in all) and runs *one* claim for all of them:
+//! the wanted counts add up, each call brings its own execution ids and worker name, and each
+//! task started goes to the call whose execution id it was started under. Calls that arrive
+//! meanwhile form the next group. Nothing waits for company: an idle store's call runs at once,
+//! as a group of one.
+//!
+//! A group claim is one statement in the common case (`claim_plain` in `sql.rs`, one round trip
+//! and one commit): when the queue has no concurrency limit, it locks the first ready tasks by
+//! rank, starts those without an exclusive key or rate limit, and inserts the audit records of
+//! the calls that took one. Only when it passed over candidates for their key or rate limit and
+//! tasks are still wanted, or the queue is limited, does the full claim run, in a transaction
+//! of its own, for the execution ids still unused (`claim_ready_in` in `lib.rs`): it takes the
+//! queue's lock, tries the keys' locks and takes rate-limit turns. Both take candidates in rank
+//! order, so together they start what the full claim alone would have.
 //!
 //! The rules of a claim hold for the group as they hold for one call: the queue's concurrency
 //! limit, one start per exclusive key within its group limit, rate-limit take turns, rank order.
 //! The group claims at the latest `now` of its calls, a time every one of them has reached. The
-//! audit record of each call that took a task commits with the claim. Should the group's
-//! transaction fail, each of its calls is claimed again on its own, so one call's error is never
-//! another's.
+//! audit record of each call that took a task commits with the claim that gave it. Should a
+//! group's statement or transaction fail, each call not yet served is claimed again on its own,
+//! so one call's error is never another's.
 //!
 //! A caller that is gone when its answer comes (its request dropped) leaves its tasks `running`
 //! until their leases end, exactly as a poll dropped after its own claim committed did before.
@@ -30,8 +40,12 @@ use sundial_store::{ReadyClaim, ReadyTaken, StoreError};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
+use tokio_postgres::types::ToSql;
+
 use crate::PostgresStore;
+use crate::access::AuditArrays;
 use crate::lanes::{self, GroupCall, Lanes};
+use crate::rows::{col, task_from_row};
 
 /// Most tasks one group claim asks for (a call that wants more still runs, alone).
 pub(crate) const MAX_GROUP_TASKS: usize = 1024;
@@ -104,8 +118,11 @@ impl PostgresStore {
         .await
     }
 
-    /// Claims for `group` in one transaction and answers each call with its tasks; on failure
-    /// nothing is answered and the calls come back with the error.
+    /// Claims for `group` and answers each call with its tasks: first the common case in one
+    /// statement (`claim_plain`), then, only when that left tasks wanted and passed over
+    /// candidates with an exclusive key or a rate limit (or the queue is limited), the full
+    /// claim in a transaction for what is still wanted. On failure the calls not yet answered
+    /// come back with the error.
     async fn claim_together(&self, group: Vec<Call>) -> Result<(), (StoreError, Vec<Call>)> {
         let wanted: usize = group.iter().map(|c| c.claim.execution_ids.len()).sum();
         let mut claim = ReadyGroup {
@@ -125,20 +142,47 @@ impl PostgresStore {
             }
             claim.now = claim.now.max(call.claim.now);
         }
+        let mut answers = Answers::new(group);
+        let plain = match self.claim_plain(&claim, &answers.calls).await {
+            Ok(p) => p,
+            Err(e) => return Err((e, answers.into_calls())),
+        };
+        let started = plain.tasks.len();
+        for t in plain.tasks {
+            answers.take(&owner, t);
+        }
+        for (i, seq) in plain.audited.into_iter().zip(plain.seqs) {
+            answers.written(i, seq);
+        }
+        if started == wanted || (!plain.limited && plain.passed_over == 0) {
+            answers.send(None);
+            return Ok(());
+        }
+        // What is still wanted, by the full claim: the execution ids not used yet, and the
+        // records of the calls that took nothing so far.
+        let rest = ReadyGroup {
+            queue: claim.queue,
+            kinds: claim.kinds,
+            execution_ids: claim.execution_ids[started..].to_vec(),
+            workers: claim.workers[started..].to_vec(),
+            now: claim.now,
+        };
         let committed = async {
             let mut client = self.client().await?;
             let tx = client.transaction().await.map_err(crate::pg)?;
-            let taken = self.claim_ready_in(&tx, &claim).await?;
-            let mut took = vec![false; group.len()];
+            let taken = self.claim_ready_in(&tx, &rest).await?;
+            let mut took = vec![false; answers.calls.len()];
             for t in &taken.tasks {
                 if let Some(i) = t.execution_id.and_then(|e| owner.get(&e.0)) {
                     took[*i] = true;
                 }
             }
-            let audits = group
+            let audits = answers
+                .calls
                 .iter()
                 .enumerate()
-                .filter(|(i, _)| took[*i])
+                // A call that took a task in the first statement has its record in already.
+                .filter(|(i, _)| took[*i] && answers.tasks[*i].is_empty())
                 .filter_map(|(i, c)| c.audit.as_ref().map(|a| (i, a)))
                 .collect();
             let seqs = lanes::insert_group_audits(self, &tx, audits).await?;
@@ -148,25 +192,177 @@ impl PostgresStore {
         .await;
         let (taken, seqs) = match committed {
             Ok(done) => done,
-            Err(e) => return Err((e, group)),
+            // The calls the first statement served keep what it committed; the others come
+            // back with the error.
+            Err(e) => return answers.fail_unserved(e),
         };
-        let mut tasks: Vec<Vec<Task>> = group.iter().map(|_| Vec::new()).collect();
         for t in taken.tasks {
-            match t.execution_id.and_then(|e| owner.get(&e.0)) {
-                Some(&i) => tasks[i].push(t),
-                // Every start takes one of the group's execution ids.
-                None => {
-                    tracing::error!(task = %t.id, "a claimed task without a caller's execution id")
-                }
+            answers.take(&owner, t);
+        }
+        for (i, seq) in seqs {
+            answers.written(i, seq);
+        }
+        answers.send(taken.next_turn);
+        Ok(())
+    }
+
+    /// The first statement of a group claim (`claim_plain`, see `sql.rs`).
+    async fn claim_plain(&self, claim: &ReadyGroup, calls: &[Call]) -> Result<Plain, StoreError> {
+        // Each call's record is linked to its first execution id: the statement uses the ids
+        // in order, so a call took a task exactly when its first id was used.
+        let mut first = 0usize;
+        let mut linked: Vec<(Uuid, &sundial_store::NewAuditRecord)> = Vec::new();
+        let mut audited: Vec<usize> = Vec::new();
+        for (i, c) in calls.iter().enumerate() {
+            if let (Some(a), Some(e)) = (c.audit.as_ref(), claim.execution_ids.get(first)) {
+                linked.push((*e, a.record()));
+                audited.push(i);
+            }
+            first += c.claim.execution_ids.len();
+        }
+        let audits = AuditArrays::new(&linked);
+        let want = crate::limit_param(claim.execution_ids.len());
+        let kinds: Option<Vec<&str>> = claim
+            .kinds
+            .as_ref()
+            .map(|k| k.iter().map(String::as_str).collect());
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![
+            &claim.queue,
+            &want,
+            &claim.execution_ids,
+            &claim.now.0,
+            &claim.workers,
+        ];
+        if let Some(k) = &kinds {
+            params.push(k);
+        }
+        params.extend(audits.params());
+        let sql = &self.sql.claim_plain[usize::from(kinds.is_some())];
+        let client = self.client().await?;
+        let rows = crate::query(&client, sql, &params).await?;
+        let Some(first_row) = rows.first() else {
+            return Err(StoreError::corrupt("the plain claim returned no row"));
+        };
+        let n = first_row.len();
+        let limited: bool = col(first_row, n - 3)?;
+        let passed_over: i64 = col(first_row, n - 2)?;
+        let seqs: Vec<i64> = col::<Option<Vec<i64>>>(first_row, n - 1)?.unwrap_or_default();
+        let mut tasks = Vec::with_capacity(rows.len());
+        for r in &rows {
+            if col::<Option<Uuid>>(r, 0)?.is_some() {
+                tasks.push(task_from_row(r)?);
             }
         }
-        for ((i, mut call), tasks) in group.into_iter().enumerate().zip(tasks) {
-            if let (Some(a), Some(seq)) = (call.audit.take(), seqs.get(&i)) {
+        // The calls whose record went in: those that took a task, in call order.
+        let used: std::collections::HashSet<Uuid> = tasks
+            .iter()
+            .filter_map(|t| t.execution_id.map(|e| e.0))
+            .collect();
+        let audited: Vec<usize> = audited
+            .into_iter()
+            .zip(&linked)
+            .filter(|(_, (link, _))| used.contains(link))
+            .map(|(i, _)| i)
+            .collect();
+        let seqs = if audited.len() == seqs.len() {
+            seqs
+        } else {
+            // Committed already: the tasks stand; records left unreported stay pending, and
+            // their requests write them on their own.
+            tracing::error!(
+                audited = audited.len(),
+                stored = seqs.len(),
+                "a plain claim stored another number of audit records than calls that took a task"
+            );
+            Vec::new()
+        };
+        Ok(Plain {
+            tasks,
+            limited,
+            passed_over,
+            audited,
+            seqs,
+        })
+    }
+}
+
+/// What the first statement of a group claim did.
+struct Plain {
+    /// The tasks it started.
+    tasks: Vec<Task>,
+    /// The queue has a concurrency limit: it did nothing.
+    limited: bool,
+    /// Candidates it passed over for their exclusive key or rate limit.
+    passed_over: i64,
+    /// The calls (by index) whose audit record it inserted, and the records' `seq`s.
+    audited: Vec<usize>,
+    seqs: Vec<i64>,
+}
+
+/// A group's calls with the tasks each has taken so far and its record's `seq`.
+struct Answers {
+    calls: Vec<Call>,
+    tasks: Vec<Vec<Task>>,
+    seqs: HashMap<usize, i64>,
+}
+
+impl Answers {
+    fn new(calls: Vec<Call>) -> Self {
+        let tasks = calls.iter().map(|_| Vec::new()).collect();
+        Answers {
+            calls,
+            tasks,
+            seqs: HashMap::new(),
+        }
+    }
+
+    fn into_calls(self) -> Vec<Call> {
+        self.calls
+    }
+
+    /// `t` goes to the call whose execution id it was started under.
+    fn take(&mut self, owner: &HashMap<Uuid, usize>, t: Task) {
+        match t.execution_id.and_then(|e| owner.get(&e.0)) {
+            Some(&i) => self.tasks[i].push(t),
+            // Every start takes one of the group's execution ids.
+            None => tracing::error!(task = %t.id, "a claimed task without a caller's execution id"),
+        }
+    }
+
+    fn written(&mut self, call: usize, seq: i64) {
+        self.seqs.insert(call, seq);
+    }
+
+    /// Answers every call: its tasks (in rank order) and its record's `seq`, if written.
+    fn send(self, next_turn: Option<Timestamp>) {
+        for ((i, mut call), mut tasks) in self.calls.into_iter().enumerate().zip(self.tasks) {
+            if let (Some(a), Some(seq)) = (call.audit.take(), self.seqs.get(&i)) {
                 a.written(*seq);
             }
-            let _ = call.reply.send(Ok(ReadyTaken::new(tasks, taken.next_turn)));
+            tasks.sort_by_key(|t| (t.priority.rank(t.due_at), t.id));
+            let _ = call.reply.send(Ok(ReadyTaken::new(tasks, next_turn)));
         }
-        Ok(())
+    }
+
+    /// Answers the calls that took a task already with what they took; the others come back
+    /// with `e`.
+    fn fail_unserved(self, e: StoreError) -> Result<(), (StoreError, Vec<Call>)> {
+        let mut unserved = Vec::new();
+        for ((i, mut call), tasks) in self.calls.into_iter().enumerate().zip(self.tasks) {
+            if tasks.is_empty() {
+                unserved.push(call);
+                continue;
+            }
+            if let (Some(a), Some(seq)) = (call.audit.take(), self.seqs.get(&i)) {
+                a.written(*seq);
+            }
+            let _ = call.reply.send(Ok(ReadyTaken::new(tasks, None)));
+        }
+        if unserved.is_empty() {
+            Ok(())
+        } else {
+            Err((e, unserved))
+        }
     }
 }
 
@@ -247,6 +443,193 @@ mod tests {
         assert!(
             groups <= crate::lanes::IN_FLIGHT as u64 + 1,
             "8 polls took {groups} claims"
+        );
+    }
+
+    /// Makes `specs` ready in their queue at `now`; their ids in order.
+    async fn ready(store: &PostgresStore, specs: Vec<TaskSpec>, now: Timestamp) -> Vec<TaskId> {
+        let tasks: Vec<_> = specs
+            .into_iter()
+            .map(|s| {
+                s.run_at(now)
+                    .validate(TaskId(Uuid::now_v7()), now, 16, &Limits::default())
+                    .expect("valid")
+            })
+            .collect();
+        let ids: Vec<TaskId> = tasks.iter().map(|t| t.id).collect();
+        store.insert(tasks).await.expect("insert");
+        let claims = ids
+            .iter()
+            .map(|&id| DueClaim {
+                id,
+                target: ClaimTarget::Ready,
+            })
+            .collect();
+        store.claim_due(claims, now, None).await.expect("claim_due");
+        ids
+    }
+
+    fn poll_record(i: usize) -> sundial_store::NewAuditRecord {
+        sundial_store::NewAuditRecord {
+            at: Timestamp(1_700_000_000_000),
+            actor_id: None,
+            actor: format!("worker-{i}"),
+            namespace: "default".into(),
+            action: "POST /v1/queues/{queue}/poll".into(),
+            target: None,
+            status: 200,
+            request_id: format!("req-{i}"),
+        }
+    }
+
+    async fn xmin(
+        store: &PostgresStore,
+        table: &str,
+        column: &str,
+        value: &(dyn ToSql + Sync),
+    ) -> String {
+        let client = store.client().await.expect("client");
+        let sql = format!(
+            "SELECT xmin::text FROM {}.{table} WHERE {column} = $1",
+            store.schema.ident
+        );
+        let row = client.query_one(&sql, &[value]).await.expect("xmin");
+        row.get(0)
+    }
+
+    /// Polls of a queue without limits, keys or rate limits are claimed by one statement per
+    /// group, and each poll's audit record commits in the transaction that started its task.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_plain_group_claim_commits_each_polls_record_with_its_task() {
+        use sundial_store::audit_scope::{AuditScope, AuditWrite};
+        let Some(test) = testkit::TestSchema::fresh() else {
+            return;
+        };
+        let store = crate::connect_with_one_connection(&test.url, &test.schema).await;
+        let now = Timestamp(1_700_000_000_000);
+        ready(
+            &store,
+            (0..8).map(|_| TaskSpec::new("k").queue("q")).collect(),
+            now,
+        )
+        .await;
+        let held = store.client().await.expect("client");
+        let calls: Vec<_> = (0..8)
+            .map(|i| {
+                let store = store.clone();
+                let claim = ReadyClaim {
+                    queue: "q".into(),
+                    kinds: None,
+                    execution_ids: vec![ExecutionId(Uuid::now_v7())],
+                    worker: Some(format!("w{i}")),
+                    now,
+                };
+                let scope = AuditScope::new(poll_record(i));
+                tokio::spawn(async move {
+                    let taken = scope.run(store.claim_ready(claim)).await;
+                    (scope, taken)
+                })
+            })
+            .collect();
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        drop(held);
+        let mut xacts = HashSet::new();
+        for call in calls {
+            let (scope, taken) = call.await.expect("join");
+            let taken = taken.expect("claim_ready").tasks;
+            assert_eq!(taken.len(), 1);
+            let AuditWrite::Written { seq } = scope.write() else {
+                panic!("the claim carried the record: {:?}", scope.write());
+            };
+            let record_xact = xmin(&store, "audit_log", "seq", &seq).await;
+            let task_xact = xmin(&store, "tasks", "id", &taken[0].id.0).await;
+            assert_eq!(record_xact, task_xact, "the record commits with the start");
+            xacts.insert(task_xact);
+        }
+        assert!(
+            xacts.len() <= 2,
+            "8 polls took {} transactions",
+            xacts.len()
+        );
+    }
+
+    /// A claim whose first candidates by rank hold exclusive keys passes them over in its first
+    /// statement and takes them in the full claim: what it takes is still the first tasks by
+    /// rank whose key is free, and its request's record is written once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn keyed_candidates_are_taken_in_rank_order_after_the_plain_statement() {
+        use sundial_core::{ExclusiveMode, Priority};
+        use sundial_store::AccessStore;
+        use sundial_store::audit_scope::{AuditScope, AuditWrite};
+        let Some(test) = testkit::TestSchema::fresh() else {
+            return;
+        };
+        let store = crate::connect_with_one_connection(&test.url, &test.schema).await;
+        let now = Timestamp(1_700_000_000_000);
+        let high = Priority::new(9).expect("priority");
+        // A running holder of key `b`.
+        let holder = ready(
+            &store,
+            vec![
+                TaskSpec::new("k")
+                    .queue("q")
+                    .exclusive("b", ExclusiveMode::Wait),
+            ],
+            now,
+        )
+        .await;
+        let claim = |n: usize| ReadyClaim {
+            queue: "q".into(),
+            kinds: None,
+            execution_ids: (0..n).map(|_| ExecutionId(Uuid::now_v7())).collect(),
+            worker: Some("w".into()),
+            now,
+        };
+        let took = store.claim_ready(claim(1)).await.expect("claim").tasks;
+        assert_eq!(took.iter().map(|t| t.id).collect::<Vec<_>>(), holder);
+        // First by rank: `a` (free) and `b` (busy), then two without a key.
+        let ids = ready(
+            &store,
+            vec![
+                TaskSpec::new("k")
+                    .queue("q")
+                    .priority(high)
+                    .exclusive("b", ExclusiveMode::Wait),
+                TaskSpec::new("k")
+                    .queue("q")
+                    .priority(high)
+                    .exclusive("a", ExclusiveMode::Wait),
+                TaskSpec::new("k").queue("q"),
+                TaskSpec::new("k").queue("q"),
+            ],
+            now,
+        )
+        .await;
+        let scope = AuditScope::new(poll_record(0));
+        let took = scope
+            .run(store.claim_ready(claim(2)))
+            .await
+            .expect("claim")
+            .tasks;
+        let mut took: Vec<TaskId> = took.iter().map(|t| t.id).collect();
+        took.sort();
+        let mut want = vec![ids[1], ids[2]];
+        want.sort();
+        assert_eq!(took, want, "a's task and the first task without a key");
+        assert!(
+            matches!(scope.write(), AuditWrite::Written { .. }),
+            "{:?}",
+            scope.write()
+        );
+        let log = store
+            .list_audit(&sundial_store::AuditFilter::default(), 10)
+            .await
+            .expect("audit");
+        assert_eq!(
+            log.records.len(),
+            1,
+            "one record for one poll: {:?}",
+            log.records
         );
     }
 }

@@ -115,7 +115,7 @@ impl PostgresStore {
         let nows: Vec<i64> = order.iter().map(|&i| batch[i].now.0).collect();
         let audited = batch.iter().any(|c| c.audit.is_some());
         let grouped = async {
-            let mut client = self.client().await?;
+            let client = self.client().await?;
             if !audited {
                 let rows = crate::query(
                     &client,
@@ -125,26 +125,40 @@ impl PostgresStore {
                 .await?;
                 return Ok((tasks_from_rows(&rows)?, HashMap::new()));
             }
-            // The audit records of the calls the statement completed commit with it.
-            let tx = client.transaction().await.map_err(crate::pg)?;
-            let rows = crate::query(
-                &tx,
-                &self.sql.complete_many,
-                &[&ids, &execs, &results, &nows],
-            )
-            .await?;
-            let done = tasks_from_rows(&rows)?;
-            let completed: std::collections::HashSet<Uuid> = done.iter().map(|t| t.id.0).collect();
-            let carried: Vec<(TaskId, &sundial_store::NewAuditRecord)> = batch
+            // The audit records of the calls the statement completes go in with it, in the
+            // same statement (so they commit together, in one round trip).
+            let linked: Vec<(Uuid, &sundial_store::NewAuditRecord)> = batch
                 .iter()
-                .filter(|c| completed.contains(&c.id.0))
-                .filter_map(|c| c.audit.as_ref().map(|a| (c.id, a.record())))
+                .filter_map(|c| c.audit.as_ref().map(|a| (c.id.0, a.record())))
                 .collect();
-            let records: Vec<&sundial_store::NewAuditRecord> =
-                carried.iter().map(|(_, r)| *r).collect();
-            let seqs = self.insert_audits_in(&tx, &records).await?;
-            tx.commit().await.map_err(crate::pg)?;
-            let seqs: HashMap<TaskId, i64> = carried.iter().map(|(id, _)| *id).zip(seqs).collect();
+            let audits = crate::access::AuditArrays::new(&linked);
+            let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+                vec![&ids, &execs, &results, &nows];
+            params.extend(audits.params());
+            let rows = crate::query(&client, &self.sql.complete_many_audited, &params).await?;
+            let done = tasks_from_rows(&rows)?;
+            let seqs: Vec<i64> = match rows.first() {
+                Some(r) => crate::rows::col::<Option<Vec<i64>>>(r, r.len() - 1)?.unwrap_or_default(),
+                None => Vec::new(),
+            };
+            let completed: std::collections::HashSet<Uuid> = done.iter().map(|t| t.id.0).collect();
+            let carried: Vec<TaskId> = linked
+                .iter()
+                .filter(|(id, _)| completed.contains(id))
+                .map(|(id, _)| TaskId(*id))
+                .collect();
+            // The statement committed: its completions stand whatever this check finds. Records
+            // left unreported stay pending, and the request writes them on its own.
+            let seqs: HashMap<TaskId, i64> = if carried.len() == seqs.len() {
+                carried.into_iter().zip(seqs).collect()
+            } else {
+                tracing::error!(
+                    audited = carried.len(),
+                    stored = seqs.len(),
+                    "a grouped completion stored another number of audit records than it completed audited calls"
+                );
+                HashMap::new()
+            };
             Ok::<_, sundial_store::StoreError>((done, seqs))
         }
         .await;

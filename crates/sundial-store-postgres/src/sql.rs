@@ -58,11 +58,24 @@ pub(crate) struct Sql {
     /// `ready_candidates` leaves out for it.
     pub next_take_turn: String,
     pub start_ready: String,
+    /// A claim's common case in one statement (`claimer.rs`): unless queue `$1` has a
+    /// concurrency limit, locks the `$2` first ready tasks by rank (of kinds `$6` in the second
+    /// variant), starts those with neither an exclusive key nor a rate limit under the
+    /// execution ids `$3` and workers `$5` at `$4`, and inserts the audit records (see
+    /// `access::audit_group_sql`; `link` is the first execution id of the record's call) of
+    /// the calls that took a task. One row per task started (or one row of `NULL` task
+    /// columns), each ending with: whether the queue is limited (nothing done), how many
+    /// candidates were passed over for their key or rate limit, the records' `seq`s.
+    pub claim_plain: [String; 2],
     pub heartbeat: String,
     pub complete: String,
     /// `complete` for several attempts at once, each row with its own condition and time
     /// (see `completer.rs`).
     pub complete_many: String,
+    /// `complete_many` that also inserts the audit records (`$5` on, see
+    /// `access::audit_group_sql`) of the calls it completed, all in one statement; each row
+    /// ends with the `seq`s of the records inserted, in order.
+    pub complete_many_audited: String,
     /// `$3`: the retry time, taken while attempts remain (`NULL` or none left: dead).
     pub fail: String,
     /// The running attempt `($1, $2)`, for a failure's backoff.
@@ -455,6 +468,21 @@ impl Sql {
         let c = task_columns("t");
         // A failure's retry time: `$3` while attempts remain, else `NULL` (dead).
         let retry_at = "(CASE WHEN t.attempt < t.max_attempts THEN $3::bigint END)";
+        // Completes the attempts `($1, $2)` with result `$3` at `$4`, each row on its own
+        // condition. Never waits for a row: rows locked elsewhere are left to a call of their
+        // own.
+        let complete_many = format!(
+            "WITH u AS (SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[]) \
+                 AS u(id, execution_id, result, now)), \
+             l AS (SELECT t.id FROM {tasks} t JOIN u ON t.id = u.id \
+                 WHERE t.state = 'running' AND t.execution_id = u.execution_id \
+                 ORDER BY t.id FOR UPDATE OF t SKIP LOCKED) \
+             UPDATE {tasks} t SET state = 'succeeded', result = u.result, \
+             updated_at = u.now, finished_at = u.now, lease_expires_at = NULL \
+             FROM u, l \
+             WHERE t.id = l.id AND t.id = u.id AND t.state = 'running' \
+             AND t.execution_id = u.execution_id"
+        );
         // Fewer running tasks than `t`'s group limit hold its exclusive key.
         let free = format!(
             "(t.exclusive_key IS NULL OR (SELECT count(*) FROM {tasks} r \
@@ -632,6 +660,34 @@ impl Sql {
             try_lock_keys: "SELECT u.key FROM unnest($2::text[], $3::int4[]) AS u(key, lock) \
                  WHERE pg_try_advisory_xact_lock($1::int4, u.lock)"
                 .to_string(),
+            claim_plain: [false, true].map(|kinds| {
+                format!(
+                    "WITH lim AS (SELECT 1 FROM {s}.queue_settings \
+                         WHERE queue = $1 AND (config::jsonb->>'concurrency') IS NOT NULL), \
+                     cand AS (SELECT t.id, (t.exclusive_key IS NULL AND t.rate IS NULL) AS plain \
+                         FROM {tasks} t WHERE t.state = 'ready' AND t.queue = $1 {kinds} \
+                         AND NOT EXISTS (SELECT 1 FROM lim) \
+                         ORDER BY {RANK_SQL}, t.id LIMIT $2 FOR UPDATE OF t SKIP LOCKED), \
+                     pick AS (SELECT id, row_number() OVER (ORDER BY id) AS n FROM cand WHERE plain), \
+                     started AS (UPDATE {tasks} t SET state = 'running', attempt = t.attempt + 1, \
+                         execution_id = ($3::uuid[])[pick.n::int4], \
+                         lease_expires_at = GREATEST($4::bigint, t.due_at) + t.timeout_ms, \
+                         started_at = GREATEST($4::bigint, t.due_at), \
+                         updated_at = GREATEST($4::bigint, t.due_at), \
+                         worker = ($5::text[])[pick.n::int4] \
+                         FROM pick WHERE t.id = pick.id AND t.state = 'ready' RETURNING {c}), \
+                     aud AS (INSERT INTO {s}.audit_log ({cols}) SELECT {cols} FROM {group} \
+                         WHERE a.link IN (SELECT execution_id FROM started) \
+                         ORDER BY a.ord RETURNING seq) \
+                     SELECT started.*, EXISTS (SELECT 1 FROM lim), \
+                         (SELECT count(*) FROM cand WHERE NOT plain), \
+                         (SELECT array_agg(seq ORDER BY seq) FROM aud) \
+                     FROM (SELECT 1) one LEFT JOIN started ON true",
+                    kinds = if kinds { "AND t.kind = ANY($6::text[])" } else { "" },
+                    cols = crate::access::AUDIT_INSERT_COLUMNS,
+                    group = crate::access::audit_group_sql(if kinds { 7 } else { 6 }),
+                )
+            }),
             start_ready: format!(
                 "WITH pick AS (SELECT t.id, row_number() OVER (ORDER BY t.id) AS n FROM {tasks} t \
                      WHERE t.id = ANY($1::uuid[]) AND t.state = 'ready' AND {free}) \
@@ -654,18 +710,14 @@ impl Sql {
                  WHERE t.id = $1 AND t.state = 'running' AND t.execution_id = $2 RETURNING {c}"
             ),
             // Never waits for a row: rows locked elsewhere are left to a call of their own.
-            complete_many: format!(
-                "WITH u AS (SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[]) \
-                     AS u(id, execution_id, result, now)), \
-                 l AS (SELECT t.id FROM {tasks} t JOIN u ON t.id = u.id \
-                     WHERE t.state = 'running' AND t.execution_id = u.execution_id \
-                     ORDER BY t.id FOR UPDATE OF t SKIP LOCKED) \
-                 UPDATE {tasks} t SET state = 'succeeded', result = u.result, \
-                 updated_at = u.now, finished_at = u.now, lease_expires_at = NULL \
-                 FROM u, l \
-                 WHERE t.id = l.id AND t.id = u.id AND t.state = 'running' \
-                 AND t.execution_id = u.execution_id \
-                 RETURNING {c}"
+            complete_many: format!("{complete_many} RETURNING {c}"),
+            complete_many_audited: format!(
+                "WITH done AS ({complete_many} RETURNING {c}), \
+                 aud AS (INSERT INTO {s}.audit_log ({cols}) SELECT {cols} FROM {group} \
+                     WHERE a.link IN (SELECT id FROM done) ORDER BY a.ord RETURNING seq) \
+                 SELECT done.*, (SELECT array_agg(seq ORDER BY seq) FROM aud) FROM done",
+                cols = crate::access::AUDIT_INSERT_COLUMNS,
+                group = crate::access::audit_group_sql(5),
             ),
             fail: format!(
                 "UPDATE {tasks} t SET \

@@ -252,3 +252,79 @@ async fn a_locked_row_does_not_hold_up_its_group() {
         .unwrap();
     assert_eq!(t.state, TaskState::Succeeded);
 }
+
+/// Audited completes that share a statement each commit their own request's record, in the
+/// transaction that completed their task, and each request learns its record's `seq`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audited_completes_of_a_group_each_commit_their_own_record() {
+    use sundial_store::NewAuditRecord;
+    use sundial_store::audit_scope::{AuditScope, AuditWrite};
+
+    let Some((store, guard)) = fresh_postgres().await else {
+        return;
+    };
+    let raw = raw_client(&guard.url).await;
+    let s = &guard.schema;
+    let n = 32;
+    let tasks = running(store.as_ref(), n).await;
+    let scopes: Vec<AuditScope> = tasks
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            AuditScope::new(NewAuditRecord {
+                at: Timestamp(30 + i as i64),
+                actor_id: None,
+                actor: format!("worker-{i}"),
+                namespace: "default".to_string(),
+                action: "POST /v1/tasks/{id}/complete".to_string(),
+                target: Some(t.id.to_string()),
+                status: 200,
+                request_id: format!("req-{i}"),
+            })
+        })
+        .collect();
+    let calls = tasks.iter().zip(&scopes).map(|(t, scope)| {
+        let store = store.clone();
+        let (id, exec) = (t.id, t.execution_id.unwrap());
+        scope.run(async move { store.complete(id, exec, Timestamp(30), None).await })
+    });
+    for r in futures::future::join_all(calls).await {
+        assert_eq!(r.unwrap().state, TaskState::Succeeded);
+    }
+    let rows = raw
+        .query(
+            &format!(
+                "SELECT a.seq, a.actor, a.request_id, a.target, a.xmin::text, t.xmin::text \
+                 FROM \"{s}\".audit_log a JOIN \"{s}\".tasks t ON t.id::text = a.target"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), n, "one record per completed request");
+    let mut xacts = std::collections::HashSet::new();
+    for (scope, t) in scopes.iter().zip(&tasks) {
+        let AuditWrite::Written { seq } = scope.write() else {
+            panic!("the completion carried the record: {:?}", scope.write());
+        };
+        let row = rows
+            .iter()
+            .find(|r| r.get::<_, i64>(0) == seq)
+            .unwrap_or_else(|| panic!("no record {seq}"));
+        let want = scope.record();
+        assert_eq!(row.get::<_, String>(1), want.actor);
+        assert_eq!(row.get::<_, String>(2), want.request_id);
+        assert_eq!(row.get::<_, String>(3), t.id.to_string());
+        let (record_xact, task_xact): (String, String) = (row.get(4), row.get(5));
+        assert_eq!(
+            record_xact, task_xact,
+            "the record commits with its completion"
+        );
+        xacts.insert(record_xact);
+    }
+    assert!(
+        xacts.len() <= 8,
+        "{} transactions for {n} concurrent completes",
+        xacts.len()
+    );
+}
