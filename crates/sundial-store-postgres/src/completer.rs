@@ -6,7 +6,8 @@
 //! work. So a call does not run its update itself: it queues it, and whichever call finds no
 //! batch under way spawns one (a task of its own, so a caller that gives up waiting cancels
 //! nothing). The batch takes everything queued (at most [`MAX_BATCH`]), runs *one*
-//! `UPDATE … FROM unnest(…)` with each row's own condition, and answers every caller; calls that
+//! `UPDATE … FROM unnest(…)` with each row's own condition (inserting, in the same statement,
+//! the audit records of the calls it completed), and answers every caller; calls that
 //! arrive meanwhile form the next batch (`lanes.rs`). Nothing waits for company: an idle store's call runs at
 //! once, as a group of one.
 //!

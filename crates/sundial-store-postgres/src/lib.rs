@@ -53,8 +53,10 @@
 //!
 //! All state changes are single conditional `UPDATE … WHERE state = … [AND execution_id = …]
 //! RETURNING …` statements. Concurrent `complete` calls share one such statement (`completer.rs`:
-//! `UPDATE … FROM unnest(…)`, every row with its own condition and time), so a busy store pays
-//! one statement and one commit for a group of completions rather than one each. Every task row carries its `shard`, so the shard-lease check of a
+//! `UPDATE … FROM unnest(…)`, every row with its own condition and time, the calls' audit
+//! records inserted by the same statement), so a busy store pays one statement and one commit
+//! for a group of completions rather than one each; concurrent worker claims likewise
+//! (`claimer.rs`). Every task row carries its `shard`, so the shard-lease check of a
 //! fenced write runs in the same transaction as the write it guards.
 //!
 //! Several nodes (migration 2, `cluster.rs`):
