@@ -165,6 +165,7 @@ mod inserter;
 mod lanes;
 mod ops;
 mod push;
+mod readier;
 mod rows;
 mod schedules;
 mod schema;
@@ -336,6 +337,8 @@ pub struct PostgresStore {
     claimer: claimer::SharedClaimer,
     /// Inserts waiting to share a transaction (see `inserter.rs`).
     inserter: inserter::SharedInserter,
+    /// `claim_due` calls that only ready tasks, waiting to share a transaction (`readier.rs`).
+    readier: readier::SharedReadier,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -406,6 +409,7 @@ impl PostgresStore {
             completer: Default::default(),
             claimer: Default::default(),
             inserter: Default::default(),
+            readier: Default::default(),
         };
         // Counter stripes of backends that are gone (earlier runs) fold into one.
         client.execute(&store.sql.fold_counts, &[]).await?;
@@ -1709,6 +1713,9 @@ impl Store for PostgresStore {
         // Unfenced and empty: nothing to do. Fenced and empty still checks the fence.
         if claims.is_empty() && fence.is_none() {
             return Ok(Vec::new());
+        }
+        if !claims.is_empty() && claims.iter().all(|c| c.target == ClaimTarget::Ready) {
+            return self.claim_due_ready_grouped(claims, now, fence).await;
         }
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;

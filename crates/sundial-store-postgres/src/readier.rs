@@ -1,0 +1,252 @@
+//! Group readying: concurrent `claim_due` calls that only make tasks ready share one transaction.
+//!
+//! A shard loop whose due tasks go to remote workers claims them `scheduled → ready`. With tasks
+//! coming due one at a time across many shards, each loop wakes for about one task and claims
+//! it in a transaction of its own (`BEGIN`, the shard's fence, the row locks, the update,
+//! `COMMIT`): at 1,000 tasks a second that is 1,000 commits a second, and the commits are what
+//! the database cannot keep up with (BENCHMARKS.md, "Why lateness did not move"). So such a call
+//! queues in one lane (`lanes.rs`), and the lane's group runs every queued call in one
+//! transaction: each call's fence checked, each call's claims decided by `claim_due_in` exactly
+//! as its own transaction would have, one commit for all. Nothing waits for company: an idle
+//! store's call runs at once, as a group of one.
+//!
+//! Only calls whose every claim targets `ready` are grouped. A call that starts tasks takes
+//! exclusive-key and queue locks, which it must take in one sorted order; it runs alone, as
+//! before. Before the calls run, the group locks every claimable row of all of them in one id
+//! order, as a single call does for its own rows, so a group waits for row locks in the order
+//! anyone else does. Should the group fail (a fence lost, a deadlock the database broke), each
+//! call runs again on its own, so one call's error is never another's.
+
+use std::sync::Arc;
+
+use sundial_core::Timestamp;
+use sundial_store::{ClaimOutcome, DueClaim, Fence, StoreError};
+use tokio::sync::oneshot;
+use uuid::Uuid;
+
+use crate::PostgresStore;
+use crate::lanes::{self, GroupCall, Lanes};
+
+/// Most claims one group carries (a call with more still runs, alone).
+pub(crate) const MAX_GROUP_CLAIMS: usize = 1024;
+
+pub(crate) struct Call {
+    claims: Vec<DueClaim>,
+    now: Timestamp,
+    fence: Option<Fence>,
+    reply: oneshot::Sender<Result<Vec<ClaimOutcome>, StoreError>>,
+}
+
+/// The readying calls waiting for a group (one lane), shared by the clones of one store.
+pub(crate) type SharedReadier = Arc<Lanes<(), Call>>;
+
+impl GroupCall for Call {
+    type Answer = Vec<ClaimOutcome>;
+    const WORK: &'static str = "ready group";
+
+    fn run(
+        store: &PostgresStore,
+        group: Vec<Self>,
+    ) -> impl std::future::Future<Output = Result<(), (StoreError, Vec<Self>)>> + Send {
+        store.ready_together(group)
+    }
+
+    fn into_reply(self) -> oneshot::Sender<Result<Vec<ClaimOutcome>, StoreError>> {
+        self.reply
+    }
+}
+
+impl PostgresStore {
+    /// [`sundial_store::Store::claim_due`] through the group readier, for `claims` that all
+    /// target `ready` (at least one).
+    pub(crate) async fn claim_due_ready_grouped(
+        &self,
+        claims: Vec<DueClaim>,
+        now: Timestamp,
+        fence: Option<Fence>,
+    ) -> Result<Vec<ClaimOutcome>, StoreError> {
+        lanes::submit(
+            self,
+            &self.readier,
+            (),
+            |reply| Call {
+                claims,
+                now,
+                fence,
+                reply,
+            },
+            MAX_GROUP_CLAIMS,
+            |c| c.claims.len(),
+        )
+        .await
+    }
+
+    /// Runs every call of `group` in one transaction and answers each with its outcomes; on
+    /// failure nothing is answered and the calls come back with the error.
+    async fn ready_together(&self, group: Vec<Call>) -> Result<(), (StoreError, Vec<Call>)> {
+        let done = async {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(crate::pg)?;
+            if group.len() > 1 {
+                // Every row any call may claim, locked in one id order first.
+                let mut ids: Vec<Uuid> = group
+                    .iter()
+                    .flat_map(|c| c.claims.iter().map(|d| d.id.0))
+                    .collect();
+                ids.sort_unstable();
+                ids.dedup();
+                let latest = group.iter().map(|c| c.now.0).max().unwrap_or(i64::MIN);
+                crate::query(&tx, &self.sql.lock_claimable, &[&ids, &latest]).await?;
+            }
+            let mut outcomes = Vec::with_capacity(group.len());
+            for call in &group {
+                if let Some(f) = call.fence {
+                    self.check_fence(&tx, f).await?;
+                }
+                outcomes.push(
+                    self.claim_due_in(&tx, &call.claims, call.now, call.fence.map(|f| f.shard))
+                        .await?,
+                );
+            }
+            tx.commit().await.map_err(crate::pg)?;
+            Ok::<_, StoreError>(outcomes)
+        }
+        .await;
+        let outcomes = match done {
+            Ok(o) => o,
+            Err(e) => return Err((e, group)),
+        };
+        for (call, out) in group.into_iter().zip(outcomes) {
+            let _ = call.reply.send(Ok(out));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use sundial_core::{Limits, TaskId, TaskSpec};
+    use sundial_store::{ClaimTarget, Store};
+
+    use super::*;
+    use crate::testkit;
+
+    async fn scheduled(store: &PostgresStore, n: usize, now: Timestamp) -> Vec<TaskId> {
+        let tasks: Vec<_> = (0..n)
+            .map(|_| {
+                TaskSpec::new("k")
+                    .queue("q")
+                    .run_at(now)
+                    .validate(TaskId(Uuid::now_v7()), now, 16, &Limits::default())
+                    .expect("valid")
+            })
+            .collect();
+        let ids = tasks.iter().map(|t| t.id).collect();
+        store.insert(tasks).await.expect("insert");
+        ids
+    }
+
+    fn ready(id: TaskId) -> Vec<DueClaim> {
+        vec![DueClaim {
+            id,
+            target: ClaimTarget::Ready,
+        }]
+    }
+
+    /// `claim_due` of one task each for `ids`, all queued while the store's one connection is
+    /// held; `fenced` names the calls given a lost fence (no lease of shard 9 exists).
+    async fn queued_calls(
+        store: &PostgresStore,
+        ids: &[TaskId],
+        fenced: &[usize],
+        now: Timestamp,
+    ) -> Vec<Result<Vec<ClaimOutcome>, StoreError>> {
+        let held = store.client().await.expect("client");
+        let calls: Vec<_> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| {
+                let store = store.clone();
+                let fence = fenced.contains(&i).then_some(Fence {
+                    shard: 9,
+                    range_id: 1,
+                });
+                tokio::spawn(async move { store.claim_due(ready(id), now, fence).await })
+            })
+            .collect();
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        drop(held);
+        let mut out = Vec::new();
+        for call in calls {
+            out.push(call.await.expect("join"));
+        }
+        out
+    }
+
+    async fn xmin(store: &PostgresStore, id: TaskId) -> String {
+        let client = store.client().await.expect("client");
+        let sql = format!(
+            "SELECT xmin::text FROM {}.tasks WHERE id = $1",
+            store.schema.ident
+        );
+        let row = client.query_one(&sql, &[&id.0]).await.expect("xmin");
+        row.get(0)
+    }
+
+    /// Readying calls that arrive while one is under way share a transaction, and each gets
+    /// its own outcomes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn readying_calls_share_a_transaction() {
+        let Some(test) = testkit::TestSchema::fresh() else {
+            return;
+        };
+        let store = crate::connect_with_one_connection(&test.url, &test.schema).await;
+        let now = Timestamp(1_700_000_000_000);
+        let ids = scheduled(&store, 8, now).await;
+        let out = queued_calls(&store, &ids, &[], now).await;
+        let mut xacts = HashSet::new();
+        for (out, id) in out.into_iter().zip(&ids) {
+            let out = out.expect("claim_due");
+            assert!(
+                matches!(&out[..], [ClaimOutcome::Readied(t)] if t.id == *id),
+                "{out:?}"
+            );
+            xacts.insert(xmin(&store, *id).await);
+        }
+        assert!(
+            xacts.len() <= 2,
+            "8 calls took {} transactions",
+            xacts.len()
+        );
+    }
+
+    /// A call whose fence is lost fails alone: the others of its group are readied.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lost_fence_fails_only_its_own_call() {
+        let Some(test) = testkit::TestSchema::fresh() else {
+            return;
+        };
+        let store = crate::connect_with_one_connection(&test.url, &test.schema).await;
+        let now = Timestamp(1_700_000_000_000);
+        let ids = scheduled(&store, 4, now).await;
+        let out = queued_calls(&store, &ids, &[2], now).await;
+        for (i, (out, id)) in out.into_iter().zip(&ids).enumerate() {
+            let t = store.get(*id).await.expect("get").expect("task");
+            if i == 2 {
+                assert!(
+                    matches!(out, Err(StoreError::LeaseLost { shard: 9 })),
+                    "{out:?}"
+                );
+                assert_eq!(t.state, sundial_core::TaskState::Scheduled);
+            } else {
+                assert!(
+                    matches!(out.as_deref(), Ok([ClaimOutcome::Readied(_)])),
+                    "{out:?}"
+                );
+                assert_eq!(t.state, sundial_core::TaskState::Ready);
+            }
+        }
+    }
+}
