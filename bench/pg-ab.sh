@@ -3,6 +3,8 @@
 # figures, the CPU the whole PostgreSQL server spent on it (its backends' and background
 # processes' user + system time, read from /proc; the server must run on this machine).
 #   bench/pg-ab.sh OUT ROUNDS "DIR_A DIR_B ..." SCENARIO [ARGS...]
+# Before each run the script asks PostgreSQL for a CHECKPOINT (CHECKPOINT=0 to leave it out), so
+# that no run starts with a checkpoint due and runs compare with each other.
 # Each DIR holds a release `sundial` and `sundial-load` (copy them out of target/release per
 # build). Example (BENCHMARKS.md, "PostgreSQL: planned once, attempts per row, grouped claims
 # and inserts"): bench/pg-ab.sh out/drain 3 "/tmp/before /tmp/after" drain --workers 10
@@ -24,6 +26,7 @@ pg_cpu() { # seconds of CPU of the PostgreSQL server: reaped backends + live pro
 for i in $(seq 1 "$rounds"); do
     for dir in $builds; do
         b=$(basename "$dir")
+        [ "${CHECKPOINT:-1}" = 1 ] && psql "$PG" -qAt -c CHECKPOINT > /dev/null
         l0=$(cut -d' ' -f1 /proc/loadavg); c0=$(pg_cpu)
         /usr/bin/time -f "cpu_user %U cpu_sys %S wall %e" "$dir/sundial-load" --database-url "$PG" \
             --json-out "$out/$b.jsonl" "$@" > "$out/$b-$i.txt" 2>&1

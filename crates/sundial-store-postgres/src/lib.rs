@@ -1714,7 +1714,10 @@ impl Store for PostgresStore {
         if claims.is_empty() && fence.is_none() {
             return Ok(Vec::new());
         }
-        if !claims.is_empty() && claims.iter().all(|c| c.target == ClaimTarget::Ready) {
+        if !claims.is_empty()
+            && claims.len() <= readier::MAX_GROUPED_CALL
+            && claims.iter().all(|c| c.target == ClaimTarget::Ready)
+        {
             return self.claim_due_ready_grouped(claims, now, fence).await;
         }
         let mut client = self.client().await?;

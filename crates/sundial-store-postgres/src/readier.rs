@@ -10,6 +10,9 @@
 //! as its own transaction would have, one commit for all. Nothing waits for company: an idle
 //! store's call runs at once, as a group of one.
 //!
+//! Only small calls are grouped (at most [`MAX_GROUPED_CALL`] claims): a larger one pays its
+//! commit over many tasks already, and large calls of several shard loops (a burst coming due)
+//! ready faster side by side, each on its own connection, than one after another in a lane.
 //! Only calls whose every claim targets `ready` are grouped. A call that starts tasks takes
 //! exclusive-key and queue locks, which it must take in one sorted order; it runs alone, as
 //! before. Before the calls run, the group locks every claimable row of all of them in one id
@@ -26,6 +29,9 @@ use uuid::Uuid;
 
 use crate::PostgresStore;
 use crate::lanes::{self, GroupCall, Lanes};
+
+/// Most claims of a call that is grouped; a larger call runs on its own.
+pub(crate) const MAX_GROUPED_CALL: usize = 16;
 
 /// Most claims one group carries (a call with more still runs, alone).
 pub(crate) const MAX_GROUP_CLAIMS: usize = 1024;
@@ -248,5 +254,31 @@ mod tests {
                 assert_eq!(t.state, sundial_core::TaskState::Ready);
             }
         }
+    }
+
+    /// A call with more claims than [`MAX_GROUPED_CALL`] runs on its own, beside the lane.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_large_call_is_not_grouped() {
+        let Some(test) = testkit::TestSchema::fresh() else {
+            return;
+        };
+        let store = crate::connect_with_one_connection(&test.url, &test.schema).await;
+        let now = Timestamp(1_700_000_000_000);
+        let ids = scheduled(&store, MAX_GROUPED_CALL + 1, now).await;
+        let before = store.readier.groups();
+        let claims: Vec<DueClaim> = ids.iter().flat_map(|&id| ready(id)).collect();
+        let out = store.claim_due(claims, now, None).await.expect("claim_due");
+        assert!(out.iter().all(|o| matches!(o, ClaimOutcome::Readied(_))));
+        assert_eq!(store.readier.groups(), before, "no group ran");
+        let small: Vec<TaskId> = scheduled(&store, 1, now).await;
+        store
+            .claim_due(ready(small[0]), now, None)
+            .await
+            .expect("claim_due");
+        assert_eq!(
+            store.readier.groups(),
+            before + 1,
+            "a small call is grouped"
+        );
     }
 }
