@@ -370,8 +370,8 @@ impl Answers {
 mod tests {
     use std::collections::HashSet;
 
-    use sundial_core::{ExecutionId, Limits, TaskId, TaskSpec};
-    use sundial_store::{ClaimOutcome, ClaimTarget, DueClaim, Store};
+    use sundial_core::{ExecutionId, TaskId, TaskSpec};
+    use sundial_store::{ClaimTarget, DueClaim, Store};
 
     use super::*;
     use crate::testkit;
@@ -385,30 +385,12 @@ mod tests {
         };
         let store = crate::connect_with_one_connection(&test.url, &test.schema).await;
         let now = Timestamp(1_700_000_000_000);
-        let tasks: Vec<_> = (0..8)
-            .map(|_| {
-                TaskSpec::new("k")
-                    .queue("q")
-                    .run_at(now)
-                    .validate(TaskId(Uuid::now_v7()), now, 16, &Limits::default())
-                    .expect("valid")
-            })
-            .collect();
-        let ids: Vec<TaskId> = tasks.iter().map(|t| t.id).collect();
-        store.insert(tasks).await.expect("insert");
-        let claims = ids
-            .iter()
-            .map(|&id| DueClaim {
-                id,
-                target: ClaimTarget::Ready,
-            })
-            .collect();
-        let readied = store.claim_due(claims, now, None).await.expect("claim_due");
-        assert!(
-            readied
-                .iter()
-                .all(|o| matches!(o, ClaimOutcome::Readied(_)))
-        );
+        let ids = ready(
+            &store,
+            (0..8).map(|_| TaskSpec::new("k").queue("q")).collect(),
+            now,
+        )
+        .await;
 
         // The pool's one connection is held: the first group waits for it, the rest queue.
         let held = store.client().await.expect("client");
@@ -448,16 +430,7 @@ mod tests {
 
     /// Makes `specs` ready in their queue at `now`; their ids in order.
     async fn ready(store: &PostgresStore, specs: Vec<TaskSpec>, now: Timestamp) -> Vec<TaskId> {
-        let tasks: Vec<_> = specs
-            .into_iter()
-            .map(|s| {
-                s.run_at(now)
-                    .validate(TaskId(Uuid::now_v7()), now, 16, &Limits::default())
-                    .expect("valid")
-            })
-            .collect();
-        let ids: Vec<TaskId> = tasks.iter().map(|t| t.id).collect();
-        store.insert(tasks).await.expect("insert");
+        let ids = crate::insert_due(store, specs, now).await;
         let claims = ids
             .iter()
             .map(|&id| DueClaim {
@@ -587,7 +560,8 @@ mod tests {
         };
         let took = store.claim_ready(claim(1)).await.expect("claim").tasks;
         assert_eq!(took.iter().map(|t| t.id).collect::<Vec<_>>(), holder);
-        // First by rank: `a` (free) and `b` (busy), then two without a key.
+        // First by rank: `b` (its key runs: it is not readied) and `a` (free), then two without
+        // a key. The plain statement passes `a` over; the full claim takes it.
         let ids = ready(
             &store,
             vec![

@@ -1997,6 +1997,31 @@ pub(crate) async fn connect_with_one_connection(url: &str, schema: &str) -> Post
     PostgresStore::connect(url, opts).await.expect("connect")
 }
 
+/// Inserts a task of each of `specs`, due at `now`; their ids in order (for tests).
+#[cfg(test)]
+pub(crate) async fn insert_due(
+    store: &PostgresStore,
+    specs: Vec<sundial_core::TaskSpec>,
+    now: Timestamp,
+) -> Vec<TaskId> {
+    let tasks: Vec<_> = specs
+        .into_iter()
+        .map(|s| {
+            s.run_at(now)
+                .validate(
+                    TaskId(Uuid::now_v7()),
+                    now,
+                    16,
+                    &sundial_core::Limits::default(),
+                )
+                .expect("valid")
+        })
+        .collect();
+    let ids = tasks.iter().map(|t| t.id).collect();
+    store.insert(tasks).await.expect("insert");
+    ids
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -133,25 +133,19 @@ impl PostgresStore {
 mod tests {
     use std::collections::HashSet;
 
-    use sundial_core::{Limits, TaskId, TaskSpec};
+    use sundial_core::{TaskId, TaskSpec};
     use sundial_store::{ClaimTarget, Store};
 
     use super::*;
     use crate::testkit;
 
     async fn scheduled(store: &PostgresStore, n: usize, now: Timestamp) -> Vec<TaskId> {
-        let tasks: Vec<_> = (0..n)
-            .map(|_| {
-                TaskSpec::new("k")
-                    .queue("q")
-                    .run_at(now)
-                    .validate(TaskId(Uuid::now_v7()), now, 16, &Limits::default())
-                    .expect("valid")
-            })
-            .collect();
-        let ids = tasks.iter().map(|t| t.id).collect();
-        store.insert(tasks).await.expect("insert");
-        ids
+        crate::insert_due(
+            store,
+            (0..n).map(|_| TaskSpec::new("k").queue("q")).collect(),
+            now,
+        )
+        .await
     }
 
     fn ready(id: TaskId) -> Vec<DueClaim> {
