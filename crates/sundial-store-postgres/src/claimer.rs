@@ -398,13 +398,7 @@ mod tests {
         let calls: Vec<_> = (0..8)
             .map(|i| {
                 let store = store.clone();
-                let claim = ReadyClaim {
-                    queue: "q".into(),
-                    kinds: None,
-                    execution_ids: vec![ExecutionId(Uuid::now_v7())],
-                    worker: Some(format!("w{i}")),
-                    now,
-                };
+                let claim = one_task_poll(i, now);
                 tokio::spawn(async move { (claim.clone(), store.claim_ready(claim).await) })
             })
             .collect();
@@ -440,6 +434,17 @@ mod tests {
             .collect();
         store.claim_due(claims, now, None).await.expect("claim_due");
         ids
+    }
+
+    /// Worker `w{i}`'s poll of queue `q` for one task.
+    fn one_task_poll(i: usize, now: Timestamp) -> ReadyClaim {
+        ReadyClaim {
+            queue: "q".into(),
+            kinds: None,
+            execution_ids: vec![ExecutionId(Uuid::now_v7())],
+            worker: Some(format!("w{i}")),
+            now,
+        }
     }
 
     fn poll_record(i: usize) -> sundial_store::NewAuditRecord {
@@ -490,13 +495,7 @@ mod tests {
         let calls: Vec<_> = (0..8)
             .map(|i| {
                 let store = store.clone();
-                let claim = ReadyClaim {
-                    queue: "q".into(),
-                    kinds: None,
-                    execution_ids: vec![ExecutionId(Uuid::now_v7())],
-                    worker: Some(format!("w{i}")),
-                    now,
-                };
+                let claim = one_task_poll(i, now);
                 let scope = AuditScope::new(poll_record(i));
                 tokio::spawn(async move {
                     let taken = scope.run(store.claim_ready(claim)).await;
