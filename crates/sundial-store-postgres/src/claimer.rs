@@ -151,7 +151,7 @@ impl PostgresStore {
         for t in plain.tasks {
             answers.take(&owner, t);
         }
-        for (i, seq) in plain.audited.into_iter().zip(plain.seqs) {
+        for (i, seq) in plain.written {
             answers.written(i, seq);
         }
         if started == wanted || (!plain.limited && plain.passed_over == 0) {
@@ -264,24 +264,11 @@ impl PostgresStore {
             .filter(|(_, (link, _))| used.contains(link))
             .map(|(i, _)| i)
             .collect();
-        let seqs = if audited.len() == seqs.len() {
-            seqs
-        } else {
-            // Committed already: the tasks stand; records left unreported stay pending, and
-            // their requests write them on their own.
-            tracing::error!(
-                audited = audited.len(),
-                stored = seqs.len(),
-                "a plain claim stored another number of audit records than calls that took a task"
-            );
-            Vec::new()
-        };
         Ok(Plain {
             tasks,
             limited,
             passed_over,
-            audited,
-            seqs,
+            written: lanes::pair_audit_seqs("claim group", audited, seqs),
         })
     }
 }
@@ -294,9 +281,8 @@ struct Plain {
     limited: bool,
     /// Candidates it passed over for their exclusive key or rate limit.
     passed_over: i64,
-    /// The calls (by index) whose audit record it inserted, and the records' `seq`s.
-    audited: Vec<usize>,
-    seqs: Vec<i64>,
+    /// The calls (by index) whose audit record it inserted, with the record's `seq`.
+    written: Vec<(usize, i64)>,
 }
 
 /// A group's calls with the tasks each has taken so far and its record's `seq`.
@@ -393,20 +379,17 @@ mod tests {
         .await;
 
         // The pool's one connection is held: the first group waits for it, the rest queue.
-        let held = store.client().await.expect("client");
         let groups_before = store.claimer.groups();
-        let calls: Vec<_> = (0..8)
+        let calls = (0..8)
             .map(|i| {
                 let store = store.clone();
                 let claim = one_task_poll(i, now);
-                tokio::spawn(async move { (claim.clone(), store.claim_ready(claim).await) })
+                async move { (claim.clone(), store.claim_ready(claim).await) }
             })
             .collect();
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        drop(held);
+        let answers = crate::run_queued(&store, calls).await;
         let mut seen = HashSet::new();
-        for call in calls {
-            let (claim, taken) = call.await.expect("join");
+        for (claim, taken) in answers {
             let taken = taken.expect("claim_ready").tasks;
             assert_eq!(taken.len(), 1, "{claim:?}");
             let t = &taken[0];
@@ -491,23 +474,20 @@ mod tests {
             now,
         )
         .await;
-        let held = store.client().await.expect("client");
-        let calls: Vec<_> = (0..8)
+        let calls = (0..8)
             .map(|i| {
                 let store = store.clone();
                 let claim = one_task_poll(i, now);
                 let scope = AuditScope::new(poll_record(i));
-                tokio::spawn(async move {
+                async move {
                     let taken = scope.run(store.claim_ready(claim)).await;
                     (scope, taken)
-                })
+                }
             })
             .collect();
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        drop(held);
+        let answers = crate::run_queued(&store, calls).await;
         let mut xacts = HashSet::new();
-        for call in calls {
-            let (scope, taken) = call.await.expect("join");
+        for (scope, taken) in answers {
             let taken = taken.expect("claim_ready").tasks;
             assert_eq!(taken.len(), 1);
             let AuditWrite::Written { seq } = scope.write() else {

@@ -139,7 +139,9 @@ impl PostgresStore {
             let rows = crate::query(&client, &self.sql.complete_many_audited, &params).await?;
             let done = tasks_from_rows(&rows)?;
             let seqs: Vec<i64> = match rows.first() {
-                Some(r) => crate::rows::col::<Option<Vec<i64>>>(r, r.len() - 1)?.unwrap_or_default(),
+                Some(r) => {
+                    crate::rows::col::<Option<Vec<i64>>>(r, r.len() - 1)?.unwrap_or_default()
+                }
                 None => Vec::new(),
             };
             let completed: std::collections::HashSet<Uuid> = done.iter().map(|t| t.id.0).collect();
@@ -148,18 +150,10 @@ impl PostgresStore {
                 .filter(|(id, _)| completed.contains(id))
                 .map(|(id, _)| TaskId(*id))
                 .collect();
-            // The statement committed: its completions stand whatever this check finds. Records
-            // left unreported stay pending, and the request writes them on its own.
-            let seqs: HashMap<TaskId, i64> = if carried.len() == seqs.len() {
-                carried.into_iter().zip(seqs).collect()
-            } else {
-                tracing::error!(
-                    audited = carried.len(),
-                    stored = seqs.len(),
-                    "a grouped completion stored another number of audit records than it completed audited calls"
-                );
-                HashMap::new()
-            };
+            let seqs: HashMap<TaskId, i64> =
+                crate::lanes::pair_audit_seqs("completion group", carried, seqs)
+                    .into_iter()
+                    .collect();
             Ok::<_, sundial_store::StoreError>((done, seqs))
         }
         .await;

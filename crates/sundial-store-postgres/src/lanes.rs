@@ -204,3 +204,20 @@ pub(crate) async fn insert_group_audits(
     let seqs = store.insert_audits_in(tx, &records).await?;
     Ok(audits.into_iter().map(|(i, _)| i).zip(seqs).collect())
 }
+
+/// Pairs the calls whose audit records one statement inserted (in the order it inserted them)
+/// with the `seq`s it returned, sorted (so in that same order). The statement has committed, so
+/// its changes stand whatever this finds: should the counts differ, nothing is paired (the
+/// records stay pending and their requests write them on their own) and the mismatch is logged.
+pub(crate) fn pair_audit_seqs<K>(work: &str, audited: Vec<K>, seqs: Vec<i64>) -> Vec<(K, i64)> {
+    if audited.len() == seqs.len() {
+        return audited.into_iter().zip(seqs).collect();
+    }
+    tracing::error!(
+        work,
+        audited = audited.len(),
+        stored = seqs.len(),
+        "a group statement stored another number of audit records than it had calls to record"
+    );
+    Vec::new()
+}

@@ -1997,6 +1997,26 @@ pub(crate) async fn connect_with_one_connection(url: &str, schema: &str) -> Post
     PostgresStore::connect(url, opts).await.expect("connect")
 }
 
+/// Runs `calls`, each in a task of its own, while the store's one connection (see
+/// [`connect_with_one_connection`]) is held, so that they queue up behind it; lets it go after
+/// 200 ms and returns their outputs in order (for tests of the grouping lanes).
+#[cfg(test)]
+pub(crate) async fn run_queued<F>(store: &PostgresStore, calls: Vec<F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let held = store.client().await.expect("client");
+    let tasks: Vec<_> = calls.into_iter().map(tokio::spawn).collect();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    drop(held);
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(t.await.expect("join"));
+    }
+    out
+}
+
 /// Inserts a task of each of `specs`, due at `now`; their ids in order (for tests).
 #[cfg(test)]
 pub(crate) async fn insert_due(

@@ -163,8 +163,7 @@ mod tests {
         fenced: &[usize],
         now: Timestamp,
     ) -> Vec<Result<Vec<ClaimOutcome>, StoreError>> {
-        let held = store.client().await.expect("client");
-        let calls: Vec<_> = ids
+        let calls = ids
             .iter()
             .enumerate()
             .map(|(i, &id)| {
@@ -173,16 +172,10 @@ mod tests {
                     shard: 9,
                     range_id: 1,
                 });
-                tokio::spawn(async move { store.claim_due(ready(id), now, fence).await })
+                async move { store.claim_due(ready(id), now, fence).await }
             })
             .collect();
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        drop(held);
-        let mut out = Vec::new();
-        for call in calls {
-            out.push(call.await.expect("join"));
-        }
-        out
+        crate::run_queued(store, calls).await
     }
 
     async fn xmin(store: &PostgresStore, id: TaskId) -> String {
