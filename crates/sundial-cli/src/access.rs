@@ -58,7 +58,7 @@ struct CreateTokenArgs {
     /// The one namespace the token may use (default: all).
     #[arg(long)]
     namespace: Option<String>,
-    /// Lifetime, e.g. 90d (default: until revoked).
+    /// Lifetime, e.g. 90d, at most 36500d (default: until revoked).
     #[arg(long)]
     expires_in: Option<String>,
     /// Write the first token straight into the store instead of asking a server (refused when

@@ -63,7 +63,7 @@ pub struct CreateToken {
     /// The one namespace the token may use; omitted: every namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
-    /// How long the token lasts (`"90d"`); omitted: until revoked.
+    /// How long the token lasts (`"90d"`, at most `"36500d"`); omitted: until revoked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_in: Option<String>,
 }
@@ -238,8 +238,8 @@ pub fn new_token(body: CreateToken, now: Timestamp) -> Result<(NewToken, IssuedT
     let expires_at = match &body.expires_in {
         None => None,
         Some(d) => {
-            let d =
-                duration::parse(d).map_err(|e| ApiError::invalid("expires_in", e.to_string()))?;
+            let d = duration::parse_validity(d)
+                .map_err(|e| ApiError::invalid("expires_in", format!("expires_in: {e}")))?;
             let ms = i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
             Some(Timestamp(now.0.saturating_add(ms)))
         }

@@ -29,6 +29,13 @@ const NAME: &str = "^[A-Za-z0-9][A-Za-z0-9._:/-]*$";
 /// number with leading zeros is read by the server too, but is not in the document).
 const DURATION: &str = "^(?:[0-9]{1,9}d(?:[0-9]{1,10}h)?(?:[0-9]{1,11}m)?(?:[0-9]{1,13}s)?(?:[0-9]{1,16}ms)?|[0-9]{1,10}h(?:[0-9]{1,11}m)?(?:[0-9]{1,13}s)?(?:[0-9]{1,16}ms)?|[0-9]{1,11}m(?:[0-9]{1,13}s)?(?:[0-9]{1,16}ms)?|[0-9]{1,13}s(?:[0-9]{1,16}ms)?|[0-9]{1,16}ms)$";
 
+/// A validity (`crate::duration::parse_validity`: a token's `expires_in`, a rotation's
+/// `overlap`): a [`DURATION`] with at most 4 digits of days, 5 of hours, 6 of minutes, 8 of
+/// seconds and 11 of milliseconds. The longest it admits, `9999d99999h999999m99999999s
+/// 99999999999ms`, is about 17,200 days, within the server's bound of 36,500 days, so every value
+/// it admits is taken. (The server also takes longer spellings up to its bound, such as `20000d`.)
+const VALIDITY: &str = "^(?:[0-9]{1,4}d(?:[0-9]{1,5}h)?(?:[0-9]{1,6}m)?(?:[0-9]{1,8}s)?(?:[0-9]{1,11}ms)?|[0-9]{1,5}h(?:[0-9]{1,6}m)?(?:[0-9]{1,8}s)?(?:[0-9]{1,11}ms)?|[0-9]{1,6}m(?:[0-9]{1,8}s)?(?:[0-9]{1,11}ms)?|[0-9]{1,8}s(?:[0-9]{1,11}ms)?|[0-9]{1,11}ms)$";
+
 /// Keys (task keys, idempotency and exclusive keys, tag keys and values): no control characters
 /// and no leading or trailing white space (Unicode's `White_Space`, as Rust's `str::trim`).
 const KEY: &str = "^[^\\u0000-\\u0020\\u007f-\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000](?:[^\\u0000-\\u001f\\u007f-\\u009f]*[^\\u0000-\\u0020\\u007f-\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000])?$";
@@ -92,6 +99,10 @@ fn name(max: usize) -> Value {
 
 fn duration() -> Value {
     json!({"pattern": DURATION})
+}
+
+fn validity() -> Value {
+    json!({"pattern": VALIDITY})
 }
 
 fn key() -> Value {
@@ -313,7 +324,7 @@ fn properties() -> Vec<(&'static str, &'static str, Value)> {
         ("RetentionView", "succeeded", at_least_a_second()),
         ("RetentionView", "cancelled", at_least_a_second()),
         ("RetentionView", "dead", at_least_a_second()),
-        ("RotateSecret", "overlap", duration()),
+        ("RotateSecret", "overlap", validity()),
         ("AddSecret", "secret", json!({"pattern": SECRET})),
         ("RotateSecret", "secret", json!({"pattern": SECRET})),
         ("PollRequest", "kinds", json!({"minItems": 1})),
@@ -342,7 +353,7 @@ fn properties() -> Vec<(&'static str, &'static str, Value)> {
             "names",
             json!({"items": name(sundial_workflow::MAX_NAME_LEN)}),
         ),
-        ("CreateToken", "expires_in", duration()),
+        ("CreateToken", "expires_in", validity()),
         ("CreateToken", "name", no_control()),
         (
             "CreateToken",
@@ -903,6 +914,27 @@ mod tests {
             assert!(crate::duration::parse(s).is_ok(), "{s}");
         }
         assert!(!matches(DURATION, "9999999999d"));
+    }
+
+    #[test]
+    fn every_validity_the_pattern_admits_is_taken() {
+        let longest = "9999d99999h999999m99999999s99999999999ms";
+        for s in [
+            longest,
+            "99999h",
+            "999999m",
+            "99999999s",
+            "99999999999ms",
+            "24h",
+            "0s",
+        ] {
+            assert!(matches(VALIDITY, s), "{s}");
+            assert!(crate::duration::parse_validity(s).is_ok(), "{s}");
+        }
+        for s in ["10000d", "88000000d", "100000h", "1w", ""] {
+            assert!(!matches(VALIDITY, s), "{s}");
+        }
+        assert!(crate::duration::parse_validity("88000000d").is_err());
     }
 
     #[test]

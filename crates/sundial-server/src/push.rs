@@ -105,7 +105,7 @@ pub struct AddSecret {
 pub struct RotateSecret {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
-    /// Default `"24h"`; `"0s"` stops the old secrets at once.
+    /// Default `"24h"`; `"0s"` stops the old secrets at once; at most `"36500d"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(example = "24h")]
     pub overlap: Option<String>,
@@ -173,7 +173,8 @@ pub async fn rotate_secret(
     ApiJson(req): ApiJson<RotateSecret>,
 ) -> Result<(StatusCode, Json<SecretView>), ApiError> {
     let overlap = match req.overlap {
-        Some(o) => duration::parse(&o).map_err(|e| ApiError::invalid("overlap", e.to_string()))?,
+        Some(o) => duration::parse_validity(&o)
+            .map_err(|e| ApiError::invalid("overlap", format!("overlap: {e}")))?,
         None => DEFAULT_ROTATION_OVERLAP,
     };
     let s = exec

@@ -323,3 +323,52 @@ async fn every_route_answers_every_caller_as_the_rules_say_and_is_audited() {
     let (st, _, _) = send(&app, "get", "/healthz", None, None).await;
     assert_eq!(st, StatusCode::OK);
 }
+
+/// A token's `expires_in` is at most 36500d: a longer one would store an end no RFC 3339 time
+/// can name (a year past 9999) and make `GET /v1/tokens` answer it. Refused, nothing stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_lifetime_past_the_bound_is_refused_and_nothing_is_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let sundial = Sundial::open(dir.path()).await.unwrap();
+    let app = sundial_server::router(
+        sundial.clone(),
+        ServerConfig {
+            access: AccessConfig {
+                mode: AuthMode::Required,
+                ..AccessConfig::default()
+            },
+            ..ServerConfig::default()
+        },
+    );
+    let store = sundial.access_store().unwrap().clone();
+    let (new, issued) = sundial_server::admin::new_token(
+        sundial_server::admin::CreateToken {
+            name: "root".into(),
+            scope: "admin".into(),
+            namespace: None,
+            expires_in: None,
+        },
+        sundial.clock().now(),
+    )
+    .unwrap();
+    store.create_token(new).await.unwrap();
+    let admin = issued.token;
+    for too_long in ["88000000d", "36500d1ms"] {
+        let body = json!({"name": "far", "scope": "reader", "expires_in": too_long});
+        let (st, b, _) = send(&app, "post", "/v1/tokens", Some(&admin), Some(body)).await;
+        assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
+        assert!(b.to_string().contains("expires_in"), "{b}");
+    }
+    let body = json!({"name": "century", "scope": "reader", "expires_in": "36500d"});
+    let (st, b, _) = send(&app, "post", "/v1/tokens", Some(&admin), Some(body)).await;
+    assert_eq!(st, StatusCode::CREATED, "{b}");
+    let (st, b, _) = send(&app, "get", "/v1/tokens", Some(&admin), None).await;
+    assert_eq!(st, StatusCode::OK, "{b}");
+    let tokens = b["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len(), 2, "{b}");
+    for t in tokens {
+        if let Some(end) = t["expires_at"].as_str() {
+            assert!(end.len() == 24 && end.ends_with('Z'), "{end}");
+        }
+    }
+}

@@ -117,6 +117,16 @@ async fn secrets_are_added_rotated_listed_and_revoked() {
     )
     .await;
     assert_eq!(s, StatusCode::CREATED, "{second}");
+    // An overlap that would end past the year 9999 is refused, nothing stored.
+    let (s, b) = call(
+        &app,
+        "POST",
+        "/v1/push/secrets:rotate",
+        Some(json!({"overlap": "88000000d"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{b}");
+    assert!(b.to_string().contains("overlap"), "{b}");
     let (s, list) = call(&app, "GET", "/v1/push/secrets", None).await;
     assert_eq!(s, StatusCode::OK);
     let secrets = list["secrets"].as_array().unwrap();
