@@ -945,10 +945,11 @@ impl PostgresStore {
                     rate_next.insert(key.clone(), after);
                     rate_taken.insert(key.clone(), after);
                 }
-                let plan = match c.target {
+                let plan = match &c.target {
                     ClaimTarget::Run {
                         execution,
                         lease_until,
+                        worker,
                     } => {
                         if let Some((key, _, _)) = exclusive {
                             *running.entry(key.clone()).or_insert(0) += 1;
@@ -957,8 +958,9 @@ impl PostgresStore {
                             *running_in_queue.entry(queue.clone()).or_insert(0) += 1;
                         }
                         Plan::Start {
-                            execution,
-                            lease_until,
+                            execution: *execution,
+                            lease_until: *lease_until,
+                            worker: worker.clone(),
                         }
                     }
                     ClaimTarget::Ready => Plan::Ready,
@@ -970,8 +972,8 @@ impl PostgresStore {
 
         // 5. Apply, each a conditional update: readies (they hold no key), starts, skips.
         let mut ready_ids = Vec::new();
-        let (mut start_ids, mut start_execs, mut start_leases) =
-            (Vec::new(), Vec::new(), Vec::new());
+        let (mut start_ids, mut start_execs, mut start_leases, mut start_workers) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut skip_ids, mut skip_reasons) = (Vec::new(), Vec::new());
         for (c, plan) in claims.iter().zip(&plans) {
             match plan {
@@ -979,10 +981,12 @@ impl PostgresStore {
                 Plan::Start {
                     execution,
                     lease_until,
+                    worker,
                 } => {
                     start_ids.push(c.id.0);
                     start_execs.push(execution.0);
                     start_leases.push(lease_until.0);
+                    start_workers.push(worker.as_deref());
                 }
                 Plan::Skip(key) => {
                     skip_ids.push(c.id.0);
@@ -1009,7 +1013,13 @@ impl PostgresStore {
             for r in query(
                 tx,
                 &self.sql.start_claimed,
-                &[&start_ids, &start_execs, &start_leases, &now.0],
+                &[
+                    &start_ids,
+                    &start_execs,
+                    &start_leases,
+                    &now.0,
+                    &start_workers,
+                ],
             )
             .await?
             {
@@ -1320,6 +1330,7 @@ enum Plan {
     Start {
         execution: ExecutionId,
         lease_until: Timestamp,
+        worker: Option<String>,
     },
     Ready,
     Skip(String),
@@ -1720,6 +1731,9 @@ impl Store for PostgresStore {
         {
             return self.claim_due_ready_grouped(claims, now, fence).await;
         }
+        // A claim made for a waiting poll runs in the poll request's audit scope: the record
+        // commits with the starts.
+        let audit = audit_scope::claim_pending();
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
         if let Some(f) = fence {
@@ -1728,7 +1742,20 @@ impl Store for PostgresStore {
         let out = self
             .claim_due_in(&tx, &claims, now, fence.map(|f| f.shard))
             .await?;
+        let changed = out.iter().any(|o| {
+            matches!(
+                o,
+                ClaimOutcome::Started(_) | ClaimOutcome::Readied(_) | ClaimOutcome::Skipped(_)
+            )
+        });
+        let seq = match &audit {
+            Some(a) if changed => Some(self.insert_audit_in(&tx, a.record()).await?),
+            _ => None,
+        };
         tx.commit().await.map_err(pg)?;
+        if let (Some(a), Some(seq)) = (audit, seq) {
+            a.written(seq);
+        }
         Ok(out)
     }
 

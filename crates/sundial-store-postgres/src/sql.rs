@@ -638,9 +638,9 @@ impl Sql {
             start_claimed: format!(
                 "UPDATE {tasks} t SET state = 'running', attempt = t.attempt + 1, \
                  execution_id = u.execution_id, lease_expires_at = u.lease_until, \
-                 started_at = $4, updated_at = $4, worker = NULL \
-                 FROM unnest($1::uuid[], $2::uuid[], $3::bigint[]) \
-                 AS u(id, execution_id, lease_until) \
+                 started_at = $4, updated_at = $4, worker = u.worker \
+                 FROM unnest($1::uuid[], $2::uuid[], $3::bigint[], $5::text[]) \
+                 AS u(id, execution_id, lease_until, worker) \
                  WHERE t.id = u.id AND t.state = 'scheduled' AND t.due_at <= $4 AND {free} \
                  RETURNING {c}"
             ),

@@ -60,6 +60,7 @@ fn run(id: TaskId, lease_until: i64) -> DueClaim {
         target: ClaimTarget::Run {
             execution: ExecutionId(uuid::Uuid::new_v4()),
             lease_until: Timestamp(lease_until),
+            worker: None,
         },
     }
 }

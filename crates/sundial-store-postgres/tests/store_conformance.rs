@@ -181,6 +181,7 @@ async fn counts_survive_many_backends_and_fold() {
                 target: ClaimTarget::Run {
                     execution: sundial_core::ExecutionId(uuid::Uuid::new_v4()),
                     lease_until: Timestamp(now.0 + 10),
+                    worker: None,
                 },
             })
             .collect();

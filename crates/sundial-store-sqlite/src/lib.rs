@@ -959,38 +959,49 @@ fn claim_many(
     // finds it taken.
     let mut seen = HashSet::with_capacity(claims.len());
     let first: Vec<&DueClaim> = claims.iter().filter(|c| seen.insert(c.id)).collect();
-    let runs: Vec<(&DueClaim, ExecutionId, Timestamp)> = first
+    let runs: Vec<(&DueClaim, ExecutionId, Timestamp, Option<&str>)> = first
         .iter()
         .copied()
-        .filter_map(|c| match c.target {
+        .filter_map(|c| match &c.target {
             ClaimTarget::Run {
                 execution,
                 lease_until,
-            } => Some((c, execution, lease_until)),
+                worker,
+            } => Some((c, *execution, *lease_until, worker.as_deref())),
             ClaimTarget::Ready => None,
         })
         .collect();
     for chunk in runs.chunks(CLAIM_CHUNK) {
         let values = (0..chunk.len())
-            .map(|i| format!("(?{}, ?{}, ?{})", 3 * i + 2, 3 * i + 3, 3 * i + 4))
+            .map(|i| {
+                format!(
+                    "(?{}, ?{}, ?{}, ?{})",
+                    4 * i + 2,
+                    4 * i + 3,
+                    4 * i + 4,
+                    4 * i + 5
+                )
+            })
             .collect::<Vec<_>>()
             .join(", ");
         let sql = format!(
-            "WITH c(id, execution, lease) AS (VALUES {values}) \
+            "WITH c(id, execution, lease, worker) AS (VALUES {values}) \
              UPDATE tasks SET state = 'running', attempt = attempt + 1, \
              execution_id = (SELECT execution FROM c WHERE c.id = tasks.id), \
              lease_expires_at = (SELECT lease FROM c WHERE c.id = tasks.id), \
-             started_at = ?1, updated_at = ?1, worker = NULL \
+             started_at = ?1, updated_at = ?1, \
+             worker = (SELECT worker FROM c WHERE c.id = tasks.id) \
              WHERE id IN (SELECT id FROM c) AND state = 'scheduled' AND due_at <= ?1 \
              AND exclusive_key IS NULL AND rate IS NULL AND {QUEUE_UNLIMITED_SQL} \
              RETURNING {TASK_COLUMNS}"
         );
-        let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(1 + 3 * chunk.len());
+        let mut args: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(1 + 4 * chunk.len());
         args.push(&now.0);
-        for (c, execution, lease_until) in chunk {
+        for (c, execution, lease_until, worker) in chunk {
             args.push(c.id.as_bytes());
             args.push(execution.as_bytes());
             args.push(&lease_until.0);
+            args.push(worker);
         }
         collect_taken(conn, &sql, &args, &mut taken, |t| {
             ClaimOutcome::Started(Box::new(t))
@@ -1184,14 +1195,15 @@ fn claim_one_unlimited(
     now: Timestamp,
 ) -> Result<ClaimOutcome, StoreError> {
     const FREE: &str = GROUP_FREE_SQL;
-    let claimed = match c.target {
+    let claimed = match &c.target {
         ClaimTarget::Run {
             execution,
             lease_until,
+            worker,
         } => {
             let sql = format!(
                 "UPDATE tasks SET state = 'running', attempt = attempt + 1, execution_id = ?2, \
-                 lease_expires_at = ?3, started_at = ?4, updated_at = ?4, worker = NULL \
+                 lease_expires_at = ?3, started_at = ?4, updated_at = ?4, worker = ?5 \
                  WHERE id = ?1 AND state = 'scheduled' AND due_at <= ?4 AND {FREE} \
                  AND {QUEUE_FREE_SQL} RETURNING {TASK_COLUMNS}"
             );
@@ -1203,6 +1215,7 @@ fn claim_one_unlimited(
                     &execution.as_bytes().as_slice(),
                     &lease_until.0,
                     &now.0,
+                    worker,
                 ],
             )?
             .map(|t| ClaimOutcome::Started(Box::new(t)))

@@ -66,6 +66,7 @@ async fn data_survives_reopening() {
                         target: ClaimTarget::Run {
                             execution: exec(2),
                             lease_until: later,
+                            worker: None,
                         },
                     },
                     DueClaim {
@@ -73,6 +74,7 @@ async fn data_survives_reopening() {
                         target: ClaimTarget::Run {
                             execution: exec(3),
                             lease_until: later,
+                            worker: None,
                         },
                     },
                 ],

@@ -148,6 +148,12 @@ pub fn claim_pending() -> Option<PendingAudit> {
     with_current(AuditScope::claim).flatten()
 }
 
+/// The current request's scope, to hand to a write made on its behalf on another task (see
+/// the module's "must never"): that write runs inside it with [`AuditScope::run`].
+pub fn current() -> Option<AuditScope> {
+    with_current(AuditScope::clone)
+}
+
 /// Names the object the current request acts on (for example the task it creates), when the
 /// request has a scope whose record names none yet. Outside a scope it does nothing.
 pub fn name_target(target: impl Into<String>) {

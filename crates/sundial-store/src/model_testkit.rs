@@ -361,6 +361,7 @@ async fn apply(store: &dyn Store, m: &mut Model, op: &Op) -> Result<(), String> 
                 ClaimTarget::Run {
                     execution,
                     lease_until,
+                    worker: None,
                 }
             } else {
                 ClaimTarget::Ready

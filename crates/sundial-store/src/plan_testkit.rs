@@ -80,13 +80,14 @@ pub async fn plan_fixture_kill(store: &dyn Store, dead: &[(TaskId, String)]) {
                     target: ClaimTarget::Run {
                         execution: exec,
                         lease_until: Timestamp(now.0 + 60_000),
+                        worker: None,
                     },
                 };
                 (claim, exec)
             })
             .collect();
         let outcomes = store
-            .claim_due(claims.iter().map(|(c, _)| *c).collect(), now, None)
+            .claim_due(claims.iter().map(|(c, _)| c.clone()).collect(), now, None)
             .await
             .expect("claim_due");
         for (((_, exec), (id, error)), outcome) in claims.iter().zip(chunk).zip(outcomes) {

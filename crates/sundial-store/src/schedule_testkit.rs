@@ -1077,6 +1077,7 @@ pub async fn schedule_stranded_lists_armed_schedules_whose_tick_is_not_live(
             target: ClaimTarget::Run {
                 execution: exec(n),
                 lease_until: at(2 * MIN),
+                worker: None,
             },
         })
         .collect();

@@ -290,6 +290,7 @@ pub(crate) fn run_target(execution: ExecutionId, lease_until: Timestamp) -> Clai
     ClaimTarget::Run {
         execution,
         lease_until,
+        worker: None,
     }
 }
 

@@ -168,18 +168,21 @@ pub enum IdempotencyDecision {
 }
 
 /// Where a due task goes when claimed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClaimTarget {
-    /// Start an attempt now (an in-process handler is waiting for it).
+    /// Start an attempt now: an in-process handler is waiting for it (`worker` none), or a
+    /// remote worker's poll is (`worker` the name the poll gave, recorded as a poll's claim
+    /// records it).
     Run {
         execution: ExecutionId,
         lease_until: Timestamp,
+        worker: Option<String>,
     },
     /// Make it available to workers that poll its queue.
     Ready,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DueClaim {
     pub id: TaskId,
     pub target: ClaimTarget,

@@ -173,6 +173,7 @@ async fn finish(tasks: &dyn Store, id: TaskId, now: Timestamp) {
                 target: ClaimTarget::Run {
                     execution: exec,
                     lease_until: now.saturating_add(std::time::Duration::from_secs(60)),
+                    worker: None,
                 },
             }],
             now,

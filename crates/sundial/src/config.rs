@@ -152,6 +152,10 @@ pub struct Config {
     pub max_poll_wait: Duration,
     /// Most tasks handed to one poll.
     pub max_poll_batch: usize,
+    /// Start a due task straight for a poll already waiting for its queue (one durable write
+    /// delivers it), rather than ready it for the poll to claim (two). On by default; off, every
+    /// remote delivery goes through `ready`.
+    pub hand_off_to_polls: bool,
     /// Tasks moved per claim round trip.
     pub claim_batch: usize,
     pub limits: Limits,
@@ -245,6 +249,7 @@ impl Default for Config {
             lease_grace: Duration::from_secs(5),
             max_poll_wait: Duration::from_secs(60),
             max_poll_batch: 256,
+            hand_off_to_polls: true,
             claim_batch: 512,
             limits: Limits::default(),
             idempotency_window: Duration::from_secs(24 * 3600),

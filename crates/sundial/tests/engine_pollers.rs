@@ -60,11 +60,18 @@ struct Setup {
     _dir: tempfile::TempDir,
 }
 
+/// The wake-ups of pollers waiting for ready tasks: with hand-off off, every due task is readied
+/// and claimed by a poll (with it on, a waiting poll is handed the task instead: see
+/// `engine_handoff.rs`), as on a node whose polls wait for tasks another node readied.
 fn setup() -> Setup {
     setup_with(Config::default())
 }
 
 fn setup_with(config: Config) -> Setup {
+    let config = Config {
+        hand_off_to_polls: false,
+        ..config
+    };
     let dir = tempfile::tempdir().unwrap();
     let claims = Arc::new(AtomicUsize::new(0));
     let in_flight = Arc::new(InFlight::default());

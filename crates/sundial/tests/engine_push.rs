@@ -274,19 +274,17 @@ async fn a_full_receiver_backlog_longer_than_a_walk_does_not_hold_back_other_rec
     })
     .await;
     let (tx, mut fast_calls) = mpsc::unbounded_channel();
-    let hang = Arc::new(Notify::new());
-    let hanging = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let (hang_in, hanging_in) = (hang.clone(), hanging.clone());
+    // Whether the slow receiver answers; a watch, so a call cannot miss the release between
+    // reading the flag and starting to wait (a `Notify` it reached late would hang it forever).
+    let (answering, answering_rx) = tokio::sync::watch::channel(false);
     h.sundial
         .set_push_handler(Arc::new(move |ctx: sundial::TaskContext| {
             let tx = tx.clone();
-            let (hang, hanging) = (hang_in.clone(), hanging_in.clone());
+            let mut answering = answering_rx.clone();
             async move {
                 let url = ctx.task.target.as_ref().map(|t| t.url.clone());
                 if url.as_deref() == Some("http://127.0.0.1:9/slow") {
-                    if hanging.load(std::sync::atomic::Ordering::SeqCst) {
-                        hang.notified().await;
-                    }
+                    let _ = answering.wait_for(|a| *a).await;
                 } else {
                     let _ = tx.send(ctx.task.id);
                 }
@@ -330,8 +328,7 @@ async fn a_full_receiver_backlog_longer_than_a_walk_does_not_hold_back_other_rec
     assert_eq!(next_run_id(&mut fast_calls).await, fast);
     wait_state(&h.sundial, fast, TaskState::Succeeded).await;
     // The receiver answers again: every parked call is made, none lost.
-    hanging.store(false, std::sync::atomic::Ordering::SeqCst);
-    hang.notify_waiters();
+    answering.send_replace(true);
     stepper.settle().await;
     for id in slow {
         wait_state(&h.sundial, id, TaskState::Succeeded).await;

@@ -40,6 +40,7 @@ use crate::config::Config;
 use crate::handler::Handler;
 pub(crate) use crate::placement::{ClaimError, LeaseLost, Owner, Placement};
 
+pub(crate) mod handoff;
 mod line;
 pub(crate) mod pause;
 mod poll;
@@ -160,6 +161,9 @@ pub(crate) struct QueueState {
     /// The best-ranked entry each shard loop holds back for want of a permit, so that a freed
     /// permit goes to the best-ranked waiter of any shard (see [`line`]).
     line: line::Line,
+    /// Polls (of any kind) that found nothing and wait to be handed a task a shard loop starts
+    /// for them (see [`handoff`]).
+    waiters: handoff::Waiters,
 }
 
 pub(crate) struct ShardSignal {
@@ -294,6 +298,7 @@ impl Engine {
                     ready: Notify::new(),
                     ready_filtered: Notify::new(),
                     line: line::Line::default(),
+                    waiters: handoff::Waiters::default(),
                 })
             })
             .clone()

@@ -1,6 +1,8 @@
 //! The worker protocol's engine side: long-polls that wait for ready tasks of a queue and claim
 //! them (one waiting poller woken per task readied, passed on after a full batch; a poll that found
 //! only tasks waiting for their rate limit's take turn looks again at that turn), and heartbeats.
+//! A poll that takes any kind also waits among its queue's [`super::handoff`] waiters, so that a
+//! shard loop can start a task that comes due straight for it.
 //!
 //! Never decides whether a claim is allowed: `claim_ready` is conditional in the store.
 
@@ -41,6 +43,9 @@ impl Engine {
         if !self.paused.loaded() {
             self.refresh_paused().await?;
         }
+        // Polls that take any kind wait to be handed a task a shard loop starts for them (see
+        // `handoff`); the claim made for one commits this request's audit record.
+        let audit = sundial_store::audit_scope::current();
         loop {
             // Register interest before looking, so a task readied in between is not missed.
             let notified = ready.notified();
@@ -58,6 +63,12 @@ impl Engine {
                     _ = stopping.changed() => {}
                 }
                 continue;
+            }
+            // Tasks started for a poll that was gone when they were handed come first.
+            let mut kept = q.waiters.take_unclaimed(max, now);
+            if !kept.is_empty() {
+                self.delivered(&mut kept);
+                return Ok(kept);
             }
             let claim = ReadyClaim {
                 queue: queue.to_string(),
@@ -89,17 +100,47 @@ impl Engine {
             }
             // A ready task passed over for its rate limit's turn: look again at that turn.
             let wake = next_turn.map_or(deadline, |turn| turn.min(deadline));
-            tokio::select! {
-                _ = notified => {}
-                _ = self.clock.sleep_until(wake) => {}
-                _ = stopping.changed() => {}
+            let mut waiting = (kinds.is_none() && self.config.hand_off_to_polls)
+                .then(|| q.waiters.register(worker.clone(), max, audit.clone()));
+            let mut handed = None;
+            if let Some(reg) = waiting.as_mut() {
+                tokio::select! {
+                    h = reg.handed() => handed = h,
+                    _ = notified => {}
+                    _ = self.clock.sleep_until(wake) => {}
+                    _ = stopping.changed() => {}
+                }
+            } else {
+                tokio::select! {
+                    _ = notified => {}
+                    _ = self.clock.sleep_until(wake) => {}
+                    _ = stopping.changed() => {}
+                }
             }
+            // What a shard loop handed over, including what it sent while this poll was woken
+            // otherwise.
+            let mut tasks = match (handed, waiting) {
+                (Some(tasks), _) => tasks,
+                (None, Some(reg)) => q.waiters.withdraw(reg),
+                (None, None) => Vec::new(),
+            };
             // Woken well past the deadline: the process was stopped (SIGSTOP, a stall) while the
             // poll waited, and its caller has most likely given up. Tasks claimed now would sit
             // `running` for a worker that never sees them until their lease (the task's timeout)
-            // ends: answer empty instead, without claiming.
+            // ends: answer empty instead, without claiming (and keep what was handed for the
+            // next poll).
             if self.clock.now().0 > deadline.0 + POLL_OVERSLEEP_MS {
+                if !tasks.is_empty() {
+                    q.waiters.keep_unclaimed(tasks);
+                    q.ready.notify_one();
+                }
                 return Ok(Vec::new());
+            }
+            if !tasks.is_empty() {
+                self.delivered(&mut tasks);
+                metrics::histogram!("sundial_poll_wait_seconds", "namespace" => sundial_core::namespace::namespace_of(queue).to_string(), "queue" => sundial_core::namespace::local(queue).to_string())
+                    .record(self.clock.now().since(start).as_secs_f64());
+                return Ok(tasks);
             }
         }
     }
@@ -114,7 +155,14 @@ impl Engine {
             next_turn,
             ..
         } = self.store.claim_ready(claim).await?;
-        for t in &mut tasks {
+        self.delivered(&mut tasks);
+        Ok((tasks, next_turn))
+    }
+
+    /// Prepares tasks started for a poll for its answer: the trace handed on, the lease known to
+    /// the reaper, the wait from due to start counted.
+    fn delivered(&self, tasks: &mut [Task]) {
+        for t in tasks {
             if t.trace.is_some() {
                 // The worker continues the trace from its delivery.
                 let deliver = trace::task_span(Step::Deliver, t);
@@ -128,7 +176,6 @@ impl Engine {
                     .record(s.since(t.became_due_at()).as_secs_f64());
             }
         }
-        Ok((tasks, next_turn))
     }
 
     /// Extends a running attempt's lease by the task's own timeout (the store has it; nothing is

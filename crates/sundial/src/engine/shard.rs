@@ -69,6 +69,8 @@ pub(crate) struct ShardLoop {
     /// Per rate limit key, the latest time this loop offered one of its refused entries for
     /// (see [`ShardLoop::rate_slot`]).
     rate_slots: HashMap<String, Timestamp>,
+    /// Entries whose start for a waiting poll was refused: readied instead from now on.
+    no_hand: HashSet<sundial_core::TaskId>,
 }
 
 impl Drop for ShardLoop {
@@ -130,6 +132,7 @@ impl ShardLoop {
             starved: Starved::default(),
             in_line: HashSet::new(),
             rate_slots: HashMap::new(),
+            no_hand: HashSet::new(),
         }
     }
 
@@ -330,6 +333,8 @@ impl ShardLoop {
         let mut full_hosts: HashSet<Arc<str>> = HashSet::new();
         let mut push_full = false;
         let mut batch: Vec<Pending> = Vec::new();
+        // The polls this turn starts tasks for.
+        let mut hands = Hands::default();
         let claim_batch = engine.config.claim_batch;
         let paused = engine.paused.snapshot();
         let mut held_back: Vec<DueKey> = Vec::new();
@@ -464,6 +469,7 @@ impl ShardLoop {
                     claim: run.claim(key.id),
                     starts_at: now.max(key.due_at),
                     run: Some((handler.clone(), vec![host_permit, node_permit])),
+                    hand: None,
                 });
                 continue;
             }
@@ -472,15 +478,32 @@ impl ShardLoop {
                 .or_insert_with(|| engine.handler(&meta.kind))
                 .clone();
             let Some(handler) = handler else {
+                // A poll of the queue is waiting: start the task for it (see `handoff`), unless
+                // a start was refused for this entry before; else ready it for the next poll.
+                let q = self
+                    .queues
+                    .entry(meta.queue.clone())
+                    .or_insert_with(|| engine.queue(&meta.queue));
+                let hand = if !engine.config.hand_off_to_polls || self.no_hand.contains(&key.id) {
+                    None
+                } else {
+                    hands.place(&meta.queue, q)
+                };
+                let target = match hand {
+                    Some(h) => ClaimTarget::Run {
+                        execution: ExecutionId(uuid::Uuid::now_v7()),
+                        lease_until: now.saturating_add(Duration::from_millis(meta.timeout_ms)),
+                        worker: hands.waiters[h].worker.clone(),
+                    },
+                    None => ClaimTarget::Ready,
+                };
                 batch.push(Pending {
                     key: *key,
                     meta: meta.clone(),
-                    claim: DueClaim {
-                        id: key.id,
-                        target: ClaimTarget::Ready,
-                    },
+                    claim: DueClaim { id: key.id, target },
                     starts_at: now,
                     run: None,
+                    hand,
                 });
                 continue;
             };
@@ -504,6 +527,7 @@ impl ShardLoop {
                         claim: run.claim(key.id),
                         starts_at: now,
                         run: Some((handler, vec![permit])),
+                        hand: None,
                     });
                 }
                 None => {
@@ -551,14 +575,23 @@ impl ShardLoop {
         // One store call per start time: the entries due by now start now; a push task claimed
         // ahead starts (is recorded as started, and is called) at its due time, which the store
         // checks against and records. The calls run together (one group commit, typically).
-        let mut groups: BTreeMap<Timestamp, Vec<Pending>> = BTreeMap::new();
+        // A poll's starts are a call of their own, inside the poll's audit scope, so that the
+        // claim commits the poll request's record.
+        let mut groups: BTreeMap<(Timestamp, Option<usize>), Vec<Pending>> = BTreeMap::new();
         for b in batch {
-            groups.entry(b.starts_at).or_default().push(b);
+            groups.entry((b.starts_at, b.hand)).or_default().push(b);
         }
         let releases_before = engine.exclusive_releases.load(Ordering::SeqCst);
-        let answers = futures::future::join_all(groups.iter().map(|(at, group)| {
-            let claims: Vec<DueClaim> = group.iter().map(|b| b.claim).collect();
-            engine.claim(self.owner, claims, *at)
+        let answers = futures::future::join_all(groups.iter().map(|((at, hand), group)| {
+            let claims: Vec<DueClaim> = group.iter().map(|b| b.claim.clone()).collect();
+            let scope = hand.and_then(|h| hands.waiters[h].scope.clone());
+            let call = engine.claim(self.owner, claims, *at);
+            async move {
+                match scope {
+                    Some(scope) => scope.run(call).await,
+                    None => call.await,
+                }
+            }
         }))
         .await;
         let mut claimed: Vec<(Pending, ClaimOutcome)> = Vec::new();
@@ -579,7 +612,7 @@ impl ShardLoop {
         }
         // What the calls that went through started runs (its attempts are durable), whatever
         // became of the others.
-        self.dispatch(claimed, now, releases_before);
+        self.dispatch(claimed, now, releases_before, hands);
         if lease_lost {
             return Err(LeaseLost);
         }
@@ -596,16 +629,37 @@ impl ShardLoop {
         claimed: Vec<(Pending, ClaimOutcome)>,
         now: Timestamp,
         releases_before: u64,
+        hands: Hands,
     ) {
         let engine = self.engine.clone();
         // Tasks readied per queue: as many waiting pollers are woken.
         let mut readied_queues: HashMap<Arc<str>, usize> = HashMap::new();
+        // Tasks started for each poll of `hands`.
+        let mut handed: Vec<Vec<sundial_core::Task>> = vec![Vec::new(); hands.waiters.len()];
+        if self.no_hand.len() > NO_HAND_PRUNE_AT {
+            self.no_hand.clear();
+        }
         for (b, outcome) in claimed {
+            if b.hand.is_some() && !matches!(outcome, ClaimOutcome::Started(_)) {
+                // A start for a poll refused (an exclusive key, the queue's limit, a rate
+                // limit): the entry waits as any refused entry does, and is readied rather than
+                // started for a poll when it comes round again, so the polls' claims decide.
+                self.no_hand.insert(b.key.id);
+            }
             match outcome {
                 ClaimOutcome::Started(task) => {
                     engine.left_line(&task);
+                    self.no_hand.remove(&task.id);
                     if let Some(until) = task.lease_expires_at {
                         engine.lease_granted(until);
+                    }
+                    if let Some(h) = b.hand {
+                        metrics::histogram!("sundial_fire_lateness_seconds", "namespace" => sundial_core::namespace::namespace_of(&task.queue).to_string(), "queue" => sundial_core::namespace::local(&task.queue).to_string(), "target" => "poll")
+                            .record(now.since(task.became_due_at()).as_secs_f64());
+                        if let Some(tasks) = handed.get_mut(h) {
+                            tasks.push(*task);
+                        }
+                        continue;
                     }
                     if let Some((handler, permit)) = b.run {
                         let fire = trace::task_span(Step::Fire, &task);
@@ -654,6 +708,54 @@ impl ShardLoop {
         for (q, n) in readied_queues {
             engine.ready_changed_by(&q, n);
         }
+        // Each poll gets what was started for it; a poll that got nothing looks again (its
+        // waiter dropped), and what a poll that is gone was handed waits for the next poll.
+        for ((queue, waiter), tasks) in hands.queues.into_iter().zip(hands.waiters).zip(handed) {
+            if tasks.is_empty() {
+                continue;
+            }
+            if let Err(back) = waiter.hand(tasks) {
+                let q = engine.queue(&queue);
+                q.waiters.keep_unclaimed(back);
+                q.ready.notify_one();
+            }
+        }
+    }
+}
+
+/// Above this many entries, the set of entries not to start for a poll is cleared (an entry
+/// left in it is only readied rather than started for a poll: never wrong, only slower).
+const NO_HAND_PRUNE_AT: usize = 4_096;
+
+/// The polls one turn starts tasks for (see `handoff`): each taken from its queue's waiters
+/// when the turn meets a due task of that queue and the polls taken so far are full.
+#[derive(Default)]
+struct Hands {
+    waiters: Vec<super::handoff::Waiter>,
+    /// The queue of each of `waiters`.
+    queues: Vec<Arc<str>>,
+    /// Per queue, the last poll taken and how many more tasks it takes.
+    open: HashMap<Arc<str>, (usize, usize)>,
+}
+
+impl Hands {
+    /// The poll (an index into `waiters`) a due task of `queue` is started for, if one waits.
+    fn place(&mut self, queue: &Arc<str>, state: &QueueState) -> Option<usize> {
+        if let Some((at, room)) = self.open.get_mut(queue)
+            && *room > 0
+        {
+            *room -= 1;
+            return Some(*at);
+        }
+        if !state.waiters.any_waiting() {
+            return None;
+        }
+        let waiter = state.waiters.take()?;
+        let at = self.waiters.len();
+        self.open.insert(queue.clone(), (at, waiter.max - 1));
+        self.waiters.push(waiter);
+        self.queues.push(queue.clone());
+        Some(at)
     }
 }
 
@@ -768,6 +870,7 @@ impl RunClaim {
             target: ClaimTarget::Run {
                 execution: self.execution,
                 lease_until: self.lease_until,
+                worker: None,
             },
         }
     }
@@ -781,6 +884,8 @@ struct Pending {
     starts_at: Timestamp,
     /// For a `Run` claim: the handler resolved for the batch and the queue permit taken for it.
     run: Option<(Arc<dyn Handler>, Vec<OwnedSemaphorePermit>)>,
+    /// For a `Run` claim made for a waiting poll: which of the turn's [`Hands`].
+    hand: Option<usize>,
 }
 
 fn intern(names: &mut HashSet<Arc<str>>, s: &str) -> Arc<str> {

@@ -1,0 +1,252 @@
+//! Hand-off (`engine::handoff`): a due task of a queue whose poll already waits is started by the
+//! shard loop for that poll, in one claim, with the poll's worker recorded, and no `claim_ready`;
+//! a start the store refuses (an exclusive key held) waits as any refused entry does and is then
+//! readied, so the key still decides; a task started for a poll that went away is kept for the
+//! next poll, not lost.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use common::intercept::Intercept;
+use common::*;
+use sundial::{Config, ExclusiveMode, ManualClock, Sundial, TaskSpec, TaskState};
+use sundial_core::{Task, Timestamp};
+use sundial_store::{
+    ClaimOutcome, ClaimTarget, DueClaim, Fence, ReadyClaim, ReadyTaken, Store, StoreError,
+};
+use tokio::sync::Semaphore;
+
+/// Counts `claim_ready` calls and the `Run` claims made for polls; while `hold` has no permit, a
+/// claim for a poll waits for one (so a test can end the poll in between).
+struct Watch {
+    ready_claims: AtomicUsize,
+    poll_starts: AtomicUsize,
+    hold: Arc<Semaphore>,
+}
+
+struct Hooks(Arc<Watch>);
+
+#[async_trait]
+impl Intercept for Hooks {
+    async fn claim_ready(
+        &self,
+        inner: &dyn Store,
+        claim: ReadyClaim,
+    ) -> Result<ReadyTaken, StoreError> {
+        self.0.ready_claims.fetch_add(1, Ordering::SeqCst);
+        inner.claim_ready(claim).await
+    }
+
+    async fn claim_due(
+        &self,
+        inner: &dyn Store,
+        claims: Vec<DueClaim>,
+        now: Timestamp,
+        fence: Option<Fence>,
+    ) -> Result<Vec<ClaimOutcome>, StoreError> {
+        let for_poll = claims.iter().any(|c| {
+            matches!(
+                c.target,
+                ClaimTarget::Run {
+                    worker: Some(_),
+                    ..
+                }
+            )
+        });
+        if for_poll {
+            self.0.poll_starts.fetch_add(1, Ordering::SeqCst);
+            drop(self.0.hold.acquire().await);
+        }
+        inner.claim_due(claims, now, fence).await
+    }
+}
+
+struct Setup {
+    sundial: Sundial,
+    clock: ManualClock,
+    watch: Arc<Watch>,
+    _dir: tempfile::TempDir,
+}
+
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let watch = Arc::new(Watch {
+        ready_claims: AtomicUsize::new(0),
+        poll_starts: AtomicUsize::new(0),
+        hold: Arc::new(Semaphore::new(1)),
+    });
+    let store = Arc::new(common::intercept::sqlite(dir.path(), Hooks(watch.clone())));
+    let clock = ManualClock::new(T0);
+    let sundial = Sundial::builder()
+        .config(Config {
+            shard_count: 1,
+            ..Config::default()
+        })
+        .clock(Arc::new(clock.clone()))
+        .with_store(store)
+        .expect("a valid config");
+    Setup {
+        sundial,
+        clock,
+        watch,
+        _dir: dir,
+    }
+}
+
+/// A poll of queue `q` as worker `name`, waiting up to 30 s; returns once it looked once and is
+/// waiting (parked on the clock, `parked_before + 1` sleepers then).
+async fn poll(s: &Setup, name: &str, parked_before: usize) -> tokio::task::JoinHandle<Vec<Task>> {
+    let sundial = s.sundial.clone();
+    let worker = Some(name.to_string());
+    let h = tokio::spawn(async move {
+        sundial
+            .poll("q", worker, None, 1, Duration::from_secs(30))
+            .await
+            .unwrap()
+    });
+    parked(&s.clock, parked_before + 1).await;
+    h
+}
+
+async fn answer(h: tokio::task::JoinHandle<Vec<Task>>) -> Vec<Task> {
+    tokio::time::timeout(Duration::from_secs(10), h)
+        .await
+        .expect("the poll answered")
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_due_task_is_started_for_the_waiting_poll_in_one_claim() {
+    let s = setup();
+    let mut stepper = s.sundial.stepper();
+    let first = poll(&s, "w1", 0).await;
+    let second = poll(&s, "w2", 1).await;
+    let looked = s.watch.ready_claims.load(Ordering::SeqCst);
+    assert_eq!(looked, 2, "each poll looked once");
+    let id = s
+        .sundial
+        .schedule(TaskSpec::new("k").queue("q").delay(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    stepper.settle().await;
+    s.clock.advance(Duration::from_secs(1));
+    stepper.settle().await;
+    let got = answer(first).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].id, id);
+    assert_eq!(got[0].state, TaskState::Running);
+    assert_eq!(
+        got[0].worker.as_deref(),
+        Some("w1"),
+        "the first poll waiting"
+    );
+    let stored = s.sundial.get(id).await.unwrap().unwrap();
+    assert_eq!(stored.worker.as_deref(), Some("w1"));
+    assert_eq!(stored.execution_id, got[0].execution_id);
+    // A poll's lease is the task's timeout from its start.
+    assert_eq!(
+        stored.lease_expires_at,
+        Some(Timestamp(
+            s.sundial.clock().now().0 + stored.timeout_ms as i64
+        ))
+    );
+    assert_eq!(s.watch.poll_starts.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        s.watch.ready_claims.load(Ordering::SeqCst),
+        looked,
+        "no claim of a ready task: the start was the delivery"
+    );
+    assert!(!second.is_finished(), "the other poll still waits");
+    second.abort();
+    s.sundial
+        .complete(id, got[0].execution_id.unwrap(), None)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_refused_for_a_held_key_is_readied_and_waits_for_the_key() {
+    let s = setup();
+    let mut stepper = s.sundial.stepper();
+    let keyed = || {
+        TaskSpec::new("k")
+            .queue("q")
+            .exclusive("account-7", ExclusiveMode::Wait)
+    };
+    let holder_poll = poll(&s, "w1", 0).await;
+    let holder = s.sundial.schedule(keyed()).await.unwrap();
+    stepper.settle().await;
+    let held = answer(holder_poll).await;
+    assert_eq!(held[0].id, holder);
+    // The key is held: the next keyed task is not started for the waiting poll.
+    let waiting = poll(&s, "w2", 0).await;
+    let next = s.sundial.schedule(keyed()).await.unwrap();
+    stepper.settle().await;
+    for _ in 0..30 {
+        assert!(!waiting.is_finished(), "started while its key was held");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_ne!(
+        s.sundial.get(next).await.unwrap().unwrap().state,
+        TaskState::Running
+    );
+    // The holder finishes: the waiting poll gets the next one.
+    s.sundial
+        .complete(holder, held[0].execution_id.unwrap(), None)
+        .await
+        .unwrap();
+    stepper.settle().await;
+    let got = answer(waiting).await;
+    assert_eq!(got[0].id, next);
+    assert_eq!(got[0].state, TaskState::Running);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_started_for_a_poll_that_left_goes_to_the_next_poll() {
+    let s = setup();
+    let mut stepper = s.sundial.stepper();
+    let gone = poll(&s, "w1", 0).await;
+    // The start for the poll waits until the poll has gone.
+    let held = s.watch.hold.acquire().await.unwrap();
+    let id = s
+        .sundial
+        .schedule(TaskSpec::new("k").queue("q"))
+        .await
+        .unwrap();
+    let end_the_poll = async {
+        for _ in 0..1_000 {
+            if s.watch.poll_starts.load(Ordering::SeqCst) == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert_eq!(s.watch.poll_starts.load(Ordering::SeqCst), 1);
+        gone.abort();
+        assert!(gone.await.is_err(), "the poll was ended");
+        drop(held);
+    };
+    tokio::join!(stepper.settle(), end_the_poll);
+    assert_eq!(
+        s.sundial.get(id).await.unwrap().unwrap().state,
+        TaskState::Running
+    );
+    // The next poll gets it at once, without a claim.
+    let before = s.watch.ready_claims.load(Ordering::SeqCst);
+    let got = s
+        .sundial
+        .poll("q", Some("w2".into()), None, 1, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].id, id);
+    assert_eq!(s.watch.ready_claims.load(Ordering::SeqCst), before);
+    s.sundial
+        .complete(id, got[0].execution_id.unwrap(), None)
+        .await
+        .unwrap();
+}
