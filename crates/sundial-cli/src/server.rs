@@ -56,6 +56,10 @@ pub struct ServerArgs {
     /// place this limit lives). A poll that names no wait waits 30 s, or this when it is shorter.
     #[arg(long, env = "SUNDIAL_MAX_POLL_WAIT", default_value = "60s", value_parser = parse_duration)]
     max_poll_wait: Duration,
+    /// Ready every due task for the polls to claim, instead of starting it straight for a poll
+    /// that already waits for its queue (the engine's `Config::hand_off_to_polls`).
+    #[arg(long, env = "SUNDIAL_NO_HAND_OFF")]
+    no_hand_off: bool,
     /// Most tasks in one `POST /v1/tasks:batch`.
     #[arg(long, env = "SUNDIAL_MAX_BATCH", default_value_t = 1_000)]
     max_batch: usize,
@@ -278,6 +282,7 @@ pub const DEFAULT_SHARDS: u32 = 16;
 pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
     let config = Config {
         max_poll_wait: args.max_poll_wait,
+        hand_off_to_polls: !args.no_hand_off,
         shard_count: args.shards,
         shard_lease_ttl: args.shard_lease_ttl,
         retention: Retention {

@@ -17,7 +17,9 @@
 //! exclusive-key and queue locks, which it must take in one sorted order; it runs alone, as
 //! before. Before the calls run, the group locks every claimable row of all of them in one id
 //! order, as a single call does for its own rows, so a group waits for row locks in the order
-//! anyone else does. Should the group fail (a fence lost, a deadlock the database broke), each
+//! anyone else does; and the group share-locks the lease rows of the calls' fences in shard order
+//! before any call checks its fence, the order a node renewing its leases locks them in. Should
+//! the group fail (a fence lost, a deadlock the database broke), each
 //! call runs again on its own, so one call's error is never another's.
 
 use std::sync::Arc;
@@ -94,6 +96,20 @@ impl PostgresStore {
             let mut client = self.client().await?;
             let tx = client.transaction().await.map_err(crate::pg)?;
             if group.len() > 1 {
+                // The calls' fences, share-locked in shard order first: checked call by call,
+                // they would be locked in the calls' order, and a node renewing its leases
+                // (which locks them in shard order) could then wait for one this group holds
+                // while the group waits for one it renewed, a deadlock (BENCHMARKS.md, "a
+                // deadlock between grouped fences and lease renewal").
+                let mut shards: Vec<i64> = group
+                    .iter()
+                    .filter_map(|c| c.fence.map(|f| i64::from(f.shard)))
+                    .collect();
+                shards.sort_unstable();
+                shards.dedup();
+                if shards.len() > 1 {
+                    crate::query(&tx, &self.sql.cluster.lock_fences, &[&shards]).await?;
+                }
                 // Every row any call may claim, locked in one id order first.
                 let mut ids: Vec<Uuid> = group
                     .iter()
@@ -240,6 +256,106 @@ mod tests {
                 );
                 assert_eq!(t.state, sundial_core::TaskState::Ready);
             }
+        }
+    }
+
+    /// Waits (up to 5 s) until `n` backends of the test database wait for a lock.
+    async fn lock_waiters(client: &tokio_postgres::Client, n: i64) {
+        for _ in 0..500 {
+            let row = client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                    &[],
+                )
+                .await
+                .expect("pg_stat_activity");
+            if row.get::<_, i64>(0) >= n {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("{n} lock waiters never showed");
+    }
+
+    /// A group whose calls fence two shards, in the order the calls came (shard 5, then 2),
+    /// beside a node renewing both leases (which locks them in shard order): the group takes
+    /// its fences in shard order too, so neither waits for the other in a cycle. (Checked call
+    /// by call, the group held shard 5's lease row and waited for shard 2's, which the renewal
+    /// held while it waited for shard 5's: PostgreSQL broke the deadlock by failing one of
+    /// them, here the renewal, whose `deadlock_timeout` is the shorter.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn grouped_fences_do_not_deadlock_with_a_lease_renewal() {
+        use sundial_store::Cluster;
+        let Some(test) = testkit::TestSchema::fresh() else {
+            return;
+        };
+        let store = crate::connect_with_one_connection(&test.url, &test.schema).await;
+        let sep = if test.url.contains('?') { '&' } else { '?' };
+        let renewing = crate::connect_with_one_connection(
+            &format!("{}{sep}options=-c%20deadlock_timeout%3D100", test.url),
+            &test.schema,
+        )
+        .await;
+        let now = Timestamp(1_700_000_000_000);
+        let until = Timestamp(now.0 + 60_000);
+        let fences = store
+            .acquire_shards(&[2, 5], "node", now, until)
+            .await
+            .expect("acquire");
+        let (Some(f2), Some(f5)) = (fences[0], fences[1]) else {
+            panic!("{fences:?}");
+        };
+        // A task of shard 5, one of shard 2, and one more for the call that runs first.
+        let ids = scheduled(&store, 200, now).await;
+        let mut of_shard = std::collections::HashMap::new();
+        for id in &ids {
+            let t = store.get(*id).await.expect("get").expect("task");
+            of_shard.entry(t.shard).or_insert(*id);
+        }
+        let (in2, in5) = (of_shard[&2], of_shard[&5]);
+        let first = *ids
+            .iter()
+            .find(|id| **id != in2 && **id != in5)
+            .expect("a third");
+
+        let (raw, conn) = tokio_postgres::connect(&test.url, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(conn);
+        // Shard 2's lease row is held, so the renewal waits there, holding nothing yet.
+        raw.batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM {}.shard_leases WHERE shard = 2 FOR UPDATE",
+            store.schema.ident
+        ))
+        .await
+        .expect("hold shard 2");
+        let renewal = tokio::spawn(async move {
+            renewing
+                .acquire_shards(&[2, 5], "node", now, Timestamp(until.0 + 1))
+                .await
+        });
+        lock_waiters(&raw, 1).await;
+        // The group: a first call runs alone; the two fenced calls queue behind it, shard 5's
+        // first.
+        let held = store.client().await.expect("client");
+        let call = |id: TaskId, fence: Option<Fence>| {
+            let store = store.clone();
+            tokio::spawn(async move { store.claim_due(ready(id), now, fence).await })
+        };
+        let mut calls = Vec::new();
+        for (id, fence) in [(first, None), (in5, Some(f5)), (in2, Some(f2))] {
+            calls.push(call(id, fence));
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        drop(held);
+        lock_waiters(&raw, 2).await;
+        raw.batch_execute("COMMIT").await.expect("commit");
+        let renewed = renewal.await.expect("join");
+        assert!(renewed.is_ok(), "the renewal failed: {renewed:?}");
+        for c in calls {
+            let out = c.await.expect("join").expect("claim_due");
+            assert!(matches!(&out[..], [ClaimOutcome::Readied(_)]), "{out:?}");
         }
     }
 

@@ -119,6 +119,10 @@ pub(crate) struct ClusterSql {
     /// transaction ends: a takeover (an `UPDATE` of the row) waits for the fenced write, or the
     /// fenced write, coming second, reads the new `range_id`.
     pub fence: String,
+    /// [`Self::fence`]'s share lock on several shards' lease rows, taken in shard order (the
+    /// order `acquire_many` locks them in), so a transaction fencing several shards cannot
+    /// deadlock with a node renewing its leases.
+    pub lock_fences: String,
     pub notify: String,
     pub database_time: String,
 }
@@ -362,6 +366,10 @@ impl ClusterSql {
                  WHERE shard = $1 AND owner = $2 AND range_id = $3"
             ),
             fence: format!("SELECT range_id FROM {s}.shard_leases WHERE shard = $1 FOR SHARE"),
+            lock_fences: format!(
+                "SELECT shard FROM {s}.shard_leases WHERE shard = ANY($1::bigint[]) \
+                 ORDER BY shard FOR SHARE"
+            ),
             notify: "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p".to_string(),
             database_time: "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
                 .to_string(),
