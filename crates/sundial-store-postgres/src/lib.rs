@@ -1319,6 +1319,101 @@ fn due_entry(r: &Row) -> Result<DueEntry, StoreError> {
     })
 }
 
+impl PostgresStore {
+    /// Whether `claims` are all starts of distinct tasks (what [`Self::start_plain`] takes).
+    fn starts_only(&self, claims: &[DueClaim]) -> bool {
+        let mut ids = HashSet::with_capacity(claims.len());
+        !claims.is_empty()
+            && claims
+                .iter()
+                .all(|c| matches!(c.target, ClaimTarget::Run { .. }) && ids.insert(c.id))
+    }
+
+    /// Starts the claimed tasks that have neither an exclusive key nor a rate limit, in queues
+    /// without a limit, in one statement (`sql.start_plain`), with `audit`'s record when one
+    /// started: the tasks started by id, and the record's `seq` when it went in. The others are
+    /// left as they were, for the full claim.
+    async fn start_plain(
+        &self,
+        claims: &[DueClaim],
+        now: Timestamp,
+        fence: Option<Fence>,
+        audit: Option<&PendingAudit>,
+    ) -> Result<(HashMap<Uuid, Task>, Option<i64>), StoreError> {
+        let mut runs: Vec<(Uuid, Uuid, i64, Option<&str>)> = claims
+            .iter()
+            .filter_map(|c| match &c.target {
+                ClaimTarget::Run {
+                    execution,
+                    lease_until,
+                    worker,
+                } => Some((c.id.0, execution.0, lease_until.0, worker.as_deref())),
+                ClaimTarget::Ready => None,
+            })
+            .collect();
+        runs.sort_unstable_by_key(|r| r.0);
+        let ids: Vec<Uuid> = runs.iter().map(|r| r.0).collect();
+        let execs: Vec<Uuid> = runs.iter().map(|r| r.1).collect();
+        let leases: Vec<i64> = runs.iter().map(|r| r.2).collect();
+        let workers: Vec<Option<&str>> = runs.iter().map(|r| r.3).collect();
+        let shard = fence.map(|f| i64::from(f.shard));
+        let range_id = fence.map(|f| f.range_id);
+        let linked: Vec<(Uuid, &sundial_store::NewAuditRecord)> = audit
+            .map(|a| (Uuid::nil(), a.record()))
+            .into_iter()
+            .collect();
+        let arrays = crate::access::AuditArrays::new(&linked);
+        let mut params: Vec<&(dyn ToSql + Sync)> =
+            vec![&ids, &execs, &leases, &now.0, &workers, &shard, &range_id];
+        params.extend(arrays.params());
+        let client = self.client().await?;
+        let rows = query(&client, &self.sql.start_plain, &params).await?;
+        let Some(first) = rows.first() else {
+            return Err(StoreError::corrupt("the plain start returned no row"));
+        };
+        let n = first.len();
+        let fence_held: bool = col(first, n - 2)?;
+        if let (false, Some(f)) = (fence_held, fence) {
+            return Err(StoreError::LeaseLost { shard: f.shard });
+        }
+        let seqs: Vec<i64> = col::<Option<Vec<i64>>>(first, n - 1)?.unwrap_or_default();
+        let mut started = HashMap::with_capacity(rows.len());
+        for r in &rows {
+            if col::<Option<Uuid>>(r, 0)?.is_some() {
+                let t = task_from_row(r)?;
+                started.insert(t.id.0, t);
+            }
+        }
+        Ok((started, seqs.first().copied()))
+    }
+
+    /// The outcomes of `all` in order: `Started` for what the plain start took (when its
+    /// execution id is the claim's), else the full claim's outcome for `rest` (the claims it was
+    /// given, in order).
+    fn merge_started(
+        all: &[DueClaim],
+        mut started: HashMap<Uuid, Task>,
+        rest_outcomes: Vec<ClaimOutcome>,
+        rest: &[DueClaim],
+    ) -> Vec<ClaimOutcome> {
+        let mut rest_outcomes: HashMap<Uuid, ClaimOutcome> =
+            rest.iter().map(|c| c.id.0).zip(rest_outcomes).collect();
+        all.iter()
+            .map(|c| match started.remove(&c.id.0) {
+                Some(t) => match &c.target {
+                    ClaimTarget::Run { execution, .. } if t.execution_id == Some(*execution) => {
+                        ClaimOutcome::Started(Box::new(t))
+                    }
+                    _ => ClaimOutcome::NotClaimable,
+                },
+                None => rest_outcomes
+                    .remove(&c.id.0)
+                    .unwrap_or(ClaimOutcome::NotClaimable),
+            })
+            .collect()
+    }
+}
+
 /// What `claim_due` decided for one claim, before applying it.
 enum Plan {
     NotClaimable,
@@ -1733,7 +1828,31 @@ impl Store for PostgresStore {
         }
         // A claim made for a waiting poll runs in the poll request's audit scope: the record
         // commits with the starts.
-        let audit = audit_scope::claim_pending();
+        let mut audit = audit_scope::claim_pending();
+        let all = claims;
+        let mut started: HashMap<Uuid, Task> = HashMap::new();
+        let claims: Vec<DueClaim> = if self.starts_only(&all) {
+            // Starts of plain tasks in one statement; the full claim below only for what it left.
+            let (s, written) = self.start_plain(&all, now, fence, audit.as_ref()).await?;
+            started = s;
+            if let (Some(seq), Some(a)) = (written, audit.take()) {
+                a.written(seq);
+            }
+            if started.is_empty() {
+                all.clone()
+            } else {
+                all.iter()
+                    .filter(|c| !started.contains_key(&c.id.0))
+                    .cloned()
+                    .collect()
+            }
+        } else {
+            all.clone()
+        };
+        if claims.is_empty() && !all.is_empty() {
+            // The plain start took every claim (and checked the fence).
+            return Ok(Self::merge_started(&all, started, Vec::new(), &[]));
+        }
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
         if let Some(f) = fence {
@@ -1756,7 +1875,10 @@ impl Store for PostgresStore {
         if let (Some(a), Some(seq)) = (audit, seq) {
             a.written(seq);
         }
-        Ok(out)
+        if started.is_empty() {
+            return Ok(out);
+        }
+        Ok(Self::merge_started(&all, started, out, &claims))
     }
 
     async fn claim_ready(&self, claim: ReadyClaim) -> Result<ReadyTaken, StoreError> {
@@ -2072,6 +2194,78 @@ pub(crate) async fn insert_due(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    async fn xmin_of(
+        store: &PostgresStore,
+        table: &str,
+        column: &str,
+        value: &(dyn ToSql + Sync),
+    ) -> String {
+        let client = store.client().await.expect("client");
+        let sql = format!(
+            "SELECT xmin::text FROM {}.{table} WHERE {column} = $1",
+            store.schema.ident
+        );
+        client.query_one(&sql, &[value]).await.expect("xmin").get(0)
+    }
+
+    /// Starts made for a waiting poll: a task without a key, limit or rate starts in one
+    /// statement that commits the poll's audit record too; a keyed one goes through the full
+    /// claim, in a transaction of its own; both record the poll's worker.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_plain_start_is_one_statement_with_the_requests_record() {
+        use sundial_store::audit_scope::{AuditScope, AuditWrite};
+        let Some(test) = testkit::TestSchema::fresh() else {
+            return;
+        };
+        let store = connect_with_one_connection(&test.url, &test.schema).await;
+        let now = Timestamp(1_700_000_000_000);
+        let ids = insert_due(
+            &store,
+            vec![
+                sundial_core::TaskSpec::new("k").queue("q"),
+                sundial_core::TaskSpec::new("k")
+                    .queue("q")
+                    .exclusive("acct", sundial_core::ExclusiveMode::Wait),
+            ],
+            now,
+        )
+        .await;
+        let run = |id: TaskId| DueClaim {
+            id,
+            target: ClaimTarget::Run {
+                execution: ExecutionId(Uuid::now_v7()),
+                lease_until: Timestamp(now.0 + 60_000),
+                worker: Some("w-1".into()),
+            },
+        };
+        let scope = AuditScope::new(sundial_store::NewAuditRecord {
+            at: now,
+            actor_id: None,
+            actor: "local".into(),
+            namespace: "default".into(),
+            action: "POST /v1/queues/{queue}/poll".into(),
+            target: None,
+            status: 200,
+            request_id: "req-1".into(),
+        });
+        let out = scope
+            .run(store.claim_due(vec![run(ids[1]), run(ids[0])], now, None))
+            .await
+            .expect("claim_due");
+        for (o, id) in out.iter().zip([ids[1], ids[0]]) {
+            assert!(
+                matches!(o, ClaimOutcome::Started(t) if t.id == id && t.worker.as_deref() == Some("w-1")),
+                "{o:?}"
+            );
+        }
+        let AuditWrite::Written { seq } = scope.write() else {
+            panic!("the start carried the record: {:?}", scope.write());
+        };
+        let plain = xmin_of(&store, "tasks", "id", &ids[0].0).await;
+        assert_eq!(plain, xmin_of(&store, "audit_log", "seq", &seq).await);
+        assert_ne!(plain, xmin_of(&store, "tasks", "id", &ids[1].0).await);
+    }
 
     async fn plan_cache_mode(client: &impl GenericClient) -> String {
         query(client, "SELECT current_setting('plan_cache_mode')", &[])

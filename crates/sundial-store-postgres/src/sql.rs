@@ -50,6 +50,13 @@ pub(crate) struct Sql {
     pub lock_queue_limit: String,
     pub ready_claimed: String,
     pub start_claimed: String,
+    /// `claim_due` of starts in one statement, for tasks without an exclusive key or a rate
+    /// limit in queues without a limit: `$1` ids (in id order), `$2` execution ids, `$3` leases,
+    /// `$4` now, `$5` workers, `$6` the fence's shard (or null), `$7` its `range_id`, then a
+    /// request's audit record (zero or one) as [`crate::access::audit_group_sql`]`(8)`. Answers
+    /// the started tasks (one row of nulls when none), whether the fence held and the record's
+    /// `seq`.
+    pub start_plain: String,
     pub skip_claimed: String,
     /// Indexed by `kinds filter as usize * 2 + after cursor as usize`.
     pub ready_candidates: [String; 4],
@@ -651,6 +658,30 @@ impl Sql {
                  AS u(id, execution_id, lease_until, worker) \
                  WHERE t.id = u.id AND t.state = 'scheduled' AND t.due_at <= $4 AND {free} \
                  RETURNING {c}"
+            ),
+            start_plain: format!(
+                "WITH fence AS (SELECT 1 FROM {s}.shard_leases \
+                     WHERE $6::bigint IS NOT NULL AND shard = $6 AND range_id = $7 FOR SHARE), \
+                 cand AS (SELECT t.id FROM {tasks} t \
+                     WHERE t.id = ANY($1::uuid[]) AND t.state = 'scheduled' AND t.due_at <= $4 \
+                     AND t.exclusive_key IS NULL AND t.rate IS NULL \
+                     AND ($6::bigint IS NULL OR (t.shard = $6 AND EXISTS (SELECT 1 FROM fence))) \
+                     AND NOT EXISTS (SELECT 1 FROM {s}.queue_settings q WHERE q.queue = t.queue \
+                         AND (q.config::jsonb->>'concurrency') IS NOT NULL) \
+                     ORDER BY t.id FOR UPDATE OF t), \
+                 started AS (UPDATE {tasks} t SET state = 'running', attempt = t.attempt + 1, \
+                     execution_id = u.execution_id, lease_expires_at = u.lease_until, \
+                     started_at = $4, updated_at = $4, worker = u.worker \
+                     FROM cand JOIN unnest($1::uuid[], $2::uuid[], $3::bigint[], $5::text[]) \
+                     AS u(id, execution_id, lease_until, worker) ON u.id = cand.id \
+                     WHERE t.id = cand.id RETURNING {c}), \
+                 aud AS (INSERT INTO {s}.audit_log ({cols}) SELECT {cols} FROM {group} \
+                     WHERE EXISTS (SELECT 1 FROM started) ORDER BY a.ord RETURNING seq) \
+                 SELECT started.*, ($6::bigint IS NULL OR EXISTS (SELECT 1 FROM fence)), \
+                     (SELECT array_agg(seq ORDER BY seq) FROM aud) \
+                 FROM (SELECT 1) one LEFT JOIN started ON true",
+                cols = crate::access::AUDIT_INSERT_COLUMNS,
+                group = crate::access::audit_group_sql(8),
             ),
             skip_claimed: format!(
                 "UPDATE {tasks} t SET state = 'cancelled', updated_at = $3, finished_at = $3, \

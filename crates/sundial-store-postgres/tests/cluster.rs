@@ -498,10 +498,17 @@ async fn a_stalled_fenced_write_does_not_hold_up_a_takeover() {
                 let id = task_in_shard(&a, shard, 0).await;
                 ready_tx.send((fence, id)).unwrap();
                 claim_rx.await.unwrap();
-                let claim = tokio::spawn(async move {
-                    a.claim_due(vec![run(id, 90_000)], t(1_500), Some(fence))
-                        .await
-                });
+                // A readying claim: a transaction. (A start of a task without a key, limit or
+                // rate is one statement, which the server commits as soon as the row is free,
+                // while the fence still holds, so it cannot be left open by a stop.)
+                let ready = DueClaim {
+                    id,
+                    target: ClaimTarget::Ready,
+                };
+                let claim =
+                    tokio::spawn(
+                        async move { a.claim_due(vec![ready], t(1_500), Some(fence)).await },
+                    );
                 stop_rx.await.unwrap();
                 // SIGSTOP: nothing of this node runs, its connections are not read.
                 stopped_tx.send(()).unwrap();

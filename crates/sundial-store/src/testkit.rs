@@ -1175,6 +1175,21 @@ pub async fn claim_due_run_starts_an_attempt(store: Arc<dyn Store>) {
     assert_eq!(again.execution_id, Some(exec2));
     assert_eq!(again.started_at, Some(at(30)));
     assert_eq!(again.state, TaskState::Running);
+
+    // A start made for a waiting poll names the poll's worker, as a poll's claim does.
+    s.fail(t.id, exec2, at(40), "again".into(), Retry::At(at(50)))
+        .await
+        .expect("fail");
+    let for_poll = ClaimTarget::Run {
+        execution: execution_id(),
+        lease_until: at(50 + LEASE),
+        worker: Some("w-7".into()),
+    };
+    match claim(s, t.id, for_poll, at(50)).await {
+        ClaimOutcome::Started(got) => assert_eq!(got.worker.as_deref(), Some("w-7")),
+        other => panic!("expected Started, got {other:?}"),
+    }
+    assert_eq!(get(s, t.id).await.worker.as_deref(), Some("w-7"));
 }
 
 /// A `Ready` claim moves a due task to `ready` without starting an attempt; it leaves the due index,
