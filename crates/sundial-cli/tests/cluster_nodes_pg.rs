@@ -32,7 +32,9 @@
 //!   `range_id`) as the writing transaction sees it. A fenced write holds a share lock on that row
 //!   until it commits, so the row it sees is the lease it wrote under; an unfenced write, or one
 //!   under a stale fence, would show another owner.
-//! - `audit_starts`: every worker claim (`ready` → `running`): execution id, node, database clock.
+//! - `audit_starts`: every start of an attempt for a worker (`ready` → `running` by a poll's
+//!   claim, or `scheduled` → `running` when a shard owner starts a due task straight for a
+//!   waiting poll): execution id, node, database clock. (The test has no in-process handlers.)
 //! - `audit_leases`: every change of a shard lease's owner or `range_id` (renewals change
 //!   neither), with the database's clock: the lease history.
 //!
@@ -179,7 +181,7 @@ BEGIN
     INSERT INTO {s}.audit_starts
     SELECT at, app, n.id, n.execution_id, n.started_at, n.due_at, n.lease_expires_at, n.worker
     FROM old_rows o JOIN new_rows n ON n.id = o.id
-    WHERE o.state = 'ready' AND n.state = 'running';
+    WHERE o.state IN ('ready', 'scheduled') AND n.state = 'running';
     RETURN NULL;
 END
 $fn$;
