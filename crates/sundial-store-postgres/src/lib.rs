@@ -106,7 +106,9 @@
 //!   snapshot, taken after the locks), decides every claim in the order given (so with a limit of
 //!   one the first of two tasks with one key starts and the second is `Busy`; with a limit of N
 //!   the key's running count plus this call's starts never passes N), and applies the decisions
-//!   with conditional set-based updates.
+//!   with conditional set-based updates. A call of starts only first starts, in one statement
+//!   (`start_plain`), the tasks without a key, a rate limit or a limited queue, locking their
+//!   rows in id order; the rest then go the way just described.
 //! - **`claim_ready`** pages through `tasks_ready` in rank order with `FOR UPDATE SKIP LOCKED`,
 //!   never waiting for a row; for exclusive keys it uses `pg_try_advisory_xact_lock`, so it never
 //!   waits for a key either: a key another transaction is claiming right now is busy for this

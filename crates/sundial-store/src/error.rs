@@ -22,7 +22,7 @@ pub type BackendError = Arc<dyn std::error::Error + Send + Sync + 'static>;
 pub enum StoreError {
     /// The backend's driver reported an error (I/O, constraint, SQL, a worker thread that died);
     /// the driver's error is the source.
-    #[error("store backend error: {0}")]
+    #[error("store backend error: {}", with_causes(.0))]
     Backend(#[source] BackendError),
     /// A write batch failed at one of its steps (begin, savepoint, commit); the driver's error is
     /// the source. Nothing of the batch was applied.
@@ -127,6 +127,22 @@ pub enum StoreError {
 #[error("{0}")]
 pub struct Reason(pub &'static str);
 
+/// `e`'s message followed by its causes' (a driver's "db error" says nothing without them:
+/// "db error: deadlock detected" does), each once.
+fn with_causes(e: &BackendError) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let m = c.to_string();
+        if !out.contains(&m) {
+            out.push_str(": ");
+            out.push_str(&m);
+        }
+        cause = c.source();
+    }
+    out
+}
+
 fn because(source: &Option<BackendError>) -> String {
     source
         .as_ref()
@@ -230,6 +246,19 @@ mod tests {
         assert_eq!(e.to_string(), "store backend error: disk on fire");
         let t = TransitionError::from(e.clone());
         assert!(t.source().is_some() || t.to_string().contains("disk on fire"));
+    }
+
+    /// A driver's error whose message says only its kind ("db error") shows its cause too.
+    #[test]
+    fn a_backend_error_says_its_cause() {
+        #[derive(Debug, Error)]
+        #[error("db error")]
+        struct Driver(#[source] std::io::Error);
+        let e = StoreError::backend(Driver(std::io::Error::other("deadlock detected")));
+        assert_eq!(
+            e.to_string(),
+            "store backend error: db error: deadlock detected"
+        );
     }
 
     #[test]
