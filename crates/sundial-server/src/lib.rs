@@ -625,7 +625,7 @@ pub fn describe_metrics() {
     describe_histogram!(
         "sundial_fire_lateness_seconds",
         metrics::Unit::Seconds,
-        "Start (handler) or readiness (worker) minus when the task became due (its due time, or its creation when created already due)"
+        "Start (handler, or a waiting poll's hand-off) or readiness (worker) minus when the task became due (its due time, or its creation when created already due)"
     );
     describe_histogram!(
         "sundial_dispatch_wait_seconds",
