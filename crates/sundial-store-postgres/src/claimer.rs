@@ -443,21 +443,6 @@ mod tests {
         }
     }
 
-    async fn xmin(
-        store: &PostgresStore,
-        table: &str,
-        column: &str,
-        value: &(dyn ToSql + Sync),
-    ) -> String {
-        let client = store.client().await.expect("client");
-        let sql = format!(
-            "SELECT xmin::text FROM {}.{table} WHERE {column} = $1",
-            store.schema.ident
-        );
-        let row = client.query_one(&sql, &[value]).await.expect("xmin");
-        row.get(0)
-    }
-
     /// Polls of a queue without limits, keys or rate limits are claimed by one statement per
     /// group, and each poll's audit record commits in the transaction that started its task.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -493,8 +478,8 @@ mod tests {
             let AuditWrite::Written { seq } = scope.write() else {
                 panic!("the claim carried the record: {:?}", scope.write());
             };
-            let record_xact = xmin(&store, "audit_log", "seq", &seq).await;
-            let task_xact = xmin(&store, "tasks", "id", &taken[0].id.0).await;
+            let record_xact = crate::xmin(&store, "audit_log", "seq", &seq).await;
+            let task_xact = crate::xmin(&store, "tasks", "id", &taken[0].id.0).await;
             assert_eq!(record_xact, task_xact, "the record commits with the start");
             xacts.insert(task_xact);
         }

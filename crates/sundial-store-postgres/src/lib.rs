@@ -2168,6 +2168,23 @@ where
     out
 }
 
+/// The transaction id (`xmin`) that wrote the row of `table` whose `column` is `value` (for
+/// tests of what commits together).
+#[cfg(test)]
+pub(crate) async fn xmin(
+    store: &PostgresStore,
+    table: &str,
+    column: &str,
+    value: &(dyn ToSql + Sync),
+) -> String {
+    let client = store.client().await.expect("client");
+    let sql = format!(
+        "SELECT xmin::text FROM {}.{table} WHERE {column} = $1",
+        store.schema.ident
+    );
+    client.query_one(&sql, &[value]).await.expect("xmin").get(0)
+}
+
 /// Inserts a task of each of `specs`, due at `now`; their ids in order (for tests).
 #[cfg(test)]
 pub(crate) async fn insert_due(
@@ -2196,20 +2213,6 @@ pub(crate) async fn insert_due(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    async fn xmin_of(
-        store: &PostgresStore,
-        table: &str,
-        column: &str,
-        value: &(dyn ToSql + Sync),
-    ) -> String {
-        let client = store.client().await.expect("client");
-        let sql = format!(
-            "SELECT xmin::text FROM {}.{table} WHERE {column} = $1",
-            store.schema.ident
-        );
-        client.query_one(&sql, &[value]).await.expect("xmin").get(0)
-    }
 
     /// Starts made for a waiting poll: a task without a key, limit or rate starts in one
     /// statement that commits the poll's audit record too; a keyed one goes through the full
@@ -2264,9 +2267,9 @@ mod tests {
         let AuditWrite::Written { seq } = scope.write() else {
             panic!("the start carried the record: {:?}", scope.write());
         };
-        let plain = xmin_of(&store, "tasks", "id", &ids[0].0).await;
-        assert_eq!(plain, xmin_of(&store, "audit_log", "seq", &seq).await);
-        assert_ne!(plain, xmin_of(&store, "tasks", "id", &ids[1].0).await);
+        let plain = xmin(&store, "tasks", "id", &ids[0].0).await;
+        assert_eq!(plain, xmin(&store, "audit_log", "seq", &seq).await);
+        assert_ne!(plain, xmin(&store, "tasks", "id", &ids[1].0).await);
     }
 
     async fn plan_cache_mode(client: &impl GenericClient) -> String {

@@ -195,13 +195,7 @@ mod tests {
     }
 
     async fn xmin(store: &PostgresStore, id: TaskId) -> String {
-        let client = store.client().await.expect("client");
-        let sql = format!(
-            "SELECT xmin::text FROM {}.tasks WHERE id = $1",
-            store.schema.ident
-        );
-        let row = client.query_one(&sql, &[&id.0]).await.expect("xmin");
-        row.get(0)
+        crate::xmin(store, "tasks", "id", &id.0).await
     }
 
     /// Readying calls that arrive while one is under way share a transaction, and each gets
