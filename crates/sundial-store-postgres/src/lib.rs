@@ -1831,29 +1831,31 @@ impl Store for PostgresStore {
         // A claim made for a waiting poll runs in the poll request's audit scope: the record
         // commits with the starts.
         let mut audit = audit_scope::claim_pending();
-        let all = claims;
+        let mut claims = claims;
         let mut started: HashMap<Uuid, Task> = HashMap::new();
-        let claims: Vec<DueClaim> = if self.starts_only(&all) {
+        // The call's claims, kept only when the plain start took some of them.
+        let mut all: Vec<DueClaim> = Vec::new();
+        if self.starts_only(&claims) {
             // Starts of plain tasks in one statement; the full claim below only for what it left.
-            let (s, written) = self.start_plain(&all, now, fence, audit.as_ref()).await?;
+            let (s, written) = self
+                .start_plain(&claims, now, fence, audit.as_ref())
+                .await?;
             started = s;
             if let (Some(seq), Some(a)) = (written, audit.take()) {
                 a.written(seq);
             }
-            if started.is_empty() {
-                all.clone()
-            } else {
-                all.iter()
+            if !started.is_empty() {
+                all = std::mem::take(&mut claims);
+                claims = all
+                    .iter()
                     .filter(|c| !started.contains_key(&c.id.0))
                     .cloned()
-                    .collect()
+                    .collect();
+                if claims.is_empty() {
+                    // The plain start took every claim (and checked the fence).
+                    return Ok(Self::merge_started(&all, started, Vec::new(), &[]));
+                }
             }
-        } else {
-            all.clone()
-        };
-        if claims.is_empty() && !all.is_empty() {
-            // The plain start took every claim (and checked the fence).
-            return Ok(Self::merge_started(&all, started, Vec::new(), &[]));
         }
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(pg)?;
