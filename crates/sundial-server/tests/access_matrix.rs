@@ -5,6 +5,8 @@
 //! path give it.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic on failure
 
+mod common;
+
 use axum::body::{Body, to_bytes};
 use axum::http::{Method, Request, StatusCode};
 use serde_json::{Value, json};
@@ -96,24 +98,6 @@ async fn audit_count(app: &axum::Router, admin: &str) -> usize {
     }
 }
 
-/// The first admin token, written straight into the store as `sundial token create --bootstrap`
-/// makes it.
-async fn root_token(sundial: &Sundial) -> String {
-    let store = sundial.access_store().unwrap().clone();
-    let (new, issued) = sundial_server::admin::new_token(
-        sundial_server::admin::CreateToken {
-            name: "root".into(),
-            scope: "admin".into(),
-            namespace: None,
-            expires_in: None,
-        },
-        sundial.clock().now(),
-    )
-    .unwrap();
-    store.create_token(new).await.unwrap();
-    issued.token
-}
-
 async fn create_token(app: &axum::Router, admin: &str, scope: &str, ns: Option<&str>) -> String {
     let mut body = json!({"name": format!("{scope}-{}", ns.unwrap_or("all")), "scope": scope});
     if let Some(ns) = ns {
@@ -141,7 +125,7 @@ async fn every_route_answers_every_caller_as_the_rules_say_and_is_audited() {
             ..ServerConfig::default()
         },
     );
-    let admin = root_token(&sundial).await;
+    let admin = common::root_token(&sundial).await;
 
     let mut tokens = Vec::new();
     for scope in Scope::ALL {
@@ -345,7 +329,7 @@ async fn a_token_lifetime_past_the_bound_is_refused_and_nothing_is_stored() {
             ..ServerConfig::default()
         },
     );
-    let admin = root_token(&sundial).await;
+    let admin = common::root_token(&sundial).await;
     for too_long in ["88000000d", "36500d1ms"] {
         let body = json!({"name": "far", "scope": "reader", "expires_in": too_long});
         let (st, b, _) = send(&app, "post", "/v1/tokens", Some(&admin), Some(body)).await;

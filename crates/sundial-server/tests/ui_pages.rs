@@ -3,6 +3,8 @@
 //! may do, and every post (refusals included) is in the audit log with its actor.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic on failure
 
+mod common;
+
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use serde_json::{Value, json};
@@ -326,19 +328,7 @@ async fn with_auth_on_a_session_decides_what_is_shown_and_done() {
             ..ServerConfig::default()
         },
     );
-    let store = sundial.access_store().unwrap().clone();
-    let (new, issued) = sundial_server::admin::new_token(
-        sundial_server::admin::CreateToken {
-            name: "root".into(),
-            scope: "admin".into(),
-            namespace: None,
-            expires_in: None,
-        },
-        sundial.clock().now(),
-    )
-    .unwrap();
-    store.create_token(new).await.unwrap();
-    let admin = issued.token;
+    let admin = common::root_token(&sundial).await;
     let mut tokens = std::collections::BTreeMap::new();
     for scope in ["reader", "producer", "worker"] {
         let b = api(
@@ -739,19 +729,7 @@ async fn a_token_of_one_namespace_sees_its_namespace_and_an_admin_of_all_can_swi
             ..ServerConfig::default()
         },
     );
-    let store = sundial.access_store().unwrap().clone();
-    let (new, issued) = sundial_server::admin::new_token(
-        sundial_server::admin::CreateToken {
-            name: "root".into(),
-            scope: "admin".into(),
-            namespace: None,
-            expires_in: None,
-        },
-        sundial.clock().now(),
-    )
-    .unwrap();
-    store.create_token(new).await.unwrap();
-    let admin = issued.token;
+    let admin = common::root_token(&sundial).await;
     api(
         &app,
         "POST",

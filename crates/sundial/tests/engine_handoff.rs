@@ -14,7 +14,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::intercept::Intercept;
 use common::*;
-use sundial::{Config, ExclusiveMode, ManualClock, Sundial, TaskSpec, TaskState};
+use sundial::{ExclusiveMode, ManualClock, Sundial, TaskSpec, TaskState};
 use sundial_core::{Task, Timestamp};
 use sundial_store::{
     ClaimOutcome, ClaimTarget, DueClaim, Fence, ReadyClaim, ReadyTaken, Store, StoreError,
@@ -81,15 +81,7 @@ fn setup() -> Setup {
         hold: Arc::new(Semaphore::new(1)),
     });
     let store = Arc::new(common::intercept::sqlite(dir.path(), Hooks(watch.clone())));
-    let clock = ManualClock::new(T0);
-    let sundial = Sundial::builder()
-        .config(Config {
-            shard_count: 1,
-            ..Config::default()
-        })
-        .clock(Arc::new(clock.clone()))
-        .with_store(store)
-        .expect("a valid config");
+    let (sundial, clock) = one_shard(store);
     Setup {
         sundial,
         clock,

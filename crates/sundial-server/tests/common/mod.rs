@@ -46,3 +46,21 @@ pub async fn call(
     let (status, body, _) = call_with_headers(app, method, path, body).await;
     (status, body)
 }
+
+/// The first admin token, written straight into the store as `sundial token create --bootstrap`
+/// makes it.
+pub async fn root_token(sundial: &sundial::Sundial) -> String {
+    let store = sundial.access_store().unwrap().clone();
+    let (new, issued) = sundial_server::admin::new_token(
+        sundial_server::admin::CreateToken {
+            name: "root".into(),
+            scope: "admin".into(),
+            namespace: None,
+            expires_in: None,
+        },
+        sundial.clock().now(),
+    )
+    .unwrap();
+    store.create_token(new).await.unwrap();
+    issued.token
+}

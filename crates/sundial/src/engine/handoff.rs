@@ -115,7 +115,8 @@ impl Waiters {
     }
 
     /// Whether a poll is waiting (it may be gone: [`Waiters::take`] skips those).
-    pub(crate) fn any_waiting(&self) -> bool {
+    #[cfg(test)]
+    fn any_waiting(&self) -> bool {
         !self.lock().waiting.is_empty()
     }
 

@@ -747,9 +747,6 @@ impl Hands {
             *room -= 1;
             return Some(*at);
         }
-        if !state.waiters.any_waiting() {
-            return None;
-        }
         let waiter = state.waiters.take()?;
         let at = self.waiters.len();
         self.open.insert(queue.clone(), (at, waiter.max - 1));

@@ -37,12 +37,8 @@ pub async fn harness_with(config: Config) -> Harness {
     }
 }
 
-/// What a recording handler saw.
-/// A one-shard engine over `store` on a manual clock at [`T0`], with a handler for kind `k` that
-/// records each run (its due time as `at` and `due`) on the returned channel.
-pub fn one_shard_recording(
-    store: Arc<dyn sundial::Store>,
-) -> (Sundial, ManualClock, mpsc::UnboundedReceiver<Run>) {
+/// A one-shard engine over `store` on a manual clock at [`T0`].
+pub fn one_shard(store: Arc<dyn sundial::Store>) -> (Sundial, ManualClock) {
     let clock = ManualClock::new(T0);
     let sundial = Sundial::builder()
         .config(Config {
@@ -52,6 +48,15 @@ pub fn one_shard_recording(
         .clock(Arc::new(clock.clone()))
         .with_store(store)
         .expect("a valid config");
+    (sundial, clock)
+}
+
+/// A one-shard engine over `store` on a manual clock at [`T0`], with a handler for kind `k` that
+/// records each run (its due time as `at` and `due`) on the returned channel.
+pub fn one_shard_recording(
+    store: Arc<dyn sundial::Store>,
+) -> (Sundial, ManualClock, mpsc::UnboundedReceiver<Run>) {
+    let (sundial, clock) = one_shard(store);
     let (tx, runs) = mpsc::unbounded_channel();
     sundial.register("k", move |ctx: sundial::TaskContext| {
         let tx = tx.clone();
@@ -68,6 +73,7 @@ pub fn one_shard_recording(
     (sundial, clock, runs)
 }
 
+/// What a recording handler saw.
 #[derive(Debug, Clone)]
 pub struct Run {
     pub id: TaskId,
