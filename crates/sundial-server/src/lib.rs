@@ -714,6 +714,10 @@ pub fn describe_metrics() {
         "sundial_queue_limited_total",
         "Starts the queue's concurrency limit refused (each waits in line for a place), by queue"
     );
+    describe_counter!(
+        "sundial_poll_looks_skipped_total",
+        "Worker polls that waited at once, without a store claim, because their queue was found empty and nothing could have readied a task since, by queue"
+    );
     describe_gauge!(
         "sundial_shard_owned",
         "1 while this node runs the shard's loop (owns it), else 0; every node reports every shard, so max by (shard) over the nodes is 0 for a shard without owner"

@@ -6,7 +6,7 @@
 //! Labels are bounded: a queue, a shard, never a kind, an attempt or an id.
 
 /// Registers, at 0, the per-queue counters of the engine (created, debounced, rate-limited and
-/// queue-limited claims, succeeded, cancelled, dead,
+/// queue-limited claims, polls that skipped their look, succeeded, cancelled, dead,
 /// failed attempts, retries, lease expiries) for `queue`. Registering again changes nothing.
 pub fn register_queue_metrics(queue: &str) {
     for name in [
@@ -14,6 +14,7 @@ pub fn register_queue_metrics(queue: &str) {
         "sundial_task_debounced_total",
         "sundial_rate_limited_total",
         "sundial_queue_limited_total",
+        "sundial_poll_looks_skipped_total",
         "sundial_task_succeeded_total",
         "sundial_task_cancelled_total",
         "sundial_task_dead_total",

@@ -2,7 +2,8 @@
 //! shard loop for that poll, in one claim, with the poll's worker recorded, and no `claim_ready`;
 //! a start the store refuses (an exclusive key held) waits as any refused entry does and is then
 //! readied, so the key still decides; a task started for a poll that went away is kept for the
-//! next poll, not lost.
+//! next poll, not lost. A poll skips its look in the store while its queue is known to hold no
+//! ready task, and looks again after anything could have readied one (`engine::looked`).
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -119,7 +120,10 @@ async fn a_due_task_is_started_for_the_waiting_poll_in_one_claim() {
     let first = poll(&s, "w1", 0).await;
     let second = poll(&s, "w2", 1).await;
     let looked = s.watch.ready_claims.load(Ordering::SeqCst);
-    assert_eq!(looked, 2, "each poll looked once");
+    assert_eq!(
+        looked, 1,
+        "the first poll looked; the second knew the queue empty (see `poll_looks_*`)"
+    );
     let id = s
         .sundial
         .schedule(TaskSpec::new("k").queue("q").delay(Duration::from_secs(1)))
@@ -241,4 +245,99 @@ async fn a_task_started_for_a_poll_that_left_goes_to_the_next_poll() {
         .complete(id, got[0].execution_id.unwrap(), None)
         .await
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poll_looks_are_skipped_while_the_queue_is_known_empty_and_resume_after_a_change() {
+    let s = setup();
+    let mut stepper = s.sundial.stepper();
+    let claims = || s.watch.ready_claims.load(Ordering::SeqCst);
+    let first = poll(&s, "w1", 0).await;
+    assert_eq!(claims(), 1, "the first poll looked and found nothing");
+    let second = poll(&s, "w2", 1).await;
+    assert_eq!(
+        claims(),
+        1,
+        "nothing changed since: the second poll waits at once"
+    );
+    // Their waits end: each looks once more before it answers empty.
+    s.clock.advance(Duration::from_secs(30));
+    assert!(answer(first).await.is_empty());
+    assert!(answer(second).await.is_empty());
+    assert_eq!(claims(), 3);
+    // A task readied with no poll waiting: the next poll looks at once and takes it, without
+    // waiting on the clock.
+    let id = s
+        .sundial
+        .schedule(TaskSpec::new("k").queue("q"))
+        .await
+        .unwrap();
+    stepper.settle().await;
+    assert_eq!(
+        s.sundial.get(id).await.unwrap().unwrap().state,
+        TaskState::Ready
+    );
+    let sundial = s.sundial.clone();
+    let got = answer(tokio::spawn(async move {
+        sundial
+            .poll("q", Some("w3".into()), None, 1, Duration::from_secs(30))
+            .await
+            .unwrap()
+    }))
+    .await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].id, id);
+    assert_eq!(claims(), 4);
+    // It took what was there without finding the queue empty: the next poll looks too.
+    let sundial = s.sundial.clone();
+    let next = tokio::spawn(async move {
+        sundial
+            .poll("q", Some("w4".into()), None, 1, Duration::from_secs(30))
+            .await
+            .unwrap()
+    });
+    parked(&s.clock, 1).await;
+    assert!(claims() >= 5, "the poll after a full batch looked");
+    next.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poll_looks_resume_when_a_held_key_is_released() {
+    // A ready task whose key a running task holds is not claimable; when the holder finishes,
+    // a poll must look again even though no task was readied.
+    let s = setup();
+    let mut stepper = s.sundial.stepper();
+    let keyed = || {
+        TaskSpec::new("k")
+            .queue("q")
+            .exclusive("account-9", ExclusiveMode::Wait)
+    };
+    let holder = s.sundial.schedule(keyed()).await.unwrap();
+    stepper.settle().await;
+    let held = s
+        .sundial
+        .poll("q", Some("w1".into()), None, 1, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(held[0].id, holder);
+    // Found empty by a poll; no poll waits, so nothing is started for one.
+    assert!(
+        s.sundial
+            .poll("q", Some("w2".into()), None, 1, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    s.sundial
+        .complete(holder, held[0].execution_id.unwrap(), None)
+        .await
+        .unwrap();
+    let before = s.watch.ready_claims.load(Ordering::SeqCst);
+    let waiting = poll(&s, "w3", 0).await;
+    assert_eq!(
+        s.watch.ready_claims.load(Ordering::SeqCst),
+        before + 1,
+        "the release counts as a change: the poll looked"
+    );
+    waiting.abort();
 }

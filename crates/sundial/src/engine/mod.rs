@@ -42,6 +42,7 @@ pub(crate) use crate::placement::{ClaimError, LeaseLost, Owner, Placement};
 
 pub(crate) mod handoff;
 mod line;
+mod looked;
 pub(crate) mod pause;
 mod poll;
 pub(crate) mod reaper;
@@ -164,6 +165,9 @@ pub(crate) struct QueueState {
     /// Polls (of any kind) that found nothing and wait to be handed a task a shard loop starts
     /// for them (see [`handoff`]).
     waiters: handoff::Waiters,
+    /// Whether the queue was found without ready tasks since anything last made one ready (see
+    /// [`looked`]).
+    looked: looked::Looked,
 }
 
 pub(crate) struct ShardSignal {
@@ -299,6 +303,7 @@ impl Engine {
                     ready_filtered: Notify::new(),
                     line: line::Line::default(),
                     waiters: handoff::Waiters::default(),
+                    looked: looked::Looked::default(),
                 })
             })
             .clone()
@@ -394,6 +399,7 @@ impl Engine {
     /// restricted to some kinds.
     pub(crate) fn wake_pollers(&self, queue: &str, n: usize) {
         let q = self.queue(queue);
+        q.looked.changed();
         // Each call wakes one waiting poller; with none waiting, the first leaves a permit for
         // the next to wait and the rest do nothing.
         for _ in 0..n.clamp(1, POLLERS_WOKEN_AT_ONCE) {

@@ -46,6 +46,9 @@ impl Engine {
         // Polls that take any kind wait to be handed a task a shard loop starts for them (see
         // `handoff`); the claim made for one commits this request's audit record.
         let audit = sundial_store::audit_scope::current();
+        // A poll of any kind skips its first look when the queue was found empty and nothing
+        // changed since (see `looked`); a wake-up or the end of its wait makes it look.
+        let mut first = kinds.is_none() && self.config.hand_off_to_polls;
         loop {
             // Register interest before looking, so a task readied in between is not missed.
             let notified = ready.notified();
@@ -70,16 +73,28 @@ impl Engine {
                 self.delivered(&mut kept);
                 return Ok(kept);
             }
-            let claim = ReadyClaim {
-                queue: queue.to_string(),
-                kinds: kinds.clone(),
-                execution_ids: (0..max)
-                    .map(|_| ExecutionId(uuid::Uuid::now_v7()))
-                    .collect(),
-                worker: worker.clone(),
-                now,
+            let before = q.looked.before();
+            let skip = std::mem::take(&mut first) && before.known_empty && now < deadline;
+            let (tasks, next_turn) = if skip {
+                metrics::counter!("sundial_poll_looks_skipped_total", "namespace" => sundial_core::namespace::namespace_of(queue).to_string(), "queue" => sundial_core::namespace::local(queue).to_string())
+                    .increment(1);
+                (Vec::new(), None)
+            } else {
+                let claim = ReadyClaim {
+                    queue: queue.to_string(),
+                    kinds: kinds.clone(),
+                    execution_ids: (0..max)
+                        .map(|_| ExecutionId(uuid::Uuid::now_v7()))
+                        .collect(),
+                    worker: worker.clone(),
+                    now,
+                };
+                let (tasks, next_turn) = self.claim_ready(claim).await?;
+                if tasks.is_empty() && next_turn.is_none() && kinds.is_none() {
+                    q.looked.found_empty(before);
+                }
+                (tasks, next_turn)
             };
-            let (tasks, next_turn) = self.claim_ready(claim).await?;
             if next_turn.is_some() {
                 metrics::counter!("sundial_rate_limited_total", "namespace" => sundial_core::namespace::namespace_of(queue).to_string(), "queue" => sundial_core::namespace::local(queue).to_string())
                     .increment(1);

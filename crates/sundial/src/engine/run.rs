@@ -217,6 +217,8 @@ impl Engine {
     pub fn release_exclusive(&self, task: &Task) {
         let queue_limited = self.paused.is_limited(&task.queue);
         if let Some(ex) = &task.exclusive {
+            // A ready task of the queue may have waited for this key: polls look again.
+            self.queue(&task.queue).looked.changed();
             self.release_place(WaitFor::Group(ex.key.clone()));
         }
         if queue_limited {
@@ -240,6 +242,18 @@ impl Engine {
     /// handed it and nobody waits here, a claim refused meanwhile looks again at once (as after
     /// a local release).
     pub(crate) fn released_elsewhere(&self, place: &WaitFor, handed: Option<i64>) {
+        // A ready task held back for this place may be claimable now: polls look again (a
+        // key's queue is not known here, so every queue's do).
+        match place {
+            WaitFor::Queue(q) => self.queue(q).looked.changed(),
+            WaitFor::Group(_) => {
+                if let Ok(queues) = self.queues.lock() {
+                    for q in queues.values() {
+                        q.looked.changed();
+                    }
+                }
+            }
+        }
         if let Some(handed) = handed {
             let best = self
                 .exclusive_waiting
