@@ -341,3 +341,59 @@ async fn poll_looks_resume_when_a_held_key_is_released() {
     );
     waiting.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ready_wake_up_that_reaches_a_handed_poll_is_passed_on() {
+    // One turn meets two due tasks and one waiting poll: the first is started for that poll,
+    // the second readied, and the readying's wake-up goes to the oldest waiter on the queue's
+    // `Notify`, the very poll being handed its task. A second poll that began waiting while the
+    // turn's claim ran must still be woken to claim the ready task. Whether the handed poll
+    // sees its wake-up or its hand first is up to `select!`, so the case runs several times.
+    let s = setup();
+    let mut stepper = s.sundial.stepper();
+    for round in 0..8 {
+        let first = poll(&s, &format!("a{round}"), 0).await;
+        let held = s.watch.hold.acquire().await.unwrap();
+        let starts = s.watch.poll_starts.load(Ordering::SeqCst);
+        let mut ids = Vec::new();
+        for _ in 0..2 {
+            ids.push(
+                s.sundial
+                    .schedule(TaskSpec::new("k").queue("q"))
+                    .await
+                    .unwrap(),
+            );
+        }
+        let mut second = None;
+        let start_second = async {
+            for _ in 0..1_000 {
+                if s.watch.poll_starts.load(Ordering::SeqCst) > starts {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            assert!(s.watch.poll_starts.load(Ordering::SeqCst) > starts);
+            second = Some(poll(&s, &format!("b{round}"), 1).await);
+            drop(held);
+        };
+        tokio::join!(stepper.settle(), start_second);
+        let mut got: Vec<Task> = answer(first).await;
+        assert_eq!(got.len(), 1, "round {round}");
+        let second = second.unwrap();
+        let late = tokio::time::timeout(Duration::from_secs(5), second).await;
+        let Ok(late) = late else {
+            panic!("round {round}: the second poll was not woken for the ready task");
+        };
+        got.extend(late.unwrap());
+        let mut taken: Vec<_> = got.iter().map(|t| t.id).collect();
+        taken.sort();
+        ids.sort();
+        assert_eq!(taken, ids, "round {round}");
+        for t in got {
+            s.sundial
+                .complete(t.id, t.execution_id.unwrap(), None)
+                .await
+                .unwrap();
+        }
+    }
+}

@@ -118,10 +118,12 @@ impl Engine {
             let mut waiting = (kinds.is_none() && self.config.hand_off_to_polls)
                 .then(|| q.waiters.register(worker.clone(), max, audit.clone()));
             let mut handed = None;
+            // Whether this poll took a wake-up meant for a claim of a ready task.
+            let mut woken = false;
             if let Some(reg) = waiting.as_mut() {
                 tokio::select! {
                     h = reg.handed() => handed = h,
-                    _ = notified => {}
+                    _ = notified => woken = true,
                     _ = self.clock.sleep_until(wake) => {}
                     _ = stopping.changed() => {}
                 }
@@ -139,6 +141,12 @@ impl Engine {
                 (None, Some(reg)) => q.waiters.withdraw(reg),
                 (None, None) => Vec::new(),
             };
+            if woken && !tasks.is_empty() {
+                // Woken for a ready task but answering with what was handed, without a claim:
+                // the wake-up goes on to the next waiting poll. A turn that hands some due
+                // tasks and readies the rest wakes the oldest waiters, the polls it hands to.
+                q.ready.notify_one();
+            }
             // Woken well past the deadline: the process was stopped (SIGSTOP, a stall) while the
             // poll waited, and its caller has most likely given up. Tasks claimed now would sit
             // `running` for a worker that never sees them until their lease (the task's timeout)
