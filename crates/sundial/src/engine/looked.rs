@@ -11,9 +11,9 @@
 //! only while no change followed: a change made while the look ran moves the count past it.
 //!
 //! Never decides whether a task may be claimed, and never keeps a poll from a ready task for
-//! longer than its wait: a poll that skipped its first look still looks when it is woken (a
-//! change wakes it) and once more when its wait ends. So a wake-up lost between nodes costs at
-//! most one poll's wait, as it already did for a poll that was waiting.
+//! long: a poll that skipped its first look still looks when it is woken (a change wakes it),
+//! and within a second (`SKIPPED_LOOK_WITHIN` in `poll.rs`) or at the end of its wait if that
+//! comes first. So a wake-up lost between nodes costs a poll at most that second.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -17,6 +17,10 @@ use crate::trace::{self, Step};
 
 /// A poll woken this long after its deadline claims nothing more (see `Engine::poll`).
 const POLL_OVERSLEEP_MS: i64 = 250;
+/// A poll that skipped its look (see `looked`) looks within this long even if nothing wakes it:
+/// the bound on what a wake-up lost between nodes costs it, as for the other waiters' own
+/// retries.
+const SKIPPED_LOOK_WITHIN: Duration = Duration::from_secs(1);
 
 impl Engine {
     /// Waits up to `wait` for ready tasks of `queue` and claims up to `max` of them.
@@ -114,7 +118,10 @@ impl Engine {
                 return Ok(Vec::new());
             }
             // A ready task passed over for its rate limit's turn: look again at that turn.
-            let wake = next_turn.map_or(deadline, |turn| turn.min(deadline));
+            let mut wake = next_turn.map_or(deadline, |turn| turn.min(deadline));
+            if skip {
+                wake = wake.min(now.saturating_add(SKIPPED_LOOK_WITHIN));
+            }
             let mut waiting = (kinds.is_none() && self.config.hand_off_to_polls)
                 .then(|| q.waiters.register(worker.clone(), max, audit.clone()));
             let mut handed = None;
