@@ -338,9 +338,24 @@ fn check_not_truncated(path: &Path) -> Result<(), SqliteError> {
     Ok(())
 }
 
+/// Statements each connection keeps prepared (rusqlite's default is 16; the store has several
+/// times that many, and a statement that falls out of the cache is parsed and planned again).
+const STATEMENT_CACHE: usize = 256;
+
 fn open_connection(path: &Path, opts: &SqliteOptions) -> Result<Connection, SqliteError> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    // Plans never depend on bound values. Without this, SQLite plans a statement with its bound
+    // values wherever they could decide the plan (a `LIMIT ?`, a term a partial index's `WHERE`
+    // could imply) and marks it expired whenever its bindings change or are cleared, which
+    // rusqlite does each time a cached statement goes back to the cache: the statement is then
+    // parsed and planned again on every use (a tenth of the writer thread's time when it was
+    // found). Every hot statement names its states as literals, so partial indexes stay usable.
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     conn.pragma_update(None, "journal_mode", "WAL")?;
     let sync = match opts.durability {
         Durability::Full => "FULL",
@@ -350,6 +365,25 @@ fn open_connection(path: &Path, opts: &SqliteOptions) -> Result<Connection, Sqli
     conn.pragma_update(None, "cache_size", -opts.cache_kib)?;
     conn.pragma_update(None, "temp_store", "MEMORY")?;
     Ok(conn)
+}
+
+/// A shard's scheduled tasks due by `?2` after the cursor `(?3, ?4)`, in due order: `scan_due`.
+const SCAN_DUE_SQL: &str = "SELECT due_at, id, queue, kind, timeout_ms, \
+     json_extract(target, '$.url'), priority FROM tasks INDEXED BY tasks_due \
+     WHERE state = 'scheduled' AND shard = ?1 AND due_at <= ?2 \
+     AND (due_at, id) > (?3, ?4) ORDER BY due_at, id LIMIT ?5";
+
+/// A page of a queue's ready tasks (of the kinds `?2`, a JSON array, when not null) by rank and
+/// id after `(?3, ?4)`, leaving out those whose exclusive key is taken: `claim_ready`'s
+/// candidates.
+fn ready_candidates_sql() -> String {
+    format!(
+        "SELECT {RANK_SQL}, id, rate FROM tasks INDEXED BY tasks_ready \
+         WHERE state = 'ready' AND queue = ?1 \
+         AND (?2 IS NULL OR kind IN (SELECT value FROM json_each(?2))) \
+         AND ({RANK_SQL}, id) > (?3, ?4) AND {GROUP_FREE_SQL} \
+         ORDER BY {RANK_SQL}, id LIMIT ?5"
+    )
 }
 
 fn get_task(conn: &Connection, id: &TaskId) -> Result<Option<Task>, StoreError> {
@@ -1389,14 +1423,7 @@ impl Store for SqliteStore {
                 Some(k) => (k.due_at.0, k.id.as_bytes().to_vec()),
                 None => (i64::MIN, Vec::new()),
             };
-            let mut stmt = conn
-                .prepare_cached(
-                    "SELECT due_at, id, queue, kind, timeout_ms, json_extract(target, '$.url'), \
-                     priority FROM tasks INDEXED BY tasks_due \
-                     WHERE state = 'scheduled' AND shard = ?1 AND due_at <= ?2 \
-                     AND (due_at, id) > (?3, ?4) ORDER BY due_at, id LIMIT ?5",
-                )
-                .map_err(backend)?;
+            let mut stmt = conn.prepare_cached(SCAN_DUE_SQL).map_err(backend)?;
             let mut rows = stmt
                 .query(params![shard, until.0, after_due, after_id, limit as i64])
                 .map_err(backend)?;
@@ -1478,13 +1505,7 @@ impl Store for SqliteStore {
                 // reached. A candidate can still lose its key to a task started earlier in this
                 // call; the update checks again.
                 let mut stmt = conn
-                    .prepare_cached(&format!(
-                        "SELECT {RANK_SQL}, id, rate FROM tasks INDEXED BY tasks_ready \
-                         WHERE state = 'ready' AND queue = ?1 \
-                         AND (?2 IS NULL OR kind IN (SELECT value FROM json_each(?2))) \
-                         AND ({RANK_SQL}, id) > (?3, ?4) AND {GROUP_FREE_SQL} \
-                         ORDER BY {RANK_SQL}, id LIMIT ?5"
-                    ))
+                    .prepare_cached(&ready_candidates_sql())
                     .map_err(backend)?;
                 let sql = format!(
                     "UPDATE tasks SET state = 'running', attempt = attempt + 1, execution_id = ?2, \
@@ -1930,5 +1951,56 @@ impl Store for SqliteStore {
         self.writer
             .write(move |conn| ops::purge_tasks(conn, shard, &rules, now, limit))
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use rusqlite::StatementStatus;
+
+    /// A cached statement is planned once. Regression: with plans that depended on bound values
+    /// (`LIMIT ?`, `queue = ?` beside the partial indexes), every use of the claim's candidates
+    /// and of the due scan was parsed and planned again.
+    #[test]
+    fn cached_hot_statements_are_not_prepared_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = SqliteOptions::default();
+        let mut conn = open_connection(&dir.path().join("s.db"), &opts).unwrap();
+        schema::migrate(&mut conn).unwrap();
+        let ready = ready_candidates_sql();
+        let kinds: [Option<&str>; 3] = [None, Some(r#"["a"]"#), None];
+        for (round, limit) in [20_i64, 20, 7, 64, 20].into_iter().enumerate() {
+            let queue = format!("q{round}");
+            let after: (i64, Vec<u8>) = (i64::MIN + round as i64, vec![round as u8; round]);
+            let mut stmt = conn.prepare_cached(&ready).unwrap();
+            let n = stmt
+                .query_map(
+                    params![queue, kinds[round % 3], after.0, after.1, limit],
+                    |_| Ok(()),
+                )
+                .unwrap()
+                .count();
+            assert_eq!(n, 0);
+            drop(stmt);
+            let mut stmt = conn.prepare_cached(SCAN_DUE_SQL).unwrap();
+            let n = stmt
+                .query_map(
+                    params![round as i64, 1_000 + round as i64, after.0, after.1, limit],
+                    |_| Ok(()),
+                )
+                .unwrap()
+                .count();
+            assert_eq!(n, 0);
+        }
+        for sql in [ready.as_str(), SCAN_DUE_SQL] {
+            let stmt = conn.prepare_cached(sql).unwrap();
+            assert_eq!(
+                stmt.get_status(StatementStatus::RePrepare),
+                0,
+                "prepared again: {sql}"
+            );
+        }
     }
 }
