@@ -13,7 +13,7 @@ use sundial_server::ops::{
 };
 use sundial_server::wire::{
     BatchResponse, CompleteRequest, CreateBatch, CreateTask, FailRequest, HeartbeatRequest,
-    ListQuery, PollRequest, PollResponse, TaskList, TaskView,
+    ListQuery, PollCompletion, PollRequest, PollResponse, TaskList, TaskView,
 };
 use uuid::Uuid;
 
@@ -332,7 +332,44 @@ impl Client {
             max: Some(max),
             wait: Some(sundial_server::duration::format(wait)),
             kinds,
+            complete: None,
         };
+        self.send_poll(queue, &body, wait).await
+    }
+
+    /// Records `task_id`'s attempt `execution_id` as succeeded with `result`, then long-polls
+    /// `queue` in the same request (its first claim commits with the completion).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn complete_and_poll(
+        &self,
+        task_id: uuid::Uuid,
+        execution_id: uuid::Uuid,
+        result: Option<serde_json::Value>,
+        queue: &str,
+        worker: &str,
+        max: u32,
+        wait: Duration,
+    ) -> Result<PollResponse, ClientError> {
+        let body = PollRequest {
+            worker: worker.to_string(),
+            max: Some(max),
+            wait: Some(sundial_server::duration::format(wait)),
+            kinds: None,
+            complete: Some(PollCompletion {
+                task_id,
+                execution_id,
+                result,
+            }),
+        };
+        self.send_poll(queue, &body, wait).await
+    }
+
+    async fn send_poll(
+        &self,
+        queue: &str,
+        body: &PollRequest,
+        wait: Duration,
+    ) -> Result<PollResponse, ClientError> {
         let resp = self
             .http
             .post(self.url(&format!("/v1/queues/{}/poll", segment(queue))))

@@ -160,6 +160,135 @@ async fn long_poll_waits_delivers_when_due_and_complete_records_the_result(backe
     );
 }
 
+/// A poll that carries the worker's previous completion records it, then hands out the next
+/// task; a refused completion (stale, unknown, too large) is the answer and nothing is taken.
+async fn a_poll_records_the_completion_it_carries_before_it_takes(backend: Backend) {
+    let Some(storage) = Storage::new(backend) else {
+        return;
+    };
+    let server = Server::start_on(&storage);
+    let c = server.client();
+    let poll_url = format!("{}/v1/queues/jobs/poll", server.url);
+    let mut req = CreateTask::new("step");
+    req.queue = Some("jobs".into());
+    let first = c.create(&req).await.unwrap();
+    let second = c.create(&req).await.unwrap();
+    let got = c
+        .poll("jobs", "w1", 1, Duration::from_secs(10), None)
+        .await
+        .unwrap();
+    assert_eq!(got.tasks.len(), 1);
+    let t = &got.tasks[0];
+    assert_eq!(t.id, first.id);
+    assert!(got.completed.is_none());
+
+    // Refused completions: answered as `complete` would be, and the second task stays ready.
+    let stale = uuid::Uuid::now_v7();
+    let (status, body) = post(
+        &poll_url,
+        json!({"worker": "w1", "wait": "100ms",
+               "complete": {"task_id": t.id, "execution_id": stale}}),
+    )
+    .await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["field"], "complete.task_id", "{body}");
+    let (status, body) = post(
+        &poll_url,
+        json!({"worker": "w1", "wait": "100ms",
+               "complete": {"task_id": uuid::Uuid::now_v7(), "execution_id": t.execution_id}}),
+    )
+    .await;
+    assert_eq!(status, 404, "{body}");
+    let huge = "x".repeat(300 * 1024);
+    let (status, body) = post(
+        &poll_url,
+        json!({"worker": "w1", "wait": "100ms",
+               "complete": {"task_id": t.id, "execution_id": t.execution_id, "result": huge}}),
+    )
+    .await;
+    assert_eq!(status, 413, "{body}");
+    let (status, body) = post(
+        &poll_url,
+        json!({"worker": "w1", "complete": {"task_id": t.id}}),
+    )
+    .await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(
+        c.get(&first.id.to_string()).await.unwrap().state,
+        StateView::Running
+    );
+    assert_eq!(
+        c.get(&second.id.to_string()).await.unwrap().state,
+        StateView::Ready
+    );
+
+    // The completion is recorded and the next task handed out in the same answer.
+    let next = c
+        .complete_and_poll(
+            t.id,
+            t.execution_id,
+            Some(json!({"n": 1})),
+            "jobs",
+            "w1",
+            1,
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    let done = next.completed.expect("the completed task");
+    assert_eq!(done.id, first.id);
+    assert_eq!(done.state, StateView::Succeeded);
+    assert_eq!(done.result, Some(json!({"n": 1})));
+    assert_eq!(next.tasks.len(), 1);
+    let u = &next.tasks[0];
+    assert_eq!(u.id, second.id);
+    let stored = c.get(&first.id.to_string()).await.unwrap();
+    assert_eq!(stored.state, StateView::Succeeded);
+    assert_eq!(stored.result, Some(json!({"n": 1})));
+    assert_eq!(
+        c.get(&second.id.to_string()).await.unwrap().state,
+        StateView::Running
+    );
+
+    // A retry of a call whose answer was lost: the completion counts as recorded (the result
+    // stays the first one), and the poll goes on (nothing left: empty after its wait).
+    let again = c
+        .complete_and_poll(
+            t.id,
+            t.execution_id,
+            None,
+            "jobs",
+            "w1",
+            1,
+            Duration::from_millis(200),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        again.completed.expect("completed").result,
+        Some(json!({"n": 1}))
+    );
+    assert!(again.tasks.is_empty());
+    // The last task completes with a poll that finds nothing.
+    let last = c
+        .complete_and_poll(
+            u.id,
+            u.execution_id,
+            None,
+            "jobs",
+            "w1",
+            1,
+            Duration::from_millis(200),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        last.completed.expect("completed").state,
+        StateView::Succeeded
+    );
+    assert!(last.tasks.is_empty());
+}
+
 async fn fail_retries_with_backoff_then_goes_dead(backend: Backend) {
     let Some(storage) = Storage::new(backend) else {
         return;
@@ -969,6 +1098,7 @@ macro_rules! both_backends {
 both_backends!(
     create_get_and_list_round_trip,
     long_poll_waits_delivers_when_due_and_complete_records_the_result,
+    a_poll_records_the_completion_it_carries_before_it_takes,
     fail_retries_with_backoff_then_goes_dead,
     cancel_and_trigger,
     rejected_requests_store_nothing,

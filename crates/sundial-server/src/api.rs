@@ -499,13 +499,21 @@ fn check_queue_name(st: &AppState, queue: &str) -> Result<(), ApiError> {
 /// Holds the request open up to `wait` until tasks are ready, then hands out up to `max` of them,
 /// each `running` under a fresh `execution_id` with a lease of the task's timeout. Answers with an
 /// empty list when nothing became ready in time (or the server is stopping).
+///
+/// With `complete`, the worker's previous task is first recorded as succeeded (as
+/// `POST /v1/tasks/{id}/complete` would) and the poll's first claim commits with it: a worker's
+/// whole turn in one request and one durable commit. A refused completion is the answer (`404`,
+/// `409`, `413`) and nothing is polled.
 #[utoipa::path(
     post, path = "/v1/queues/{queue}/poll", tag = "workers",
     params(("queue" = String, Path, description = "Queue name")),
     request_body = PollRequest,
     responses(
-        (status = 200, description = "Tasks now running for this worker (maybe none)", body = PollResponse),
+        (status = 200, description = "Tasks now running for this worker (maybe none), and the task `complete` recorded", body = PollResponse),
         (status = 400, description = "Not JSON", body = ErrorBody),
+        (status = 404, description = "`complete`: no such task; nothing polled", body = ErrorBody),
+        (status = 409, description = "`complete`: stale execution, the result was not recorded; nothing polled", body = ErrorBody),
+        (status = 413, description = "`complete`: result over the limit; nothing polled", body = ErrorBody),
         (status = 422, description = "Invalid request", body = ErrorBody),
     )
 )]
@@ -534,23 +542,66 @@ pub async fn poll_queue(
             "kinds must not be empty when given",
         ));
     }
-    let tasks = st
-        .sundial
-        .poll(
-            &ns.given("queue", &queue)?,
-            Some(body.worker),
-            body.kinds,
-            max,
-            wait,
-        )
-        .await?;
+    let queue = ns.given("queue", &queue)?;
+    let (completed, tasks) = match body.complete {
+        None => (
+            None,
+            st.sundial
+                .poll(&queue, Some(body.worker), body.kinds, max, wait)
+                .await?,
+        ),
+        Some(c) => {
+            check_result_size(&st, c.result.as_ref(), "complete.result")?;
+            let id = TaskId(c.task_id);
+            let done = sundial::Completion {
+                id,
+                execution: execution(c.execution_id),
+                result: c.result,
+            };
+            match st
+                .sundial
+                .complete_and_poll(done, &queue, Some(body.worker), body.kinds, max, wait)
+                .await
+            {
+                Ok((task, tasks)) => {
+                    record_duration(&task);
+                    (Some(worker_view(task)), tasks)
+                }
+                Err(e) => {
+                    return Err(worker_refusal(&st, &ns, id, e)
+                        .await
+                        .with_field("complete.task_id"));
+                }
+            }
+        }
+    };
     Ok(Json(PollResponse {
         tasks: tasks
             .into_iter()
             .filter_map(|t| ns.own(t))
             .filter_map(PolledTask::from_task)
             .collect(),
+        completed,
     }))
+}
+
+/// Refuses a result over the payload limit, naming `field`.
+fn check_result_size(
+    st: &AppState,
+    result: Option<&serde_json::Value>,
+    field: &str,
+) -> Result<(), ApiError> {
+    if let Some(r) = result {
+        let len = serde_json::to_string(r).map(|s| s.len()).unwrap_or(0);
+        let max = st.sundial.config().limits.max_payload_bytes;
+        if len > max {
+            return Err(
+                ApiError::too_large(format!("result is {len} bytes; the limit is {max}"))
+                    .with_field(field),
+            );
+        }
+    }
+    Ok(())
 }
 
 fn execution(id: uuid::Uuid) -> ExecutionId {
@@ -618,16 +669,7 @@ pub async fn complete_task(
     ApiJson(body): ApiJson<CompleteRequest>,
 ) -> Result<Json<TaskView>, ApiError> {
     let id = parse_id(&id)?;
-    if let Some(r) = &body.result {
-        let len = serde_json::to_string(r).map(|s| s.len()).unwrap_or(0);
-        let max = st.sundial.config().limits.max_payload_bytes;
-        if len > max {
-            return Err(
-                ApiError::too_large(format!("result is {len} bytes; the limit is {max}"))
-                    .with_field("result"),
-            );
-        }
-    }
+    check_result_size(&st, body.result.as_ref(), "result")?;
     let complete = st
         .sundial
         .complete(id, execution(body.execution_id), body.result);

@@ -722,12 +722,32 @@ pub struct PollRequest {
     /// Only tasks of these kinds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kinds: Option<Vec<String>>,
+    /// The worker's previous task, succeeded: recorded first (as `POST /v1/tasks/{id}/complete`),
+    /// and the poll's first claim commits with it. When the completion is refused, the request
+    /// answers with that refusal and polls nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub complete: Option<PollCompletion>,
+}
+
+/// A completion carried by a poll (`PollRequest::complete`).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PollCompletion {
+    /// The task that succeeded.
+    pub task_id: Uuid,
+    pub execution_id: Uuid,
+    /// Any JSON value, kept on the task (at most 256 KiB serialised).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
 }
 
 /// Tasks handed to a worker; empty when nothing became ready during the wait.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
 pub struct PollResponse {
     pub tasks: Vec<PolledTask>,
+    /// The task the request's `complete` recorded as succeeded (only with `complete`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed: Option<TaskView>,
 }
 
 /// A task a worker now runs. Every later call about it must present `execution_id`.

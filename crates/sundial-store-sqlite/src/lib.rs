@@ -386,6 +386,126 @@ fn ready_candidates_sql() -> String {
     )
 }
 
+/// [`Store::claim_ready`] inside the writer's transaction.
+fn claim_ready_in(conn: &Connection, claim: &ReadyClaim) -> Result<ReadyTaken, StoreError> {
+    let want = claim.execution_ids.len();
+    let kinds = claim
+        .kinds
+        .as_ref()
+        .map(|k| serde_json::to_string(k).unwrap_or_else(|_| "[]".to_string()));
+    // Candidates by rank (the due time moved by the priority, `sundial_core::priority`)
+    // and id, page by page, leaving out tasks whose exclusive key a running task
+    // holds: however many of those come first, the free ones behind them are
+    // reached. A candidate can still lose its key to a task started earlier in this
+    // call; the update checks again.
+    let mut stmt = conn
+        .prepare_cached(&ready_candidates_sql())
+        .map_err(backend)?;
+    let sql = format!(
+        "UPDATE tasks SET state = 'running', attempt = attempt + 1, execution_id = ?2, \
+         lease_expires_at = MAX(?3, due_at) + timeout_ms, started_at = MAX(?3, due_at), \
+         updated_at = MAX(?3, due_at), \
+         worker = ?4 WHERE id = ?1 AND state = 'ready' AND {GROUP_FREE_SQL} \
+         RETURNING {TASK_COLUMNS}"
+    );
+    // The queue's concurrency limit: no more starts than it has free places.
+    let free: Option<i64> = conn
+        .prepare_cached(
+            "SELECT json_extract(q.config, '$.concurrency') - (SELECT count(*) \
+             FROM tasks r WHERE r.queue = q.queue AND r.state = 'running') \
+             FROM queue_settings q WHERE q.queue = ?1",
+        )
+        .map_err(backend)?
+        .query_row(params![claim.queue], |r| r.get(0))
+        .optional()
+        .map_err(backend)?
+        .flatten();
+    let want = match free {
+        Some(free) => want.min(usize::try_from(free.max(0)).unwrap_or(0)),
+        None => want,
+    };
+    let page = (want * 4 + 16) as i64;
+    // The empty blob sorts before every id.
+    let mut after: (i64, Vec<u8>) = (i64::MIN, Vec::new());
+    let mut out = Vec::with_capacity(want);
+    let mut turns = TakeTurns::new(claim.now);
+    while out.len() < want {
+        let rows: Vec<(i64, Vec<u8>, Option<String>)> = stmt
+            .query_map(params![claim.queue, kinds, after.0, after.1, page], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .map_err(backend)?
+            .collect::<Result<_, _>>()
+            .map_err(backend)?;
+        let Some(last) = rows.last() else {
+            break;
+        };
+        after = (last.0, last.1.clone());
+        for (_, id, rate) in rows {
+            if out.len() >= want {
+                break;
+            }
+            let Some(exec) = claim.execution_ids.get(out.len()) else {
+                break;
+            };
+            // A rate limit: taken only at its key's take turn.
+            let rate = rate
+                .map(|r| serde_json::from_str::<RateLimit>(&r))
+                .transpose()
+                .map_err(|e| StoreError::corrupt_from("rate", e))?;
+            let take_key = rate.as_ref().map(|r| r.take_key(&claim.queue));
+            if let Some(key) = &take_key
+                && !turns.open(conn, key)?
+            {
+                continue;
+            }
+            if let Some(t) = update_returning(
+                conn,
+                &sql,
+                &[
+                    &id,
+                    &exec.as_bytes().as_slice(),
+                    &claim.now.0,
+                    &claim.worker,
+                ],
+            )? {
+                if let (Some(key), Some(rate)) = (take_key, &rate) {
+                    turns.take(conn, key, t.started_at.unwrap_or(claim.now), rate)?;
+                }
+                out.push(t);
+            }
+        }
+    }
+    Ok(ReadyTaken::new(out, turns.next_turn()))
+}
+
+/// [`Store::complete`] inside the writer's transaction.
+fn complete_in(
+    conn: &Connection,
+    id: &TaskId,
+    execution: &ExecutionId,
+    now: Timestamp,
+    result: Option<&str>,
+) -> Result<Task, TransitionError> {
+    let sql = format!(
+        "UPDATE tasks SET state = 'succeeded', result = ?3, updated_at = ?4, \
+         finished_at = ?4, lease_expires_at = NULL \
+         WHERE id = ?1 AND state = 'running' AND execution_id = ?2 \
+         RETURNING {TASK_COLUMNS}"
+    );
+    update_returning(
+        conn,
+        &sql,
+        &[
+            &id.as_bytes().as_slice(),
+            &execution.as_bytes().as_slice(),
+            &result,
+            &now.0,
+        ],
+    )?
+    .ok_or_else(|| attempt_refusal(conn, id))
+}
+
 fn get_task(conn: &Connection, id: &TaskId) -> Result<Option<Task>, StoreError> {
     let sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?1");
     let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
@@ -1493,97 +1613,7 @@ impl Store for SqliteStore {
 
     async fn claim_ready(&self, claim: ReadyClaim) -> Result<ReadyTaken, StoreError> {
         self.writer
-            .write(move |conn| {
-                let want = claim.execution_ids.len();
-                let kinds = claim
-                    .kinds
-                    .as_ref()
-                    .map(|k| serde_json::to_string(k).unwrap_or_else(|_| "[]".to_string()));
-                // Candidates by rank (the due time moved by the priority, `sundial_core::priority`)
-                // and id, page by page, leaving out tasks whose exclusive key a running task
-                // holds: however many of those come first, the free ones behind them are
-                // reached. A candidate can still lose its key to a task started earlier in this
-                // call; the update checks again.
-                let mut stmt = conn
-                    .prepare_cached(&ready_candidates_sql())
-                    .map_err(backend)?;
-                let sql = format!(
-                    "UPDATE tasks SET state = 'running', attempt = attempt + 1, execution_id = ?2, \
-                     lease_expires_at = MAX(?3, due_at) + timeout_ms, started_at = MAX(?3, due_at), \
-                     updated_at = MAX(?3, due_at), \
-                     worker = ?4 WHERE id = ?1 AND state = 'ready' AND {GROUP_FREE_SQL} \
-                     RETURNING {TASK_COLUMNS}"
-                );
-                // The queue's concurrency limit: no more starts than it has free places.
-                let free: Option<i64> = conn
-                    .prepare_cached(
-                        "SELECT json_extract(q.config, '$.concurrency') - (SELECT count(*) \
-                         FROM tasks r WHERE r.queue = q.queue AND r.state = 'running') \
-                         FROM queue_settings q WHERE q.queue = ?1",
-                    )
-                    .map_err(backend)?
-                    .query_row(params![claim.queue], |r| r.get(0))
-                    .optional()
-                    .map_err(backend)?
-                    .flatten();
-                let want = match free {
-                    Some(free) => want.min(usize::try_from(free.max(0)).unwrap_or(0)),
-                    None => want,
-                };
-                let page = (want * 4 + 16) as i64;
-                // The empty blob sorts before every id.
-                let mut after: (i64, Vec<u8>) = (i64::MIN, Vec::new());
-                let mut out = Vec::with_capacity(want);
-                let mut turns = TakeTurns::new(claim.now);
-                while out.len() < want {
-                    let rows: Vec<(i64, Vec<u8>, Option<String>)> = stmt
-                        .query_map(params![claim.queue, kinds, after.0, after.1, page], |r| {
-                            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-                        })
-                        .map_err(backend)?
-                        .collect::<Result<_, _>>()
-                        .map_err(backend)?;
-                    let Some(last) = rows.last() else {
-                        break;
-                    };
-                    after = (last.0, last.1.clone());
-                    for (_, id, rate) in rows {
-                        if out.len() >= want {
-                            break;
-                        }
-                        let Some(exec) = claim.execution_ids.get(out.len()) else {
-                            break;
-                        };
-                        // A rate limit: taken only at its key's take turn.
-                        let rate = rate
-                            .map(|r| serde_json::from_str::<RateLimit>(&r))
-                            .transpose()
-                            .map_err(|e| StoreError::corrupt_from("rate", e))?;
-                        let take_key = rate.as_ref().map(|r| r.take_key(&claim.queue));
-                        if let Some(key) = &take_key
-                            && !turns.open(conn, key)?
-                        {
-                            continue;
-                        }
-                        if let Some(t) = update_returning(
-                            conn,
-                            &sql,
-                            &[
-                                &id,
-                                &exec.as_bytes().as_slice(),
-                                &claim.now.0,
-                                &claim.worker,
-                            ],
-                        )? {
-                            if let (Some(key), Some(rate)) = (take_key, &rate) {
-                                turns.take(conn, key, t.started_at.unwrap_or(claim.now), rate)?;
-                            }
-                            out.push(t);
-                        }
-                    }
-                }
-                Ok(ReadyTaken::new(out, turns.next_turn()))
-            })
+            .write(move |conn| claim_ready_in(conn, &claim))
             .await
     }
 
@@ -1623,24 +1653,25 @@ impl Store for SqliteStore {
         result: Option<String>,
     ) -> Result<Task, TransitionError> {
         self.writer
+            .write(move |conn| complete_in(conn, &id, &execution, now, result.as_deref()))
+            .await
+    }
+
+    async fn complete_then_claim_ready(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        now: Timestamp,
+        result: Option<String>,
+        claim: ReadyClaim,
+    ) -> Result<(Task, ReadyTaken), TransitionError> {
+        // One job: the completion and the claim commit together, and a refused completion
+        // claims nothing.
+        self.writer
             .write(move |conn| {
-                let sql = format!(
-                    "UPDATE tasks SET state = 'succeeded', result = ?3, updated_at = ?4, \
-                     finished_at = ?4, lease_expires_at = NULL \
-                     WHERE id = ?1 AND state = 'running' AND execution_id = ?2 \
-                     RETURNING {TASK_COLUMNS}"
-                );
-                update_returning(
-                    conn,
-                    &sql,
-                    &[
-                        &id.as_bytes().as_slice(),
-                        &execution.as_bytes().as_slice(),
-                        &result,
-                        &now.0,
-                    ],
-                )?
-                .ok_or_else(|| attempt_refusal(conn, &id))
+                let done = complete_in(conn, &id, &execution, now, result.as_deref())?;
+                let taken = claim_ready_in(conn, &claim)?;
+                Ok((done, taken))
             })
             .await
     }

@@ -79,6 +79,19 @@ pub trait Hooks: Send + Sync + 'static {
     ) -> Result<Task, TransitionError> {
         inner.complete(id, execution, now, result).await
     }
+    async fn complete_then_claim_ready(
+        &self,
+        inner: &dyn Store,
+        id: TaskId,
+        execution: ExecutionId,
+        now: Timestamp,
+        result: Option<String>,
+        claim: ReadyClaim,
+    ) -> Result<(Task, ReadyTaken), TransitionError> {
+        inner
+            .complete_then_claim_ready(id, execution, now, result, claim)
+            .await
+    }
     async fn fail(
         &self,
         inner: &dyn Store,
@@ -222,6 +235,19 @@ impl<H: Hooks> Store for Forwarding<H> {
         let _g = self.enter("complete", None);
         self.hooks
             .complete(&*self.inner, id, execution, now, result)
+            .await
+    }
+    async fn complete_then_claim_ready(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        now: Timestamp,
+        result: Option<String>,
+        claim: ReadyClaim,
+    ) -> Result<(Task, ReadyTaken), TransitionError> {
+        let _g = self.enter("complete_then_claim_ready", None);
+        self.hooks
+            .complete_then_claim_ready(&*self.inner, id, execution, now, result, claim)
             .await
     }
     async fn fail(

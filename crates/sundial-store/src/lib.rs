@@ -188,6 +188,25 @@ pub trait Store: Send + Sync + 'static {
         result: Option<String>,
     ) -> Result<Task, TransitionError>;
 
+    /// [`Store::complete`], then, only if the completion was recorded, [`Store::claim_ready`]
+    /// for the worker's next tasks. A backend that can commits both together (one durable commit
+    /// for a worker's whole turn); this default makes the two calls in order. A refused
+    /// completion claims nothing; a failed claim after a recorded completion is a
+    /// [`TransitionError::Store`] whether or not the completion committed (the worker retries
+    /// it: a repeated completion of the same attempt is answered as the first).
+    async fn complete_then_claim_ready(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        now: Timestamp,
+        result: Option<String>,
+        claim: ReadyClaim,
+    ) -> Result<(Task, ReadyTaken), TransitionError> {
+        let done = self.complete(id, execution, now, result).await?;
+        let taken = self.claim_ready(claim).await?;
+        Ok((done, taken))
+    }
+
     /// `running` (with this execution id) → `scheduled` again or → `dead`, as `retry` decides
     /// from the task's own attempt count and backoff, read in the same write (see [`Retry`]).
     /// The error is kept in `last_error` either way.

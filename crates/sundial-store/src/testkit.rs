@@ -142,6 +142,7 @@ macro_rules! store_conformance {
             claim_ready_skips_busy_exclusive_keys
             claim_ready_never_returns_a_task_twice_under_concurrency
             claim_ready_never_starts_a_task_before_its_due_time
+            a_completion_then_claim_records_then_takes_and_a_refused_one_takes_nothing
             heartbeat_extends_lease
             stale_execution_is_refused
             unknown_task_is_not_found
@@ -2448,6 +2449,84 @@ pub async fn claim_ready_respects_batch_size(store: Arc<dyn Store>) {
         taken.extend(ids(&got));
     }
     assert_eq!(taken, ids(&tasks));
+}
+
+/// `complete_then_claim_ready` records the completion, then claims as `claim_ready` does (here
+/// a task of the completed task's exclusive key, which only the completion frees); a refused
+/// completion (a stale execution, an unknown task) claims nothing and changes nothing.
+pub async fn a_completion_then_claim_records_then_takes_and_a_refused_one_takes_nothing(
+    store: Arc<dyn Store>,
+) {
+    let s = store.as_ref();
+    let keyed = |n: &str| {
+        make(
+            TaskSpec::new(n)
+                .queue("q")
+                .run_at(at(0))
+                .exclusive("k", ExclusiveMode::Wait),
+            at(0),
+        )
+    };
+    let first = insert(s, keyed("first")).await;
+    let next = insert(s, keyed("next")).await;
+    make_ready(s, next.id, at(1)).await;
+    let (exec, _) = start(s, first.id, at(2)).await;
+    // The key is held: a plain claim takes nothing.
+    assert!(
+        s.claim_ready(ready_claim("q", 1, "w", at(3)))
+            .await
+            .expect("claim_ready")
+            .tasks
+            .is_empty()
+    );
+    // A stale execution: refused, nothing claimed.
+    let stale = ExecutionId(Uuid::now_v7());
+    let refused = s
+        .complete_then_claim_ready(
+            first.id,
+            stale,
+            at(4),
+            None,
+            ready_claim("q", 1, "w", at(4)),
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(TransitionError::StaleExecution { .. })),
+        "{refused:?}"
+    );
+    let unknown = s
+        .complete_then_claim_ready(
+            TaskId(Uuid::now_v7()),
+            exec,
+            at(4),
+            None,
+            ready_claim("q", 1, "w", at(4)),
+        )
+        .await;
+    assert!(
+        matches!(unknown, Err(TransitionError::NotFound)),
+        "{unknown:?}"
+    );
+    assert_eq!(get(s, first.id).await.state, TaskState::Running);
+    assert_eq!(get(s, next.id).await.state, TaskState::Ready);
+    // The right one: recorded, and the task its key freed is taken.
+    let (done, taken) = s
+        .complete_then_claim_ready(
+            first.id,
+            exec,
+            at(5),
+            Some(json!({"ok": true}).to_string()),
+            ready_claim("q", 1, "w", at(5)),
+        )
+        .await
+        .expect("complete_then_claim_ready");
+    assert_eq!(done.state, TaskState::Succeeded);
+    assert_eq!(done.result, Some(json!({"ok": true})));
+    assert_eq!(&get(s, first.id).await, &done);
+    assert_eq!(ids(&taken.tasks), vec![next.id]);
+    assert_eq!(taken.tasks[0].state, TaskState::Running);
+    assert_eq!(taken.tasks[0].started_at, Some(at(5)));
+    assert_eq!(&get(s, next.id).await, &taken.tasks[0]);
 }
 
 /// `claim_ready` passes over ready tasks whose exclusive key is held by a running task (or by a task

@@ -54,6 +54,7 @@ use sundial_store::Inserted;
 pub use clock::SystemClock;
 pub use cluster::{ClusterView, NodeView};
 pub use config::{Config, ConfigError, MIN_SHARD_LEASE_TTL, Retention};
+pub use engine::poll::Completion;
 pub use engine::retention::Purged;
 pub use engine::seen::{MAX_SEEN, WorkerSeen};
 pub use engine::step::Stepper;
@@ -649,6 +650,41 @@ impl Sundial {
         wait: Duration,
     ) -> Result<Vec<Task>, Error> {
         self.engine.poll(queue, worker, kinds, max, wait).await
+    }
+
+    /// Records a successful attempt (as [`Sundial::complete`]), then polls (as
+    /// [`Sundial::poll`]): a worker's whole turn in one call, whose first claim commits together
+    /// with the completion. A refused completion is the answer, and nothing is polled; a
+    /// completion already recorded for this very attempt (a retry of a call whose answer was
+    /// lost) counts as recorded.
+    pub async fn complete_and_poll(
+        &self,
+        done: Completion,
+        queue: &str,
+        worker: Option<String>,
+        kinds: Option<Vec<String>>,
+        max: usize,
+        wait: Duration,
+    ) -> Result<(Task, Vec<Task>), Error> {
+        let (id, execution) = (done.id, done.execution);
+        match self
+            .engine
+            .complete_and_poll(done, queue, worker.clone(), kinds.clone(), max, wait)
+            .await
+        {
+            Err(e @ (Error::WrongState { .. } | Error::StaleExecution { .. })) => {
+                match self.engine.store.get(id).await? {
+                    Some(t)
+                        if t.state == TaskState::Succeeded && t.execution_id == Some(execution) =>
+                    {
+                        let tasks = self.engine.poll(queue, worker, kinds, max, wait).await?;
+                        Ok((t, tasks))
+                    }
+                    _ => Err(e),
+                }
+            }
+            other => other,
+        }
     }
 
     /// Extends a running attempt's lease by its timeout.

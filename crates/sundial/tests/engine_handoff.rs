@@ -16,9 +16,10 @@ use async_trait::async_trait;
 use common::intercept::Intercept;
 use common::*;
 use sundial::{ExclusiveMode, ManualClock, Sundial, TaskSpec, TaskState};
-use sundial_core::{Task, Timestamp};
+use sundial_core::{ExecutionId, Task, TaskId, Timestamp};
 use sundial_store::{
     ClaimOutcome, ClaimTarget, DueClaim, Fence, ReadyClaim, ReadyTaken, Store, StoreError,
+    TransitionError,
 };
 use tokio::sync::Semaphore;
 
@@ -28,6 +29,9 @@ struct Watch {
     ready_claims: AtomicUsize,
     poll_starts: AtomicUsize,
     hold: Arc<Semaphore>,
+    /// Plain `complete` calls and `complete_then_claim_ready` calls.
+    completes: AtomicUsize,
+    fused: AtomicUsize,
 }
 
 struct Hooks(Arc<Watch>);
@@ -41,6 +45,33 @@ impl Intercept for Hooks {
     ) -> Result<ReadyTaken, StoreError> {
         self.0.ready_claims.fetch_add(1, Ordering::SeqCst);
         inner.claim_ready(claim).await
+    }
+
+    async fn complete(
+        &self,
+        inner: &dyn Store,
+        id: TaskId,
+        execution: ExecutionId,
+        now: Timestamp,
+        result: Option<String>,
+    ) -> Result<Task, TransitionError> {
+        self.0.completes.fetch_add(1, Ordering::SeqCst);
+        inner.complete(id, execution, now, result).await
+    }
+
+    async fn complete_then_claim_ready(
+        &self,
+        inner: &dyn Store,
+        id: TaskId,
+        execution: ExecutionId,
+        now: Timestamp,
+        result: Option<String>,
+        claim: ReadyClaim,
+    ) -> Result<(Task, ReadyTaken), TransitionError> {
+        self.0.fused.fetch_add(1, Ordering::SeqCst);
+        inner
+            .complete_then_claim_ready(id, execution, now, result, claim)
+            .await
     }
 
     async fn claim_due(
@@ -80,6 +111,8 @@ fn setup() -> Setup {
         ready_claims: AtomicUsize::new(0),
         poll_starts: AtomicUsize::new(0),
         hold: Arc::new(Semaphore::new(1)),
+        completes: AtomicUsize::new(0),
+        fused: AtomicUsize::new(0),
     });
     let store = Arc::new(common::intercept::sqlite(dir.path(), Hooks(watch.clone())));
     let (sundial, clock) = one_shard(store);
@@ -415,4 +448,152 @@ async fn a_ready_wake_up_that_reaches_a_handed_poll_is_passed_on() {
                 .unwrap();
         }
     }
+}
+
+/// A poll that carries its worker's completion (`Sundial::complete_and_poll`) records it with
+/// its first claim, in one store call; where the poll does not claim at once (its queue known
+/// empty, or paused), the completion is recorded on its own before the poll waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_carried_by_a_poll_is_recorded_with_its_first_claim() {
+    let s = setup();
+    let mut stepper = s.sundial.stepper();
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        ids.push(
+            s.sundial
+                .schedule(TaskSpec::new("k").queue("q"))
+                .await
+                .unwrap(),
+        );
+    }
+    stepper.settle().await;
+    let took = s
+        .sundial
+        .poll("q", Some("w".into()), None, 1, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(took[0].id, ids[0]);
+    let done = |t: &Task, result| sundial::Completion {
+        id: t.id,
+        execution: t.execution_id.unwrap(),
+        result,
+    };
+    // Recorded and the next task taken, in one call.
+    let (completed, next) = s
+        .sundial
+        .complete_and_poll(
+            done(&took[0], Some(serde_json::json!(1))),
+            "q",
+            Some("w".into()),
+            None,
+            1,
+            Duration::ZERO,
+        )
+        .await
+        .unwrap();
+    assert_eq!(completed.state, TaskState::Succeeded);
+    assert_eq!(completed.result, Some(serde_json::json!(1)));
+    assert_eq!(next[0].id, ids[1]);
+    assert_eq!(s.watch.fused.load(Ordering::SeqCst), 1);
+    assert_eq!(s.watch.completes.load(Ordering::SeqCst), 0);
+    // A poll finds the queue empty; the next poll skips its look, so the completion it carries
+    // is recorded on its own, before it waits.
+    assert!(
+        s.sundial
+            .poll("q", Some("w".into()), None, 1, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let waiting = {
+        let sundial = s.sundial.clone();
+        let d = done(&next[0], None);
+        tokio::spawn(async move {
+            sundial
+                .complete_and_poll(d, "q", Some("w".into()), None, 1, Duration::from_secs(30))
+                .await
+                .unwrap()
+        })
+    };
+    parked(&s.clock, 1).await;
+    assert_eq!(s.watch.completes.load(Ordering::SeqCst), 1);
+    assert_eq!(s.watch.fused.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        s.sundial.get(ids[1]).await.unwrap().unwrap().state,
+        TaskState::Succeeded,
+        "recorded while the poll still waits"
+    );
+    s.clock.advance(Duration::from_secs(30));
+    let (completed, next) = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the poll answered")
+        .unwrap();
+    assert_eq!(completed.id, ids[1]);
+    assert!(next.is_empty());
+    // A paused queue: recorded, nothing started.
+    let third = s
+        .sundial
+        .schedule(TaskSpec::new("k").queue("q"))
+        .await
+        .unwrap();
+    stepper.settle().await;
+    let took = s
+        .sundial
+        .poll("q", Some("w".into()), None, 1, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(took[0].id, third);
+    let fourth = s
+        .sundial
+        .schedule(TaskSpec::new("k").queue("q"))
+        .await
+        .unwrap();
+    stepper.settle().await;
+    s.sundial.pause_queue("q").await.unwrap();
+    let (completed, next) = s
+        .sundial
+        .complete_and_poll(
+            done(&took[0], None),
+            "q",
+            Some("w".into()),
+            None,
+            1,
+            Duration::ZERO,
+        )
+        .await
+        .unwrap();
+    assert_eq!(completed.state, TaskState::Succeeded);
+    assert!(next.is_empty(), "nothing of a paused queue starts");
+    assert_eq!(
+        s.sundial.get(fourth).await.unwrap().unwrap().state,
+        TaskState::Ready
+    );
+    // A refused completion polls nothing.
+    s.sundial.resume_queue("q").await.unwrap();
+    let refused = s
+        .sundial
+        .complete_and_poll(
+            sundial::Completion {
+                id: fourth,
+                execution: ExecutionId(uuid::Uuid::now_v7()),
+                result: None,
+            },
+            "q",
+            Some("w".into()),
+            None,
+            1,
+            Duration::ZERO,
+        )
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(sundial::Error::WrongState { .. } | sundial::Error::StaleExecution { .. })
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(
+        s.sundial.get(fourth).await.unwrap().unwrap().state,
+        TaskState::Ready
+    );
 }

@@ -17,6 +17,8 @@
 //!   pending-count axis); the fire rate is `--tasks / (--to - --from)`.
 //! - `drain`: `--tasks` (20,000) tasks due now created with no worker running, then `--workers`
 //!   (10) workers as above start; rate = tasks / (last receive - first receive).
+//!   With `--complete-with-poll` the workers of both complete each task with their next poll
+//!   (the poll request's `complete`): one request and one durable commit per task.
 //! - `single`: `--producers` (10) concurrent producers, one `POST /v1/tasks` each in a loop, for
 //!   `--duration` (15 s) or until `--tasks` creates in all; creates/s and request latency.
 //!
@@ -78,6 +80,10 @@ struct Args {
     /// Also append each scenario's JSON line to this file.
     #[arg(long, global = true)]
     json_out: Option<PathBuf>,
+    /// Workers of `lateness` and `drain` complete each task with their next poll (the poll's
+    /// `complete`), one request per task instead of two.
+    #[arg(long, global = true)]
+    complete_with_poll: bool,
     #[command(subcommand)]
     scenario: Option<Scenario>,
 }
@@ -243,6 +249,7 @@ fn main() -> anyhow::Result<()> {
             store,
             nodes: urls.len(),
             json_out: args.json_out.clone(),
+            complete_with_poll: args.complete_with_poll,
         };
         let result = rt.block_on(async {
             match s {
@@ -993,6 +1000,8 @@ struct Report {
     store: &'static str,
     nodes: usize,
     json_out: Option<PathBuf>,
+    /// Workers complete with their next poll (`--complete-with-poll`).
+    complete_with_poll: bool,
 }
 
 impl Report {
@@ -1000,6 +1009,9 @@ impl Report {
         if let Some(o) = line.as_object_mut() {
             o.insert("store".into(), self.store.into());
             o.insert("nodes".into(), self.nodes.into());
+            if self.complete_with_poll {
+                o.insert("complete_with_poll".into(), true.into());
+            }
             o.insert("load_average".into(), loadavg().into());
         }
         let text = line.to_string();
@@ -1078,7 +1090,8 @@ async fn create_all(
 }
 
 /// Workers as the peers' benchmarks run them: each polls with `max: 1` and completes its task
-/// before it polls again. Records lateness (receipt − `run_at`) and the first and last receipt.
+/// before it polls again (with `fused`, in the same request as that poll). Records lateness
+/// (receipt − `run_at`) and the first and last receipt.
 struct OneByOne {
     handles: Vec<tokio::task::JoinHandle<()>>,
     lateness: Arc<Mutex<Histogram<u64>>>,
@@ -1090,7 +1103,7 @@ struct OneByOne {
 }
 
 impl OneByOne {
-    fn start(clients: &[Client], workers: usize, queue: &'static str) -> OneByOne {
+    fn start(clients: &[Client], workers: usize, queue: &'static str, fused: bool) -> OneByOne {
         let mut p = OneByOne {
             handles: Vec::new(),
             lateness: Arc::new(Mutex::new(hist())),
@@ -1113,11 +1126,19 @@ impl OneByOne {
             p.handles.push(tokio::spawn(async move {
                 let name = format!("load-{w}");
                 let mut local = hist();
+                // The task run last, completed with the next poll (`fused`).
+                let mut ran: Option<(uuid::Uuid, uuid::Uuid)> = None;
                 while !done.load(Ordering::Relaxed) {
-                    let polled = match client
-                        .poll(queue, &name, 1, Duration::from_secs(1), None)
-                        .await
-                    {
+                    let wait = Duration::from_secs(1);
+                    let answer = match ran.take() {
+                        Some((id, execution)) => {
+                            client
+                                .complete_and_poll(id, execution, None, queue, &name, 1, wait)
+                                .await
+                        }
+                        None => client.poll(queue, &name, 1, wait, None).await,
+                    };
+                    let polled = match answer {
                         Ok(p) => p,
                         Err(e) => {
                             eprintln!("poll failed: {e}");
@@ -1139,10 +1160,17 @@ impl OneByOne {
                             let _ = local.record((late as u64).max(1));
                         }
                         received.fetch_add(1, Ordering::Relaxed);
-                        if let Err(e) = client.complete(t.id, t.execution_id, None).await {
+                        if fused && ran.is_none() {
+                            ran = Some((t.id, t.execution_id));
+                        } else if let Err(e) = client.complete(t.id, t.execution_id, None).await {
                             eprintln!("complete failed: {e}");
                         }
                     }
+                }
+                if let Some((id, execution)) = ran
+                    && let Err(e) = client.complete(id, execution, None).await
+                {
+                    eprintln!("complete failed: {e}");
                 }
                 let _ = lateness.lock().await.add(&local);
             }));
@@ -1205,7 +1233,7 @@ async fn lateness_window(
         .await;
         println!("{n} pending tasks stored a day ahead");
     }
-    let workers = OneByOne::start(clients, a.workers, "lateness");
+    let workers = OneByOne::start(clients, a.workers, "lateness", report.complete_with_poll);
     let start_ms = wall_us() / 1_000;
     let (from_ms, span_ms) = (
         a.from.as_millis() as i64,
@@ -1278,7 +1306,7 @@ async fn drain(
     let now_ms = wall_us() / 1_000;
     let created = create_all(clients, "drain", tasks, batch, Arc::new(move |_| now_ms)).await;
     println!("{created} tasks created; starting the workers");
-    let w = OneByOne::start(clients, workers, "drain");
+    let w = OneByOne::start(clients, workers, "drain", report.complete_with_poll);
     let (received, first, last, early) = (
         w.received.clone(),
         w.first_us.clone(),

@@ -44,7 +44,7 @@ pub(crate) mod handoff;
 mod line;
 mod looked;
 pub(crate) mod pause;
-mod poll;
+pub(crate) mod poll;
 pub(crate) mod reaper;
 pub(crate) mod retention;
 mod run;

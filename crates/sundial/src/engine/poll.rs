@@ -22,6 +22,15 @@ const POLL_OVERSLEEP_MS: i64 = 250;
 /// retries.
 const SKIPPED_LOOK_WITHIN: Duration = Duration::from_secs(1);
 
+/// A worker's successful attempt, recorded by its next poll before that poll claims
+/// ([`Engine::complete_and_poll`]).
+#[derive(Debug, Clone)]
+pub struct Completion {
+    pub id: TaskId,
+    pub execution: ExecutionId,
+    pub result: Option<serde_json::Value>,
+}
+
 impl Engine {
     /// Waits up to `wait` for ready tasks of `queue` and claims up to `max` of them.
     pub async fn poll(
@@ -32,6 +41,64 @@ impl Engine {
         max: usize,
         wait: Duration,
     ) -> Result<Vec<Task>, Error> {
+        let (_, tasks) = self
+            .poll_after(None, queue, worker, kinds, max, wait)
+            .await?;
+        Ok(tasks)
+    }
+
+    /// Records `done` (as [`Engine::complete`]), then polls as [`Engine::poll`]. The poll's first
+    /// claim commits with the completion (`Store::complete_then_claim_ready`), so a worker's turn
+    /// (its result in, its next task out) costs one durable commit. A refused completion polls
+    /// nothing.
+    pub async fn complete_and_poll(
+        &self,
+        done: Completion,
+        queue: &str,
+        worker: Option<String>,
+        kinds: Option<Vec<String>>,
+        max: usize,
+        wait: Duration,
+    ) -> Result<(Task, Vec<Task>), Error> {
+        let again = done.clone();
+        let (completed, tasks) = self
+            .poll_after(Some(done), queue, worker, kinds, max, wait)
+            .await?;
+        match completed {
+            Some(t) => Ok((t, tasks)),
+            // Every path of `poll_after` records a given completion before it answers; were one
+            // not to, it is recorded now.
+            None => Ok((
+                self.complete(again.id, again.execution, again.result)
+                    .await?,
+                tasks,
+            )),
+        }
+    }
+
+    /// Records the completion still pending, if any, on its own.
+    async fn complete_pending(
+        &self,
+        pending: &mut Option<Completion>,
+        completed: &mut Option<Task>,
+    ) -> Result<(), Error> {
+        if let Some(c) = pending.take() {
+            *completed = Some(self.complete(c.id, c.execution, c.result).await?);
+        }
+        Ok(())
+    }
+
+    async fn poll_after(
+        &self,
+        done: Option<Completion>,
+        queue: &str,
+        worker: Option<String>,
+        kinds: Option<Vec<String>>,
+        max: usize,
+        wait: Duration,
+    ) -> Result<(Option<Task>, Vec<Task>), Error> {
+        let mut pending = done;
+        let mut completed: Option<Task> = None;
         let max = max.clamp(1, self.config.max_poll_batch);
         let wait = wait.min(self.config.max_poll_wait);
         let q = self.queue(queue);
@@ -61,8 +128,9 @@ impl Engine {
             let now = self.clock.now();
             if self.is_paused(queue) {
                 // Nothing of a paused queue starts; a resume wakes this poller.
+                self.complete_pending(&mut pending, &mut completed).await?;
                 if now >= deadline || self.is_stopping() {
-                    return Ok(Vec::new());
+                    return Ok((completed, Vec::new()));
                 }
                 tokio::select! {
                     _ = notified => {}
@@ -74,12 +142,19 @@ impl Engine {
             // Tasks started for a poll that was gone when they were handed come first.
             let mut kept = q.waiters.take_unclaimed(max, now);
             if !kept.is_empty() {
+                if let Err(e) = self.complete_pending(&mut pending, &mut completed).await {
+                    // Kept for the next poll, as they were.
+                    q.waiters.keep_unclaimed(kept);
+                    q.ready.notify_one();
+                    return Err(e);
+                }
                 self.delivered(&mut kept);
-                return Ok(kept);
+                return Ok((completed, kept));
             }
             let before = q.looked.before();
             let skip = std::mem::take(&mut first) && before.known_empty && now < deadline;
             let (tasks, next_turn) = if skip {
+                self.complete_pending(&mut pending, &mut completed).await?;
                 metrics::counter!("sundial_poll_looks_skipped_total", "namespace" => sundial_core::namespace::namespace_of(queue).to_string(), "queue" => sundial_core::namespace::local(queue).to_string())
                     .increment(1);
                 (Vec::new(), None)
@@ -93,7 +168,25 @@ impl Engine {
                     worker: worker.clone(),
                     now,
                 };
-                let (tasks, next_turn) = self.claim_ready(claim).await?;
+                let (tasks, next_turn) = match pending.take() {
+                    None => self.claim_ready(claim).await?,
+                    Some(c) => {
+                        let result = c.result.map(|v| v.to_string());
+                        let (t, taken) = self
+                            .store
+                            .complete_then_claim_ready(c.id, c.execution, now, result, claim)
+                            .await?;
+                        self.succeeded(&t);
+                        completed = Some(t);
+                        let ReadyTaken {
+                            mut tasks,
+                            next_turn,
+                            ..
+                        } = taken;
+                        self.delivered(&mut tasks);
+                        (tasks, next_turn)
+                    }
+                };
                 if tasks.is_empty() && next_turn.is_none() && kinds.is_none() {
                     q.looked.found_empty(before);
                 }
@@ -112,10 +205,10 @@ impl Engine {
             if !tasks.is_empty() {
                 metrics::histogram!("sundial_poll_wait_seconds", "namespace" => sundial_core::namespace::namespace_of(queue).to_string(), "queue" => sundial_core::namespace::local(queue).to_string())
                     .record(now.since(start).as_secs_f64());
-                return Ok(tasks);
+                return Ok((completed, tasks));
             }
             if now >= deadline || self.is_stopping() {
-                return Ok(Vec::new());
+                return Ok((completed, Vec::new()));
             }
             // A ready task passed over for its rate limit's turn: look again at that turn.
             let mut wake = next_turn.map_or(deadline, |turn| turn.min(deadline));
@@ -164,13 +257,13 @@ impl Engine {
                     q.waiters.keep_unclaimed(tasks);
                     q.ready.notify_one();
                 }
-                return Ok(Vec::new());
+                return Ok((completed, Vec::new()));
             }
             if !tasks.is_empty() {
                 self.delivered(&mut tasks);
                 metrics::histogram!("sundial_poll_wait_seconds", "namespace" => sundial_core::namespace::namespace_of(queue).to_string(), "queue" => sundial_core::namespace::local(queue).to_string())
                     .record(self.clock.now().since(start).as_secs_f64());
-                return Ok(tasks);
+                return Ok((completed, tasks));
             }
         }
     }

@@ -163,9 +163,15 @@ impl Engine {
         let result = result.map(|v| v.to_string());
         let now = self.clock.now();
         let t = self.store.complete(id, execution, now, result).await?;
-        metrics::counter!("sundial_task_succeeded_total", "namespace" => sundial_core::namespace::namespace_of(&t.queue).to_string(), "queue" => sundial_core::namespace::local(&t.queue).to_string()).increment(1);
-        self.release_exclusive(&t);
+        self.succeeded(&t);
         Ok(t)
+    }
+
+    /// What follows a recorded completion of a remote attempt: counted, and its exclusive key's
+    /// place passed on.
+    pub(crate) fn succeeded(&self, t: &Task) {
+        metrics::counter!("sundial_task_succeeded_total", "namespace" => sundial_core::namespace::namespace_of(&t.queue).to_string(), "queue" => sundial_core::namespace::local(&t.queue).to_string()).increment(1);
+        self.release_exclusive(t);
     }
 
     /// Records failure of an attempt: retry with the task's backoff while attempts remain and the
