@@ -222,19 +222,17 @@ async fn a_poll_records_the_completion_it_carries_before_it_takes(backend: Backe
         StateView::Ready
     );
 
+    // `task`'s attempt completed with `result` by a poll of `jobs` waiting up to `wait`.
+    let carry = |task: &sundial_server::wire::PolledTask, result, wait| {
+        let (c, id, execution) = (c.clone(), task.id, task.execution_id);
+        async move {
+            c.complete_and_poll(id, execution, result, "jobs", "w1", 1, wait)
+                .await
+                .unwrap()
+        }
+    };
     // The completion is recorded and the next task handed out in the same answer.
-    let next = c
-        .complete_and_poll(
-            t.id,
-            t.execution_id,
-            Some(json!({"n": 1})),
-            "jobs",
-            "w1",
-            1,
-            Duration::from_secs(10),
-        )
-        .await
-        .unwrap();
+    let next = carry(t, Some(json!({"n": 1})), Duration::from_secs(10)).await;
     let done = next.completed.expect("the completed task");
     assert_eq!(done.id, first.id);
     assert_eq!(done.state, StateView::Succeeded);
@@ -252,36 +250,14 @@ async fn a_poll_records_the_completion_it_carries_before_it_takes(backend: Backe
 
     // A retry of a call whose answer was lost: the completion counts as recorded (the result
     // stays the first one), and the poll goes on (nothing left: empty after its wait).
-    let again = c
-        .complete_and_poll(
-            t.id,
-            t.execution_id,
-            None,
-            "jobs",
-            "w1",
-            1,
-            Duration::from_millis(200),
-        )
-        .await
-        .unwrap();
+    let again = carry(t, None, Duration::from_millis(200)).await;
     assert_eq!(
         again.completed.expect("completed").result,
         Some(json!({"n": 1}))
     );
     assert!(again.tasks.is_empty());
     // The last task completes with a poll that finds nothing.
-    let last = c
-        .complete_and_poll(
-            u.id,
-            u.execution_id,
-            None,
-            "jobs",
-            "w1",
-            1,
-            Duration::from_millis(200),
-        )
-        .await
-        .unwrap();
+    let last = carry(u, None, Duration::from_millis(200)).await;
     assert_eq!(
         last.completed.expect("completed").state,
         StateView::Succeeded

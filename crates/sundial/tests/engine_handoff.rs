@@ -450,6 +450,17 @@ async fn a_ready_wake_up_that_reaches_a_handed_poll_is_passed_on() {
     }
 }
 
+/// `done` carried by a poll of `q` as worker `w` for one task, waiting up to `wait`.
+async fn carry(
+    s: &Setup,
+    done: sundial::Completion,
+    wait: Duration,
+) -> Result<(Task, Vec<Task>), sundial::Error> {
+    s.sundial
+        .complete_and_poll(done, "q", Some("w".into()), None, 1, wait)
+        .await
+}
+
 /// A poll that carries its worker's completion (`Sundial::complete_and_poll`) records it with
 /// its first claim, in one store call; where the poll does not claim at once (its queue known
 /// empty, or paused), the completion is recorded on its own before the poll waits.
@@ -479,18 +490,13 @@ async fn a_completion_carried_by_a_poll_is_recorded_with_its_first_claim() {
         result,
     };
     // Recorded and the next task taken, in one call.
-    let (completed, next) = s
-        .sundial
-        .complete_and_poll(
-            done(&took[0], Some(serde_json::json!(1))),
-            "q",
-            Some("w".into()),
-            None,
-            1,
-            Duration::ZERO,
-        )
-        .await
-        .unwrap();
+    let (completed, next) = carry(
+        &s,
+        done(&took[0], Some(serde_json::json!(1))),
+        Duration::ZERO,
+    )
+    .await
+    .unwrap();
     assert_eq!(completed.state, TaskState::Succeeded);
     assert_eq!(completed.result, Some(serde_json::json!(1)));
     assert_eq!(next[0].id, ids[1]);
@@ -550,16 +556,7 @@ async fn a_completion_carried_by_a_poll_is_recorded_with_its_first_claim() {
         .unwrap();
     stepper.settle().await;
     s.sundial.pause_queue("q").await.unwrap();
-    let (completed, next) = s
-        .sundial
-        .complete_and_poll(
-            done(&took[0], None),
-            "q",
-            Some("w".into()),
-            None,
-            1,
-            Duration::ZERO,
-        )
+    let (completed, next) = carry(&s, done(&took[0], None), Duration::ZERO)
         .await
         .unwrap();
     assert_eq!(completed.state, TaskState::Succeeded);
@@ -570,21 +567,12 @@ async fn a_completion_carried_by_a_poll_is_recorded_with_its_first_claim() {
     );
     // A refused completion polls nothing.
     s.sundial.resume_queue("q").await.unwrap();
-    let refused = s
-        .sundial
-        .complete_and_poll(
-            sundial::Completion {
-                id: fourth,
-                execution: ExecutionId(uuid::Uuid::now_v7()),
-                result: None,
-            },
-            "q",
-            Some("w".into()),
-            None,
-            1,
-            Duration::ZERO,
-        )
-        .await;
+    let stale = sundial::Completion {
+        id: fourth,
+        execution: ExecutionId(uuid::Uuid::now_v7()),
+        result: None,
+    };
+    let refused = carry(&s, stale, Duration::ZERO).await;
     assert!(
         matches!(
             refused,
