@@ -40,7 +40,7 @@ from sundial_client import (
     WrongState,
 )
 
-from conftest import Server, binary
+from conftest import Server, binary, wait_for
 
 
 def test_malformed(client):
@@ -105,6 +105,25 @@ def test_stale_execution(client, queue):
         client.complete(p.id, str(uuid.uuid4()))
     assert e.value.state == "running"
     client.complete(p.id, p.execution_id)
+
+
+def test_complete_and_poll_refused(client, queue):
+    first = client.create_task("k", queue=queue)
+    (p,) = client.poll(queue, "w", wait=5)
+    second = client.create_task("k", queue=queue)
+    wait_for(lambda: client.get_task(second.id).state == "ready")
+    # A stale execution: the completion is refused as complete would refuse it, nothing polled.
+    with pytest.raises(StaleExecution) as e:
+        client.complete_and_poll(queue, "w", p.id, str(uuid.uuid4()), "late", wait=5)
+    assert isinstance(e.value, Conflict) and e.value.status == 409
+    assert e.value.state == "running" and e.value.field == "complete.task_id"
+    with pytest.raises(NotFound) as nf:
+        client.complete_and_poll(queue, "w", str(uuid.uuid4()), p.execution_id, wait=5)
+    assert nf.value.field == "complete.task_id"
+    assert client.get_task(first.id).state == "running"
+    assert client.get_task(second.id).state == "ready"
+    got = client.complete_and_poll(queue, "w", p.id, p.execution_id, wait=5)
+    assert got.completed.state == "succeeded" and [t.id for t in got.tasks] == [second.id]
 
 
 def test_too_large(client, queue):

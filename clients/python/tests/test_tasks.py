@@ -13,6 +13,7 @@ from sundial_client import (
     AsyncClient,
     BatchCreated,
     BatchDuplicate,
+    CompleteAndPoll,
     Fire,
     PolledTask,
     Schedule,
@@ -40,6 +41,33 @@ def test_create_poll_complete(client, queue):
     done = client.complete(p.id, p.execution_id, {"sent": True})
     assert done.state == "succeeded" and done.result == {"sent": True}
     assert client.get_task(task.id) == done
+
+
+def test_complete_and_poll(client, queue):
+    first = client.create_task("k", queue=queue)
+    (p,) = client.poll(queue, "w1", wait=5)
+    assert p.id == first.id
+    second = client.create_task("k", queue=queue, payload={"n": 2})
+
+    # The completion is recorded and the next task handed out in the same answer.
+    got = client.complete_and_poll(queue, "w1", p.id, p.execution_id, {"sent": True}, wait=5)
+    assert isinstance(got, CompleteAndPoll)
+    assert isinstance(got.completed, Task) and got.completed.id == first.id
+    assert got.completed.state == "succeeded" and got.completed.result == {"sent": True}
+    assert client.get_task(first.id) == got.completed
+    (p2,) = got.tasks
+    assert isinstance(p2, PolledTask) and p2.id == second.id and p2.payload == {"n": 2}
+    assert p2.attempt == 1 and p2.execution_id
+    assert client.get_task(second.id).state == "running"
+
+    # Sent again (its answer lost): counted as recorded, the first result kept; the poll goes on
+    # and finds nothing left.
+    again = client.complete_and_poll(queue, "w1", p.id, p.execution_id, wait=0.2)
+    assert again.completed.state == "succeeded" and again.completed.result == {"sent": True}
+    assert again.tasks == []
+    last = client.complete_and_poll(queue, "w1", p2.id, p2.execution_id, max=5, wait=0.2, kinds=["k"])
+    assert last.completed.id == second.id and last.completed.state == "succeeded"
+    assert last.completed.result is None and last.tasks == []
 
 
 def test_fail_retries_then_dead(client, queue):
@@ -105,6 +133,19 @@ def test_async_client_same_flow(shared_server, queue):
             listed = await c.list_tasks(queue=queue)
             assert [t.id for t in listed] == [task.id]
             assert (await c.health()) == {"status": "ok"}
+
+    asyncio.run(main())
+
+
+def test_async_complete_and_poll(shared_server, queue):
+    async def main():
+        async with AsyncClient(shared_server.url) as c:
+            first = await c.create_task("k", queue=queue)
+            (p,) = await c.poll(queue, "aw", wait=5)
+            second = await c.create_task("k", queue=queue)
+            got = await c.complete_and_poll(queue, "aw", p.id, p.execution_id, "ok", wait=5)
+            assert got.completed.id == first.id and got.completed.result == "ok"
+            assert [t.id for t in got.tasks] == [second.id]
 
     asyncio.run(main())
 

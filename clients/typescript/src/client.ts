@@ -18,6 +18,7 @@ import type {
   Queue,
   QueueSettings,
   BatchResult,
+  CompleteAndPoll,
   CreateTaskBody,
   Duration,
   Fire,
@@ -161,6 +162,15 @@ function filters(f: Record<string, unknown>): Record<string, string | number | b
     else out[k] = v as string | number | boolean;
   }
   return out;
+}
+
+function pollBody(worker: string, options: PollOptions): S["PollRequest"] {
+  return dropUndefined({
+    worker,
+    max: options.max,
+    wait: options.wait === undefined ? undefined : formatDuration(options.wait),
+    kinds: options.kinds,
+  });
 }
 
 type Request = {
@@ -413,20 +423,38 @@ export class SundialClient {
 
   /** Long-poll `queue`: the tasks now running for `worker` (maybe none). */
   async poll(queue: string, worker: string, options: PollOptions = {}): Promise<PolledTask[]> {
-    const body: S["PollRequest"] = dropUndefined({
-      worker,
-      max: options.max,
-      wait: options.wait === undefined ? undefined : formatDuration(options.wait),
-      kinds: options.kinds,
-    });
+    return (await this.sendPoll(queue, pollBody(worker, options), options)).tasks as PolledTask[];
+  }
+
+  /**
+   * Record success of `id` (as {@link complete}) and long-poll `queue` (as {@link poll}) in one
+   * request: the `completed` task and the `tasks` now running for `worker` (maybe none); the
+   * first one's claim commits with the result. A refused completion throws as `complete` would
+   * (`NotFound` or `StaleExecution` with `field` `complete.task_id`, `TooLarge` with
+   * `complete.result`) and polls nothing. Sending the same completion again (after a lost answer)
+   * counts as recorded.
+   */
+  async completeAndPoll(
+    queue: string,
+    worker: string,
+    id: string,
+    executionId: string,
+    result?: unknown,
+    options: PollOptions = {},
+  ): Promise<CompleteAndPoll> {
+    const complete = dropUndefined({ task_id: id, execution_id: executionId, result }) as S["PollCompletion"];
+    const r = await this.sendPoll(queue, { ...pollBody(worker, options), complete }, options);
+    return { completed: r.completed as Task, tasks: r.tasks as PolledTask[] };
+  }
+
+  private async sendPoll(queue: string, body: S["PollRequest"], options: PollOptions): Promise<S["PollResponse"]> {
     const waitMs = options.wait === undefined ? 60_000 : parseDuration(formatDuration(options.wait));
-    const r = (await this.send({
+    return (await this.send({
       method: "POST",
       path: `/v1/queues/${seg(queue)}/poll`,
       body,
       extraTimeoutMs: waitMs,
     })) as S["PollResponse"];
-    return r.tasks as PolledTask[];
   }
 
   async heartbeat(id: string, executionId: string): Promise<Task> {

@@ -78,6 +78,10 @@ export type TraceHeaders = { traceparent?: string | null; tracestate?: string | 
 
 export type PollOptions = { max?: number; wait?: Duration; kinds?: string[] };
 
+/** The answer to {@link SundialClient.completeAndPoll}: the task its completion recorded as
+ * succeeded (with its result), and the tasks now running for the worker (maybe none). */
+export type CompleteAndPoll = { completed: Task; tasks: PolledTask[] };
+
 /** A schedule to create or the fields to change (`PATCH`); the task template as for tasks. */
 export type ScheduleFields = Omit<S["ScheduleRequest"], "task" | "every" | "jitter" | "catchup_window"> & {
   every?: Duration | null;

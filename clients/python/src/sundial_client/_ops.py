@@ -325,10 +325,25 @@ def revoke_push_secret(secret_id: str) -> Op:
 
 # --- the worker protocol -----------------------------------------------------------------------
 
-POLL_FIELDS: Tuple[str, ...] = ("worker", "max", "wait", "kinds")
+POLL_FIELDS: Tuple[str, ...] = ("worker", "max", "wait", "kinds", "complete")
+#: Fields of ``PollCompletion`` (a poll's ``complete``).
+POLL_COMPLETION_FIELDS: Tuple[str, ...] = ("task_id", "execution_id", "result")
 HEARTBEAT_FIELDS: Tuple[str, ...] = ("execution_id",)
 COMPLETE_FIELDS: Tuple[str, ...] = ("execution_id", "result")
 FAIL_FIELDS: Tuple[str, ...] = ("execution_id", "error", "retryable")
+
+
+def _poll_body(
+    worker: str, max: Optional[int], wait: Optional[Duration], kinds: Optional[Sequence[str]]
+) -> Dict[str, Any]:
+    return _drop_none(
+        {
+            "worker": worker,
+            "max": max,
+            "wait": None if wait is None else m.format_duration(wait),
+            "kinds": None if kinds is None else list(kinds),
+        }
+    )
 
 
 def poll(
@@ -339,20 +354,35 @@ def poll(
     wait: Optional[Duration] = None,
     kinds: Optional[Sequence[str]] = None,
 ) -> Op:
-    body = _drop_none(
-        {
-            "worker": worker,
-            "max": max,
-            "wait": None if wait is None else m.format_duration(wait),
-            "kinds": None if kinds is None else list(kinds),
-        }
+    return Op(
+        "POST",
+        f"/v1/queues/{_seg(queue)}/poll",
+        body=_poll_body(worker, max, wait, kinds),
+        has_body=True,
+        parse=lambda d: [m.PolledTask.from_dict(t) for t in d["tasks"]],
     )
+
+
+def complete_and_poll(
+    queue: str,
+    worker: str,
+    task_id: str,
+    execution_id: str,
+    result: Any = None,
+    *,
+    max: Optional[int] = None,
+    wait: Optional[Duration] = None,
+    kinds: Optional[Sequence[str]] = None,
+) -> Op:
+    """A poll carrying the completion of the worker's previous task (``complete``)."""
+    body = _poll_body(worker, max, wait, kinds)
+    body["complete"] = _drop_none({"task_id": task_id, "execution_id": execution_id, "result": result})
     return Op(
         "POST",
         f"/v1/queues/{_seg(queue)}/poll",
         body=body,
         has_body=True,
-        parse=lambda d: [m.PolledTask.from_dict(t) for t in d["tasks"]],
+        parse=m.CompleteAndPoll.from_dict,
     )
 
 

@@ -290,6 +290,31 @@ class _Methods:
         """Long-poll ``queue``: the tasks now running for ``worker`` (maybe none)."""
         return self._run(ops.poll(queue, worker, max=max, wait=wait, kinds=kinds))
 
+    def complete_and_poll(
+        self,
+        queue: str,
+        worker: str,
+        task_id: str,
+        execution_id: str,
+        result: Any = None,
+        *,
+        max: Optional[int] = None,
+        wait: Optional[Duration] = None,
+        kinds: Optional[Sequence[str]] = None,
+    ) -> Any:
+        """Record success of ``task_id`` (as :meth:`complete`) and long-poll ``queue`` (as
+        :meth:`poll`) in one request: a :class:`~sundial_client.CompleteAndPoll` with the
+        ``completed`` task and the ``tasks`` now running for ``worker`` (maybe none); the first
+        one's claim commits with the result. A refused completion raises as :meth:`complete`
+        would (``NotFound`` or ``StaleExecution`` with ``field`` ``complete.task_id``,
+        ``TooLarge`` with ``complete.result``) and polls nothing. Sending the same completion
+        again (after a lost answer) counts as recorded."""
+        return self._run(
+            ops.complete_and_poll(
+                queue, worker, task_id, execution_id, result, max=max, wait=wait, kinds=kinds
+            )
+        )
+
     def heartbeat(self, task_id: str, execution_id: str) -> Any:
         return self._run(ops.heartbeat(task_id, execution_id))
 

@@ -23,6 +23,7 @@ __all__ = [
     "Exclusive",
     "Fire",
     "PolledTask",
+    "CompleteAndPoll",
     "Schedule",
     "ScheduleCounts",
     "Task",
@@ -260,6 +261,19 @@ class PolledTask(_Model):
     #: The W3C trace context to run the attempt in (its delivery's), for a traced task.
     traceparent: Optional[str] = None
     tracestate: Optional[str] = None
+    extra: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class CompleteAndPoll(_Model):
+    """The answer to a poll that carried the worker's completion: the task it recorded as
+    succeeded, and the tasks now running for the worker (maybe none)."""
+
+    __schema__ = "PollResponse"
+    #: The completed task as stored (``succeeded``, with its result). The server sends it in
+    #: every answer to a poll that carried a completion (only those: hence optional).
+    completed: Optional[Task]
+    tasks: List[PolledTask]
     extra: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 

@@ -31,7 +31,7 @@ import {
   WrongState,
 } from "../index.js";
 import { isRetryable } from "../errors.js";
-import { Server, binary, uniqueQueue } from "./server.js";
+import { Server, binary, uniqueQueue, waitFor } from "./server.js";
 
 let server: Server;
 let c: SundialClient;
@@ -106,6 +106,36 @@ test("stale execution", async () => {
   const e = await rejectsWith(c.complete(p!.id, "0190d2f4-0000-7000-8000-000000000001"), StaleExecution);
   assert.equal(e.state, "running");
   await c.complete(p!.id, p!.execution_id);
+});
+
+test("a refused completion carried by a poll polls nothing", async () => {
+  const queue = uniqueQueue();
+  const first = await c.createTask("k", { queue });
+  const [p] = await c.poll(queue, "w", { wait: "5s" });
+  const second = await c.createTask("k", { queue });
+  await waitFor(async () => (await c.getTask(second.id)).state === "ready");
+  // A stale execution: refused as complete would refuse it.
+  const e = await rejectsWith(
+    c.completeAndPoll(queue, "w", p!.id, "0190d2f4-0000-7000-8000-000000000001", "late", { wait: "5s" }),
+    StaleExecution,
+  );
+  assert.ok(e instanceof Conflict);
+  assert.equal(e.status, 409);
+  assert.equal(e.state, "running");
+  assert.equal(e.field, "complete.task_id");
+  const nf = await rejectsWith(
+    c.completeAndPoll(queue, "w", "0190d2f4-0000-7000-8000-000000000000", p!.execution_id, undefined, { wait: "5s" }),
+    NotFound,
+  );
+  assert.equal(nf.field, "complete.task_id");
+  assert.equal((await c.getTask(first.id)).state, "running");
+  assert.equal((await c.getTask(second.id)).state, "ready");
+  const got = await c.completeAndPoll(queue, "w", p!.id, p!.execution_id, undefined, { wait: "5s" });
+  assert.equal(got.completed.state, "succeeded");
+  assert.deepEqual(
+    got.tasks.map((t) => t.id),
+    [second.id],
+  );
 });
 
 test("too large", async () => {

@@ -119,6 +119,7 @@ test("every request the client makes is in openapi.json", async () => {
     c.cancelTask("id"),
     c.triggerTask("id"),
     c.poll("q", "w", { max: 2, wait: 1000, kinds: ["k"] }),
+    c.completeAndPoll("q", "w", "id", "e", { r: 1 }, { max: 2, wait: 1000, kinds: ["k"] }),
     c.heartbeat("id", "e"),
     c.complete("id", "e", { r: 1 }),
     c.fail("id", "e", "boom", { retryable: false }),

@@ -38,6 +38,38 @@ test("create, poll, heartbeat, complete", async () => {
   assert.deepEqual(await c.getTask(task.id), done);
 });
 
+test("complete and poll in one request", async () => {
+  const queue = uniqueQueue();
+  const first = await c.createTask("k", { queue });
+  const [p] = await c.poll(queue, "w1", { wait: "5s" });
+  assert.equal(p!.id, first.id);
+  const second = await c.createTask("k", { queue, payload: { n: 2 } });
+
+  // The completion is recorded and the next task handed out in the same answer.
+  const got = await c.completeAndPoll(queue, "w1", p!.id, p!.execution_id, { sent: true }, { wait: "5s" });
+  assert.equal(got.completed.id, first.id);
+  assert.equal(got.completed.state, "succeeded");
+  assert.deepEqual(got.completed.result, { sent: true });
+  assert.deepEqual(await c.getTask(first.id), got.completed);
+  assert.equal(got.tasks.length, 1);
+  const p2 = got.tasks[0]!;
+  assert.equal(p2.id, second.id);
+  assert.deepEqual(p2.payload, { n: 2 });
+  assert.equal(p2.attempt, 1);
+  assert.equal((await c.getTask(second.id)).state, "running");
+
+  // Sent again (its answer lost): counted as recorded, the first result kept; the poll goes on
+  // and finds nothing left.
+  const again = await c.completeAndPoll(queue, "w1", p!.id, p!.execution_id, undefined, { wait: 200 });
+  assert.equal(again.completed.state, "succeeded");
+  assert.deepEqual(again.completed.result, { sent: true });
+  assert.deepEqual(again.tasks, []);
+  const last = await c.completeAndPoll(queue, "w1", p2.id, p2.execution_id, undefined, { max: 5, wait: 200, kinds: ["k"] });
+  assert.equal(last.completed.id, second.id);
+  assert.equal(last.completed.state, "succeeded");
+  assert.deepEqual(last.tasks, []);
+});
+
 test("fail retries, then dead", async () => {
   const queue = uniqueQueue();
   const task = await c.createTask("k", { queue, max_attempts: 2, backoff: { initial: 50, jitter: 0 } });
