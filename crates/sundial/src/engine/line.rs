@@ -4,8 +4,13 @@
 //! queue's permit for the entry it meets. Without more, a released permit goes to whichever loop
 //! turns first, so an urgent task in one shard could wait behind an ordinary one in another. The
 //! line fixes that: a loop left without a permit records its best-ranked waiting entry of the
-//! queue; a loop that finds a permit free still leaves it to another loop whose recorded entry
-//! ranks ahead of its own (and wakes the loops, so that one takes it).
+//! queue; a loop that finds permits free leaves as many of them as there are other loops whose
+//! recorded entries rank ahead of its own (and wakes the loops, so that they take them).
+//!
+//! Only as many: leaving every free permit to a better-ranked waiter made a backlogged queue's
+//! loops take turns one entry at a time (the loops' waiting entries interleave in rank), one store
+//! claim per task, and an engine that fell behind its rate stayed behind (`sundial-bench fire`,
+//! BENCHMARKS.md "Plans that stay put, …"). Each waiter's best entry still finds its permit.
 //!
 //! It owns only that record (one entry per shard and queue). It never takes or releases a permit
 //! itself and never touches the store.
@@ -39,13 +44,15 @@ impl Line {
         }
     }
 
-    /// Whether another shard's waiting entry ranks ahead of `place` (which `shard` would start).
-    pub(crate) fn ahead_of(&self, shard: u32, place: Place) -> bool {
+    /// How many other shards' waiting entries rank ahead of `place` (which `shard` would start):
+    /// the free permits it must leave to them.
+    pub(crate) fn ahead_of(&self, shard: u32, place: Place) -> usize {
         let inner = self.lock();
         inner
             .by_place
             .range(..place)
-            .any(|(_, waiting)| *waiting != shard)
+            .filter(|(_, waiting)| **waiting != shard)
+            .count()
     }
 
     /// Records `place` as `shard`'s best waiting entry (replacing the one it held).
@@ -81,11 +88,14 @@ mod tests {
     #[test]
     fn another_shards_better_waiting_entry_is_ahead_and_ones_own_is_not() {
         let line = Line::default();
-        assert!(!line.ahead_of(0, place(10, 1)));
+        assert_eq!(line.ahead_of(0, place(10, 1)), 0);
         line.wait(1, place(5, 2));
-        assert!(line.ahead_of(0, place(10, 1)));
-        assert!(!line.ahead_of(0, place(4, 1)));
-        assert!(!line.ahead_of(1, place(10, 1)), "its own entry");
+        assert_eq!(line.ahead_of(0, place(10, 1)), 1);
+        assert_eq!(line.ahead_of(0, place(4, 1)), 0);
+        assert_eq!(line.ahead_of(1, place(10, 1)), 0, "its own entry");
+        line.wait(2, place(7, 3));
+        line.wait(3, place(12, 4));
+        assert_eq!(line.ahead_of(0, place(10, 1)), 2, "two of three rank ahead");
     }
 
     #[test]
@@ -93,9 +103,9 @@ mod tests {
         let line = Line::default();
         line.wait(1, place(5, 2));
         line.wait(1, place(20, 3));
-        assert!(!line.ahead_of(0, place(10, 1)), "replaced, not added");
+        assert_eq!(line.ahead_of(0, place(10, 1)), 0, "replaced, not added");
         assert!(line.leave(1));
         assert!(!line.leave(1));
-        assert!(!line.ahead_of(0, place(30, 1)));
+        assert_eq!(line.ahead_of(0, place(30, 1)), 0);
     }
 }

@@ -511,10 +511,13 @@ impl ShardLoop {
                 .queues
                 .entry(meta.queue.clone())
                 .or_insert_with(|| engine.queue(&meta.queue));
-            // A free permit is left to another loop whose waiting entry ranks ahead of this one.
+            // One free permit is left to each other loop whose waiting entry ranks ahead of this
+            // one (see `line`).
             let place = (meta.priority.rank(key.due_at), key.id);
-            let permit = if q.line.ahead_of(self.shard, place) {
-                deferred |= q.permits.available_permits() > 0;
+            let ahead = q.line.ahead_of(self.shard, place);
+            let free = q.permits.available_permits();
+            let permit = if ahead > 0 && free <= ahead {
+                deferred |= free > 0;
                 None
             } else {
                 q.permits.clone().try_acquire_owned().ok()
