@@ -31,6 +31,13 @@ pub struct Completion {
     pub result: Option<serde_json::Value>,
 }
 
+/// The completion a poll carries: pending until the poll records it (with its first claim, or
+/// on its own when it does not claim at once), then the task as recorded.
+enum Carried {
+    Pending(Completion),
+    Recorded(Box<Task>),
+}
+
 impl Engine {
     /// Waits up to `wait` for ready tasks of `queue` and claims up to `max` of them.
     pub async fn poll(
@@ -41,10 +48,7 @@ impl Engine {
         max: usize,
         wait: Duration,
     ) -> Result<Vec<Task>, Error> {
-        let (_, tasks) = self
-            .poll_after(None, queue, worker, kinds, max, wait)
-            .await?;
-        Ok(tasks)
+        self.poll_after(None, queue, worker, kinds, max, wait).await
     }
 
     /// Records `done` (as [`Engine::complete`]), then polls as [`Engine::poll`]. The poll's first
@@ -60,45 +64,42 @@ impl Engine {
         max: usize,
         wait: Duration,
     ) -> Result<(Task, Vec<Task>), Error> {
-        let again = done.clone();
-        let (completed, tasks) = self
-            .poll_after(Some(done), queue, worker, kinds, max, wait)
+        let mut carried = Carried::Pending(done);
+        let tasks = self
+            .poll_after(Some(&mut carried), queue, worker, kinds, max, wait)
             .await?;
-        match completed {
-            Some(t) => Ok((t, tasks)),
-            // Every path of `poll_after` records a given completion before it answers; were one
-            // not to, it is recorded now.
-            None => Ok((
-                self.complete(again.id, again.execution, again.result)
-                    .await?,
-                tasks,
-            )),
+        match carried {
+            Carried::Recorded(t) => Ok((*t, tasks)),
+            // Every path of `poll_after` records the completion before it answers; were one not
+            // to, it is recorded now.
+            Carried::Pending(c) => Ok((self.complete(c.id, c.execution, c.result).await?, tasks)),
         }
     }
 
-    /// Records the completion still pending, if any, on its own.
-    async fn complete_pending(
-        &self,
-        pending: &mut Option<Completion>,
-        completed: &mut Option<Task>,
-    ) -> Result<(), Error> {
-        if let Some(c) = pending.take() {
-            *completed = Some(self.complete(c.id, c.execution, c.result).await?);
+    /// Records the carried completion on its own, if it is still pending.
+    async fn record_carried(&self, carried: &mut Option<&mut Carried>) -> Result<(), Error> {
+        if let Some(c) = carried.as_deref_mut()
+            && let Carried::Pending(done) = c
+        {
+            let result = done.result.as_ref().map(|v| v.to_string());
+            let t = self
+                .complete_stored(done.id, done.execution, result)
+                .await?;
+            *c = Carried::Recorded(Box::new(t));
         }
         Ok(())
     }
 
+    /// A poll that first records the completion it carries, if any (see [`Carried`]).
     async fn poll_after(
         &self,
-        done: Option<Completion>,
+        mut carried: Option<&mut Carried>,
         queue: &str,
         worker: Option<String>,
         kinds: Option<Vec<String>>,
         max: usize,
         wait: Duration,
-    ) -> Result<(Option<Task>, Vec<Task>), Error> {
-        let mut pending = done;
-        let mut completed: Option<Task> = None;
+    ) -> Result<Vec<Task>, Error> {
         let max = max.clamp(1, self.config.max_poll_batch);
         let wait = wait.min(self.config.max_poll_wait);
         let q = self.queue(queue);
@@ -128,9 +129,9 @@ impl Engine {
             let now = self.clock.now();
             if self.is_paused(queue) {
                 // Nothing of a paused queue starts; a resume wakes this poller.
-                self.complete_pending(&mut pending, &mut completed).await?;
+                self.record_carried(&mut carried).await?;
                 if now >= deadline || self.is_stopping() {
-                    return Ok((completed, Vec::new()));
+                    return Ok(Vec::new());
                 }
                 tokio::select! {
                     _ = notified => {}
@@ -142,19 +143,19 @@ impl Engine {
             // Tasks started for a poll that was gone when they were handed come first.
             let mut kept = q.waiters.take_unclaimed(max, now);
             if !kept.is_empty() {
-                if let Err(e) = self.complete_pending(&mut pending, &mut completed).await {
+                if let Err(e) = self.record_carried(&mut carried).await {
                     // Kept for the next poll, as they were.
                     q.waiters.keep_unclaimed(kept);
                     q.ready.notify_one();
                     return Err(e);
                 }
                 self.delivered(&mut kept);
-                return Ok((completed, kept));
+                return Ok(kept);
             }
             let before = q.looked.before();
             let skip = std::mem::take(&mut first) && before.known_empty && now < deadline;
             let (tasks, next_turn) = if skip {
-                self.complete_pending(&mut pending, &mut completed).await?;
+                self.record_carried(&mut carried).await?;
                 metrics::counter!("sundial_poll_looks_skipped_total", "namespace" => sundial_core::namespace::namespace_of(queue).to_string(), "queue" => sundial_core::namespace::local(queue).to_string())
                     .increment(1);
                 (Vec::new(), None)
@@ -168,16 +169,23 @@ impl Engine {
                     worker: worker.clone(),
                     now,
                 };
-                let (tasks, next_turn) = match pending.take() {
+                let pending = match carried.as_deref() {
+                    Some(Carried::Pending(c)) => {
+                        Some((c.id, c.execution, c.result.as_ref().map(|v| v.to_string())))
+                    }
+                    _ => None,
+                };
+                let (tasks, next_turn) = match pending {
                     None => self.claim_ready(claim).await?,
-                    Some(c) => {
-                        let result = c.result.map(|v| v.to_string());
+                    Some((id, execution, result)) => {
                         let (t, taken) = self
                             .store
-                            .complete_then_claim_ready(c.id, c.execution, now, result, claim)
+                            .complete_then_claim_ready(id, execution, now, result, claim)
                             .await?;
                         self.succeeded(&t);
-                        completed = Some(t);
+                        if let Some(c) = carried.as_deref_mut() {
+                            *c = Carried::Recorded(Box::new(t));
+                        }
                         let ReadyTaken {
                             mut tasks,
                             next_turn,
@@ -205,10 +213,10 @@ impl Engine {
             if !tasks.is_empty() {
                 metrics::histogram!("sundial_poll_wait_seconds", "namespace" => sundial_core::namespace::namespace_of(queue).to_string(), "queue" => sundial_core::namespace::local(queue).to_string())
                     .record(now.since(start).as_secs_f64());
-                return Ok((completed, tasks));
+                return Ok(tasks);
             }
             if now >= deadline || self.is_stopping() {
-                return Ok((completed, Vec::new()));
+                return Ok(Vec::new());
             }
             // A ready task passed over for its rate limit's turn: look again at that turn.
             let mut wake = next_turn.map_or(deadline, |turn| turn.min(deadline));
@@ -257,13 +265,13 @@ impl Engine {
                     q.waiters.keep_unclaimed(tasks);
                     q.ready.notify_one();
                 }
-                return Ok((completed, Vec::new()));
+                return Ok(Vec::new());
             }
             if !tasks.is_empty() {
                 self.delivered(&mut tasks);
                 metrics::histogram!("sundial_poll_wait_seconds", "namespace" => sundial_core::namespace::namespace_of(queue).to_string(), "queue" => sundial_core::namespace::local(queue).to_string())
                     .record(self.clock.now().since(start).as_secs_f64());
-                return Ok((completed, tasks));
+                return Ok(tasks);
             }
         }
     }

@@ -160,7 +160,17 @@ impl Engine {
         execution: ExecutionId,
         result: Option<serde_json::Value>,
     ) -> Result<Task, Error> {
-        let result = result.map(|v| v.to_string());
+        self.complete_stored(id, execution, result.map(|v| v.to_string()))
+            .await
+    }
+
+    /// [`Engine::complete`] with the result already serialised.
+    pub(crate) async fn complete_stored(
+        &self,
+        id: TaskId,
+        execution: ExecutionId,
+        result: Option<String>,
+    ) -> Result<Task, Error> {
         let now = self.clock.now();
         let t = self.store.complete(id, execution, now, result).await?;
         self.succeeded(&t);
