@@ -734,9 +734,11 @@ fn request_id(req: &Request) -> String {
         .unwrap_or_else(|| uuid::Uuid::now_v7().to_string())
 }
 
-/// The status a route answers when it succeeds (its lowest documented `2xx`; `200` for a route
-/// the document does not describe): what a request's audit record says when the request's own
-/// write carries it.
+/// The status a route answers when it succeeds: `201` for a route that documents it (a create
+/// whose repeat answers `200`, as `POST /v1/tasks`, creates far more often than it repeats),
+/// else its lowest documented `2xx`; `200` for a route the document does not describe. What a
+/// request's audit record says when the request's own write carries it; an answer that differs
+/// costs the request a second write (the amend), so this is the usual answer.
 pub fn success_status(method: &Method, route: &str) -> u16 {
     type Statuses = HashMap<(String, String), u16>;
     static STATUSES: std::sync::OnceLock<Statuses> = std::sync::OnceLock::new();
@@ -750,14 +752,19 @@ pub fn success_status(method: &Method, route: &str) -> u16 {
                 (&item.delete, Method::DELETE),
             ] {
                 let Some(op) = op else { continue };
-                let lowest = op
+                let documented: Vec<u16> = op
                     .responses
                     .responses
                     .keys()
                     .filter_map(|k| k.parse::<u16>().ok())
                     .filter(|c| (200..300).contains(c))
-                    .min();
-                if let Some(code) = lowest {
+                    .collect();
+                let usual = if documented.contains(&201) {
+                    Some(201)
+                } else {
+                    documented.iter().copied().min()
+                };
+                if let Some(code) = usual {
                     out.insert((m.as_str().to_string(), path.clone()), code);
                 }
             }

@@ -276,6 +276,8 @@ pub async fn create_token(
 ) -> Result<Response, ApiError> {
     let store = store(&access)?;
     let (token, issued) = new_token(body, access.now())?;
+    // Named before the write, so the record that commits with it is final.
+    sundial_store::audit_scope::name_target(issued.id.to_string());
     let record = store.create_token(token).await.map_err(store_error)?;
     access.note_token_created();
     let mut resp = (
@@ -360,6 +362,7 @@ pub async fn create_namespace(
             "max_creates_per_second must be at least 1 when given",
         ));
     }
+    sundial_store::audit_scope::name_target(body.name.clone());
     let ns = store(&access)?
         .create_namespace(Namespace {
             name: body.name.clone(),

@@ -2,9 +2,10 @@
 //! that claims and a complete each cost one durable write, record included, and no separate
 //! append; a request whose writes change nothing (a duplicate, a refusal) gets its record
 //! appended after the answer, with the answer's status. The access store is wrapped to count
-//! the appends the access layer makes on its own. On PostgreSQL every write route is walked:
-//! operator, schedule, workflow, push-secret and admin writes commit their record with the
-//! action too.
+//! the appends the access layer makes on its own, and the amends: a record written with the
+//! request's write says what the answer says, so it needs no second write. On PostgreSQL every
+//! write route is walked: operator, schedule, workflow, push-secret and admin writes commit their
+//! record with the action too.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may panic on failure
 
 use std::sync::Arc;
@@ -24,10 +25,22 @@ use sundial_store::{
 use sundial_store_sqlite::{SqliteOptions, SqliteStore};
 use tower::ServiceExt;
 
-/// A store's access tables, counting the appends made outside a request's write.
+/// A store's access tables, counting the appends made outside a request's write and the
+/// amends of records that a write carried (each one more durable write for the request).
 struct CountingAccess<S = SqliteStore> {
     inner: Arc<S>,
     appends: AtomicUsize,
+    amends: AtomicUsize,
+}
+
+impl<S> CountingAccess<S> {
+    fn new(inner: Arc<S>) -> Self {
+        CountingAccess {
+            inner,
+            appends: AtomicUsize::new(0),
+            amends: AtomicUsize::new(0),
+        }
+    }
 }
 
 #[async_trait]
@@ -73,6 +86,7 @@ impl<S: AccessStore> AccessStore for CountingAccess<S> {
         status: u16,
         target: Option<String>,
     ) -> Result<(), StoreError> {
+        self.amends.fetch_add(1, Ordering::SeqCst);
         self.inner.amend_audit(seq, status, target).await
     }
     async fn list_audit(
@@ -130,10 +144,7 @@ async fn newest(access: &dyn AccessStore) -> AuditRecord {
 async fn write_requests_commit_their_audit_record_with_their_action() {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(SqliteStore::open_dir(dir.path(), SqliteOptions::default()).unwrap());
-    let access = Arc::new(CountingAccess {
-        inner: store.clone(),
-        appends: AtomicUsize::new(0),
-    });
+    let access = Arc::new(CountingAccess::new(store.clone()));
     let sundial = Sundial::builder()
         .access_store(access.clone())
         .with_store(store.clone())
@@ -141,6 +152,7 @@ async fn write_requests_commit_their_audit_record_with_their_action() {
     let running = sundial.start();
     let app = router(sundial.clone(), ServerConfig::default());
     let appends = || access.appends.load(Ordering::SeqCst);
+    let amends = || access.amends.load(Ordering::SeqCst);
 
     // A create: one write, its record inside, naming the task.
     let (status, task) = call(
@@ -153,6 +165,11 @@ async fn write_requests_commit_their_audit_record_with_their_action() {
     assert_eq!(status, StatusCode::CREATED, "{task}");
     let id = task["id"].as_str().unwrap().to_string();
     assert_eq!(appends(), 0, "the create's record rode with the insert");
+    assert_eq!(
+        amends(),
+        0,
+        "the create's record was written as answered (201)"
+    );
     let r = newest(&*access).await;
     assert_eq!(
         (
@@ -198,6 +215,11 @@ async fn write_requests_commit_their_audit_record_with_their_action() {
     .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(appends(), 1, "the complete's record rode with it");
+    assert_eq!(
+        amends(),
+        0,
+        "the poll's and the complete's records needed no second write"
+    );
     let r = newest(&*access).await;
     assert_eq!(
         (
@@ -245,10 +267,7 @@ async fn every_write_route_on_postgres_commits_its_record_with_its_action() {
         .await
         .unwrap(),
     );
-    let access = Arc::new(CountingAccess {
-        inner: store.clone(),
-        appends: AtomicUsize::new(0),
-    });
+    let access = Arc::new(CountingAccess::new(store.clone()));
     let schedules: Arc<dyn ScheduleStore> = store.clone();
     let workflows: Arc<dyn WorkflowStore> = store.clone();
     let push: Arc<dyn PushSecretStore> = store.clone();
@@ -285,6 +304,12 @@ async fn every_write_route_on_postgres_commits_its_record_with_its_action() {
                 access.appends.load(Ordering::SeqCst),
                 0,
                 "{} {path}: its record was appended on its own, not with its write",
+                $method
+            );
+            assert_eq!(
+                access.amends.load(Ordering::SeqCst),
+                0,
+                "{} {path}: its record was written, then amended by a second write",
                 $method
             );
             let r = newest(&*access).await;
