@@ -172,7 +172,6 @@ mod rows;
 mod schedules;
 mod schema;
 mod sql;
-mod starter;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 mod workflows;
@@ -342,9 +341,6 @@ pub struct PostgresStore {
     inserter: inserter::SharedInserter,
     /// `claim_due` calls that only ready tasks, waiting to share a transaction (`readier.rs`).
     readier: readier::SharedReadier,
-    /// Small plain starts (a shard loop's hand-offs), waiting to share a statement
-    /// (`starter.rs`).
-    starter: starter::SharedStarter,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -416,7 +412,6 @@ impl PostgresStore {
             claimer: Default::default(),
             inserter: Default::default(),
             readier: Default::default(),
-            starter: Default::default(),
         };
         // Counter stripes of backends that are gone (earlier runs) fold into one.
         client.execute(&store.sql.fold_counts, &[]).await?;
@@ -1842,20 +1837,9 @@ impl Store for PostgresStore {
         let mut all: Vec<DueClaim> = Vec::new();
         if self.starts_only(&claims) {
             // Starts of plain tasks in one statement; the full claim below only for what it left.
-            // A small call (a shard loop's hand-off, most often) shares one statement with the
-            // others queued meanwhile (`starter.rs`); a large one runs on its own connection.
-            let (s, written) = if claims.len() <= readier::MAX_GROUPED_CALL {
-                self.start_plain_grouped(
-                    claims.clone(),
-                    now,
-                    fence,
-                    audit.as_ref().map(|a| a.record().clone()),
-                )
-                .await?
-            } else {
-                self.start_plain(&claims, now, fence, audit.as_ref())
-                    .await?
-            };
+            let (s, written) = self
+                .start_plain(&claims, now, fence, audit.as_ref())
+                .await?;
             started = s;
             if let (Some(seq), Some(a)) = (written, audit.take()) {
                 a.written(seq);

@@ -57,14 +57,6 @@ pub(crate) struct Sql {
     /// the started tasks (one row of nulls when none), whether the fence held and the record's
     /// `seq`.
     pub start_plain: String,
-    /// `start_plain` for the calls of several shard loops at once (`starter.rs`): `$1` ids,
-    /// `$2` execution ids, `$3` leases, `$4` now, `$5` workers, `$6` each claim's fence shard
-    /// (or null), `$7` its `range_id`, `$8` its call (the call's first execution id), then the
-    /// calls' audit records as [`crate::access::audit_group_sql`]`(9)`, `link` being the call. A
-    /// claim is started only when its own fence holds. Answers the started tasks, each with its
-    /// call (one row of nulls when none), then the fences that held (shards, `range_id`s) and
-    /// the records' `seq`s.
-    pub start_plain_group: String,
     pub skip_claimed: String,
     /// Indexed by `kinds filter as usize * 2 + after cursor as usize`.
     pub ready_candidates: [String; 4],
@@ -690,36 +682,6 @@ impl Sql {
                  FROM (SELECT 1) one LEFT JOIN started ON true",
                 cols = crate::access::AUDIT_INSERT_COLUMNS,
                 group = crate::access::audit_group_sql(8),
-            ),
-            start_plain_group: format!(
-                "WITH u AS (SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::bigint[], \
-                     $5::text[], $6::bigint[], $7::bigint[], $8::uuid[]) \
-                     AS u(id, execution_id, lease_until, worker, shard, range_id, call)), \
-                 fence AS (SELECT l.shard, l.range_id FROM {s}.shard_leases l \
-                     WHERE (l.shard, l.range_id) IN \
-                         (SELECT u.shard, u.range_id FROM u WHERE u.shard IS NOT NULL) \
-                     ORDER BY l.shard FOR SHARE OF l), \
-                 cand AS (SELECT t.id FROM {tasks} t JOIN u ON u.id = t.id \
-                     WHERE t.state = 'scheduled' AND t.due_at <= $4 \
-                     AND t.exclusive_key IS NULL AND t.rate IS NULL \
-                     AND (u.shard IS NULL OR (t.shard = u.shard \
-                         AND (u.shard, u.range_id) IN (SELECT shard, range_id FROM fence))) \
-                     AND NOT EXISTS (SELECT 1 FROM {s}.queue_settings q WHERE q.queue = t.queue \
-                         AND (q.config::jsonb->>'concurrency') IS NOT NULL) \
-                     ORDER BY t.id FOR UPDATE OF t), \
-                 started AS (UPDATE {tasks} t SET state = 'running', attempt = t.attempt + 1, \
-                     execution_id = u.execution_id, lease_expires_at = u.lease_until, \
-                     started_at = $4, updated_at = $4, worker = u.worker \
-                     FROM (SELECT DISTINCT id FROM cand) c JOIN u ON u.id = c.id \
-                     WHERE t.id = c.id RETURNING {c}, u.call), \
-                 aud AS (INSERT INTO {s}.audit_log ({cols}) SELECT {cols} FROM {group} \
-                     WHERE a.link IN (SELECT call FROM started) ORDER BY a.ord RETURNING seq) \
-                 SELECT started.*, (SELECT array_agg(shard) FROM fence), \
-                     (SELECT array_agg(range_id) FROM fence), \
-                     (SELECT array_agg(seq ORDER BY seq) FROM aud) \
-                 FROM (SELECT 1) one LEFT JOIN started ON true",
-                cols = crate::access::AUDIT_INSERT_COLUMNS,
-                group = crate::access::audit_group_sql(9),
             ),
             skip_claimed: format!(
                 "UPDATE {tasks} t SET state = 'cancelled', updated_at = $3, finished_at = $3, \
