@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 
 const CALLER_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CALLER_SPAN: &str = "00f067aa0ba902b7";
+const WAITING_TRACE: &str = "9d2c4f0b7e6a41c3b5d8e1f20a3b4c5d";
 const PUSH_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
 const PUSH_CALLER_SPAN: &str = "b7ad6b7169203331";
 const WORKER_SPAN: &str = "1111222233334444";
@@ -114,14 +115,126 @@ fn one<'a>(spans: &'a [Span], trace: &str, name: &str) -> &'a Span {
     found[0]
 }
 
-async fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+async fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    wait_for_or(what, f, String::new).await
+}
+
+/// [`wait_for`], with `state` describing what was seen when it times out.
+async fn wait_for_or<T>(
+    what: &str,
+    mut f: impl FnMut() -> Option<T>,
+    state: impl Fn() -> String,
+) -> T {
     let deadline = now_ms() + 15_000;
     loop {
         if let Some(v) = f() {
             return v;
         }
-        assert!(now_ms() < deadline, "timed out waiting for {what}");
+        assert!(
+            now_ms() < deadline,
+            "timed out waiting for {what}; {}",
+            state()
+        );
         tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// When a worker task's poll comes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WorkerPoll {
+    /// After the task is `ready` (the poll claims it from the ready tasks).
+    AfterReady,
+    /// Before the task is due (the poll waits; the shard loop starts the task for it).
+    Waiting,
+}
+
+/// The span ids a worker task's answers carried.
+struct WorkerSpans {
+    create_span: String,
+    deliver_span: String,
+}
+
+/// Creates a worker task in `trace` (the caller's span [`CALLER_SPAN`]), takes it with a poll
+/// that comes as `when` says, and completes it from the worker's span [`WORKER_SPAN`].
+async fn worker_task(
+    http: &reqwest::Client,
+    url: &str,
+    trace: &str,
+    when: WorkerPoll,
+) -> WorkerSpans {
+    let queue = format!("traced-{}", &trace[..8]);
+    let mut body = json!({"kind": "traced", "queue": queue});
+    if when == WorkerPoll::Waiting {
+        body["delay"] = json!("1500ms");
+    }
+    let created: Value = http
+        .post(format!("{url}/v1/tasks"))
+        .header("traceparent", format!("00-{trace}-{CALLER_SPAN}-01"))
+        .header("tracestate", "congo=t61rcWkgMzE")
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let stored = created["traceparent"].as_str().expect("stored traceparent");
+    let (stored_trace, create_span) = parts(stored);
+    assert_eq!(stored_trace, trace, "the caller's trace goes on");
+    assert_ne!(
+        create_span, CALLER_SPAN,
+        "the create request's own span is stored"
+    );
+    assert_eq!(created["tracestate"], "congo=t61rcWkgMzE");
+    let id = created["id"].as_str().unwrap().to_string();
+    if when == WorkerPoll::AfterReady {
+        let deadline = now_ms() + 15_000;
+        loop {
+            let t: Value = http
+                .get(format!("{url}/v1/tasks/{id}"))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if t["state"] == "ready" {
+                break;
+            }
+            assert!(now_ms() < deadline, "the task did not become ready: {t}");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    // The remote worker's poll answer carries the context of its delivery.
+    let polled: Value = http
+        .post(format!("{url}/v1/queues/{queue}/poll"))
+        .json(&json!({"worker": "w1", "wait": "10s"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let task = &polled["tasks"][0];
+    assert_eq!(task["id"], id.as_str(), "{polled}");
+    let (poll_trace, deliver_span) =
+        parts(task["traceparent"].as_str().expect("polled traceparent"));
+    assert_eq!(poll_trace, trace);
+    assert_ne!(deliver_span, create_span);
+    assert_eq!(task["tracestate"], "congo=t61rcWkgMzE");
+    // The worker ran it in a span of its own (a child of the delivery) and completes from there.
+    let done = http
+        .post(format!("{url}/v1/tasks/{id}/complete"))
+        .header("traceparent", format!("00-{trace}-{WORKER_SPAN}-01"))
+        .json(&json!({"execution_id": task["execution_id"]}))
+        .send()
+        .await
+        .unwrap();
+    assert!(done.status().is_success(), "{:?}", done.text().await);
+    WorkerSpans {
+        create_span,
+        deliver_span,
     }
 }
 
@@ -145,55 +258,10 @@ async fn one_trace_follows_a_task_from_its_create_to_its_completion() {
     let http = sundial_cli::http_client_builder().build().unwrap();
     let url = server.url.clone();
 
-    // A worker task, created inside the caller's trace.
-    let created: Value = http
-        .post(format!("{url}/v1/tasks"))
-        .header("traceparent", format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01"))
-        .header("tracestate", "congo=t61rcWkgMzE")
-        .json(&json!({"kind": "traced", "queue": "traced"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let stored = created["traceparent"].as_str().expect("stored traceparent");
-    let (trace, create_span) = parts(stored);
-    assert_eq!(trace, CALLER_TRACE, "the caller's trace goes on");
-    assert_ne!(
-        create_span, CALLER_SPAN,
-        "the create request's own span is stored"
-    );
-    assert_eq!(created["tracestate"], "congo=t61rcWkgMzE");
-
-    // The remote worker's poll answer carries the context of its delivery.
-    let polled: Value = http
-        .post(format!("{url}/v1/queues/traced/poll"))
-        .json(&json!({"worker": "w1", "wait": "5s"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let task = &polled["tasks"][0];
-    let (poll_trace, deliver_span) =
-        parts(task["traceparent"].as_str().expect("polled traceparent"));
-    assert_eq!(poll_trace, CALLER_TRACE);
-    assert_ne!(deliver_span, create_span);
-    assert_eq!(task["tracestate"], "congo=t61rcWkgMzE");
-    // The worker ran it in a span of its own (a child of the delivery) and completes from there.
-    let done = http
-        .post(format!(
-            "{url}/v1/tasks/{}/complete",
-            task["id"].as_str().unwrap()
-        ))
-        .header("traceparent", format!("00-{CALLER_TRACE}-{WORKER_SPAN}-01"))
-        .json(&json!({"execution_id": task["execution_id"]}))
-        .send()
-        .await
-        .unwrap();
-    assert!(done.status().is_success(), "{:?}", done.text().await);
+    // A worker task that is ready before its poll comes, and one whose poll already waits when
+    // it comes due (the shard loop starts it for that poll): both fire and deliver in the trace.
+    let ready = worker_task(&http, &url, CALLER_TRACE, WorkerPoll::AfterReady).await;
+    let waiting = worker_task(&http, &url, WAITING_TRACE, WorkerPoll::Waiting).await;
 
     // A push task: the in-process push handler calls the receiver within the trace.
     let pushed: Value = http
@@ -237,27 +305,34 @@ async fn one_trace_follows_a_task_from_its_create_to_its_completion() {
     // A clean stop exports what is still queued.
     let status = server.terminate(Duration::from_secs(20));
     assert!(status.success(), "{status:?}");
-    let spans = wait_for("the spans", || {
-        let s = spans.lock().unwrap().clone();
-        let names = |t: &str| s.iter().filter(|x| x.trace == t).count();
-        (names(CALLER_TRACE) >= 4 && names(PUSH_TRACE) >= 4).then_some(s)
-    })
+    let spans = wait_for_or(
+        "the spans",
+        || {
+            let s = spans.lock().unwrap().clone();
+            let names = |t: &str| s.iter().filter(|x| x.trace == t).count();
+            (names(CALLER_TRACE) >= 4 && names(WAITING_TRACE) >= 4 && names(PUSH_TRACE) >= 4)
+                .then_some(s)
+        },
+        || format!("spans received: {:#?}", spans.lock().unwrap()),
+    )
     .await;
 
-    // The worker task: create ← caller; fire and deliver ← create; complete ← the worker's span.
-    let create = one(&spans, CALLER_TRACE, "sundial.task.create");
-    assert_eq!(create.parent, CALLER_SPAN);
-    assert_eq!(create.id, create_span);
-    let fire = one(&spans, CALLER_TRACE, "sundial.task.fire");
-    assert_eq!(fire.parent, create_span);
-    let deliver = one(&spans, CALLER_TRACE, "sundial.task.deliver");
-    assert_eq!(deliver.parent, create_span);
-    assert_eq!(
-        deliver.id, deliver_span,
-        "the worker got the delivery's context"
-    );
-    let complete = one(&spans, CALLER_TRACE, "sundial.task.complete");
-    assert_eq!(complete.parent, WORKER_SPAN);
+    // The worker tasks: create ← caller; fire and deliver ← create; complete ← the worker's span.
+    for (trace, seen) in [(CALLER_TRACE, &ready), (WAITING_TRACE, &waiting)] {
+        let create = one(&spans, trace, "sundial.task.create");
+        assert_eq!(create.parent, CALLER_SPAN);
+        assert_eq!(create.id, seen.create_span);
+        let fire = one(&spans, trace, "sundial.task.fire");
+        assert_eq!(fire.parent, seen.create_span);
+        let deliver = one(&spans, trace, "sundial.task.deliver");
+        assert_eq!(deliver.parent, seen.create_span);
+        assert_eq!(
+            deliver.id, seen.deliver_span,
+            "the worker got the delivery's context"
+        );
+        let complete = one(&spans, trace, "sundial.task.complete");
+        assert_eq!(complete.parent, WORKER_SPAN);
+    }
 
     // The push task: create ← caller; fire ← create; run ← fire; the call and the result ← run.
     let create = one(&spans, PUSH_TRACE, "sundial.task.create");
@@ -272,8 +347,8 @@ async fn one_trace_follows_a_task_from_its_create_to_its_completion() {
     assert_eq!(complete.parent, run.id);
     for s in spans.iter().filter(|s| s.name.starts_with("sundial.task.")) {
         assert!(
-            s.trace == CALLER_TRACE || s.trace == PUSH_TRACE,
-            "a task span outside the two traces: {s:?}"
+            [CALLER_TRACE, WAITING_TRACE, PUSH_TRACE].contains(&s.trace.as_str()),
+            "a task span outside the three traces: {s:?}"
         );
     }
 }

@@ -657,6 +657,9 @@ impl ShardLoop {
                         engine.lease_granted(until);
                     }
                     if let Some(h) = b.hand {
+                        // Started for a waiting poll: the fire is one point of the trace, as
+                        // for a readied task; the poll's answer delivers it.
+                        drop(trace::task_span(Step::Fire, &task).entered());
                         metrics::histogram!("sundial_fire_lateness_seconds", "namespace" => sundial_core::namespace::namespace_of(&task.queue).to_string(), "queue" => sundial_core::namespace::local(&task.queue).to_string(), "target" => "poll")
                             .record(now.since(task.became_due_at()).as_secs_f64());
                         if let Some(tasks) = handed.get_mut(h) {
