@@ -75,9 +75,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use sundial::{Sundial, Task, TaskId, Timestamp};
+use sundial::{HandlerError, Sundial, Task, TaskId, Timestamp};
 use sundial_core::schedule::SpecErrorKind;
 use sundial_store::{ArmChange, FireOp, FireResult, NewSchedule, ScheduleStore};
+use tick::TickEnd;
 use tokio::sync::mpsc;
 
 pub use error::Error;
@@ -200,7 +201,14 @@ impl Schedules {
         let handler = inner.clone();
         sundial.register(TICK_KIND, move |ctx: sundial::TaskContext| {
             let inner = handler.clone();
-            async move { inner.on_tick(&ctx.task).await }
+            async move {
+                if inner.on_tick(&ctx.task).await? == TickEnd::CompletedByFire {
+                    // The fire's transaction recorded the tick's success: the engine writes
+                    // nothing more for it.
+                    ctx.recorded.note();
+                }
+                Ok::<(), HandlerError>(())
+            }
         });
         // Re-arming stranded schedules (see `rearm.rs`): now and on every idle interval. Outside
         // a runtime there is nothing to run it on; `recover` then does it once.
@@ -234,7 +242,8 @@ impl Schedules {
             for t in ticks {
                 let Some(exec) = t.execution_id else { continue };
                 match self.inner.on_tick(&t).await {
-                    Ok(()) => {
+                    Ok(TickEnd::CompletedByFire) => {}
+                    Ok(TickEnd::ToComplete) => {
                         self.inner.sundial.complete(t.id, exec, None).await?;
                     }
                     Err(e) => {
@@ -364,6 +373,7 @@ impl Schedules {
             .fire(FireOp {
                 schedule_id: id.clone(),
                 expect_armed: None,
+                complete_tick: None,
                 fires: vec![fire],
                 arm: ArmChange::Keep,
                 now,
@@ -450,6 +460,7 @@ impl Schedules {
                 .fire(FireOp {
                     schedule_id: id.clone(),
                     expect_armed: None,
+                    complete_tick: None,
                     fires: vec![fire],
                     arm: ArmChange::Keep,
                     now,

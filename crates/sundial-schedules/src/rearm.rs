@@ -59,6 +59,7 @@ impl Inner {
             FireOp {
                 schedule_id: schedule.id.clone(),
                 expect_armed: Some(dead),
+                complete_tick: None,
                 fires: Vec::new(),
                 arm: ArmChange::arm(self.arm(&schedule.id, &schedule.def, nominal, now)?),
                 now,

@@ -43,10 +43,21 @@ const MAX_BATCH: usize = 512;
 /// reads and decides.
 const BATCHES_IN_FLIGHT: usize = 2;
 
+/// How a tick's run ended, when it did not fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TickEnd {
+    /// Its fire recorded the tick's success in the fire's own transaction
+    /// ([`FireOp::complete_tick`]): nothing is left to write.
+    CompletedByFire,
+    /// Done (superseded, refused as stale, or deleted meanwhile): the caller records the tick's
+    /// success as for any task.
+    ToComplete,
+}
+
 /// A tick waiting for its batch.
 pub(crate) struct TickRequest {
     tick: Task,
-    reply: oneshot::Sender<Result<(), HandlerError>>,
+    reply: oneshot::Sender<Result<TickEnd, HandlerError>>,
 }
 
 /// Collects the ticks that wait (those that came due together) into batches, up to
@@ -178,9 +189,10 @@ impl Inner {
         })
     }
 
-    /// Runs one tick: hands it to the batcher, which fires it together with the other ticks
-    /// that are due, and waits for its answer.
-    pub(crate) async fn on_tick(self: &Arc<Self>, tick: &Task) -> Result<(), HandlerError> {
+    /// Runs one tick (as claimed: its execution id is the attempt its fire completes): hands
+    /// it to the batcher, which fires it together with the other ticks that are due, and waits
+    /// for its answer.
+    pub(crate) async fn on_tick(self: &Arc<Self>, tick: &Task) -> Result<TickEnd, HandlerError> {
         let (reply, answer) = oneshot::channel();
         let queue = self.batcher.get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
@@ -210,7 +222,7 @@ impl Inner {
                 Some((id, nominal)) => parsed.push((req, id, nominal)),
                 None => {
                     tracing::warn!(tick = %req.tick.id, "schedule tick with an unreadable payload; dropped");
-                    let _ = req.reply.send(Ok(()));
+                    let _ = req.reply.send(Ok(TickEnd::ToComplete));
                 }
             }
         }
@@ -238,20 +250,22 @@ impl Inner {
         let mut waiting = Vec::with_capacity(parsed.len());
         for (req, id, nominal) in parsed {
             let Some((schedule, last)) = loaded.get(&id) else {
-                let _ = req.reply.send(Ok(())); // deleted
+                let _ = req.reply.send(Ok(TickEnd::ToComplete)); // deleted
                 continue;
             };
             if schedule.armed_tick != Some(req.tick.id) {
                 // Superseded, or this tick already fired and its run's result was lost after
                 // the commit (so the engine may not have heard of what that commit inserted).
                 self.renotify(schedule).await;
-                let _ = req.reply.send(Ok(()));
+                let _ = req.reply.send(Ok(TickEnd::ToComplete));
                 continue;
             }
             match self.plan(schedule, *last, req.tick.id, nominal, now).await {
-                Ok(op) => {
+                Ok(mut op) => {
+                    // The tick's own success commits with its fire.
+                    op.complete_tick = req.tick.execution_id;
                     ops.push(op);
-                    waiting.push(req);
+                    waiting.push((req, id));
                 }
                 Err(e) => {
                     let _ = req.reply.send(Err(retryable(e)));
@@ -262,16 +276,21 @@ impl Inner {
             return;
         }
         let results = self.store.fire_many(ops).await;
-        for (req, r) in waiting.into_iter().zip(results) {
+        for ((req, id), r) in waiting.into_iter().zip(results) {
             let answer = match r {
                 Ok(applied) => {
                     self.after_fire(&applied, now);
-                    Ok(())
+                    Ok(if applied.tick_completed {
+                        TickEnd::CompletedByFire
+                    } else {
+                        TickEnd::ToComplete
+                    })
                 }
-                Err(ScheduleError::StaleTick { .. } | ScheduleError::NotFound) => Ok(()),
-                Err(ScheduleError::AlreadyExists) => Ok(()),
-                Err(ScheduleError::Store(e)) => Err(retryable(e)),
-                Err(e) => Err(retryable(e)),
+                Err(ScheduleError::StaleTick { .. } | ScheduleError::NotFound) => {
+                    Ok(TickEnd::ToComplete)
+                }
+                Err(ScheduleError::AlreadyExists) => Ok(TickEnd::ToComplete),
+                Err(e) => self.after_uncertain_fire(&id, req.tick.id, e).await,
             };
             let _ = req.reply.send(answer);
         }
@@ -299,6 +318,7 @@ impl Inner {
                 return Ok(FireOp {
                     schedule_id: id.clone(),
                     expect_armed: Some(tick),
+                    complete_tick: None,
                     fires: Vec::new(),
                     arm: ArmChange::Disarm,
                     now,
@@ -358,10 +378,32 @@ impl Inner {
         Ok(FireOp {
             schedule_id: id.clone(),
             expect_armed: Some(tick),
+            complete_tick: None,
             fires,
             arm,
             now,
         })
+    }
+
+    /// A fire that failed may still have committed (the answer was lost after the commit), and
+    /// then it recorded the tick's success too, so no retry of the tick would come to tell the
+    /// engine about what the fire inserted. Read the schedule again: when `tick` is no longer
+    /// its armed tick the fire went through, and the engine hears of its tasks now; else the
+    /// tick fails and is retried as before.
+    async fn after_uncertain_fire(
+        &self,
+        id: &ScheduleId,
+        tick: TaskId,
+        error: ScheduleError,
+    ) -> Result<TickEnd, HandlerError> {
+        match self.store.get_schedule(id).await {
+            Ok(Some(s)) if s.armed_tick != Some(tick) => {
+                self.renotify(&s).await;
+                Ok(TickEnd::ToComplete)
+            }
+            Ok(None) => Ok(TickEnd::ToComplete),
+            _ => Err(retryable(error)),
+        }
     }
 
     /// Tells the engine again about a schedule's armed tick and latest task: after a fire whose

@@ -231,3 +231,64 @@ fn preview_lists_fire_times_without_storing() {
         "count"
     );
 }
+
+/// Counts the `complete` calls that reach the task store.
+struct CountCompletes(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl sundial_store::forwarding::Hooks for CountCompletes {
+    fn enter(&self, call: sundial_store::forwarding::Call) -> Option<Box<dyn Send>> {
+        if call.method == "complete" {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        None
+    }
+}
+
+/// A tick's success commits with its fire: the tick ends `succeeded` at the fire's time, and
+/// the only `complete` that reaches the task store is the fire's task's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tick_completes_in_its_fire_transaction() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = Arc::new(
+        sundial_store_sqlite::SqliteStore::open_dir(
+            dir.path(),
+            sundial_store_sqlite::SqliteOptions::default(),
+        )
+        .unwrap(),
+    );
+    let completes = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::new(sundial_store::forwarding::Forwarding::new(
+        sqlite.clone(),
+        CountCompletes(completes.clone()),
+    ));
+    let clock = sundial::ManualClock::new(T0);
+    let sundial = sundial::Sundial::builder()
+        .clock(Arc::new(clock.clone()))
+        .with_store(counted)
+        .unwrap();
+    let schedules = Schedules::with_store(&sundial, sqlite);
+    let h = start(Harness::new(sundial, schedules, clock, dir));
+    let mut jobs = jobs(&h, true);
+    let s = create(&h, "m", def("* * * * *")).await;
+    let tick = s.armed_tick.unwrap();
+    settle(&h).await;
+    advance(&h, M1.since(T0)).await;
+    let r = jobs.next().await;
+    assert_eq!(r.nominal, M1);
+    settle(&h).await;
+    let fired = h.sundial.get(tick).await.unwrap().unwrap();
+    assert_eq!(fired.state, sundial::TaskState::Succeeded, "{fired:?}");
+    let record = wait_fires(&h, "m", 1).await;
+    assert_eq!(fired.finished_at, Some(record[0].recorded_at));
+    assert_eq!(
+        h.sundial.get(r.task).await.unwrap().unwrap().state,
+        sundial::TaskState::Succeeded
+    );
+    assert_eq!(
+        completes.load(Ordering::SeqCst),
+        1,
+        "the job's complete only: the tick's success was written by its fire"
+    );
+}

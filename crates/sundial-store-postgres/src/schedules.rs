@@ -196,6 +196,19 @@ impl PostgresStore {
                 armed: current.armed_tick,
             });
         }
+        // The firing tick's own success, in this transaction (schedule row, then tick row: the
+        // order every writer of both takes). Refused (not running under this execution): left
+        // alone, the caller records the attempt's end as usual.
+        let tick_completed = match (op.expect_armed, op.complete_tick) {
+            (Some(tick), Some(execution)) => query_opt(
+                tx,
+                &self.sql.complete,
+                &[&tick.0, &execution.0, &None::<String>, &op.now.0],
+            )
+            .await?
+            .is_some(),
+            _ => false,
+        };
 
         // Which fires are recorded already (under the row lock, nobody else records any).
         let nominals: Vec<i64> = op.fires.iter().map(|f| f.nominal.0).collect();
@@ -345,6 +358,7 @@ impl PostgresStore {
             schedule,
             fires,
             tick: armed.tick.map(Box::new),
+            tick_completed,
         })
     }
 }

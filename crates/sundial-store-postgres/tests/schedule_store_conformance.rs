@@ -85,6 +85,7 @@ async fn fires_of_one_tick_from_several_nodes_commit_once() {
                     .fire(FireOp {
                         schedule_id: id,
                         expect_armed: Some(armed),
+                        complete_tick: None,
                         fires: vec![NewFire::fired(t0, FireReason::Schedule, task)],
                         arm: ArmChange::arm(Arm {
                             nominal: next,

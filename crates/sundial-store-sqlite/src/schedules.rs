@@ -14,7 +14,7 @@ use sundial_core::{Task, TaskId, Timestamp};
 use sundial_store::{
     ArmChange, FireApplied, FireCounts, FireOp, FireOutcome, FirePage, FireReason, FireRecord,
     FireResult, Inserted, LastTask, NewSchedule, Schedule, ScheduleError, ScheduleFilter,
-    SchedulePage, ScheduleStore, StoreError,
+    SchedulePage, ScheduleStore, StoreError, TransitionError,
 };
 
 use crate::{SqliteStore, backend, insert_many, rows};
@@ -193,6 +193,18 @@ fn fire(conn: &Connection, op: FireOp) -> Result<FireApplied, ScheduleError> {
             armed: current.armed_tick,
         });
     }
+    // The firing tick's own success, in this transaction: refused (not running under this
+    // execution) means it is left alone and the caller records the attempt's end as usual.
+    let tick_completed = match (op.expect_armed, op.complete_tick) {
+        (Some(tick), Some(execution)) => {
+            match crate::complete_in(conn, &tick, &execution, op.now, None) {
+                Ok(_) => true,
+                Err(TransitionError::Store(e)) => return Err(e.into()),
+                Err(_) => false,
+            }
+        }
+        _ => false,
+    };
     let id = &op.schedule_id;
     let mut results = Vec::with_capacity(op.fires.len());
     let (mut fired, mut skipped, mut missed) = (0i64, 0i64, 0i64);
@@ -302,6 +314,7 @@ fn fire(conn: &Connection, op: FireOp) -> Result<FireApplied, ScheduleError> {
         schedule,
         fires: results,
         tick: tick.map(Box::new),
+        tick_completed,
     })
 }
 

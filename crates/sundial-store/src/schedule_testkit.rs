@@ -53,6 +53,7 @@ macro_rules! schedule_store_conformance {
             schedule_search_finds_id_fragments_in_id_order
             schedule_search_selects_one_namespace
             schedule_fire_records_task_and_arms_next
+            schedule_fire_completes_its_running_tick
             schedule_repeated_fire_is_a_no_op
             schedule_failed_fire_stores_nothing
             schedule_concurrent_fires_of_one_tick_commit_once
@@ -474,6 +475,7 @@ pub async fn schedule_fire_records_task_and_arms_next(
         .fire(FireOp {
             schedule_id: id.clone(),
             expect_armed: Some(t1),
+            complete_tick: None,
             fires: vec![NewFire::fired(at(MIN), FireReason::Schedule, task)],
             arm: ArmChange::arm(next),
             now: at(MIN + 5),
@@ -512,6 +514,68 @@ pub async fn schedule_fire_records_task_and_arms_next(
     assert_eq!(stored, out.schedule);
 }
 
+/// An op with `complete_tick` records its running tick's success in the fire's transaction (as
+/// `complete` would: `succeeded`, finished at the op's time); a tick no longer running under that
+/// execution is left as it is while the fire still applies; without `complete_tick` the tick is
+/// not touched.
+pub async fn schedule_fire_completes_its_running_tick(
+    tasks: Arc<dyn Store>,
+    schedules: Arc<dyn ScheduleStore>,
+) {
+    let s = schedules.as_ref();
+    let run = |n: u128| ExecutionId(Uuid::from_u128(n));
+    let claim = |tick: TaskId, n: u128| DueClaim {
+        id: tick,
+        target: ClaimTarget::Run {
+            execution: run(n),
+            lease_until: at(2 * MIN),
+            worker: None,
+        },
+    };
+    let d = def();
+    for (name, complete, want_completed, want_state) in [
+        ("same-run", Some(run(1)), true, TaskState::Succeeded),
+        ("other-run", Some(run(2)), false, TaskState::Running),
+        ("not-asked", None, false, TaskState::Running),
+    ] {
+        let id = sid(name);
+        let t1 = create(s, &id, Some(at(MIN))).await;
+        tasks
+            .claim_due(vec![claim(t1, 1)], at(MIN), None)
+            .await
+            .expect("claim the tick");
+        assert_eq!(state(tasks.as_ref(), t1).await, TaskState::Running);
+        let next = arm(&id, at(2 * MIN));
+        let out = s
+            .fire(FireOp {
+                schedule_id: id.clone(),
+                expect_armed: Some(t1),
+                complete_tick: complete,
+                fires: vec![NewFire::fired(
+                    at(MIN),
+                    FireReason::Schedule,
+                    fire_task(&d, &id, at(MIN)),
+                )],
+                arm: ArmChange::arm(next),
+                now: at(MIN + 7),
+            })
+            .await
+            .expect("fire");
+        assert_eq!(out.tick_completed, want_completed, "{name}");
+        assert!(
+            matches!(out.fires[0], FireResult::Recorded { .. }),
+            "{name}: the fire applies either way"
+        );
+        assert_eq!(out.schedule.counts.fired, 1, "{name}");
+        let tick = tasks.get(t1).await.expect("get").expect("the tick");
+        assert_eq!(tick.state, want_state, "{name}");
+        if want_completed {
+            assert_eq!(tick.finished_at, Some(at(MIN + 7)), "{name}");
+            assert_eq!(tick.execution_id, Some(run(1)), "{name}");
+        }
+    }
+}
+
 /// A tick that fires again after its op committed is refused (stale); the same nominal time
 /// recorded again is a no-op that creates no second task.
 pub async fn schedule_repeated_fire_is_a_no_op(
@@ -525,6 +589,7 @@ pub async fn schedule_repeated_fire_is_a_no_op(
     let op = |expect: Option<TaskId>, next: Option<Arm>| FireOp {
         schedule_id: id.clone(),
         expect_armed: expect,
+        complete_tick: None,
         fires: vec![NewFire::fired(
             at(MIN),
             FireReason::Schedule,
@@ -586,6 +651,7 @@ pub async fn schedule_failed_fire_stores_nothing(
         .fire(FireOp {
             schedule_id: id.clone(),
             expect_armed: Some(t1),
+            complete_tick: None,
             fires: vec![NewFire::fired(at(MIN), FireReason::Schedule, task)],
             arm: ArmChange::arm(bad),
             now: at(MIN),
@@ -625,6 +691,7 @@ pub async fn schedule_concurrent_fires_of_one_tick_commit_once(
         let op = FireOp {
             schedule_id: id.clone(),
             expect_armed: Some(t1),
+            complete_tick: None,
             fires: vec![NewFire::fired(
                 at(MIN),
                 FireReason::Schedule,
@@ -736,6 +803,7 @@ pub async fn schedule_delete_cancels_tick_and_removes_fires(
     s.fire(FireOp {
         schedule_id: id.clone(),
         expect_armed: None,
+        complete_tick: None,
         fires: vec![NewFire::fired(at(0), FireReason::Trigger, task)],
         arm: ArmChange::Keep,
         now: at(0),
@@ -783,6 +851,7 @@ pub async fn schedule_fires_list_newest_first_and_count(
         .fire(FireOp {
             schedule_id: id.clone(),
             expect_armed: None,
+            complete_tick: None,
             fires,
             arm: ArmChange::Keep,
             now: at(30 * MIN),
@@ -792,6 +861,7 @@ pub async fn schedule_fires_list_newest_first_and_count(
     s.fire(FireOp {
         schedule_id: other.clone(),
         expect_armed: None,
+        complete_tick: None,
         fires: vec![NewFire::skipped(at(MIN), FireReason::Paused)],
         arm: ArmChange::Keep,
         now: at(0),
@@ -864,6 +934,7 @@ pub async fn schedule_fire_many_applies_each_op_alone(
     let op = |i: usize, expect: TaskId, next: Arm| FireOp {
         schedule_id: ids[i].clone(),
         expect_armed: Some(expect),
+        complete_tick: None,
         fires: vec![NewFire::fired(
             at(MIN),
             FireReason::Schedule,
@@ -886,6 +957,7 @@ pub async fn schedule_fire_many_applies_each_op_alone(
         FireOp {
             schedule_id: sid("m-missing"),
             expect_armed: None,
+            complete_tick: None,
             fires: Vec::new(),
             arm: ArmChange::Keep,
             now: at(MIN),
@@ -951,6 +1023,7 @@ pub async fn schedule_fire_many_applies_each_op_alone(
         FireOp {
             schedule_id: ids[1].clone(),
             expect_armed: Some(fresh_id()),
+            complete_tick: None,
             fires: Vec::new(),
             arm: ArmChange::Disarm,
             now: at(2 * MIN),
@@ -958,6 +1031,7 @@ pub async fn schedule_fire_many_applies_each_op_alone(
         FireOp {
             schedule_id: ids[0].clone(),
             expect_armed: Some(next0),
+            complete_tick: None,
             fires: vec![NewFire::fired(
                 at(2 * MIN),
                 FireReason::Schedule,
@@ -969,6 +1043,7 @@ pub async fn schedule_fire_many_applies_each_op_alone(
         FireOp {
             schedule_id: sid("m-missing"),
             expect_armed: None,
+            complete_tick: None,
             fires: Vec::new(),
             arm: ArmChange::Keep,
             now: at(2 * MIN),
@@ -1012,6 +1087,7 @@ pub async fn schedule_for_fire_reads_schedules_with_their_last_task(
     s.fire(FireOp {
         schedule_id: sid("g-3"),
         expect_armed: None,
+        complete_tick: None,
         fires: vec![NewFire::fired(at(0), FireReason::Trigger, task)],
         arm: ArmChange::Keep,
         now: at(0),
@@ -1136,6 +1212,7 @@ pub async fn schedule_purge_fires_deletes_old_records_and_keeps_counters(
         s.fire(FireOp {
             schedule_id: sched.clone(),
             expect_armed: None,
+            complete_tick: None,
             fires: nominals
                 .map(|i| NewFire::skipped(at(i * MIN), FireReason::Paused))
                 .collect(),
@@ -1242,6 +1319,7 @@ pub async fn schedule_writes_carry_their_request_audit_record(
         FireOp {
             schedule_id: id.clone(),
             expect_armed: None,
+            complete_tick: None,
             fires: vec![NewFire::fired(at(3), FireReason::Trigger, task)],
             arm: ArmChange::Keep,
             now: at(3),

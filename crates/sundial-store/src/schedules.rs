@@ -12,7 +12,7 @@
 
 use async_trait::async_trait;
 use sundial_core::schedule::{ScheduleDef, ScheduleId};
-use sundial_core::{NewTask, Task, TaskId, TaskState, Timestamp};
+use sundial_core::{ExecutionId, NewTask, Task, TaskId, TaskState, Timestamp};
 use thiserror::Error;
 
 use crate::StoreError;
@@ -242,6 +242,13 @@ pub struct FireOp {
     /// When set, nothing happens unless this is the schedule's armed tick (the tick that fired):
     /// a tick that fires twice (its first run's result was lost) is refused the second time.
     pub expect_armed: Option<TaskId>,
+    /// When set (with `expect_armed`, the tick that is firing): that tick's attempt under this
+    /// execution is recorded `succeeded` in the same transaction, as
+    /// [`Store::complete`](crate::Store::complete) would record it (no result), so the tick's
+    /// run costs no write of its own. A tick no longer running under this execution (its lease
+    /// expired and it was taken again) is left as it is and the op still applies;
+    /// [`FireApplied::tick_completed`] says which happened.
+    pub complete_tick: Option<ExecutionId>,
     /// Recorded in order; one that exists already (same schedule and nominal time) is left as it
     /// is and its task is not created.
     pub fires: Vec<NewFire>,
@@ -268,6 +275,9 @@ pub struct FireApplied {
     pub fires: Vec<FireResult>,
     /// The tick armed by this op, if it armed one.
     pub tick: Option<Box<Task>>,
+    /// Whether the op recorded the firing tick's attempt as `succeeded`
+    /// ([`FireOp::complete_tick`]).
+    pub tick_completed: bool,
 }
 
 /// Which schedules [`ScheduleStore::search_schedules`] returns: every field given must hold.

@@ -432,6 +432,7 @@ impl Workflows {
                 execution_id: exec,
                 slots: Default::default(),
                 answer: Default::default(),
+                recorded: Default::default(),
             })
             .await
         };

@@ -830,6 +830,7 @@ impl Inner {
                 execution_id: execution,
                 slots: Default::default(),
                 answer: Default::default(),
+                recorded: Default::default(),
             })
             .await;
         let event = match out {

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
@@ -21,6 +22,9 @@ pub struct TaskContext {
     /// Where a push handler leaves the receiver's answer for the engine to keep on the attempt
     /// beside its outcome (see [`AttemptAnswer`]).
     pub answer: AttemptAnswer,
+    /// Where a handler that recorded its attempt's success itself says so (see
+    /// [`SuccessRecorded`]).
+    pub recorded: SuccessRecorded,
 }
 
 impl TaskContext {
@@ -36,6 +40,48 @@ impl TaskContext {
     /// context. Pass [`sundial_core::TraceContext::traceparent`] on in outgoing calls.
     pub fn trace(&self) -> Option<&sundial_core::TraceContext> {
         self.task.trace.as_ref()
+    }
+}
+
+/// Where a handler says that it recorded its attempt's success itself, in the transaction of
+/// its own work (a schedule's tick completes in its fire's transaction through
+/// `FireOp::complete_tick`), so the engine does not write it a second time: the engine then
+/// counts the success and hands on the places the attempt held, and writes nothing. Read only
+/// when the handler returns `Ok`. A context made elsewhere has no engine behind it:
+/// [`SuccessRecorded::note`] answers `false` and the caller records the success as usual.
+#[derive(Clone, Default)]
+pub struct SuccessRecorded(Option<Arc<AtomicBool>>);
+
+impl fmt::Debug for SuccessRecorded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SuccessRecorded")
+            .field("read_by_engine", &self.0.is_some())
+            .field("noted", &self.noted())
+            .finish()
+    }
+}
+
+impl SuccessRecorded {
+    /// A flag the engine reads after the handler returns.
+    pub(crate) fn read_by_engine() -> Self {
+        SuccessRecorded(Some(Arc::default()))
+    }
+
+    /// Notes that this attempt's success is recorded already. `false` when no engine reads the
+    /// note (the caller must record the success itself).
+    pub fn note(&self) -> bool {
+        match &self.0 {
+            None => false,
+            Some(flag) => {
+                flag.store(true, Ordering::SeqCst);
+                true
+            }
+        }
+    }
+
+    /// Whether the handler noted it.
+    pub(crate) fn noted(&self) -> bool {
+        self.0.as_ref().is_some_and(|f| f.load(Ordering::SeqCst))
     }
 }
 

@@ -59,7 +59,9 @@ pub use engine::retention::Purged;
 pub use engine::seen::{MAX_SEEN, WorkerSeen};
 pub use engine::step::Stepper;
 pub use error::Error;
-pub use handler::{AttemptAnswer, Handler, HandlerError, HandlerFuture, RunSlots, TaskContext};
+pub use handler::{
+    AttemptAnswer, Handler, HandlerError, HandlerFuture, RunSlots, SuccessRecorded, TaskContext,
+};
 pub use ops::{BULK_BATCH, BulkOutcome, QueueInfo};
 pub use series::register_queue_metrics;
 pub use sundial_core::Tags;

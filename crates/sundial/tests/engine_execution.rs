@@ -735,3 +735,80 @@ async fn urgent_work_due_much_later_does_not_pass_an_older_task() {
         vec![1, 0, 2]
     );
 }
+
+/// Counts the `complete` calls that reach the store.
+struct CountCompletes(Arc<AtomicUsize>);
+
+impl sundial_store::forwarding::Hooks for CountCompletes {
+    fn enter(&self, call: sundial_store::forwarding::Call) -> Option<Box<dyn Send>> {
+        if call.method == "complete" {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+        None
+    }
+}
+
+/// A handler that recorded its attempt's success in its own write and says so
+/// (`ctx.recorded.note()`) gets no second write from the engine, and the place its attempt held
+/// (its exclusive key) is still handed on to the task waiting for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_recorded_its_success_gets_no_second_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = sundial_store_sqlite::SqliteStore::open_dir(
+        dir.path(),
+        sundial_store_sqlite::SqliteOptions::default(),
+    )
+    .unwrap();
+    let completes = Arc::new(AtomicUsize::new(0));
+    let store = Arc::new(sundial_store::forwarding::Forwarding::new(
+        Arc::new(sqlite),
+        CountCompletes(completes.clone()),
+    ));
+    let (sundial, _clock) = one_shard(store);
+    let engine = sundial.clone();
+    sundial.register("own", move |ctx: sundial::TaskContext| {
+        let engine = engine.clone();
+        async move {
+            engine
+                .complete(
+                    ctx.task.id,
+                    ctx.execution_id,
+                    Some(serde_json::json!({"by": "handler"})),
+                )
+                .await
+                .map_err(|e| sundial::HandlerError::retryable(e.to_string()))?;
+            assert!(ctx.recorded.note(), "the engine reads the note");
+            Ok::<(), sundial::HandlerError>(())
+        }
+    });
+    sundial.register("plain", |_ctx: sundial::TaskContext| async move {
+        Ok::<(), sundial::HandlerError>(())
+    });
+    let mut stepper = sundial.stepper();
+    let own = sundial
+        .schedule(TaskSpec::new("own").exclusive("acct", ExclusiveMode::Wait))
+        .await
+        .unwrap();
+    let plain = sundial
+        .schedule(TaskSpec::new("plain").exclusive("acct", ExclusiveMode::Wait))
+        .await
+        .unwrap();
+    stepper.settle().await;
+    let own = sundial.get(own).await.unwrap().unwrap();
+    assert_eq!(own.state, TaskState::Succeeded);
+    assert_eq!(own.result, Some(serde_json::json!({"by": "handler"})));
+    assert_eq!(
+        sundial.get(plain).await.unwrap().unwrap().state,
+        TaskState::Succeeded
+    );
+    assert_eq!(
+        completes.load(Ordering::SeqCst),
+        2,
+        "the handler's own complete and the plain task's: none repeated by the engine"
+    );
+}
+
+#[test]
+fn a_context_without_an_engine_does_not_take_the_note() {
+    assert!(!sundial::SuccessRecorded::default().note());
+}

@@ -19,7 +19,9 @@ use tracing::Instrument;
 
 use super::{Engine, WaitFor, WaitLine, wait_true};
 use crate::Error;
-use crate::handler::{AttemptAnswer, Handler, HandlerError, RunSlots, TaskContext};
+use crate::handler::{
+    AttemptAnswer, Handler, HandlerError, RunSlots, SuccessRecorded, TaskContext,
+};
 use crate::trace::{self, Step};
 
 impl Engine {
@@ -70,11 +72,13 @@ impl Engine {
                 .record(started.since(task.became_due_at()).as_secs_f64());
             let deadline = started.saturating_add(task.timeout());
             let answer = AttemptAnswer::kept_by_engine();
+            let recorded = SuccessRecorded::read_by_engine();
             let ctx = TaskContext {
                 task: task.clone(),
                 execution_id: execution,
                 slots: slots.clone(),
                 answer: answer.clone(),
+                recorded: recorded.clone(),
             };
             let outcome: Result<Option<serde_json::Value>, HandlerError> = if woke_early {
                 // Shutdown came before the due time: the handler never ran.
@@ -116,6 +120,15 @@ impl Engine {
             };
             let record_outcome = async {
                 match outcome {
+                    Ok(_) if recorded.noted() => {
+                        // The handler's own transaction recorded the success: count it and
+                        // hand on the places the attempt held, and write nothing.
+                        let span =
+                            trace::child_span(Step::Complete, &task, &tracing::Span::current());
+                        drop(span.entered());
+                        engine.succeeded(&task);
+                        Ok(())
+                    }
                     Ok(result) => {
                         let span =
                             trace::child_span(Step::Complete, &task, &tracing::Span::current());
