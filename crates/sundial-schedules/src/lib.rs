@@ -29,7 +29,9 @@
 //! the next nominal fire time plus its jitter. The engine's shard loops wake for it like for any
 //! task, and run it on this crate's in-process handler, which performs the store's atomic
 //! [`fire`](sundial_store::ScheduleStore::fire): record the fire, create its task, arm the next
-//! tick, all in one transaction and only if this tick is still the armed one. 100,000 schedules
+//! tick and record the tick's own success, all in one transaction and only if this tick is still
+//! the armed one (the handler then tells the engine, through `TaskContext::recorded`, that the
+//! tick's success is written). 100,000 schedules
 //! are 100,000 rows and 100,000 scheduled ticks, never 100,000 timers. Ticks that come due
 //! together are fired in batches: one read of their schedules, one
 //! [`fire_many`](sundial_store::ScheduleStore::fire_many) in which each tick's op is applied as
@@ -37,8 +39,9 @@
 //!
 //! - **Exactly once.** The fire record is unique per (schedule, nominal time), and the operation
 //!   is conditional on the armed tick. A crash before its commit leaves the tick to run again (its
-//!   lease expires, the reaper reschedules it); a crash after it leaves a tick whose second run is
-//!   refused as stale. A fire is neither lost nor doubled.
+//!   lease expires, the reaper reschedules it); after it the tick has ended with its fire, and a
+//!   second run of it (one that took the tick again after its lease ran out, before the commit)
+//!   is refused as stale. A fire is neither lost nor doubled.
 //! - **The fire's task** has the key `schedule:<id>@<nominal RFC 3339>`
 //!   ([`FireKey`](sundial_core::schedule::FireKey)), which carries the schedule id and the nominal
 //!   time; it is due when the tick ran.

@@ -222,8 +222,8 @@ fn crashed_copy(dir: &std::path::Path) -> tempfile::TempDir {
 }
 
 /// Instance A fires and commits, then its whole runtime is dropped (every task of the engine
-/// gone mid-handler, like `kill -9`). Instance B opens the same directory: the dead tick's lease
-/// runs out, the reaper hands it back, it is refused as stale, and the fire A committed, and the
+/// gone mid-handler, like `kill -9`). Instance B opens the same directory: the tick ended with
+/// the fire A committed (nothing for the reaper to hand back), and the fire A committed, and the
 /// one A armed, each run exactly once.
 #[test]
 fn killed_right_after_the_commit_then_restarted() {
@@ -235,7 +235,7 @@ fn killed_right_after_the_commit_then_restarted() {
         .enable_all()
         .build()
         .unwrap();
-    rt_a.block_on(async {
+    let first_tick = rt_a.block_on(async {
         let a = instance(dir.path(), &clock);
         let (done, committed) = std::sync::mpsc::channel();
         *a.faulty.fault.lock().unwrap() = Some(Fault::HangAfter(done));
@@ -244,9 +244,12 @@ fn killed_right_after_the_commit_then_restarted() {
                 // A's workers never get to run the fire's task: the crash comes first.
                 std::future::pending::<Result<(), sundial::HandlerError>>().await
             });
-        a.schedules
+        let first_tick = a
+            .schedules
             .create(CreateSchedule::new(def("* * * * *")).id(id.clone()))
             .await
+            .unwrap()
+            .armed_tick
             .unwrap();
         // One turn at M1 claims the tick, whose run commits the fire and then never returns
         // (settling would wait for it).
@@ -258,6 +261,7 @@ fn killed_right_after_the_commit_then_restarted() {
             .expect("A committed its fire");
         // Like a killed process, A never shuts down.
         std::mem::forget(stepper);
+        first_tick
     });
     rt_a.shutdown_background(); // kill: nothing of A runs any more
     // A's leaked engine still holds its store, and with it the data directory's lock, which a
@@ -281,8 +285,13 @@ fn killed_right_after_the_commit_then_restarted() {
         h.driver.settle().await;
         // The fire A committed is a task due at M1: B runs it once.
         assert_eq!(jobs.next().await.nominal, M1);
-        // Past the dead tick's lease (its 60 s timeout and the engine's grace): the reaper hands
-        // it back and it is refused as stale; meanwhile the fire A armed comes due and runs.
+        // The tick's success committed with its fire: its dead run leaves nothing running.
+        assert_eq!(
+            b.sundial.get(first_tick).await.unwrap().unwrap().state,
+            sundial::TaskState::Succeeded
+        );
+        // Past what would have been the dead tick's lease (its 60 s timeout and the engine's
+        // grace): the fire A armed comes due and runs, once.
         advance(&clock, &h.driver, Duration::from_secs(70)).await;
         assert_eq!(jobs.next().await.nominal, at(M1, MIN));
         jobs.none().await;

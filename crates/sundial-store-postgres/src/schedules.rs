@@ -14,12 +14,12 @@
 //! `fire_many` runs its ops in transactions of up to `FIRE_CHUNK` ops, sorted by schedule id (rows
 //! locked in one order, so concurrent batches cannot deadlock), each op inside a savepoint.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use async_trait::async_trait;
 use deadpool_postgres::GenericClient;
 use sundial_core::schedule::{ScheduleDef, ScheduleId};
-use sundial_core::{NewTask, Task, TaskId, Timestamp};
+use sundial_core::{ExecutionId, NewTask, Task, TaskId, Timestamp};
 use sundial_store::audit_scope;
 use sundial_store::{
     ArmChange, FireApplied, FireCounts, FireOp, FireOutcome, FirePage, FireReason, FireRecord,
@@ -181,11 +181,58 @@ impl PostgresStore {
         }
     }
 
+    /// One fire op and its tick's success ([`FireOp::complete_tick`]), in `tx`.
     async fn fire_in(
         &self,
         tx: &impl GenericClient,
         op: FireOp,
     ) -> Result<FireApplied, ScheduleError> {
+        let now = op.now;
+        let (mut applied, tick) = self.fire_op(tx, op).await?;
+        if let Some(tick) = tick {
+            applied.tick_completed = !self.complete_ticks(tx, &[tick], now).await?.is_empty();
+        }
+        Ok(applied)
+    }
+
+    /// Records the success of running ticks (id, execution) at `now`, as `complete` would, in
+    /// one statement (a fire chunk's ticks together, after its ops: schedule rows, then tick
+    /// rows, the order every writer of both takes). Returns the ticks it recorded; one no
+    /// longer running under its execution is left alone.
+    async fn complete_ticks(
+        &self,
+        tx: &impl GenericClient,
+        ticks: &[(TaskId, ExecutionId)],
+        now: Timestamp,
+    ) -> Result<HashSet<TaskId>, StoreError> {
+        if ticks.is_empty() {
+            return Ok(HashSet::new());
+        }
+        let sql = format!(
+            "UPDATE {s}.tasks t SET state = 'succeeded', result = NULL, updated_at = $3, \
+             finished_at = $3, lease_expires_at = NULL \
+             FROM unnest($1::uuid[], $2::uuid[]) AS c(id, execution) \
+             WHERE t.id = c.id AND t.state = 'running' AND t.execution_id = c.execution \
+             RETURNING t.id",
+            s = self.schema.ident
+        );
+        let ids: Vec<Uuid> = ticks.iter().map(|(t, _)| t.0).collect();
+        let executions: Vec<Uuid> = ticks.iter().map(|(_, e)| e.0).collect();
+        query(tx, &sql, &[&ids, &executions, &now.0])
+            .await?
+            .iter()
+            .map(|r| col::<Uuid>(r, 0).map(TaskId))
+            .collect()
+    }
+
+    /// One fire op, without its tick's success: the tick to record as succeeded, when the op
+    /// asks for it, comes back for the caller to write ([`Self::complete_ticks`]).
+    #[allow(clippy::type_complexity)]
+    async fn fire_op(
+        &self,
+        tx: &impl GenericClient,
+        op: FireOp,
+    ) -> Result<(FireApplied, Option<(TaskId, ExecutionId)>), ScheduleError> {
         let sql = &self.sql.schedules;
         let id = op.schedule_id.as_str();
         let current = self.lock_schedule(tx, &op.schedule_id).await?;
@@ -196,19 +243,7 @@ impl PostgresStore {
                 armed: current.armed_tick,
             });
         }
-        // The firing tick's own success, in this transaction (schedule row, then tick row: the
-        // order every writer of both takes). Refused (not running under this execution): left
-        // alone, the caller records the attempt's end as usual.
-        let tick_completed = match (op.expect_armed, op.complete_tick) {
-            (Some(tick), Some(execution)) => query_opt(
-                tx,
-                &self.sql.complete,
-                &[&tick.0, &execution.0, &None::<String>, &op.now.0],
-            )
-            .await?
-            .is_some(),
-            _ => false,
-        };
+        let complete_tick = op.expect_armed.zip(op.complete_tick);
 
         // Which fires are recorded already (under the row lock, nobody else records any).
         let nominals: Vec<i64> = op.fires.iter().map(|f| f.nominal.0).collect();
@@ -354,12 +389,15 @@ impl PostgresStore {
                 Slot::Repeat(i) => FireResult::AlreadyRecorded(records[i].0.clone()),
             })
             .collect();
-        Ok(FireApplied {
-            schedule,
-            fires,
-            tick: armed.tick.map(Box::new),
-            tick_completed,
-        })
+        Ok((
+            FireApplied {
+                schedule,
+                fires,
+                tick: armed.tick.map(Box::new),
+                tick_completed: false,
+            },
+            complete_tick,
+        ))
     }
 }
 
@@ -377,20 +415,47 @@ impl PostgresStore {
         let mut client = self.client().await?;
         let mut tx = client.transaction().await.map_err(pg)?;
         let mut out = Vec::with_capacity(ops.len());
+        // Per answer, the tick its op asked to record as succeeded; grouped by the ops' times
+        // (one group in practice: a batch's ops share the runner's time).
+        let mut tick_of: Vec<Option<TaskId>> = Vec::with_capacity(ops.len());
+        let mut by_time: Vec<(Timestamp, Vec<(TaskId, ExecutionId)>)> = Vec::new();
         for op in ops {
+            let now = op.now;
             let sp = tx.savepoint("fire").await.map_err(pg)?;
-            let r = match self.fire_in(&sp, op).await {
-                Ok(applied) => sp
-                    .commit()
-                    .await
-                    .map(|()| applied)
-                    .map_err(|e| pg(e).into()),
+            let r = match self.fire_op(&sp, op).await {
+                Ok((applied, tick)) => match sp.commit().await {
+                    Ok(()) => {
+                        if let Some(t) = tick {
+                            match by_time.iter_mut().find(|(at, _)| *at == now) {
+                                Some((_, ticks)) => ticks.push(t),
+                                None => by_time.push((now, vec![t])),
+                            }
+                        }
+                        tick_of.push(tick.map(|(id, _)| id));
+                        Ok(applied)
+                    }
+                    Err(e) => {
+                        tick_of.push(None);
+                        Err(pg(e).into())
+                    }
+                },
                 Err(e) => {
                     sp.rollback().await.map_err(pg)?;
+                    tick_of.push(None);
                     Err(e)
                 }
             };
             out.push(r);
+        }
+        // The ticks' successes, together after the ops.
+        let mut done = HashSet::new();
+        for (now, ticks) in &by_time {
+            done.extend(self.complete_ticks(&tx, ticks, *now).await?);
+        }
+        for (r, tick) in out.iter_mut().zip(tick_of) {
+            if let (Ok(applied), Some(tick)) = (r, tick) {
+                applied.tick_completed = done.contains(&tick);
+            }
         }
         tx.commit().await.map_err(pg)?;
         Ok(out)

@@ -480,7 +480,7 @@ fn claim_ready_in(conn: &Connection, claim: &ReadyClaim) -> Result<ReadyTaken, S
 }
 
 /// [`Store::complete`] inside the writer's transaction.
-pub(crate) fn complete_in(
+fn complete_in(
     conn: &Connection,
     id: &TaskId,
     execution: &ExecutionId,

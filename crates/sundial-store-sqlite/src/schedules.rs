@@ -7,14 +7,16 @@
 //! (stale, not found) before it writes anything, so a refusal leaves the rest of its job alone;
 //! an op that fails part-way fails its whole job, whose ops are then applied one job each.
 
+use std::collections::HashSet;
+
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use sundial_core::schedule::{ScheduleDef, ScheduleId};
-use sundial_core::{Task, TaskId, Timestamp};
+use sundial_core::{ExecutionId, Task, TaskId, Timestamp};
 use sundial_store::{
     ArmChange, FireApplied, FireCounts, FireOp, FireOutcome, FirePage, FireReason, FireRecord,
     FireResult, Inserted, LastTask, NewSchedule, Schedule, ScheduleError, ScheduleFilter,
-    SchedulePage, ScheduleStore, StoreError, TransitionError,
+    SchedulePage, ScheduleStore, StoreError,
 };
 
 use crate::{SqliteStore, backend, insert_many, rows};
@@ -182,9 +184,84 @@ fn def_json(def: &ScheduleDef) -> Result<String, StoreError> {
     serde_json::to_string(def).map_err(|e| StoreError::encode("schedule definition", e))
 }
 
-/// One fire op. Its refusals (`NotFound`, `StaleTick`) come before its first write; `fire_chunk`
-/// relies on that.
+/// One fire op, with its tick's success ([`FireOp::complete_tick`]) written at once.
 fn fire(conn: &Connection, op: FireOp) -> Result<FireApplied, ScheduleError> {
+    let now = op.now;
+    let (mut applied, tick) = fire_op(conn, op)?;
+    if let Some(tick) = tick {
+        applied.tick_completed = !complete_ticks(conn, &[tick], now)?.is_empty();
+    }
+    Ok(applied)
+}
+
+/// Most ticks one [`complete_ticks`] statement records; the statement always has this many
+/// pairs (unused ones are `NULL` and match nothing), so it is prepared once.
+const TICKS_PER_STATEMENT: usize = FIRE_CHUNK;
+
+/// Records the success of running ticks (id, execution) at `now`, as `complete` would, in as
+/// few statements as there are [`TICKS_PER_STATEMENT`]s: the ticks a fire job ends are written
+/// together at its end rather than one statement per op (each statement inside the job's
+/// savepoint costs a walk of the job's growing sub-journal when it closes). Returns the ticks it
+/// recorded; one no longer running under its execution is left alone.
+fn complete_ticks(
+    conn: &Connection,
+    ticks: &[(TaskId, ExecutionId)],
+    now: Timestamp,
+) -> Result<HashSet<TaskId>, StoreError> {
+    let mut done = HashSet::with_capacity(ticks.len());
+    if ticks.is_empty() {
+        return Ok(done);
+    }
+    let pairs = TICKS_PER_STATEMENT;
+    let ids: Vec<String> = (0..pairs).map(|i| format!("?{}", 2 + 2 * i)).collect();
+    let cases: Vec<String> = (0..pairs)
+        .map(|i| format!("WHEN ?{} THEN ?{}", 2 + 2 * i, 3 + 2 * i))
+        .collect();
+    let sql = format!(
+        "UPDATE tasks SET state = 'succeeded', result = NULL, updated_at = ?1, \
+         finished_at = ?1, lease_expires_at = NULL \
+         WHERE id IN ({}) AND state = 'running' AND execution_id = CASE id {} END \
+         RETURNING id",
+        ids.join(", "),
+        cases.join(" ")
+    );
+    let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
+    for chunk in ticks.chunks(pairs) {
+        let mut values: Vec<Option<Vec<u8>>> = Vec::with_capacity(2 * pairs);
+        for i in 0..pairs {
+            match chunk.get(i) {
+                Some((id, execution)) => {
+                    values.push(Some(id.as_bytes().to_vec()));
+                    values.push(Some(execution.as_bytes().to_vec()));
+                }
+                None => {
+                    values.push(None);
+                    values.push(None);
+                }
+            }
+        }
+        let mut params: Vec<&dyn rusqlite::ToSql> = Vec::with_capacity(1 + 2 * pairs);
+        params.push(&now.0);
+        for v in &values {
+            params.push(v);
+        }
+        let mut rows = stmt.query(params.as_slice()).map_err(backend)?;
+        while let Some(r) = rows.next().map_err(backend)? {
+            let id: Vec<u8> = r.get(0).map_err(backend)?;
+            done.insert(rows::task_id(&id)?);
+        }
+    }
+    Ok(done)
+}
+
+/// One fire op, without its tick's success: the tick to record as succeeded, when the op asks
+/// for it, comes back for the caller to write ([`complete_ticks`]). Its refusals (`NotFound`,
+/// `StaleTick`) come before its first write; `fire_chunk` relies on that.
+#[allow(clippy::type_complexity)]
+fn fire_op(
+    conn: &Connection,
+    op: FireOp,
+) -> Result<(FireApplied, Option<(TaskId, ExecutionId)>), ScheduleError> {
     let current = must_load(conn, &op.schedule_id)?;
     if let Some(expect) = op.expect_armed
         && current.armed_tick != Some(expect)
@@ -193,18 +270,7 @@ fn fire(conn: &Connection, op: FireOp) -> Result<FireApplied, ScheduleError> {
             armed: current.armed_tick,
         });
     }
-    // The firing tick's own success, in this transaction: refused (not running under this
-    // execution) means it is left alone and the caller records the attempt's end as usual.
-    let tick_completed = match (op.expect_armed, op.complete_tick) {
-        (Some(tick), Some(execution)) => {
-            match crate::complete_in(conn, &tick, &execution, op.now, None) {
-                Ok(_) => true,
-                Err(TransitionError::Store(e)) => return Err(e.into()),
-                Err(_) => false,
-            }
-        }
-        _ => false,
-    };
+    let complete_tick = op.expect_armed.zip(op.complete_tick);
     let id = &op.schedule_id;
     let mut results = Vec::with_capacity(op.fires.len());
     let (mut fired, mut skipped, mut missed) = (0i64, 0i64, 0i64);
@@ -310,12 +376,15 @@ fn fire(conn: &Connection, op: FireOp) -> Result<FireApplied, ScheduleError> {
         .ok_or(StoreError::NoRow {
             what: "the schedule during its fire",
         })??;
-    Ok(FireApplied {
-        schedule,
-        fires: results,
-        tick: tick.map(Box::new),
-        tick_completed,
-    })
+    Ok((
+        FireApplied {
+            schedule,
+            fires: results,
+            tick: tick.map(Box::new),
+            tick_completed: false,
+        },
+        complete_tick,
+    ))
 }
 
 /// Fire ops per writer job in [`ScheduleStore::fire_many`]. Every statement of a job runs inside
@@ -334,13 +403,38 @@ fn fire_chunk(
     ops: Vec<FireOp>,
 ) -> Result<Vec<Result<FireApplied, ScheduleError>>, ScheduleError> {
     let mut out = Vec::with_capacity(ops.len());
+    // Per answer, the tick its op asked to record as succeeded; grouped by the ops' times (one
+    // group in practice: a batch's ops share the runner's time).
+    let mut tick_of: Vec<Option<TaskId>> = Vec::with_capacity(ops.len());
+    let mut by_time: Vec<(Timestamp, Vec<(TaskId, ExecutionId)>)> = Vec::new();
     for op in ops {
-        match fire(conn, op) {
-            Ok(applied) => out.push(Ok(applied)),
+        let now = op.now;
+        match fire_op(conn, op) {
+            Ok((applied, tick)) => {
+                if let Some(t) = tick {
+                    match by_time.iter_mut().find(|(at, _)| *at == now) {
+                        Some((_, ticks)) => ticks.push(t),
+                        None => by_time.push((now, vec![t])),
+                    }
+                }
+                tick_of.push(tick.map(|(id, _)| id));
+                out.push(Ok(applied));
+            }
             Err(e @ (ScheduleError::StaleTick { .. } | ScheduleError::NotFound)) => {
+                tick_of.push(None);
                 out.push(Err(e))
             }
             Err(e) => return Err(e),
+        }
+    }
+    // The ticks' successes, together at the end of the job.
+    let mut done = HashSet::new();
+    for (now, ticks) in &by_time {
+        done.extend(complete_ticks(conn, ticks, *now)?);
+    }
+    for (r, tick) in out.iter_mut().zip(tick_of) {
+        if let (Ok(applied), Some(tick)) = (r, tick) {
+            applied.tick_completed = done.contains(&tick);
         }
     }
     Ok(out)

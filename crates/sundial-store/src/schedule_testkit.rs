@@ -574,6 +574,46 @@ pub async fn schedule_fire_completes_its_running_tick(
             assert_eq!(tick.execution_id, Some(run(1)), "{name}");
         }
     }
+
+    // The same through `fire_many`: each op's answer says whether its own tick was recorded.
+    let mut ops = Vec::new();
+    let mut ticks = Vec::new();
+    for (i, name) in ["many-0", "many-1", "many-2"].into_iter().enumerate() {
+        let id = sid(name);
+        let t = create(s, &id, Some(at(MIN))).await;
+        let n = 10 + i as u128;
+        tasks
+            .claim_due(vec![claim(t, n)], at(MIN), None)
+            .await
+            .expect("claim the tick");
+        ops.push(FireOp {
+            schedule_id: id.clone(),
+            expect_armed: Some(t),
+            // The middle op names another attempt: its tick stays running.
+            complete_tick: Some(run(if i == 1 { 99 } else { n })),
+            fires: vec![NewFire::fired(
+                at(MIN),
+                FireReason::Schedule,
+                fire_task(&d, &id, at(MIN)),
+            )],
+            arm: ArmChange::arm(arm(&id, at(2 * MIN))),
+            now: at(MIN + 9),
+        });
+        ticks.push(t);
+    }
+    let out = s.fire_many(ops).await;
+    let completed: Vec<bool> = out
+        .iter()
+        .map(|r| r.as_ref().expect("applied").tick_completed)
+        .collect();
+    assert_eq!(completed, vec![true, false, true]);
+    for (t, want) in ticks.into_iter().zip([
+        TaskState::Succeeded,
+        TaskState::Running,
+        TaskState::Succeeded,
+    ]) {
+        assert_eq!(state(tasks.as_ref(), t).await, want);
+    }
 }
 
 /// A tick that fires again after its op committed is refused (stale); the same nominal time
