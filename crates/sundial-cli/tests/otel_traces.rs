@@ -139,6 +139,30 @@ async fn wait_for_or<T>(
     }
 }
 
+/// `GET /v1/tasks/{id}`.
+async fn get_task(http: &reqwest::Client, url: &str, id: &str) -> Value {
+    http.get(format!("{url}/v1/tasks/{id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Waits (bounded) until the task `id` is in `state`.
+async fn wait_for_state(http: &reqwest::Client, url: &str, id: &str, state: &str) {
+    let deadline = now_ms() + 15_000;
+    loop {
+        let t = get_task(http, url, id).await;
+        if t["state"] == state {
+            return;
+        }
+        assert!(now_ms() < deadline, "task {id} did not become {state}: {t}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
 /// When a worker task's poll comes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum WorkerPoll {
@@ -188,22 +212,7 @@ async fn worker_task(
     assert_eq!(created["tracestate"], "congo=t61rcWkgMzE");
     let id = created["id"].as_str().unwrap().to_string();
     if when == WorkerPoll::AfterReady {
-        let deadline = now_ms() + 15_000;
-        loop {
-            let t: Value = http
-                .get(format!("{url}/v1/tasks/{id}"))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            if t["state"] == "ready" {
-                break;
-            }
-            assert!(now_ms() < deadline, "the task did not become ready: {t}");
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        wait_for_state(http, url, &id, "ready").await;
     }
 
     // The remote worker's poll answer carries the context of its delivery.
@@ -285,22 +294,7 @@ async fn one_trace_follows_a_task_from_its_create_to_its_completion() {
         push_trace, PUSH_TRACE,
         "the receiver is called within the trace"
     );
-    let deadline = now_ms() + 15_000;
-    loop {
-        let t: Value = http
-            .get(format!("{url}/v1/tasks/{push_id}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if t["state"] == "succeeded" {
-            break;
-        }
-        assert!(now_ms() < deadline, "the push task did not succeed: {t}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    wait_for_state(&http, &url, &push_id, "succeeded").await;
 
     // A clean stop exports what is still queued.
     let status = server.terminate(Duration::from_secs(20));
@@ -503,14 +497,7 @@ async fn without_an_endpoint_the_context_passes_through_and_bad_headers_are_igno
     cli_worker(url, "plain-cli", 2).await;
     let mut results = Vec::new();
     for id in &ids {
-        let t: Value = http
-            .get(format!("{url}/v1/tasks/{id}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let t = get_task(&http, url, id).await;
         results.push(t["result"].clone());
     }
     assert_eq!(results, [json!(sent), json!("unset")]);
