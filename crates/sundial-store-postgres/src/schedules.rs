@@ -24,7 +24,7 @@ use sundial_store::audit_scope;
 use sundial_store::{
     ArmChange, FireApplied, FireCounts, FireOp, FireOutcome, FirePage, FireReason, FireRecord,
     FireResult, Inserted, LastTask, NewSchedule, Schedule, ScheduleError, ScheduleFilter,
-    SchedulePage, ScheduleStore, StoreError,
+    SchedulePage, ScheduleStore, StoreError, TickCompletions,
 };
 use tokio_postgres::Row;
 use uuid::Uuid;
@@ -415,33 +415,24 @@ impl PostgresStore {
         let mut client = self.client().await?;
         let mut tx = client.transaction().await.map_err(pg)?;
         let mut out = Vec::with_capacity(ops.len());
-        // Per answer, the tick its op asked to record as succeeded; grouped by the ops' times
-        // (one group in practice: a batch's ops share the runner's time).
-        let mut tick_of: Vec<Option<TaskId>> = Vec::with_capacity(ops.len());
-        let mut by_time: Vec<(Timestamp, Vec<(TaskId, ExecutionId)>)> = Vec::new();
+        let mut ticks = TickCompletions::default();
         for op in ops {
             let now = op.now;
             let sp = tx.savepoint("fire").await.map_err(pg)?;
             let r = match self.fire_op(&sp, op).await {
                 Ok((applied, tick)) => match sp.commit().await {
                     Ok(()) => {
-                        if let Some(t) = tick {
-                            match by_time.iter_mut().find(|(at, _)| *at == now) {
-                                Some((_, ticks)) => ticks.push(t),
-                                None => by_time.push((now, vec![t])),
-                            }
-                        }
-                        tick_of.push(tick.map(|(id, _)| id));
+                        ticks.push(now, tick);
                         Ok(applied)
                     }
                     Err(e) => {
-                        tick_of.push(None);
+                        ticks.push(now, None);
                         Err(pg(e).into())
                     }
                 },
                 Err(e) => {
                     sp.rollback().await.map_err(pg)?;
-                    tick_of.push(None);
+                    ticks.push(now, None);
                     Err(e)
                 }
             };
@@ -449,14 +440,10 @@ impl PostgresStore {
         }
         // The ticks' successes, together after the ops.
         let mut done = HashSet::new();
-        for (now, ticks) in &by_time {
-            done.extend(self.complete_ticks(&tx, ticks, *now).await?);
+        for (now, group) in ticks.groups() {
+            done.extend(self.complete_ticks(&tx, group, *now).await?);
         }
-        for (r, tick) in out.iter_mut().zip(tick_of) {
-            if let (Ok(applied), Some(tick)) = (r, tick) {
-                applied.tick_completed = done.contains(&tick);
-            }
-        }
+        ticks.answer(&mut out, &done);
         tx.commit().await.map_err(pg)?;
         Ok(out)
     }

@@ -16,7 +16,7 @@ use sundial_core::{ExecutionId, Task, TaskId, Timestamp};
 use sundial_store::{
     ArmChange, FireApplied, FireCounts, FireOp, FireOutcome, FirePage, FireReason, FireRecord,
     FireResult, Inserted, LastTask, NewSchedule, Schedule, ScheduleError, ScheduleFilter,
-    SchedulePage, ScheduleStore, StoreError,
+    SchedulePage, ScheduleStore, StoreError, TickCompletions,
 };
 
 use crate::{SqliteStore, backend, insert_many, rows};
@@ -403,25 +403,16 @@ fn fire_chunk(
     ops: Vec<FireOp>,
 ) -> Result<Vec<Result<FireApplied, ScheduleError>>, ScheduleError> {
     let mut out = Vec::with_capacity(ops.len());
-    // Per answer, the tick its op asked to record as succeeded; grouped by the ops' times (one
-    // group in practice: a batch's ops share the runner's time).
-    let mut tick_of: Vec<Option<TaskId>> = Vec::with_capacity(ops.len());
-    let mut by_time: Vec<(Timestamp, Vec<(TaskId, ExecutionId)>)> = Vec::new();
+    let mut ticks = TickCompletions::default();
     for op in ops {
         let now = op.now;
         match fire_op(conn, op) {
             Ok((applied, tick)) => {
-                if let Some(t) = tick {
-                    match by_time.iter_mut().find(|(at, _)| *at == now) {
-                        Some((_, ticks)) => ticks.push(t),
-                        None => by_time.push((now, vec![t])),
-                    }
-                }
-                tick_of.push(tick.map(|(id, _)| id));
+                ticks.push(now, tick);
                 out.push(Ok(applied));
             }
             Err(e @ (ScheduleError::StaleTick { .. } | ScheduleError::NotFound)) => {
-                tick_of.push(None);
+                ticks.push(now, None);
                 out.push(Err(e))
             }
             Err(e) => return Err(e),
@@ -429,14 +420,10 @@ fn fire_chunk(
     }
     // The ticks' successes, together at the end of the job.
     let mut done = HashSet::new();
-    for (now, ticks) in &by_time {
-        done.extend(complete_ticks(conn, ticks, *now)?);
+    for (now, group) in ticks.groups() {
+        done.extend(complete_ticks(conn, group, *now)?);
     }
-    for (r, tick) in out.iter_mut().zip(tick_of) {
-        if let (Ok(applied), Some(tick)) = (r, tick) {
-            applied.tick_completed = done.contains(&tick);
-        }
-    }
+    ticks.answer(&mut out, &done);
     Ok(out)
 }
 

@@ -57,7 +57,7 @@ pub use push::{PushSecret, PushSecretStore};
 pub use schedules::{
     Arm, ArmChange, FireApplied, FireCounts, FireOp, FireOutcome, FirePage, FireReason, FireRecord,
     FireResult, LastTask, NewFire, NewSchedule, Schedule, ScheduleError, ScheduleFilter,
-    SchedulePage, ScheduleStore, TICK_KIND, TICK_QUEUE,
+    SchedulePage, ScheduleStore, TICK_KIND, TICK_QUEUE, TickCompletions,
 };
 pub use types::{
     ClaimOutcome, ClaimTarget, DeadGroup, DeadGroupFilter, DebounceOutcome, DebouncedCreate,

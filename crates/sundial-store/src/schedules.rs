@@ -256,6 +256,49 @@ pub struct FireOp {
     pub now: Timestamp,
 }
 
+/// The ticks a backend's fire job records as succeeded after its ops ([`FireOp::complete_tick`]),
+/// written together rather than one statement per op: which op asked for which tick, grouped by
+/// the ops' times (one group in practice: a batch's ops share the runner's time), and the
+/// answers set from the ticks the backend recorded.
+#[derive(Debug, Default)]
+pub struct TickCompletions {
+    /// Per op in order, the tick it asked to record.
+    tick_of: Vec<Option<TaskId>>,
+    /// The ticks to record, by the time to record them at.
+    by_time: Vec<(Timestamp, Vec<(TaskId, ExecutionId)>)>,
+}
+
+impl TickCompletions {
+    /// Notes the next op (applied or refused): `tick` is the tick it asks to record at `now`.
+    pub fn push(&mut self, now: Timestamp, tick: Option<(TaskId, ExecutionId)>) {
+        if let Some(t) = tick {
+            match self.by_time.iter_mut().find(|(at, _)| *at == now) {
+                Some((_, ticks)) => ticks.push(t),
+                None => self.by_time.push((now, vec![t])),
+            }
+        }
+        self.tick_of.push(tick.map(|(id, _)| id));
+    }
+
+    /// The ticks to record, each group with its time.
+    pub fn groups(&self) -> &[(Timestamp, Vec<(TaskId, ExecutionId)>)] {
+        &self.by_time
+    }
+
+    /// Sets each applied op's [`FireApplied::tick_completed`] from `done`, the ticks recorded.
+    pub fn answer(
+        self,
+        out: &mut [Result<FireApplied, ScheduleError>],
+        done: &std::collections::HashSet<TaskId>,
+    ) {
+        for (r, tick) in out.iter_mut().zip(self.tick_of) {
+            if let (Ok(applied), Some(tick)) = (r, tick) {
+                applied.tick_completed = done.contains(&tick);
+            }
+        }
+    }
+}
+
 /// What became of one [`NewFire`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum FireResult {
