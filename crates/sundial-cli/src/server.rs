@@ -60,6 +60,18 @@ pub struct ServerArgs {
     /// that already waits for its queue (the engine's `Config::hand_off_to_polls`).
     #[arg(long, env = "SUNDIAL_NO_HAND_OFF")]
     no_hand_off: bool,
+    /// Hand-off: how long before its due time a task is started for a poll that already waits
+    /// (its attempt recorded as started at the due time), so the start's commit does not delay
+    /// the delivery; the poll still answers at the due time, never before. At most 5s (the
+    /// look-ahead); 0s starts at the due time.
+    #[arg(long, env = "SUNDIAL_HAND_OFF_LEAD", default_value = "3ms", value_parser = parse_duration)]
+    hand_off_lead: Duration,
+    /// In-process handlers (schedule ticks, workflow steps): how long before its due time a task
+    /// is claimed (its attempt recorded as started at the due time), so a claim queued behind a
+    /// large write does not make the handler late; the handler still runs at the due time,
+    /// never before. At most 5s (the look-ahead); 0s claims at the due time. One node only.
+    #[arg(long, env = "SUNDIAL_RUN_CLAIM_LEAD", default_value = "25ms", value_parser = parse_duration)]
+    run_claim_lead: Duration,
     /// Most tasks in one `POST /v1/tasks:batch`.
     #[arg(long, env = "SUNDIAL_MAX_BATCH", default_value_t = 1_000)]
     max_batch: usize,
@@ -283,6 +295,8 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<ExitCode> {
     let config = Config {
         max_poll_wait: args.max_poll_wait,
         hand_off_to_polls: !args.no_hand_off,
+        hand_off_lead: args.hand_off_lead,
+        run_claim_lead: args.run_claim_lead,
         shard_count: args.shards,
         shard_lease_ttl: args.shard_lease_ttl,
         retention: Retention {

@@ -35,18 +35,35 @@ impl Clock for SystemClock {
     }
 
     fn sleep_until(&self, deadline: Timestamp) -> Sleep {
-        let clock = *self;
         Box::pin(async move {
             loop {
-                let now = clock.now();
-                if now >= deadline {
+                // The timer is armed for what is left to the microsecond, not from a reading
+                // rounded down to the millisecond: that would sleep up to a millisecond too long
+                // before tokio's own rounding up to its next tick.
+                let left = timer_left(wall_micros(), deadline);
+                if left.is_zero() {
                     return;
                 }
-                let left = Duration::from_millis((deadline.0 - now.0) as u64);
                 tokio::time::sleep(left.min(MAX_TIMER)).await;
             }
         })
     }
+}
+
+/// The wall clock in microseconds since the epoch (the sleeps' finer reading).
+#[allow(clippy::disallowed_methods)] // the one sanctioned wall-clock read
+fn wall_micros() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+/// How long a timer armed at `now_us` (microseconds) must run for the clock to read `deadline`
+/// (milliseconds, which `now` reaches at the deadline's first microsecond): zero once there.
+fn timer_left(now_us: i64, deadline: Timestamp) -> Duration {
+    let left = deadline.0.saturating_mul(1_000).saturating_sub(now_us);
+    Duration::from_micros(left.max(0) as u64)
 }
 
 /// A clock corrected by a measured offset: `inner.now() + offset`.
@@ -120,6 +137,21 @@ impl Clock for OffsetClock {
 mod tests {
     use super::*;
     use sundial_core::ManualClock;
+
+    #[test]
+    fn a_sleep_is_armed_for_what_is_left_to_the_microsecond() {
+        // 0.1 ms before the deadline: 100 µs, not the 1 ms a millisecond reading would give.
+        assert_eq!(
+            timer_left(999_900, Timestamp(1_000)),
+            Duration::from_micros(100)
+        );
+        assert_eq!(timer_left(1_000_000, Timestamp(1_000)), Duration::ZERO);
+        assert_eq!(timer_left(1_000_999, Timestamp(1_000)), Duration::ZERO);
+        assert_eq!(
+            timer_left(0, Timestamp(2_500)),
+            Duration::from_millis(2_500)
+        );
+    }
 
     #[test]
     fn estimate_is_never_ahead_of_the_database() {

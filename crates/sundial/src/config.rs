@@ -52,6 +52,16 @@ pub enum ConfigError {
         "push_claim_lead ({lead:?}) is longer than lookahead ({lookahead:?}): a task is claimed from the window, which holds only what is due within the look-ahead"
     )]
     PushLeadOverLookahead { lead: Duration, lookahead: Duration },
+    /// Tasks started for waiting polls earlier than the window looks ahead.
+    #[error(
+        "hand_off_lead ({lead:?}) is longer than lookahead ({lookahead:?}): a task is claimed from the window, which holds only what is due within the look-ahead"
+    )]
+    HandOffLeadOverLookahead { lead: Duration, lookahead: Duration },
+    /// In-process runs claimed earlier than the window looks ahead.
+    #[error(
+        "run_claim_lead ({lead:?}) is longer than lookahead ({lookahead:?}): a task is claimed from the window, which holds only what is due within the look-ahead"
+    )]
+    RunLeadOverLookahead { lead: Duration, lookahead: Duration },
 }
 
 impl Config {
@@ -122,6 +132,18 @@ impl Config {
                 lookahead: self.lookahead,
             });
         }
+        if self.hand_off_lead > self.lookahead {
+            return Err(ConfigError::HandOffLeadOverLookahead {
+                lead: self.hand_off_lead,
+                lookahead: self.lookahead,
+            });
+        }
+        if self.run_claim_lead > self.lookahead {
+            return Err(ConfigError::RunLeadOverLookahead {
+                lead: self.run_claim_lead,
+                lookahead: self.lookahead,
+            });
+        }
         Ok(())
     }
 }
@@ -156,6 +178,13 @@ pub struct Config {
     /// delivers it), rather than ready it for the poll to claim (two). On by default; off, every
     /// remote delivery goes through `ready`.
     pub hand_off_to_polls: bool,
+    /// Hand-off: how long before its due time a task may be started for a poll that waits. The
+    /// start (the attempt recorded as started at the due time, durably) then no longer delays
+    /// the delivery: the poll answers at the due time, never before, after reading the task
+    /// again so that a cancel that returned in between is honoured. While it waits, the task is
+    /// `running` and its poll is spoken for. Zero starts at the due time. At most the
+    /// look-ahead; only with `hand_off_to_polls`.
+    pub hand_off_lead: Duration,
     /// Tasks moved per claim round trip.
     pub claim_batch: usize,
     pub limits: Limits,
@@ -196,6 +225,14 @@ pub struct Config {
     /// the due time and goes out then, never before. Zero claims at the due time. At most the
     /// look-ahead; a task claimed early holds its receiver's slot from its claim.
     pub push_claim_lead: Duration,
+    /// In-process handlers: how long before its due time a task may be claimed (its attempt
+    /// recorded as started at the due time). The claim's commit, which may wait behind a large
+    /// write of the store's one writer, then no longer delays the handler: the run waits for
+    /// the due time, never starting before it, reads the task again (a cancel that returned
+    /// meanwhile is honoured: the handler is not called) and calls the handler. A task claimed
+    /// ahead holds its queue's slot from its claim. Zero claims at the due time. At most the
+    /// look-ahead.
+    pub run_claim_lead: Duration,
 }
 
 /// How long finished work is kept before it is deleted, and how the deleting runs. Task
@@ -250,6 +287,7 @@ impl Default for Config {
             max_poll_wait: Duration::from_secs(60),
             max_poll_batch: 256,
             hand_off_to_polls: true,
+            hand_off_lead: Duration::from_millis(3),
             claim_batch: 512,
             limits: Limits::default(),
             idempotency_window: Duration::from_secs(24 * 3600),
@@ -261,6 +299,7 @@ impl Default for Config {
             push_concurrency: 1_024,
             push_host_concurrency: 512,
             push_claim_lead: Duration::from_millis(200),
+            run_claim_lead: Duration::from_millis(25),
         }
     }
 }
@@ -386,6 +425,22 @@ mod tests {
                     ..Config::default()
                 },
                 "push_claim_lead",
+            ),
+            (
+                Config {
+                    hand_off_lead: Duration::from_secs(6),
+                    lookahead: Duration::from_secs(5),
+                    ..Config::default()
+                },
+                "hand_off_lead",
+            ),
+            (
+                Config {
+                    run_claim_lead: Duration::from_secs(6),
+                    lookahead: Duration::from_secs(5),
+                    ..Config::default()
+                },
+                "run_claim_lead",
             ),
             (
                 Config {

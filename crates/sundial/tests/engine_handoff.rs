@@ -585,3 +585,147 @@ async fn a_completion_carried_by_a_poll_is_recorded_with_its_first_claim() {
         TaskState::Ready
     );
 }
+
+/// Inside the hand-off lead: a task due this far ahead is started for a waiting poll at once.
+fn within_the_lead() -> Duration {
+    let lead = sundial::Config::default().hand_off_lead;
+    assert!(
+        lead >= Duration::from_millis(2),
+        "the tests step the clock by 1 ms"
+    );
+    lead - Duration::from_millis(1)
+}
+
+/// Polls `q` for a while in real time, asserting that `h` has not answered.
+async fn still_waiting(h: &tokio::task::JoinHandle<Vec<Task>>, why: &str) {
+    for _ in 0..25 {
+        assert!(!h.is_finished(), "{why}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_due_within_the_lead_is_started_ahead_and_answered_at_its_due_time() {
+    let s = setup();
+    let mut stepper = s.sundial.stepper();
+    let waiting = poll(&s, "w1", 0).await;
+    let looked = s.watch.ready_claims.load(Ordering::SeqCst);
+    let id = s
+        .sundial
+        .schedule(TaskSpec::new("k").queue("q").delay(within_the_lead()))
+        .await
+        .unwrap();
+    stepper.settle().await;
+    // Started ahead, in one claim: recorded as started at its due time, not at the claim's.
+    assert_eq!(s.watch.poll_starts.load(Ordering::SeqCst), 1);
+    let stored = s.sundial.get(id).await.unwrap().unwrap();
+    assert_eq!(stored.state, TaskState::Running);
+    assert_eq!(stored.started_at, Some(stored.due_at));
+    assert!(stored.due_at > s.sundial.clock().now());
+    assert_eq!(
+        stored.lease_expires_at,
+        Some(Timestamp(stored.due_at.0 + stored.timeout_ms as i64)),
+        "the lease counts from the start"
+    );
+    // The poll answers at the due time, never before.
+    parked(&s.clock, 1).await;
+    still_waiting(&waiting, "answered before the due time").await;
+    s.clock
+        .advance(within_the_lead() - Duration::from_millis(1));
+    parked(&s.clock, 1).await;
+    still_waiting(&waiting, "answered a millisecond before the due time").await;
+    s.clock.advance(Duration::from_millis(1));
+    let got = answer(waiting).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].id, id);
+    assert_eq!(got[0].execution_id, stored.execution_id);
+    assert!(s.sundial.clock().now() >= stored.due_at);
+    assert_eq!(
+        s.watch.ready_claims.load(Ordering::SeqCst),
+        looked,
+        "no claim of a ready task: the start was the delivery"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_cancelled_while_it_waits_for_its_due_time_is_not_delivered() {
+    let s = setup();
+    let mut stepper = s.sundial.stepper();
+    let waiting = poll(&s, "w1", 0).await;
+    let id = s
+        .sundial
+        .schedule(TaskSpec::new("k").queue("q").delay(within_the_lead()))
+        .await
+        .unwrap();
+    stepper.settle().await;
+    assert_eq!(
+        s.sundial.get(id).await.unwrap().unwrap().state,
+        TaskState::Running,
+        "started ahead for the poll"
+    );
+    parked(&s.clock, 1).await;
+    // Cancelled before its due time: once the cancel returned, the task must not start.
+    s.sundial.cancel(id).await.unwrap();
+    s.clock.advance(within_the_lead());
+    stepper.settle().await;
+    still_waiting(&waiting, "the poll answered with a cancelled task").await;
+    // The poll went on waiting and ends empty at its deadline.
+    s.clock.advance(Duration::from_secs(30));
+    assert!(answer(waiting).await.is_empty());
+    assert_eq!(
+        s.sundial.get(id).await.unwrap().unwrap().state,
+        TaskState::Cancelled
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_started_ahead_for_a_poll_that_left_goes_to_the_next_poll_at_its_due_time() {
+    let s = setup();
+    let mut stepper = s.sundial.stepper();
+    let gone = poll(&s, "w1", 0).await;
+    let id = s
+        .sundial
+        .schedule(TaskSpec::new("k").queue("q").delay(within_the_lead()))
+        .await
+        .unwrap();
+    stepper.settle().await;
+    assert_eq!(s.watch.poll_starts.load(Ordering::SeqCst), 1);
+    // The poll waits for the due time with the task, and goes away.
+    parked(&s.clock, 1).await;
+    gone.abort();
+    assert!(gone.await.is_err(), "the poll was ended");
+    // The next poll takes the task kept for it, and answers at its due time, not before.
+    let next = poll(&s, "w2", 0).await;
+    still_waiting(&next, "the kept task was delivered before its due time").await;
+    s.clock.advance(within_the_lead());
+    let got = answer(next).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].id, id);
+    assert!(s.sundial.clock().now() >= got[0].due_at);
+    s.sundial
+        .complete(id, got[0].execution_id.unwrap(), None)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_waiting_poll_nothing_is_started_or_readied_ahead() {
+    let s = setup();
+    let mut stepper = s.sundial.stepper();
+    let id = s
+        .sundial
+        .schedule(TaskSpec::new("k").queue("q").delay(within_the_lead()))
+        .await
+        .unwrap();
+    stepper.settle().await;
+    assert_eq!(
+        s.sundial.get(id).await.unwrap().unwrap().state,
+        TaskState::Scheduled
+    );
+    s.clock.advance(within_the_lead());
+    stepper.settle().await;
+    assert_eq!(
+        s.sundial.get(id).await.unwrap().unwrap().state,
+        TaskState::Ready
+    );
+}

@@ -2,7 +2,9 @@
 //! task of that queue claims it straight to `running` for the first of them (the store's
 //! `claim_due` with a `Run` target naming the poll's worker, inside the poll's audit scope), then
 //! hands the started task over. One durable write delivers the task, where readying it and the
-//! poll's claim took two.
+//! poll's claim took two. A task due within `Config::hand_off_lead` may be started ahead for a
+//! waiting poll (recorded as started at its due time); the poll answers at that time, after
+//! reading the task again (`Engine::at_their_start` in `poll`).
 //!
 //! Owns: the waiting polls of one queue and the tasks started for a poll that had gone by the time
 //! they were handed (`unclaimed`: the next poll of the queue takes them first, while their lease

@@ -79,6 +79,12 @@ pub(crate) struct Engine {
     exclusive_releases: AtomicU64,
     reaper: ReaperSignal,
     in_flight: AtomicUsize,
+    /// Polls waiting among their queue's hand-off waiters: while there are none, the shard
+    /// loops do not wake early for a start ahead (`Config::hand_off_lead`).
+    pub(crate) polls_waiting: AtomicUsize,
+    /// Runs claimed ahead that wait for their due time before calling their handler (a stepped
+    /// test does not wait for them to finish: see `step`).
+    pub(crate) runs_waiting_due: AtomicUsize,
     drained: Notify,
     /// Set when shutdown begins: no new work is taken.
     stopping: watch::Sender<bool>,
@@ -230,6 +236,8 @@ impl Engine {
                 gate: AtomicI64::new(i64::MIN),
             },
             in_flight: AtomicUsize::new(0),
+            polls_waiting: AtomicUsize::new(0),
+            runs_waiting_due: AtomicUsize::new(0),
             drained: Notify::new(),
             stopping: watch::channel(false).0,
             aborting: watch::channel(false).0,

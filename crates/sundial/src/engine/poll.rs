@@ -8,10 +8,12 @@
 
 use std::time::Duration;
 
-use sundial_core::{ExecutionId, Task, TaskId, Timestamp};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use sundial_core::{ExecutionId, Task, TaskId, TaskState, Timestamp};
 use sundial_store::{ReadyClaim, ReadyTaken};
 
-use super::Engine;
+use super::{Engine, QueueState};
 use crate::Error;
 use crate::trace::{self, Step};
 
@@ -29,6 +31,40 @@ pub struct Completion {
     pub id: TaskId,
     pub execution: ExecutionId,
     pub result: Option<serde_json::Value>,
+}
+
+/// A poll counted in [`Engine::polls_waiting`] while this lives.
+struct Counted<'a>(&'a AtomicUsize);
+
+impl<'a> Counted<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Counted(count)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Tasks started for a poll that wait for their due time; whatever is still here when this is
+/// dropped (the poll gone, or a read failed) is kept for the queue's next poll.
+struct Held<'a> {
+    tasks: Vec<Task>,
+    q: &'a QueueState,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if !self.tasks.is_empty() {
+            self.q
+                .waiters
+                .keep_unclaimed(std::mem::take(&mut self.tasks));
+            self.q.ready.notify_one();
+        }
+    }
 }
 
 /// The completion a poll carries: pending until the poll records it (with its first claim, or
@@ -141,13 +177,18 @@ impl Engine {
                 continue;
             }
             // Tasks started for a poll that was gone when they were handed come first.
-            let mut kept = q.waiters.take_unclaimed(max, now);
+            let kept = q.waiters.take_unclaimed(max, now);
             if !kept.is_empty() {
                 if let Err(e) = self.record_carried(&mut carried).await {
                     // Kept for the next poll, as they were.
                     q.waiters.keep_unclaimed(kept);
                     q.ready.notify_one();
                     return Err(e);
+                }
+                // Some may have been started ahead for a poll that went away.
+                let mut kept = self.at_their_start(&q, kept).await?;
+                if kept.is_empty() {
+                    continue;
                 }
                 self.delivered(&mut kept);
                 return Ok(kept);
@@ -225,6 +266,7 @@ impl Engine {
             }
             let mut waiting = (kinds.is_none() && self.config.hand_off_to_polls)
                 .then(|| q.waiters.register(worker.clone(), max, audit.clone()));
+            let counted = waiting.as_ref().map(|_| Counted::new(&self.polls_waiting));
             let mut handed = None;
             // Whether this poll took a wake-up meant for a claim of a ready task.
             let mut woken = false;
@@ -242,9 +284,10 @@ impl Engine {
                     _ = stopping.changed() => {}
                 }
             }
+            drop(counted);
             // What a shard loop handed over, including what it sent while this poll was woken
             // otherwise.
-            let mut tasks = match (handed, waiting) {
+            let tasks = match (handed, waiting) {
                 (Some(tasks), _) => tasks,
                 (None, Some(reg)) => q.waiters.withdraw(reg),
                 (None, None) => Vec::new(),
@@ -268,12 +311,57 @@ impl Engine {
                 return Ok(Vec::new());
             }
             if !tasks.is_empty() {
+                let mut tasks = self.at_their_start(&q, tasks).await?;
+                if tasks.is_empty() {
+                    // Every task started ahead for it ended before its due time: look again.
+                    continue;
+                }
                 self.delivered(&mut tasks);
                 metrics::histogram!("sundial_poll_wait_seconds", "namespace" => sundial_core::namespace::namespace_of(queue).to_string(), "queue" => sundial_core::namespace::local(queue).to_string())
                     .record(self.clock.now().since(start).as_secs_f64());
                 return Ok(tasks);
             }
         }
+    }
+
+    /// Tasks handed to a poll, at their start: a task started ahead of its due time
+    /// (`Config::hand_off_lead`) is answered at that time, never before, and only after it was
+    /// read again and found still running under the execution handed, so that a cancel that
+    /// returned while it waited is honoured. Were the poll dropped, or the read to fail, while
+    /// tasks wait here, they are kept for the queue's next poll.
+    async fn at_their_start(&self, q: &QueueState, tasks: Vec<Task>) -> Result<Vec<Task>, Error> {
+        let handed_at = self.clock.now();
+        let Some(start) = tasks.iter().filter_map(|t| t.started_at).max() else {
+            return Ok(tasks);
+        };
+        if start <= handed_at {
+            return Ok(tasks);
+        }
+        let mut held = Held { tasks, q };
+        // Bounded by the lead, should the clock have stepped back since the start.
+        self.clock
+            .sleep_until(start.min(handed_at.saturating_add(self.config.hand_off_lead)))
+            .await;
+        let mut still = Vec::with_capacity(held.tasks.len());
+        for t in &held.tasks {
+            let ahead = t.started_at.is_some_and(|at| at > handed_at);
+            if !ahead {
+                still.push(true);
+                continue;
+            }
+            let stored = self.store.get(t.id).await?;
+            still.push(stored.is_some_and(|s| {
+                s.state == TaskState::Running && s.execution_id == t.execution_id
+            }));
+            metrics::histogram!("sundial_fire_lateness_seconds", "namespace" => sundial_core::namespace::namespace_of(&t.queue).to_string(), "queue" => sundial_core::namespace::local(&t.queue).to_string(), "target" => "poll")
+                .record(self.clock.now().since(t.became_due_at()).as_secs_f64());
+        }
+        let tasks = std::mem::take(&mut held.tasks);
+        Ok(tasks
+            .into_iter()
+            .zip(still)
+            .filter_map(|(t, keep)| keep.then_some(t))
+            .collect())
     }
 
     /// Claims for a poll: the tasks taken, and when a rate limit's next turn lets more be taken.

@@ -54,19 +54,39 @@ impl Engine {
         });
         let run = async move {
             let mut aborting = engine.aborting.subscribe();
-            // A push task may be claimed a little before it is due (`Config::push_claim_lead`):
-            // its attempt is durable before the call, and the call still goes out at the due
-            // time, never before.
+            // A task may be claimed a little before it is due (`Config::push_claim_lead`,
+            // `Config::run_claim_lead`): its attempt is durable before the handler runs, and the
+            // handler still runs at the due time, never before.
             // The wait is bounded by the lead, should the clock have stepped back since the claim.
             let now = engine.clock.now();
-            let due = task
-                .due_at
-                .min(now.saturating_add(engine.config.push_claim_lead));
-            let woke_early = now < due
-                && tokio::select! {
+            let lead = engine
+                .config
+                .push_claim_lead
+                .max(engine.config.run_claim_lead);
+            // The recorded start: the due time, or later (a rate limit's turn).
+            let starts = task
+                .started_at
+                .map_or(task.due_at, |at| at.max(task.due_at));
+            let due = starts.min(now.saturating_add(lead));
+            let ahead = now < due;
+            let woke_early = ahead && {
+                engine.runs_waiting_due.fetch_add(1, Ordering::SeqCst);
+                let woke_early = tokio::select! {
                     _ = engine.clock.sleep_until(due) => false,
                     _ = wait_true(&mut aborting) => true,
                 };
+                engine.runs_waiting_due.fetch_sub(1, Ordering::SeqCst);
+                woke_early
+            };
+            if ahead && !woke_early && !engine.still_started(&task, execution).await {
+                // Cancelled (or otherwise ended) while it waited for its due time: the handler
+                // is never called, and there is no result to record.
+                slots.release();
+                if engine.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+                    engine.drained.notify_waiters();
+                }
+                return;
+            }
             let started = engine.clock.now();
             metrics::histogram!("sundial_fire_lateness_seconds", "namespace" => sundial_core::namespace::namespace_of(&task.queue).to_string(), "queue" => sundial_core::namespace::local(&task.queue).to_string(), "target" => "handler")
                 .record(started.since(task.became_due_at()).as_secs_f64());
@@ -164,6 +184,21 @@ impl Engine {
             }
         };
         tokio::spawn(run.instrument(run_span));
+    }
+
+    /// Whether a task claimed ahead of its due time is still `running` under `execution` when
+    /// it comes due: a cancel that returned while it waited must keep its handler from being
+    /// called. A failed read answers no (the attempt's lease ending hands the task on, as for
+    /// any attempt whose runner went away).
+    async fn still_started(&self, task: &Task, execution: ExecutionId) -> bool {
+        match self.store.get(task.id).await {
+            Ok(Some(t)) => t.state == TaskState::Running && t.execution_id == Some(execution),
+            Ok(None) => false,
+            Err(e) => {
+                tracing::warn!(id = %task.id, error = %e, "cannot read a task claimed ahead again; it is left to its lease");
+                false
+            }
+        }
     }
 
     /// Records success of an attempt (in-process or remote).

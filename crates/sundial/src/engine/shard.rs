@@ -232,9 +232,25 @@ impl ShardLoop {
         // Anything that arrived while scanning.
         self.take_inbox();
 
-        // 3. Claim what is due (push tasks up to their claim lead ahead).
-        let lead = self.push_lead();
-        let claimed = match self.claim_due(now, lead).await? {
+        // 3. Claim what is due (push tasks up to their claim lead ahead, and tasks for waiting
+        //    polls up to the hand-off lead ahead).
+        // With several nodes only push tasks are claimed ahead: a due claim is otherwise never
+        // written before its due time by the database's clock (`tests/cluster_nodes_pg.rs`).
+        let single = engine.placement.is_single();
+        let leads = Leads {
+            push: self.push_lead(),
+            hand: if single {
+                self.hand_lead()
+            } else {
+                Duration::ZERO
+            },
+            run: if single {
+                engine.config.run_claim_lead.min(lookahead)
+            } else {
+                Duration::ZERO
+            },
+        };
+        let claimed = match self.claim_due(now, leads).await? {
             ClaimPass::Done(claimed) => {
                 self.store_backoff = FIRST_BACKOFF;
                 claimed
@@ -260,13 +276,23 @@ impl ShardLoop {
             self.window.first_due()
         };
         let mut gate = first.unwrap_or(Timestamp::MAX);
-        if !lead.is_zero() {
+        // A start ahead for a poll is worth an early turn only while some poll waits.
+        let hand = if engine.polls_waiting.load(Ordering::Relaxed) > 0 {
+            leads.hand
+        } else {
+            Duration::ZERO
+        };
+        for lead in [leads.push, hand, leads.run] {
+            if lead.is_zero() {
+                continue;
+            }
             if claimed.full {
                 // The batch filled up: more may be claimable now.
                 gate = now;
             } else if let Some(next) = self.window.first_due_after(now.saturating_add(lead)) {
-                // Entries due within the lead that are still here are not push tasks (they wait
-                // for their own due time, `first`) or wait for a slot (`starved`).
+                // Entries due within the lead that are still here are not push tasks or found
+                // no poll (they wait for their own due time, `first`), or wait for a slot
+                // (`starved`).
                 gate = gate.min(Timestamp(next.0.saturating_sub(lead.as_millis() as i64)));
             }
         }
@@ -321,9 +347,23 @@ impl ShardLoop {
         }
     }
 
-    /// Claims and dispatches every due entry it can: entries due by `now`, and push entries due
-    /// by `now + lead` (their runs wait for the due time before calling).
-    async fn claim_due(&mut self, now: Timestamp, lead: Duration) -> Result<ClaimPass, LeaseLost> {
+    /// How long before their due time tasks are started for waiting polls: the configured lead
+    /// when hand-off is on (bounded by the look-ahead), else zero.
+    fn hand_lead(&self) -> Duration {
+        if self.engine.config.hand_off_to_polls {
+            self.engine
+                .config
+                .hand_off_lead
+                .min(self.engine.config.lookahead)
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// Claims and dispatches every due entry it can: entries due by `now`, push entries due by
+    /// `now + leads.push` (their runs wait for the due time before calling), and entries due by
+    /// `now + leads.hand` for which a poll waits (the poll answers at the due time).
+    async fn claim_due(&mut self, now: Timestamp, leads: Leads) -> Result<ClaimPass, LeaseLost> {
         let engine = self.engine.clone();
         let mut starved = Starved::default();
         let mut starved_queues: HashSet<Arc<str>> = HashSet::new();
@@ -340,7 +380,10 @@ impl ShardLoop {
         let mut held_back: Vec<DueKey> = Vec::new();
         // Entries of receivers found full, to be parked in their lanes (see `window`).
         let mut to_park: Vec<DueKey> = Vec::new();
-        let until = now.saturating_add(lead);
+        let until = now.saturating_add(leads.push.max(leads.hand).max(leads.run));
+        let push_until = now.saturating_add(leads.push);
+        let hand_until = now.saturating_add(leads.hand);
+        let run_until = now.saturating_add(leads.run);
         // First the parked entries of receivers and queues with free slots, from the front of
         // each lane: one more than there are free slots, whose failed acquire marks the receiver
         // or queue full again. A lane without a free slot is not read at all.
@@ -401,8 +444,17 @@ impl ShardLoop {
                 full = true;
                 break;
             }
-            // Within the lead but not yet due: only push tasks are claimed ahead.
-            if key.due_at > now && meta.push_host.is_none() {
+            // Within a lead but not yet due: push tasks are claimed ahead within theirs, tasks
+            // of in-process handlers within the run lead, and tasks for waiting polls within
+            // the hand-off lead (below, where the handler or the poll is found).
+            let ahead = key.due_at > now;
+            if ahead
+                && if meta.push_host.is_some() {
+                    key.due_at > push_until
+                } else {
+                    key.due_at > hand_until && key.due_at > run_until
+                }
+            {
                 continue;
             }
             if !paused.is_empty() && paused.contains(&*meta.queue) {
@@ -434,7 +486,8 @@ impl ShardLoop {
                     .map(|h| (host, h)),
                 None => None,
             };
-            if key.due_at > now && push.is_none() {
+            if ahead && push.is_none() && meta.push_host.is_some() {
+                // A push task without a push handler here is readied at its due time.
                 continue;
             }
             if let Some((host, handler)) = push {
@@ -477,9 +530,19 @@ impl ShardLoop {
                 .entry(meta.kind.clone())
                 .or_insert_with(|| engine.handler(&meta.kind))
                 .clone();
+            if ahead
+                && if handler.is_some() {
+                    key.due_at > run_until
+                } else {
+                    key.due_at > hand_until
+                }
+            {
+                continue;
+            }
             let Some(handler) = handler else {
                 // A poll of the queue is waiting: start the task for it (see `handoff`), unless
                 // a start was refused for this entry before; else ready it for the next poll.
+                // Ahead of its due time only the former: nothing is readied early.
                 let q = self
                     .queues
                     .entry(meta.queue.clone())
@@ -489,19 +552,22 @@ impl ShardLoop {
                 } else {
                     hands.place(&meta.queue, q)
                 };
+                let starts_at = now.max(key.due_at);
                 let target = match hand {
                     Some(h) => ClaimTarget::Run {
                         execution: ExecutionId(uuid::Uuid::now_v7()),
-                        lease_until: now.saturating_add(Duration::from_millis(meta.timeout_ms)),
+                        lease_until: starts_at
+                            .saturating_add(Duration::from_millis(meta.timeout_ms)),
                         worker: hands.waiters[h].worker.clone(),
                     },
+                    None if ahead => continue,
                     None => ClaimTarget::Ready,
                 };
                 batch.push(Pending {
                     key: *key,
                     meta: meta.clone(),
                     claim: DueClaim { id: key.id, target },
-                    starts_at: now,
+                    starts_at,
                     run: None,
                     hand,
                 });
@@ -528,7 +594,7 @@ impl ShardLoop {
                         key: *key,
                         meta: meta.clone(),
                         claim: run.claim(key.id),
-                        starts_at: now,
+                        starts_at: now.max(key.due_at),
                         run: Some((handler, vec![permit])),
                         hand: None,
                     });
@@ -660,8 +726,11 @@ impl ShardLoop {
                         // Started for a waiting poll: the fire is one point of the trace, as
                         // for a readied task; the poll's answer delivers it.
                         drop(trace::task_span(Step::Fire, &task).entered());
-                        metrics::histogram!("sundial_fire_lateness_seconds", "namespace" => sundial_core::namespace::namespace_of(&task.queue).to_string(), "queue" => sundial_core::namespace::local(&task.queue).to_string(), "target" => "poll")
-                            .record(now.since(task.became_due_at()).as_secs_f64());
+                        // Started ahead: the poll counts its lateness when it answers.
+                        if task.started_at.is_none_or(|at| at <= now) {
+                            metrics::histogram!("sundial_fire_lateness_seconds", "namespace" => sundial_core::namespace::namespace_of(&task.queue).to_string(), "queue" => sundial_core::namespace::local(&task.queue).to_string(), "target" => "poll")
+                                .record(now.since(task.became_due_at()).as_secs_f64());
+                        }
                         if let Some(tasks) = handed.get_mut(h) {
                             tasks.push(*task);
                         }
@@ -879,11 +948,22 @@ impl RunClaim {
     }
 }
 
+/// How far ahead of their due time a turn claims: push tasks (`Config::push_claim_lead`), tasks
+/// for waiting polls (`Config::hand_off_lead`) and tasks of in-process handlers
+/// (`Config::run_claim_lead`), each zero when off.
+#[derive(Debug, Clone, Copy)]
+struct Leads {
+    push: Duration,
+    hand: Duration,
+    run: Duration,
+}
+
 struct Pending {
     key: DueKey,
     meta: Meta,
     claim: DueClaim,
-    /// When the attempt starts: now, or a push task's due time when it is claimed ahead.
+    /// When the attempt starts: now, or the due time of a task claimed ahead (for a push call or
+    /// a waiting poll).
     starts_at: Timestamp,
     /// For a `Run` claim: the handler resolved for the batch and the queue permit taken for it.
     run: Option<(Arc<dyn Handler>, Vec<OwnedSemaphorePermit>)>,

@@ -123,16 +123,18 @@ impl Stepper {
                 let notified = self.engine.drained.notified();
                 tokio::pin!(notified);
                 notified.as_mut().enable();
-                let holding = held.map_or(0, |h| h());
+                // Runs claimed ahead that wait on the clock for their due time are not waited
+                // for: only the test's next step of the clock lets them go.
+                let ahead = self.engine.runs_waiting_due.load(Ordering::SeqCst);
+                let holding = held.map_or(0, |h| h()) + ahead;
                 if self.engine.in_flight.load(Ordering::SeqCst) <= holding {
                     return;
                 }
                 any = true;
-                match held {
-                    None => notified.await,
-                    Some(_) => {
-                        let _ = tokio::time::timeout(HELD_RECHECK, notified).await;
-                    }
+                if held.is_none() && ahead == 0 {
+                    notified.await;
+                } else {
+                    let _ = tokio::time::timeout(HELD_RECHECK, notified).await;
                 }
             }
         })

@@ -1,0 +1,100 @@
+//! In-process runs claimed ahead (`Config::run_claim_lead`): a task due within the lead is
+//! claimed at once, recorded as started at its due time, and its handler is called at that time,
+//! never before; a task cancelled while it waits is never called. With a zero lead nothing is
+//! claimed before it is due.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use sundial::{Clock, Config, TaskSpec, TaskState};
+
+/// Inside the default run lead.
+fn within_the_lead() -> Duration {
+    let lead = Config::default().run_claim_lead;
+    assert!(
+        lead >= Duration::from_millis(2),
+        "the tests step the clock by 1 ms"
+    );
+    lead - Duration::from_millis(1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_due_within_the_lead_is_claimed_at_once_and_runs_at_its_due_time() {
+    let h = harness().await;
+    let mut runs = record(&h, "k", |_| Ok(()));
+    let mut stepper = h.sundial.stepper();
+    let id = h
+        .sundial
+        .schedule(TaskSpec::new("k").delay(within_the_lead()))
+        .await
+        .unwrap();
+    stepper.settle().await;
+    let stored = h.sundial.get(id).await.unwrap().unwrap();
+    assert_eq!(stored.state, TaskState::Running, "claimed ahead");
+    assert_eq!(stored.started_at, Some(stored.due_at));
+    assert!(stored.due_at > h.clock.now());
+    no_run(&mut runs).await;
+    h.clock
+        .advance(within_the_lead() - Duration::from_millis(1));
+    stepper.settle().await;
+    no_run(&mut runs).await;
+    h.clock.advance(Duration::from_millis(1));
+    stepper.settle().await;
+    let run = next_run(&mut runs).await;
+    assert_eq!(run.id, id);
+    assert!(run.at >= run.due, "started early: {run:?}");
+    assert_eq!(run.at, stored.due_at);
+    wait_state(&h.sundial, id, TaskState::Succeeded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_cancelled_while_it_waits_for_its_due_time_is_never_run() {
+    let h = harness().await;
+    let mut runs = record(&h, "k", |_| Ok(()));
+    let mut stepper = h.sundial.stepper();
+    let id = h
+        .sundial
+        .schedule(TaskSpec::new("k").delay(within_the_lead()))
+        .await
+        .unwrap();
+    stepper.settle().await;
+    assert_eq!(
+        h.sundial.get(id).await.unwrap().unwrap().state,
+        TaskState::Running
+    );
+    h.sundial.cancel(id).await.unwrap();
+    h.clock.advance(within_the_lead());
+    stepper.settle().await;
+    no_run(&mut runs).await;
+    assert_eq!(
+        h.sundial.get(id).await.unwrap().unwrap().state,
+        TaskState::Cancelled
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_lead_nothing_is_claimed_before_it_is_due() {
+    let h = harness_with(Config {
+        run_claim_lead: Duration::ZERO,
+        ..Config::default()
+    })
+    .await;
+    let mut runs = record(&h, "k", |_| Ok(()));
+    let mut stepper = h.sundial.stepper();
+    let id = h
+        .sundial
+        .schedule(TaskSpec::new("k").delay(Duration::from_millis(5)))
+        .await
+        .unwrap();
+    stepper.settle().await;
+    assert_eq!(
+        h.sundial.get(id).await.unwrap().unwrap().state,
+        TaskState::Scheduled
+    );
+    h.clock.advance(Duration::from_millis(5));
+    stepper.settle().await;
+    assert_eq!(next_run(&mut runs).await.id, id);
+}
