@@ -83,8 +83,8 @@ pub(crate) struct Engine {
     /// loops do not wake early for a start ahead (`Config::hand_off_lead`).
     pub(crate) polls_waiting: AtomicUsize,
     /// Runs claimed ahead that wait for their due time before calling their handler (a stepped
-    /// test does not wait for them to finish: see `step`).
-    pub(crate) runs_waiting_due: AtomicUsize,
+    /// test does not wait for those whose time is still ahead: see `step`).
+    pub(crate) runs_waiting_due: run::RunsWaitingDue,
     drained: Notify,
     /// Set when shutdown begins: no new work is taken.
     stopping: watch::Sender<bool>,
@@ -237,7 +237,7 @@ impl Engine {
             },
             in_flight: AtomicUsize::new(0),
             polls_waiting: AtomicUsize::new(0),
-            runs_waiting_due: AtomicUsize::new(0),
+            runs_waiting_due: run::RunsWaitingDue::default(),
             drained: Notify::new(),
             stopping: watch::channel(false).0,
             aborting: watch::channel(false).0,

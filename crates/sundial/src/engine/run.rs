@@ -6,12 +6,13 @@
 //! Never decides whether a result is accepted: the store's update is conditional on the attempt's
 //! execution id, and a refused result is reported, not forced.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
 use futures::FutureExt;
 use rand::Rng;
-use sundial_core::{ExecutionId, Task, TaskId, TaskState};
+use sundial_core::{ExecutionId, Task, TaskId, TaskState, Timestamp};
 use sundial_store::{DueEntry, Retry};
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -23,6 +24,51 @@ use crate::handler::{
     AttemptAnswer, Handler, HandlerError, RunSlots, SuccessRecorded, TaskContext,
 };
 use crate::trace::{self, Step};
+
+/// Runs claimed ahead that wait on the clock for their start, counted by that start. A stepped
+/// test waits for a run whose start the clock has reached (it is about to call its handler),
+/// and not for one whose start is still ahead: only the test's next step of the clock lets
+/// that one go.
+#[derive(Default)]
+pub(crate) struct RunsWaitingDue(Mutex<BTreeMap<Timestamp, usize>>);
+
+impl RunsWaitingDue {
+    fn enter(&self, start: Timestamp) -> WaitingDue<'_> {
+        *self.lock().entry(start).or_default() += 1;
+        WaitingDue { runs: self, start }
+    }
+
+    /// How many wait for a start later than `now`.
+    pub(crate) fn after(&self, now: Timestamp) -> usize {
+        self.lock()
+            .range((std::ops::Bound::Excluded(now), std::ops::Bound::Unbounded))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Timestamp, usize>> {
+        // The map is a count of waits; a panic elsewhere leaves it consistent.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// One run counted in [`RunsWaitingDue`] while this lives.
+struct WaitingDue<'a> {
+    runs: &'a RunsWaitingDue,
+    start: Timestamp,
+}
+
+impl Drop for WaitingDue<'_> {
+    fn drop(&mut self) {
+        let mut map = self.runs.lock();
+        if let Some(n) = map.get_mut(&self.start) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.start);
+            }
+        }
+    }
+}
 
 impl Engine {
     /// Runs a started task on its handler (resolved with the claim's batch) under the permits
@@ -70,13 +116,13 @@ impl Engine {
             let due = starts.min(now.saturating_add(lead));
             let ahead = now < due;
             let woke_early = ahead && {
-                engine.runs_waiting_due.fetch_add(1, Ordering::SeqCst);
-                let woke_early = tokio::select! {
+                let _waiting = engine.runs_waiting_due.enter(due);
+                // A stepped test waiting for this run to finish stops waiting for it now.
+                engine.drained.notify_waiters();
+                tokio::select! {
                     _ = engine.clock.sleep_until(due) => false,
                     _ = wait_true(&mut aborting) => true,
-                };
-                engine.runs_waiting_due.fetch_sub(1, Ordering::SeqCst);
-                woke_early
+                }
             };
             if ahead && !woke_early && !engine.still_started(&task, execution).await {
                 // Cancelled (or otherwise ended) while it waited for its due time: the handler
@@ -406,5 +452,29 @@ impl Engine {
             }
         }
         waiting
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_waiting_for_its_start_counts_until_the_clock_reaches_it() {
+        let runs = RunsWaitingDue::default();
+        let start = Timestamp(1_000);
+        let first = runs.enter(start);
+        let second = runs.enter(start);
+        let later = runs.enter(Timestamp(2_000));
+        assert_eq!(runs.after(Timestamp(999)), 3);
+        // At its start a run is about to call its handler, though it may not have woken yet:
+        // a stepped test waits for it.
+        assert_eq!(runs.after(start), 1);
+        drop(first);
+        assert_eq!(runs.after(Timestamp(999)), 2);
+        drop(second);
+        drop(later);
+        assert_eq!(runs.after(Timestamp(0)), 0);
+        assert!(runs.lock().is_empty(), "no entry is left behind");
     }
 }

@@ -123,9 +123,10 @@ impl Stepper {
                 let notified = self.engine.drained.notified();
                 tokio::pin!(notified);
                 notified.as_mut().enable();
-                // Runs claimed ahead that wait on the clock for their due time are not waited
-                // for: only the test's next step of the clock lets them go.
-                let ahead = self.engine.runs_waiting_due.load(Ordering::SeqCst);
+                // Runs claimed ahead that wait on the clock for a due time still ahead are not
+                // waited for: only the test's next step of the clock lets them go. One whose
+                // time has come is, though it may not have woken yet.
+                let ahead = self.engine.runs_waiting_due.after(self.engine.clock.now());
                 let holding = held.map_or(0, |h| h()) + ahead;
                 if self.engine.in_flight.load(Ordering::SeqCst) <= holding {
                     return;
