@@ -53,6 +53,9 @@ pub struct FireArgs {
     /// load's queue limited to 10,000 running at once).
     #[arg(long, value_enum, default_value_t = Controls::None)]
     pub controls: Controls,
+    /// How long before its due time an in-process run is claimed (`--run-claim-lead`), ms.
+    #[arg(long, default_value_t = Config::default().run_claim_lead.as_millis() as u64)]
+    pub run_claim_lead_ms: u64,
 }
 
 /// The flow controls the fire load's tasks carry (`--controls`).
@@ -119,6 +122,7 @@ pub async fn run(common: &Common, args: &FireArgs) -> Result<()> {
     );
     let config = Config {
         default_concurrency: args.concurrency,
+        run_claim_lead: std::time::Duration::from_millis(args.run_claim_lead_ms),
         ..common.config()
     };
     crate::common::print_fsync_probe(dir.path())?;

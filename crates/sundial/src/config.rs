@@ -47,21 +47,16 @@ pub enum ConfigError {
         claim_batch: usize,
         window_capacity: usize,
     },
-    /// Push tasks claimed earlier than the window looks ahead.
+    /// Tasks claimed earlier than the window looks ahead: `field` is the lead
+    /// (`push_claim_lead`, `hand_off_lead` or `run_claim_lead`).
     #[error(
-        "push_claim_lead ({lead:?}) is longer than lookahead ({lookahead:?}): a task is claimed from the window, which holds only what is due within the look-ahead"
+        "{field} ({lead:?}) is longer than lookahead ({lookahead:?}): a task is claimed from the window, which holds only what is due within the look-ahead"
     )]
-    PushLeadOverLookahead { lead: Duration, lookahead: Duration },
-    /// Tasks started for waiting polls earlier than the window looks ahead.
-    #[error(
-        "hand_off_lead ({lead:?}) is longer than lookahead ({lookahead:?}): a task is claimed from the window, which holds only what is due within the look-ahead"
-    )]
-    HandOffLeadOverLookahead { lead: Duration, lookahead: Duration },
-    /// In-process runs claimed earlier than the window looks ahead.
-    #[error(
-        "run_claim_lead ({lead:?}) is longer than lookahead ({lookahead:?}): a task is claimed from the window, which holds only what is due within the look-ahead"
-    )]
-    RunLeadOverLookahead { lead: Duration, lookahead: Duration },
+    LeadOverLookahead {
+        field: &'static str,
+        lead: Duration,
+        lookahead: Duration,
+    },
 }
 
 impl Config {
@@ -126,21 +121,15 @@ impl Config {
                 window_capacity: self.window_capacity,
             });
         }
-        if self.push_claim_lead > self.lookahead {
-            return Err(ConfigError::PushLeadOverLookahead {
-                lead: self.push_claim_lead,
-                lookahead: self.lookahead,
-            });
-        }
-        if self.hand_off_lead > self.lookahead {
-            return Err(ConfigError::HandOffLeadOverLookahead {
-                lead: self.hand_off_lead,
-                lookahead: self.lookahead,
-            });
-        }
-        if self.run_claim_lead > self.lookahead {
-            return Err(ConfigError::RunLeadOverLookahead {
-                lead: self.run_claim_lead,
+        let leads = [
+            ("push_claim_lead", self.push_claim_lead),
+            ("hand_off_lead", self.hand_off_lead),
+            ("run_claim_lead", self.run_claim_lead),
+        ];
+        if let Some(&(field, lead)) = leads.iter().find(|(_, lead)| *lead > self.lookahead) {
+            return Err(ConfigError::LeadOverLookahead {
+                field,
+                lead,
                 lookahead: self.lookahead,
             });
         }
