@@ -729,3 +729,37 @@ async fn without_a_waiting_poll_nothing_is_started_or_readied_ahead() {
         TaskState::Ready
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_cancelled_before_its_start_is_not_delivered_by_a_poll_that_takes_it_later() {
+    let s = setup();
+    let mut stepper = s.sundial.stepper();
+    let gone = poll(&s, "w1", 0).await;
+    let id = s
+        .sundial
+        .schedule(TaskSpec::new("k").queue("q").delay(within_the_lead()))
+        .await
+        .unwrap();
+    stepper.settle().await;
+    assert_eq!(s.watch.poll_starts.load(Ordering::SeqCst), 1);
+    // The poll it was started for goes away (with the task handed or still on its way), the
+    // task is cancelled before its due time, and the next poll comes after it.
+    gone.abort();
+    assert!(gone.await.is_err(), "the poll was ended");
+    s.sundial.cancel(id).await.unwrap();
+    s.clock
+        .advance(within_the_lead() + Duration::from_millis(1));
+    stepper.settle().await;
+    let next = poll(&s, "w2", 0).await;
+    still_waiting(
+        &next,
+        "a later poll answered with a task cancelled before its start",
+    )
+    .await;
+    s.clock.advance(Duration::from_secs(30));
+    assert!(answer(next).await.is_empty());
+    assert_eq!(
+        s.sundial.get(id).await.unwrap().unwrap().state,
+        TaskState::Cancelled
+    );
+}

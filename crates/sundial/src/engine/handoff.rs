@@ -20,6 +20,22 @@ use sundial_core::{Task, Timestamp};
 use sundial_store::audit_scope::AuditScope;
 use tokio::sync::oneshot;
 
+/// A task started for a poll, with the time of the claim that started it. One started ahead of
+/// its due time (`started_at` after `claimed_at`) is read again before a poll answers with it,
+/// however late the poll gets it, so that a cancel that returned before its start is honoured.
+#[derive(Debug)]
+pub(crate) struct Started {
+    pub(crate) task: Task,
+    pub(crate) claimed_at: Timestamp,
+}
+
+impl Started {
+    /// Whether the claim recorded a start later than itself.
+    pub(crate) fn ahead(&self) -> bool {
+        self.task.started_at.is_some_and(|at| at > self.claimed_at)
+    }
+}
+
 /// Above this many waiting entries, registering drops the entries of polls that are gone.
 const PRUNE_AT: usize = 64;
 
@@ -34,7 +50,7 @@ struct Inner {
     next_id: u64,
     waiting: VecDeque<Waiter>,
     /// Started for a poll that was gone when handed; taken by the next poll.
-    unclaimed: VecDeque<Task>,
+    unclaimed: VecDeque<Started>,
 }
 
 /// One waiting poll, as a shard loop takes it.
@@ -46,12 +62,12 @@ pub(crate) struct Waiter {
     pub(crate) max: usize,
     /// The poll request's audit scope: the claim made for it commits its record.
     pub(crate) scope: Option<AuditScope>,
-    tx: oneshot::Sender<Vec<Task>>,
+    tx: oneshot::Sender<Vec<Started>>,
 }
 
 impl Waiter {
     /// Hands `tasks` to the poll; gives them back when the poll is gone.
-    pub(crate) fn hand(self, tasks: Vec<Task>) -> Result<(), Vec<Task>> {
+    pub(crate) fn hand(self, tasks: Vec<Started>) -> Result<(), Vec<Started>> {
         self.tx.send(tasks)
     }
 }
@@ -59,13 +75,13 @@ impl Waiter {
 /// A poll's place among the waiters; [`Waiters::withdraw`] ends it.
 pub(crate) struct Registration {
     id: u64,
-    rx: oneshot::Receiver<Vec<Task>>,
+    rx: oneshot::Receiver<Vec<Started>>,
 }
 
 impl Registration {
     /// Resolves when a shard loop handed tasks over (`Some`) or dropped the waiter without any
     /// (`None`: the poll looks again).
-    pub(crate) async fn handed(&mut self) -> Option<Vec<Task>> {
+    pub(crate) async fn handed(&mut self) -> Option<Vec<Started>> {
         (&mut self.rx).await.ok()
     }
 }
@@ -102,7 +118,7 @@ impl Waiters {
 
     /// Ends a poll's wait: what was handed to it (nothing when it was still waiting, or when the
     /// waiter was dropped).
-    pub(crate) fn withdraw(&self, mut reg: Registration) -> Vec<Task> {
+    pub(crate) fn withdraw(&self, mut reg: Registration) -> Vec<Started> {
         {
             let mut inner = self.lock();
             if let Some(at) = inner.waiting.iter().position(|w| w.id == reg.id) {
@@ -134,20 +150,20 @@ impl Waiters {
     }
 
     /// Keeps tasks started for a poll that was gone, for the next poll.
-    pub(crate) fn keep_unclaimed(&self, tasks: Vec<Task>) {
+    pub(crate) fn keep_unclaimed(&self, tasks: Vec<Started>) {
         self.lock().unclaimed.extend(tasks);
     }
 
     /// Up to `max` tasks kept for the next poll whose lease still runs at `now` (one past it is
     /// the reaper's to offer again).
-    pub(crate) fn take_unclaimed(&self, max: usize, now: Timestamp) -> Vec<Task> {
+    pub(crate) fn take_unclaimed(&self, max: usize, now: Timestamp) -> Vec<Started> {
         let mut inner = self.lock();
         if inner.unclaimed.is_empty() {
             return Vec::new();
         }
         inner
             .unclaimed
-            .retain(|t| t.lease_expires_at.is_some_and(|until| until > now));
+            .retain(|s| s.task.lease_expires_at.is_some_and(|until| until > now));
         let n = max.min(inner.unclaimed.len());
         inner.unclaimed.drain(..n).collect()
     }
@@ -157,7 +173,14 @@ impl Waiters {
 mod tests {
     use super::*;
 
-    fn task(lease: i64) -> Task {
+    fn task(lease: i64) -> Started {
+        Started {
+            task: stored(lease),
+            claimed_at: Timestamp(0),
+        }
+    }
+
+    fn stored(lease: i64) -> Task {
         Task {
             id: sundial_core::TaskId(uuid::Uuid::now_v7()),
             shard: 0,

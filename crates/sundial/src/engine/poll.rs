@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use sundial_core::{ExecutionId, Task, TaskId, TaskState, Timestamp};
 use sundial_store::{ReadyClaim, ReadyTaken};
 
+use super::handoff::{Registration, Started};
 use super::{Engine, QueueState};
 use crate::Error;
 use crate::trace::{self, Step};
@@ -49,11 +50,41 @@ impl Drop for Counted<'_> {
     }
 }
 
-/// Tasks started for a poll that wait for their due time; whatever is still here when this is
-/// dropped (the poll gone, or a read failed) is kept for the queue's next poll.
+/// Tasks started for a poll and not yet answered (waiting for their due time, or for the
+/// completion the poll carries to be recorded); whatever is still here when this is dropped (the
+/// poll gone, or a write or read failed) is kept for the queue's next poll.
 struct Held<'a> {
-    tasks: Vec<Task>,
+    tasks: Vec<Started>,
     q: &'a QueueState,
+}
+
+/// A poll's place among its queue's hand-off waiters. Were the poll dropped while it waits, what
+/// a shard loop had already handed it (sent, not yet received) is kept for the next poll, not
+/// left in the dropped channel until the tasks' leases end.
+struct Waiting<'a> {
+    reg: Option<Registration>,
+    q: &'a QueueState,
+}
+
+impl Waiting<'_> {
+    /// Ends the wait: what was handed to this poll.
+    fn withdraw(mut self) -> Vec<Started> {
+        self.reg
+            .take()
+            .map_or_else(Vec::new, |reg| self.q.waiters.withdraw(reg))
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some(reg) = self.reg.take() {
+            let handed = self.q.waiters.withdraw(reg);
+            if !handed.is_empty() {
+                self.q.waiters.keep_unclaimed(handed);
+                self.q.ready.notify_one();
+            }
+        }
+    }
 }
 
 impl Drop for Held<'_> {
@@ -179,14 +210,11 @@ impl Engine {
             // Tasks started for a poll that was gone when they were handed come first.
             let kept = q.waiters.take_unclaimed(max, now);
             if !kept.is_empty() {
-                if let Err(e) = self.record_carried(&mut carried).await {
-                    // Kept for the next poll, as they were.
-                    q.waiters.keep_unclaimed(kept);
-                    q.ready.notify_one();
-                    return Err(e);
-                }
+                // Kept for the next poll, as they were, should this fail or the poll be dropped.
+                let held = Held { tasks: kept, q: &q };
+                self.record_carried(&mut carried).await?;
                 // Some may have been started ahead for a poll that went away.
-                let mut kept = self.at_their_start(&q, kept).await?;
+                let mut kept = self.at_their_start(held).await?;
                 if kept.is_empty() {
                     continue;
                 }
@@ -264,13 +292,15 @@ impl Engine {
             if skip {
                 wake = wake.min(now.saturating_add(SKIPPED_LOOK_WITHIN));
             }
-            let mut waiting = (kinds.is_none() && self.config.hand_off_to_polls)
-                .then(|| q.waiters.register(worker.clone(), max, audit.clone()));
+            let mut waiting = (kinds.is_none() && self.config.hand_off_to_polls).then(|| Waiting {
+                reg: Some(q.waiters.register(worker.clone(), max, audit.clone())),
+                q: &q,
+            });
             let counted = waiting.as_ref().map(|_| Counted::new(&self.polls_waiting));
             let mut handed = None;
             // Whether this poll took a wake-up meant for a claim of a ready task.
             let mut woken = false;
-            if let Some(reg) = waiting.as_mut() {
+            if let Some(reg) = waiting.as_mut().and_then(|w| w.reg.as_mut()) {
                 tokio::select! {
                     h = reg.handed() => handed = h,
                     _ = notified => woken = true,
@@ -289,10 +319,11 @@ impl Engine {
             // otherwise.
             let tasks = match (handed, waiting) {
                 (Some(tasks), _) => tasks,
-                (None, Some(reg)) => q.waiters.withdraw(reg),
+                (None, Some(waiting)) => waiting.withdraw(),
                 (None, None) => Vec::new(),
             };
-            if woken && !tasks.is_empty() {
+            let held = Held { tasks, q: &q };
+            if woken && !held.tasks.is_empty() {
                 // Woken for a ready task but answering with what was handed, without a claim:
                 // the wake-up goes on to the next waiting poll. A turn that hands some due
                 // tasks and readies the rest wakes the oldest waiters, the polls it hands to.
@@ -304,14 +335,11 @@ impl Engine {
             // ends: answer empty instead, without claiming (and keep what was handed for the
             // next poll).
             if self.clock.now().0 > deadline.0 + POLL_OVERSLEEP_MS {
-                if !tasks.is_empty() {
-                    q.waiters.keep_unclaimed(tasks);
-                    q.ready.notify_one();
-                }
+                // `held` keeps them.
                 return Ok(Vec::new());
             }
-            if !tasks.is_empty() {
-                let mut tasks = self.at_their_start(&q, tasks).await?;
+            if !held.tasks.is_empty() {
+                let mut tasks = self.at_their_start(held).await?;
                 if tasks.is_empty() {
                     // Every task started ahead for it ended before its due time: look again.
                     continue;
@@ -327,28 +355,36 @@ impl Engine {
     /// Tasks handed to a poll, at their start: a task started ahead of its due time
     /// (`Config::hand_off_lead`) is answered at that time, never before, and only after it was
     /// read again and found still running under the execution handed, so that a cancel that
-    /// returned while it waited is honoured. Were the poll dropped, or the read to fail, while
-    /// tasks wait here, they are kept for the queue's next poll.
-    async fn at_their_start(&self, q: &QueueState, tasks: Vec<Task>) -> Result<Vec<Task>, Error> {
-        let handed_at = self.clock.now();
-        let Some(start) = tasks.iter().filter_map(|t| t.started_at).max() else {
-            return Ok(tasks);
+    /// returned before its start is honoured (also when the poll got it after that time). Were
+    /// the poll dropped, or the read to fail, while tasks wait here, `held` keeps them for the
+    /// queue's next poll.
+    async fn at_their_start(&self, mut held: Held<'_>) -> Result<Vec<Task>, Error> {
+        let Some(start) = held
+            .tasks
+            .iter()
+            .filter(|s| s.ahead())
+            .filter_map(|s| s.task.started_at)
+            .max()
+        else {
+            return Ok(std::mem::take(&mut held.tasks)
+                .into_iter()
+                .map(|s| s.task)
+                .collect());
         };
-        if start <= handed_at {
-            return Ok(tasks);
+        let now = self.clock.now();
+        if start > now {
+            // Bounded by the lead, should the clock have stepped back since the start.
+            self.clock
+                .sleep_until(start.min(now.saturating_add(self.config.hand_off_lead)))
+                .await;
         }
-        let mut held = Held { tasks, q };
-        // Bounded by the lead, should the clock have stepped back since the start.
-        self.clock
-            .sleep_until(start.min(handed_at.saturating_add(self.config.hand_off_lead)))
-            .await;
         let mut still = Vec::with_capacity(held.tasks.len());
-        for t in &held.tasks {
-            let ahead = t.started_at.is_some_and(|at| at > handed_at);
-            if !ahead {
+        for s in &held.tasks {
+            if !s.ahead() {
                 still.push(true);
                 continue;
             }
+            let t = &s.task;
             let stored = self.store.get(t.id).await?;
             still.push(stored.is_some_and(|s| {
                 s.state == TaskState::Running && s.execution_id == t.execution_id
@@ -360,7 +396,7 @@ impl Engine {
         Ok(tasks
             .into_iter()
             .zip(still)
-            .filter_map(|(t, keep)| keep.then_some(t))
+            .filter_map(|(s, keep)| keep.then_some(s.task))
             .collect())
     }
 

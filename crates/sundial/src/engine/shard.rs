@@ -28,6 +28,7 @@ use sundial_store::{ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey};
 use crate::trace::{self, Step};
 use tokio::sync::{OwnedSemaphorePermit, watch};
 
+use super::handoff::Started;
 use super::{Engine, LeaseLost, Owner, QueueState, WaitFor, changed_or_never};
 use crate::handler::Handler;
 use crate::window::{Lane, Meta, Window};
@@ -704,7 +705,7 @@ impl ShardLoop {
         // Tasks readied per queue: as many waiting pollers are woken.
         let mut readied_queues: HashMap<Arc<str>, usize> = HashMap::new();
         // Tasks started for each poll of `hands`.
-        let mut handed: Vec<Vec<sundial_core::Task>> = vec![Vec::new(); hands.waiters.len()];
+        let mut handed: Vec<Vec<Started>> = (0..hands.waiters.len()).map(|_| Vec::new()).collect();
         if self.no_hand.len() > NO_HAND_PRUNE_AT {
             self.no_hand.clear();
         }
@@ -732,7 +733,10 @@ impl ShardLoop {
                                 .record(now.since(task.became_due_at()).as_secs_f64());
                         }
                         if let Some(tasks) = handed.get_mut(h) {
-                            tasks.push(*task);
+                            tasks.push(Started {
+                                task: *task,
+                                claimed_at: now,
+                            });
                         }
                         continue;
                     }
