@@ -7,9 +7,7 @@
 //! of one shared transaction, commits once (one fsync with `synchronous = FULL`), and only then
 //! answers the callers. A caller therefore hears "done" only once its write is durable, while the
 //! cost of the fsync is shared by everyone who arrived during the previous one. A write that fails
-//! rolls back its own savepoint and leaves the others in the batch alone. Large inserts go in
-//! groups of their own, taking turns with the small writes, so a claim of due tasks does not wait
-//! for them (see `writer`).
+//! rolls back its own savepoint and leaves the others in the batch alone.
 //!
 //! **Reads** use a small pool of separate connections on tokio's blocking threads; WAL lets them run
 //! beside the writer and see only committed data.
@@ -1439,7 +1437,7 @@ fn claim_one_unlimited(
 impl Store for SqliteStore {
     async fn insert(&self, tasks: Vec<NewTask>) -> Result<Vec<Inserted>, StoreError> {
         self.writer
-            .write_rows(tasks.len(), move |conn| insert_many(conn, &tasks))
+            .write(move |conn| insert_many(conn, &tasks))
             .await
     }
 

@@ -1,22 +1,13 @@
 //! The writer thread and its group commit.
 //!
 //! Callers send a job (a closure over the connection) and wait for its answer. The thread takes the
-//! first job, then every job already queued (up to `max_batch`; bulk jobs apart, see below),
-//! opens one `BEGIN IMMEDIATE`
+//! first job, then every job already queued (up to `max_batch`), opens one `BEGIN IMMEDIATE`
 //! transaction, runs each job inside its own savepoint, commits once and answers everybody. A job
 //! that returns an error has its savepoint rolled back; the batch goes on. If the commit itself
 //! fails, every job in the batch is answered with that error and nothing of the batch is kept.
 //!
 //! Answers are sent only after `COMMIT` returned, so "Ok" means durable (to the configured
 //! `synchronous` level).
-//!
-//! **Bulk writes** (a job that stores many rows, such as a batch of a thousand tasks) do not share
-//! a group with the small ones. A group is either small jobs (up to `max_batch`) or bulk jobs (up
-//! to [`BULK_GROUP_ROWS`] rows, at least one job), and while both wait the writer takes them in
-//! turn, small first. A claim of due tasks that arrives behind a large insert so waits for at most
-//! one bulk group, not for the insert and everything queued with it; the insert is still one job,
-//! stored atomically. Jobs waiting at the same time have no order among them (their callers
-//! have not been answered), so the writer may run them in any order.
 //!
 //! **Audit records** of HTTP requests ride along: a job sent from inside a request's
 //! [`sundial_store::audit_scope`] claims the request's pending record, and when the job changed
@@ -32,7 +23,6 @@
 //! writer's signal, so an idle store does not wake it.
 
 use std::cell::Cell;
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread;
 use std::time::Duration;
@@ -49,19 +39,8 @@ type Finish = Box<dyn FnOnce(Option<&StoreError>) + Send>;
 /// answer (`None`; the answer is then the batch's error).
 type Job = Box<dyn FnOnce(Option<&Connection>) -> Finish + Send>;
 
-/// A job of at least this many rows is written in a bulk group.
-pub(crate) const BULK_ROWS: usize = 64;
-/// The rows a bulk group holds at most (a single larger job makes a group of its own).
-pub(crate) const BULK_GROUP_ROWS: usize = 1_000;
-
-/// A job in the writer's channel, with the rows it writes (its size, for grouping).
-struct Queued {
-    job: Job,
-    rows: usize,
-}
-
 pub struct Writer {
-    tx: mpsc::Sender<Queued>,
+    tx: mpsc::Sender<Job>,
     condition: Arc<Mutex<Option<String>>>,
 }
 
@@ -112,7 +91,7 @@ impl Writer {
             path: what.into(),
             source: e,
         };
-        let (tx, rx) = mpsc::channel::<Queued>();
+        let (tx, rx) = mpsc::channel::<Job>();
         let condition: Arc<Mutex<Option<String>>> = Arc::default();
         let cond = condition.clone();
         // Capacity one: a pending signal already covers every later commit.
@@ -143,18 +122,7 @@ impl Writer {
         E: From<StoreError> + Send + 'static,
         F: FnOnce(&Connection) -> Result<R, E> + Send + 'static,
     {
-        self.write_job(f, JobKind::Data, 1).await
-    }
-
-    /// Like [`Writer::write`], for a job that writes about `rows` rows: one of [`BULK_ROWS`] or
-    /// more goes into a bulk group (see the module doc).
-    pub async fn write_rows<R, E, F>(&self, rows: usize, f: F) -> Result<R, E>
-    where
-        R: Send + 'static,
-        E: From<StoreError> + Send + 'static,
-        F: FnOnce(&Connection) -> Result<R, E> + Send + 'static,
-    {
-        self.write_job(f, JobKind::Data, rows).await
+        self.write_job(f, JobKind::Data).await
     }
 
     /// Like [`Writer::write`], for a write to the audit log alone: it carries no request's
@@ -166,10 +134,10 @@ impl Writer {
         E: From<StoreError> + Send + 'static,
         F: FnOnce(&Connection) -> Result<R, E> + Send + 'static,
     {
-        self.write_job(f, JobKind::AuditLog, 1).await
+        self.write_job(f, JobKind::AuditLog).await
     }
 
-    async fn write_job<R, E, F>(&self, f: F, kind: JobKind, rows: usize) -> Result<R, E>
+    async fn write_job<R, E, F>(&self, f: F, kind: JobKind) -> Result<R, E>
     where
         R: Send + 'static,
         E: From<StoreError> + Send + 'static,
@@ -212,9 +180,7 @@ impl Writer {
                 let _ = reply.send(answer);
             })
         });
-        self.tx
-            .send(Queued { job, rows })
-            .map_err(|_| E::from(StoreError::Closed))?;
+        self.tx.send(job).map_err(|_| E::from(StoreError::Closed))?;
         rx.await.map_err(|_| E::from(StoreError::Closed))?
     }
 }
@@ -266,76 +232,23 @@ fn checkpoint(conn: Connection, commits: mpsc::Receiver<()>) {
     }
 }
 
-/// The jobs waiting on the writer thread: small ones and bulk ones, each in arrival order.
-struct Waiting {
-    small: VecDeque<Job>,
-    bulk: VecDeque<Queued>,
-    /// Whether the next group is bulk when both kinds wait (they take turns).
-    bulk_turn: bool,
-}
-
-impl Waiting {
-    fn push(&mut self, q: Queued) {
-        if q.rows >= BULK_ROWS {
-            self.bulk.push_back(q);
-        } else {
-            self.small.push_back(q.job);
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.small.is_empty() && self.bulk.is_empty()
-    }
-
-    /// The next group to write: small jobs first, then bulk and small in turn.
-    fn next_group(&mut self, max_batch: usize, group: &mut Vec<Job>) {
-        if !self.bulk.is_empty() && (self.small.is_empty() || self.bulk_turn) {
-            self.bulk_turn = false;
-            let mut rows = 0;
-            while let Some(q) = self.bulk.front() {
-                if !group.is_empty()
-                    && (rows + q.rows > BULK_GROUP_ROWS || group.len() >= max_batch)
-                {
-                    break;
-                }
-                rows += q.rows;
-                if let Some(q) = self.bulk.pop_front() {
-                    group.push(q.job);
-                }
-            }
-        } else {
-            self.bulk_turn = true;
-            let n = self.small.len().min(max_batch);
-            group.extend(self.small.drain(..n));
-        }
-    }
-}
-
 fn run(
     conn: Connection,
-    rx: mpsc::Receiver<Queued>,
+    rx: mpsc::Receiver<Job>,
     committed: mpsc::SyncSender<()>,
     max_batch: usize,
     condition: Arc<Mutex<Option<String>>>,
 ) {
-    let mut waiting = Waiting {
-        small: VecDeque::new(),
-        bulk: VecDeque::new(),
-        bulk_turn: false,
-    };
     let mut batch: Vec<Job> = Vec::with_capacity(max_batch);
     let mut finishes: Vec<Finish> = Vec::with_capacity(max_batch);
-    loop {
-        if waiting.is_empty() {
-            match rx.recv() {
-                Ok(q) => waiting.push(q),
+    while let Ok(first) = rx.recv() {
+        batch.push(first);
+        while batch.len() < max_batch {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
                 Err(_) => break,
             }
         }
-        while let Ok(q) = rx.try_recv() {
-            waiting.push(q);
-        }
-        waiting.next_group(max_batch, &mut batch);
         take_disk_full();
         take_wrote_data();
         let commit_err = match conn.execute_batch("BEGIN IMMEDIATE") {
@@ -404,94 +317,5 @@ fn run(
         if commit_err.is_none() {
             let _ = committed.try_send(());
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A job that records its name when answered without running.
-    fn job(name: &'static str, log: &Arc<Mutex<Vec<&'static str>>>) -> Job {
-        let log = log.clone();
-        Box::new(move |_conn: Option<&Connection>| {
-            if let Ok(mut l) = log.lock() {
-                l.push(name);
-            }
-            Box::new(|_: Option<&StoreError>| {})
-        })
-    }
-
-    fn groups(
-        waiting: &mut Waiting,
-        log: &Arc<Mutex<Vec<&'static str>>>,
-    ) -> Vec<Vec<&'static str>> {
-        let mut out = Vec::new();
-        while !waiting.is_empty() {
-            let mut group = Vec::new();
-            waiting.next_group(1024, &mut group);
-            for j in group {
-                j(None)(None);
-            }
-            out.push(std::mem::take(&mut *log.lock().unwrap()));
-        }
-        out
-    }
-
-    #[test]
-    fn small_jobs_do_not_wait_in_a_bulk_group_and_the_kinds_take_turns() {
-        let log = Arc::default();
-        let mut waiting = Waiting {
-            small: VecDeque::new(),
-            bulk: VecDeque::new(),
-            bulk_turn: false,
-        };
-        for (name, rows) in [
-            ("insert 1", 1_000),
-            ("claim 1", 1),
-            ("insert 2", 400),
-            ("insert 3", 400),
-            ("claim 2", 3),
-            ("insert 4", 300),
-        ] {
-            waiting.push(Queued {
-                job: job(name, &log),
-                rows,
-            });
-        }
-        assert_eq!(
-            groups(&mut waiting, &log),
-            vec![
-                vec!["claim 1", "claim 2"],
-                vec!["insert 1"],
-                vec!["insert 2", "insert 3"],
-                vec!["insert 4"],
-            ]
-        );
-        // While small jobs keep coming, a bulk group still gets every other turn.
-        for (name, rows) in [("insert 5", 1_000), ("insert 6", 1_000), ("claim 3", 1)] {
-            waiting.push(Queued {
-                job: job(name, &log),
-                rows,
-            });
-        }
-        let mut group = Vec::new();
-        waiting.next_group(1024, &mut group);
-        group.into_iter().for_each(|j| j(None)(None));
-        waiting.push(Queued {
-            job: job("claim 4", &log),
-            rows: 1,
-        });
-        let mut seen = vec![std::mem::take(&mut *log.lock().unwrap())];
-        seen.extend(groups(&mut waiting, &log));
-        assert_eq!(
-            seen,
-            vec![
-                vec!["claim 3"],
-                vec!["insert 5"],
-                vec!["claim 4"],
-                vec!["insert 6"],
-            ]
-        );
     }
 }
