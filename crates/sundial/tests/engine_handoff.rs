@@ -596,6 +596,28 @@ fn within_the_lead() -> Duration {
     lead - Duration::from_millis(1)
 }
 
+/// A poll as worker `name` that waits, and a task due within the lead started ahead for it.
+async fn started_ahead_for_a_poll(
+    s: &Setup,
+    stepper: &mut sundial::Stepper,
+    name: &str,
+) -> (tokio::task::JoinHandle<Vec<Task>>, sundial::TaskId) {
+    let waiting = poll(s, name, 0).await;
+    let id = s
+        .sundial
+        .schedule(TaskSpec::new("k").queue("q").delay(within_the_lead()))
+        .await
+        .unwrap();
+    stepper.settle().await;
+    assert_eq!(s.watch.poll_starts.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        s.sundial.get(id).await.unwrap().unwrap().state,
+        TaskState::Running,
+        "started ahead for the poll"
+    );
+    (waiting, id)
+}
+
 /// Polls `q` for a while in real time, asserting that `h` has not answered.
 async fn still_waiting(h: &tokio::task::JoinHandle<Vec<Task>>, why: &str) {
     for _ in 0..25 {
@@ -651,18 +673,7 @@ async fn a_task_due_within_the_lead_is_started_ahead_and_answered_at_its_due_tim
 async fn a_task_cancelled_while_it_waits_for_its_due_time_is_not_delivered() {
     let s = setup();
     let mut stepper = s.sundial.stepper();
-    let waiting = poll(&s, "w1", 0).await;
-    let id = s
-        .sundial
-        .schedule(TaskSpec::new("k").queue("q").delay(within_the_lead()))
-        .await
-        .unwrap();
-    stepper.settle().await;
-    assert_eq!(
-        s.sundial.get(id).await.unwrap().unwrap().state,
-        TaskState::Running,
-        "started ahead for the poll"
-    );
+    let (waiting, id) = started_ahead_for_a_poll(&s, &mut stepper, "w1").await;
     parked(&s.clock, 1).await;
     // Cancelled before its due time: once the cancel returned, the task must not start.
     s.sundial.cancel(id).await.unwrap();
@@ -682,14 +693,7 @@ async fn a_task_cancelled_while_it_waits_for_its_due_time_is_not_delivered() {
 async fn a_task_started_ahead_for_a_poll_that_left_goes_to_the_next_poll_at_its_due_time() {
     let s = setup();
     let mut stepper = s.sundial.stepper();
-    let gone = poll(&s, "w1", 0).await;
-    let id = s
-        .sundial
-        .schedule(TaskSpec::new("k").queue("q").delay(within_the_lead()))
-        .await
-        .unwrap();
-    stepper.settle().await;
-    assert_eq!(s.watch.poll_starts.load(Ordering::SeqCst), 1);
+    let (gone, id) = started_ahead_for_a_poll(&s, &mut stepper, "w1").await;
     // The poll waits for the due time with the task, and goes away.
     parked(&s.clock, 1).await;
     gone.abort();
@@ -734,14 +738,7 @@ async fn without_a_waiting_poll_nothing_is_started_or_readied_ahead() {
 async fn a_task_cancelled_before_its_start_is_not_delivered_by_a_poll_that_takes_it_later() {
     let s = setup();
     let mut stepper = s.sundial.stepper();
-    let gone = poll(&s, "w1", 0).await;
-    let id = s
-        .sundial
-        .schedule(TaskSpec::new("k").queue("q").delay(within_the_lead()))
-        .await
-        .unwrap();
-    stepper.settle().await;
-    assert_eq!(s.watch.poll_starts.load(Ordering::SeqCst), 1);
+    let (gone, id) = started_ahead_for_a_poll(&s, &mut stepper, "w1").await;
     // The poll it was started for goes away (with the task handed or still on its way), the
     // task is cancelled before its due time, and the next poll comes after it.
     gone.abort();
