@@ -202,17 +202,25 @@ impl Schedules {
             compiled: Mutex::new(HashMap::new()),
         });
         let handler = inner.clone();
-        sundial.register(TICK_KIND, move |ctx: sundial::TaskContext| {
-            let inner = handler.clone();
-            async move {
-                if inner.on_tick(&ctx.task).await? == TickEnd::CompletedByFire {
-                    // The fire's transaction recorded the tick's success: the engine writes
-                    // nothing more for it.
-                    ctx.recorded.note();
+        // Ticks are claimed when due, not ahead (`Handler::claim_ahead`): a tick claimed ahead
+        // by a process that then dies would hold its schedule until the tick's lease ends (its
+        // 60 s timeout); claimed when due, that window is the tick's own run. Claiming ticks
+        // ahead made no difference to a minute's burst (BENCHMARKS.md, "Claims ahead of the
+        // due time").
+        sundial.register(
+            TICK_KIND,
+            sundial::ClaimedWhenDue(move |ctx: sundial::TaskContext| {
+                let inner = handler.clone();
+                async move {
+                    if inner.on_tick(&ctx.task).await? == TickEnd::CompletedByFire {
+                        // The fire's transaction recorded the tick's success: the engine writes
+                        // nothing more for it.
+                        ctx.recorded.note();
+                    }
+                    Ok::<(), HandlerError>(())
                 }
-                Ok::<(), HandlerError>(())
-            }
-        });
+            }),
+        );
         // Re-arming stranded schedules (see `rearm.rs`): now and on every idle interval. Outside
         // a runtime there is nothing to run it on; `recover` then does it once.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {

@@ -261,6 +261,30 @@ pub type HandlerFuture =
 /// result; `()` keeps none) and `E: Into<HandlerError>`.
 pub trait Handler: Send + Sync + 'static {
     fn call(&self, ctx: TaskContext) -> HandlerFuture;
+
+    /// Whether the engine may claim this handler's tasks a little before their due time
+    /// (`Config::run_claim_lead`; the handler is still called at the due time, never before).
+    /// A task claimed ahead is `running` from its claim, so a process that dies before calling
+    /// the handler leaves it to the reaper at the end of its lease (the task's timeout). A
+    /// handler whose tasks must come back sooner than that after a crash answers `false`, and
+    /// its tasks are claimed when due, as before the lead. [`ClaimedWhenDue`] wraps a handler
+    /// that way.
+    fn claim_ahead(&self) -> bool {
+        true
+    }
+}
+
+/// A handler whose tasks are claimed only when due (see [`Handler::claim_ahead`]).
+pub struct ClaimedWhenDue<H>(pub H);
+
+impl<H: Handler> Handler for ClaimedWhenDue<H> {
+    fn call(&self, ctx: TaskContext) -> HandlerFuture {
+        self.0.call(ctx)
+    }
+
+    fn claim_ahead(&self) -> bool {
+        false
+    }
 }
 
 impl<F, Fut, T, E> Handler for F

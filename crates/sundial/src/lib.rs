@@ -60,7 +60,8 @@ pub use engine::seen::{MAX_SEEN, WorkerSeen};
 pub use engine::step::Stepper;
 pub use error::Error;
 pub use handler::{
-    AttemptAnswer, Handler, HandlerError, HandlerFuture, RunSlots, SuccessRecorded, TaskContext,
+    AttemptAnswer, ClaimedWhenDue, Handler, HandlerError, HandlerFuture, RunSlots, SuccessRecorded,
+    TaskContext,
 };
 pub use ops::{BULK_BATCH, BulkOutcome, QueueInfo};
 pub use series::register_queue_metrics;

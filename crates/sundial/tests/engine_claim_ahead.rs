@@ -98,3 +98,35 @@ async fn with_no_lead_nothing_is_claimed_before_it_is_due() {
     stepper.settle().await;
     assert_eq!(next_run(&mut runs).await.id, id);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_opts_out_has_its_tasks_claimed_when_due() {
+    let h = harness().await;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let clock = h.clock.clone();
+    h.sundial.register(
+        "k",
+        sundial::ClaimedWhenDue(move |ctx: sundial::TaskContext| {
+            let _ = tx.send((ctx.task.id, clock.now()));
+            async { Ok::<(), sundial::HandlerError>(()) }
+        }),
+    );
+    let mut stepper = h.sundial.stepper();
+    let id = h
+        .sundial
+        .schedule(TaskSpec::new("k").delay(within_the_lead()))
+        .await
+        .unwrap();
+    stepper.settle().await;
+    let stored = h.sundial.get(id).await.unwrap().unwrap();
+    assert_eq!(stored.state, TaskState::Scheduled, "not claimed ahead");
+    h.clock.advance(within_the_lead());
+    stepper.settle().await;
+    let (ran, at) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(ran, id);
+    assert_eq!(at, stored.due_at);
+    wait_state(&h.sundial, id, TaskState::Succeeded).await;
+}

@@ -532,10 +532,10 @@ impl ShardLoop {
                 .or_insert_with(|| engine.handler(&meta.kind))
                 .clone();
             if ahead
-                && if handler.is_some() {
-                    key.due_at > run_until
-                } else {
-                    key.due_at > hand_until
+                && match &handler {
+                    // A handler that opted out of claims ahead waits for the due time.
+                    Some(h) => !h.claim_ahead() || key.due_at > run_until,
+                    None => key.due_at > hand_until,
                 }
             {
                 continue;
