@@ -688,6 +688,10 @@ async fn publisher_loop(engine: Arc<dyn ShardHost>, node: &ClusterNode) {
     };
     let mut stopping = engine.stopping();
     loop {
+        // A shutdown that began before this task first ran is no change to wait for.
+        if *stopping.borrow() {
+            break;
+        }
         let first = tokio::select! {
             w = rx.recv() => w,
             _ = stopping.changed() => None,
@@ -737,6 +741,10 @@ async fn subscriber_loop(engine: Arc<dyn ShardHost>, node: &ClusterNode) {
         }
     };
     loop {
+        // As in the publisher loop: a shutdown that began before this task first ran.
+        if *stopping.borrow() {
+            break;
+        }
         let next = tokio::select! {
             w = stream.next() => w,
             _ = stopping.changed() => None,

@@ -213,3 +213,20 @@ async fn retention_deletes_closed_workflow_runs_and_old_audit_records() {
     let run = w.get_run(open.run_id).await.unwrap().unwrap();
     assert_eq!(run.status, sundial_store::WorkflowStatus::Running);
 }
+
+/// A shutdown that begins before the engine's tasks first ran ends them all: the retention
+/// task reads the stop rather than waiting for a change it was made too late to see. On one
+/// thread the spawned tasks run only once the shutdown awaits them, and the clock stands still,
+/// so a task that waits for the change never ends.
+#[tokio::test(flavor = "current_thread")]
+async fn a_shutdown_right_after_the_start_ends_the_retention_task() {
+    let h = harness_with(Config::default()).await;
+    assert!(Config::default().retention.enabled);
+    let running = h.sundial.start();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        running.shutdown(Duration::from_secs(5)),
+    )
+    .await
+    .expect("the shutdown ended");
+}

@@ -135,6 +135,11 @@ impl Engine {
 pub(crate) async fn drive(engine: Arc<Engine>, stores: RetainedStores) {
     let mut stopping = engine.stopping_rx();
     loop {
+        // Before waiting: a shutdown that began before this task first ran is no change to
+        // wait for (the receiver was made after it), only a value to read.
+        if *stopping.borrow() {
+            break;
+        }
         let next = engine
             .clock
             .now()
