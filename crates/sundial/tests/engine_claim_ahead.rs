@@ -21,11 +21,9 @@ fn within_the_lead() -> Duration {
     lead - Duration::from_millis(1)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_task_due_within_the_lead_is_claimed_at_once_and_runs_at_its_due_time() {
-    let h = harness().await;
-    let mut runs = record(&h, "k", |_| Ok(()));
-    let mut stepper = h.sundial.stepper();
+/// A task of kind `k` due within the lead, scheduled and claimed ahead (`running` before its
+/// due time): the stored task.
+async fn claimed_ahead(h: &Harness, stepper: &mut sundial::Stepper) -> sundial::Task {
     let id = h
         .sundial
         .schedule(TaskSpec::new("k").delay(within_the_lead()))
@@ -34,6 +32,16 @@ async fn a_task_due_within_the_lead_is_claimed_at_once_and_runs_at_its_due_time(
     stepper.settle().await;
     let stored = h.sundial.get(id).await.unwrap().unwrap();
     assert_eq!(stored.state, TaskState::Running, "claimed ahead");
+    stored
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_due_within_the_lead_is_claimed_at_once_and_runs_at_its_due_time() {
+    let h = harness().await;
+    let mut runs = record(&h, "k", |_| Ok(()));
+    let mut stepper = h.sundial.stepper();
+    let stored = claimed_ahead(&h, &mut stepper).await;
+    let id = stored.id;
     assert_eq!(stored.started_at, Some(stored.due_at));
     assert!(stored.due_at > h.clock.now());
     no_run(&mut runs).await;
@@ -55,16 +63,7 @@ async fn a_task_cancelled_while_it_waits_for_its_due_time_is_never_run() {
     let h = harness().await;
     let mut runs = record(&h, "k", |_| Ok(()));
     let mut stepper = h.sundial.stepper();
-    let id = h
-        .sundial
-        .schedule(TaskSpec::new("k").delay(within_the_lead()))
-        .await
-        .unwrap();
-    stepper.settle().await;
-    assert_eq!(
-        h.sundial.get(id).await.unwrap().unwrap().state,
-        TaskState::Running
-    );
+    let id = claimed_ahead(&h, &mut stepper).await.id;
     h.sundial.cancel(id).await.unwrap();
     h.clock.advance(within_the_lead());
     stepper.settle().await;

@@ -618,6 +618,20 @@ async fn started_ahead_for_a_poll(
     (waiting, id)
 }
 
+/// Steps the clock past the poll's 30 s wait: it answers empty, and task `id` stays cancelled.
+async fn ends_empty_and_cancelled(
+    s: &Setup,
+    poll: tokio::task::JoinHandle<Vec<Task>>,
+    id: sundial::TaskId,
+) {
+    s.clock.advance(Duration::from_secs(30));
+    assert!(answer(poll).await.is_empty());
+    assert_eq!(
+        s.sundial.get(id).await.unwrap().unwrap().state,
+        TaskState::Cancelled
+    );
+}
+
 /// Polls `q` for a while in real time, asserting that `h` has not answered.
 async fn still_waiting(h: &tokio::task::JoinHandle<Vec<Task>>, why: &str) {
     for _ in 0..25 {
@@ -681,12 +695,7 @@ async fn a_task_cancelled_while_it_waits_for_its_due_time_is_not_delivered() {
     stepper.settle().await;
     still_waiting(&waiting, "the poll answered with a cancelled task").await;
     // The poll went on waiting and ends empty at its deadline.
-    s.clock.advance(Duration::from_secs(30));
-    assert!(answer(waiting).await.is_empty());
-    assert_eq!(
-        s.sundial.get(id).await.unwrap().unwrap().state,
-        TaskState::Cancelled
-    );
+    ends_empty_and_cancelled(&s, waiting, id).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -753,10 +762,5 @@ async fn a_task_cancelled_before_its_start_is_not_delivered_by_a_poll_that_takes
         "a later poll answered with a task cancelled before its start",
     )
     .await;
-    s.clock.advance(Duration::from_secs(30));
-    assert!(answer(next).await.is_empty());
-    assert_eq!(
-        s.sundial.get(id).await.unwrap().unwrap().state,
-        TaskState::Cancelled
-    );
+    ends_empty_and_cancelled(&s, next, id).await;
 }
