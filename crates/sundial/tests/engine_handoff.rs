@@ -32,6 +32,8 @@ struct Watch {
     /// Plain `complete` calls and `complete_then_claim_ready` calls.
     completes: AtomicUsize,
     fused: AtomicUsize,
+    /// While this has no permit, a plain `complete` waits for one.
+    complete_hold: Arc<Semaphore>,
 }
 
 struct Hooks(Arc<Watch>);
@@ -56,6 +58,7 @@ impl Intercept for Hooks {
         result: Option<String>,
     ) -> Result<Task, TransitionError> {
         self.0.completes.fetch_add(1, Ordering::SeqCst);
+        drop(self.0.complete_hold.acquire().await);
         inner.complete(id, execution, now, result).await
     }
 
@@ -113,6 +116,7 @@ fn setup() -> Setup {
         hold: Arc::new(Semaphore::new(1)),
         completes: AtomicUsize::new(0),
         fused: AtomicUsize::new(0),
+        complete_hold: Arc::new(Semaphore::new(1)),
     });
     let store = Arc::new(common::intercept::sqlite(dir.path(), Hooks(watch.clone())));
     let (sundial, clock) = one_shard(store);
@@ -584,6 +588,149 @@ async fn a_completion_carried_by_a_poll_is_recorded_with_its_first_claim() {
         s.sundial.get(fourth).await.unwrap().unwrap().state,
         TaskState::Ready
     );
+}
+
+/// A poll that skips its look and carries a completion waits among the hand-off waiters while
+/// that completion commits: a task that comes due meanwhile is started for it, not readied for
+/// lack of a waiting poll (which would cost a second commit and a later claim).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poll_is_handed_a_task_due_while_the_completion_it_carries_commits() {
+    let s = setup();
+    let (waiting, later, ready_claims) = handed_while_completing(&s, true).await;
+    let (completed, next) = answer_carried(waiting).await.unwrap();
+    assert_eq!(completed.state, TaskState::Succeeded);
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].id, later);
+    assert_eq!(
+        s.watch.ready_claims.load(Ordering::SeqCst),
+        ready_claims,
+        "no claim of a ready task"
+    );
+}
+
+/// The same with a completion the store refuses: the poll answers the refusal, and the task
+/// started for it meanwhile goes to the queue's next poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_handed_to_a_poll_whose_completion_is_refused_goes_to_the_next_poll() {
+    let s = setup();
+    let (waiting, later, _) = handed_while_completing(&s, false).await;
+    let refused = answer_carried(waiting).await;
+    assert!(
+        matches!(
+            refused,
+            Err(sundial::Error::WrongState { .. } | sundial::Error::StaleExecution { .. })
+        ),
+        "{refused:?}"
+    );
+    let next = s
+        .sundial
+        .poll("q", Some("w2".into()), None, 1, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].id, later);
+}
+
+/// Takes a first task, finds the queue empty, then starts a poll that carries the first task's
+/// completion (its own execution when `valid`, else a stale one) and holds that completion in the
+/// store while a second task comes due. Checks the second task was started for the poll; returns
+/// the poll, the second task and the count of ready claims before the poll.
+async fn handed_while_completing(
+    s: &Setup,
+    valid: bool,
+) -> (
+    tokio::task::JoinHandle<Result<(Task, Vec<Task>), sundial::Error>>,
+    TaskId,
+    usize,
+) {
+    let mut stepper = s.sundial.stepper();
+    let first = s
+        .sundial
+        .schedule(TaskSpec::new("k").queue("q"))
+        .await
+        .unwrap();
+    let later = s
+        .sundial
+        .schedule(
+            TaskSpec::new("k")
+                .queue("q")
+                .run_at(T0.saturating_add(Duration::from_secs(1))),
+        )
+        .await
+        .unwrap();
+    stepper.settle().await;
+    let took = s
+        .sundial
+        .poll("q", Some("w".into()), None, 1, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(took[0].id, first);
+    // The queue is known empty: the next poll skips its look.
+    assert!(
+        s.sundial
+            .poll("q", Some("w".into()), None, 1, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let ready_claims = s.watch.ready_claims.load(Ordering::SeqCst);
+    let held = s.watch.complete_hold.clone().acquire_owned().await.unwrap();
+    let done = sundial::Completion {
+        id: first,
+        execution: if valid {
+            took[0].execution_id.unwrap()
+        } else {
+            ExecutionId(uuid::Uuid::now_v7())
+        },
+        result: None,
+    };
+    let waiting = {
+        let sundial = s.sundial.clone();
+        tokio::spawn(async move {
+            sundial
+                .complete_and_poll(
+                    done,
+                    "q",
+                    Some("w".into()),
+                    None,
+                    1,
+                    Duration::from_secs(30),
+                )
+                .await
+        })
+    };
+    for _ in 0..10_000 {
+        if s.watch.completes.load(Ordering::SeqCst) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(
+        s.watch.completes.load(Ordering::SeqCst),
+        1,
+        "the completion is being recorded"
+    );
+    s.clock.advance(Duration::from_secs(1));
+    stepper.settle().await;
+    let stored = s.sundial.get(later).await.unwrap().unwrap();
+    assert_eq!(
+        stored.state,
+        TaskState::Running,
+        "started for the poll, not readied"
+    );
+    assert_eq!(stored.worker.as_deref(), Some("w"));
+    assert_eq!(s.watch.poll_starts.load(Ordering::SeqCst), 1);
+    drop(held);
+    (waiting, later, ready_claims)
+}
+
+async fn answer_carried(
+    h: tokio::task::JoinHandle<Result<(Task, Vec<Task>), sundial::Error>>,
+) -> Result<(Task, Vec<Task>), sundial::Error> {
+    tokio::time::timeout(Duration::from_secs(10), h)
+        .await
+        .expect("the poll answered")
+        .unwrap()
 }
 
 /// Inside the hand-off lead: a task due this far ahead is started for a waiting poll at once.

@@ -78,11 +78,11 @@ impl Waiting<'_> {
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         if let Some(reg) = self.reg.take() {
-            let handed = self.q.waiters.withdraw(reg);
-            if !handed.is_empty() {
-                self.q.waiters.keep_unclaimed(handed);
-                self.q.ready.notify_one();
-            }
+            // What was handed meanwhile is kept for the next poll, as `Held` keeps it.
+            drop(Held {
+                tasks: self.q.waiters.withdraw(reg),
+                q: self.q,
+            });
         }
     }
 }
@@ -223,7 +223,16 @@ impl Engine {
             }
             let before = q.looked.before();
             let skip = std::mem::take(&mut first) && before.known_empty && now < deadline;
+            // A poll that skips its look waits among the hand-off waiters from here on: a task
+            // that comes due while the completion it carries commits is started for it, instead
+            // of being readied for lack of a waiting poll. (A poll that claims does not: it
+            // could then take more than `max`.)
+            let mut waiting_early = None;
             let (tasks, next_turn) = if skip {
+                waiting_early = Some(Waiting {
+                    reg: Some(q.waiters.register(worker.clone(), max, audit.clone())),
+                    q: &q,
+                });
                 self.record_carried(&mut carried).await?;
                 metrics::counter!("sundial_poll_looks_skipped_total", "namespace" => sundial_core::namespace::namespace_of(queue).to_string(), "queue" => sundial_core::namespace::local(queue).to_string())
                     .increment(1);
@@ -292,9 +301,11 @@ impl Engine {
             if skip {
                 wake = wake.min(now.saturating_add(SKIPPED_LOOK_WITHIN));
             }
-            let mut waiting = (kinds.is_none() && self.config.hand_off_to_polls).then(|| Waiting {
-                reg: Some(q.waiters.register(worker.clone(), max, audit.clone())),
-                q: &q,
+            let mut waiting = waiting_early.or_else(|| {
+                (kinds.is_none() && self.config.hand_off_to_polls).then(|| Waiting {
+                    reg: Some(q.waiters.register(worker.clone(), max, audit.clone())),
+                    q: &q,
+                })
             });
             let counted = waiting.as_ref().map(|_| Counted::new(&self.polls_waiting));
             let mut handed = None;
