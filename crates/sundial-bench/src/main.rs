@@ -79,6 +79,8 @@ enum Cmd {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    // As the server does: timer ticks just after the wall clock's milliseconds.
+    sundial::clock::align_timer_ticks();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

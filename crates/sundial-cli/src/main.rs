@@ -85,6 +85,8 @@ fn main() -> std::process::ExitCode {
         | Command::Audit(_) => "warn",
         _ => "info",
     };
+    // The runtime's timer ticks just after the wall clock's milliseconds (see the function).
+    sundial::clock::align_timer_ticks();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -59,6 +59,38 @@ fn wall_micros() -> i64 {
         .unwrap_or(0)
 }
 
+/// How soon after a millisecond boundary of the wall clock [`align_timer_ticks`] returns (µs).
+const ALIGNED_WITHIN_US: i64 = 50;
+
+/// The longest [`align_timer_ticks`] spins (µs): a millisecond and then some, should the thread
+/// be descheduled right at the window.
+const ALIGN_GIVE_UP_US: i64 = 3_000;
+
+/// Whether `now_us` (µs since the epoch) lies just after a millisecond boundary.
+fn just_after_a_millisecond(now_us: i64) -> bool {
+    now_us.rem_euclid(1_000) < ALIGNED_WITHIN_US
+}
+
+/// Waits, spinning for at most about a millisecond, until the wall clock has just passed a
+/// millisecond boundary. Call it right before building the tokio runtime that runs Sundial.
+///
+/// tokio's timer counts whole milliseconds from the moment its runtime was built, and ends a
+/// sleep at the first of those ticks at or after its deadline. Due times are whole milliseconds
+/// of the wall clock, so with ticks at a random phase every timed start (a run or a poll's answer
+/// at its due time) ends up to a millisecond late, by the same amount for the whole life of the
+/// process. Built right after a boundary, the ticks fall just after the wall clock's
+/// milliseconds, and a sleep until a due time ends in the tick that follows it.
+pub fn align_timer_ticks() {
+    let start = wall_micros();
+    loop {
+        let now = wall_micros();
+        if just_after_a_millisecond(now) || now.saturating_sub(start) > ALIGN_GIVE_UP_US {
+            return;
+        }
+        std::hint::spin_loop();
+    }
+}
+
 /// How long a timer armed at `now_us` (microseconds) must run for the clock to read `deadline`
 /// (milliseconds, which `now` reaches at the deadline's first microsecond): zero once there.
 fn timer_left(now_us: i64, deadline: Timestamp) -> Duration {
@@ -137,6 +169,21 @@ impl Clock for OffsetClock {
 mod tests {
     use super::*;
     use sundial_core::ManualClock;
+
+    #[test]
+    fn the_timer_is_aligned_just_after_a_millisecond_boundary() {
+        assert!(just_after_a_millisecond(1_700_000_000_000_000));
+        assert!(just_after_a_millisecond(1_700_000_000_000_049));
+        assert!(!just_after_a_millisecond(1_700_000_000_000_050));
+        assert!(!just_after_a_millisecond(1_700_000_000_000_999));
+        // Before the epoch too (a clock set back that far still spins no longer than its bound).
+        assert!(just_after_a_millisecond(-1_000));
+        assert!(!just_after_a_millisecond(-1));
+        // It returns within its bound whatever the phase.
+        let before = wall_micros();
+        align_timer_ticks();
+        assert!(wall_micros() - before <= ALIGN_GIVE_UP_US + 100_000);
+    }
 
     #[test]
     fn a_sleep_is_armed_for_what_is_left_to_the_microsecond() {
