@@ -82,6 +82,12 @@ pub trait Clock: Send + Sync + 'static {
     fn now(&self) -> Timestamp;
     /// Completes when `now() >= deadline`. Never completes earlier.
     fn sleep_until(&self, deadline: Timestamp) -> Sleep;
+    /// [`Clock::sleep_until`] for a start that is due at `deadline` (a run or a poll's answer
+    /// claimed ahead): a clock whose timer is coarse may end it with a finer wait, so it ends
+    /// closer after the deadline. Never completes earlier. By default, `sleep_until`.
+    fn sleep_until_on_time(&self, deadline: Timestamp) -> Sleep {
+        self.sleep_until(deadline)
+    }
 }
 
 /// A clock that only moves when told to. Sleepers wake when [`ManualClock::advance`] or

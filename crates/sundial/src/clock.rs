@@ -48,7 +48,42 @@ impl Clock for SystemClock {
             }
         })
     }
+
+    /// The timer until a millisecond before the deadline, then a thread of tokio's blocking pool
+    /// sleeps out the rest, to the microsecond: tokio's timer wakes on its millisecond ticks and
+    /// its driver parks for whole milliseconds, so a sleep on it alone ends up to a millisecond
+    /// or two after the deadline.
+    fn sleep_until_on_time(&self, deadline: Timestamp) -> Sleep {
+        Box::pin(async move {
+            self::SystemClock
+                .sleep_until(Timestamp(deadline.0.saturating_sub(FINE_WAIT_MS)))
+                .await;
+            loop {
+                let left = timer_left(wall_micros(), deadline);
+                if left.is_zero() {
+                    return;
+                }
+                if left > Duration::from_millis(FINE_WAIT_MS as u64 + 1) {
+                    // The wall clock stepped back meanwhile: the coarse timer again.
+                    self::SystemClock.sleep_until(deadline).await;
+                    return;
+                }
+                if tokio::task::spawn_blocking(move || std::thread::sleep(left))
+                    .await
+                    .is_err()
+                {
+                    // No blocking thread (the runtime is shutting down): the coarse timer.
+                    self::SystemClock.sleep_until(deadline).await;
+                    return;
+                }
+            }
+        })
+    }
 }
+
+/// How long before a deadline [`SystemClock::sleep_until_on_time`] hands over from tokio's
+/// timer to a finer sleep (ms).
+const FINE_WAIT_MS: i64 = 1;
 
 /// The wall clock in microseconds since the epoch (the sleeps' finer reading).
 #[allow(clippy::disallowed_methods)] // the one sanctioned wall-clock read
@@ -169,6 +204,32 @@ impl Clock for OffsetClock {
 mod tests {
     use super::*;
     use sundial_core::ManualClock;
+
+    /// A sleep for a start on time never ends before its deadline, on the multi-thread runtime
+    /// the binaries use and on a current-thread one, and ends within the fine wait of it on a
+    /// machine that is not starved (the bound here is loose: a test is no benchmark).
+    #[test]
+    fn a_sleep_on_time_never_ends_early() {
+        for multi in [true, false] {
+            let rt = if multi {
+                tokio::runtime::Builder::new_multi_thread().enable_all().build()
+            } else {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+            }
+            .unwrap();
+            rt.block_on(async {
+                for ahead in [0, 1, 2, 7] {
+                    let deadline = Timestamp(SystemClock.now().0 + ahead);
+                    SystemClock.sleep_until_on_time(deadline).await;
+                    let woke = wall_micros();
+                    assert!(woke >= deadline.0 * 1_000, "ended before {deadline:?}");
+                    assert!(woke < deadline.0 * 1_000 + 1_000_000);
+                }
+            });
+        }
+    }
 
     #[test]
     fn the_timer_is_aligned_just_after_a_millisecond_boundary() {

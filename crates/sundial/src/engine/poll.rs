@@ -386,7 +386,7 @@ impl Engine {
         if start > now {
             // Bounded by the lead, should the clock have stepped back since the start.
             self.clock
-                .sleep_until(start.min(now.saturating_add(self.config.hand_off_lead)))
+                .sleep_until_on_time(start.min(now.saturating_add(self.config.hand_off_lead)))
                 .await;
         }
         let mut still = Vec::with_capacity(held.tasks.len());

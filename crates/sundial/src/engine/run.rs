@@ -120,7 +120,7 @@ impl Engine {
                 // A stepped test waiting for this run to finish stops waiting for it now.
                 engine.drained.notify_waiters();
                 tokio::select! {
-                    _ = engine.clock.sleep_until(due) => false,
+                    _ = engine.clock.sleep_until_on_time(due) => false,
                     _ = wait_true(&mut aborting) => true,
                 }
             };
