@@ -212,7 +212,9 @@ mod tests {
     fn a_sleep_on_time_never_ends_early() {
         for multi in [true, false] {
             let rt = if multi {
-                tokio::runtime::Builder::new_multi_thread().enable_all().build()
+                tokio::runtime::Builder::new_multi_thread()
+                    .enable_all()
+                    .build()
             } else {
                 tokio::runtime::Builder::new_current_thread()
                     .enable_all()
