@@ -143,6 +143,14 @@ async fn poll(s: &Setup, name: &str, parked_before: usize) -> tokio::task::JoinH
     h
 }
 
+/// A poll of queue `q` as worker `name` that does not wait: what it took.
+async fn poll_now(s: &Setup, name: &str) -> Vec<Task> {
+    s.sundial
+        .poll("q", Some(name.to_string()), None, 1, Duration::ZERO)
+        .await
+        .unwrap()
+}
+
 async fn answer(h: tokio::task::JoinHandle<Vec<Task>>) -> Vec<Task> {
     tokio::time::timeout(Duration::from_secs(10), h)
         .await
@@ -275,11 +283,7 @@ async fn a_task_started_for_a_poll_that_left_goes_to_the_next_poll() {
     );
     // The next poll gets it at once, without a claim.
     let before = s.watch.ready_claims.load(Ordering::SeqCst);
-    let got = s
-        .sundial
-        .poll("q", Some("w2".into()), None, 1, Duration::ZERO)
-        .await
-        .unwrap();
+    let got = poll_now(&s, "w2").await;
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].id, id);
     assert_eq!(s.watch.ready_claims.load(Ordering::SeqCst), before);
@@ -370,20 +374,10 @@ async fn poll_looks_resume_when_a_held_key_is_released() {
     };
     let holder = s.sundial.schedule(keyed()).await.unwrap();
     stepper.settle().await;
-    let held = s
-        .sundial
-        .poll("q", Some("w1".into()), None, 1, Duration::ZERO)
-        .await
-        .unwrap();
+    let held = poll_now(&s, "w1").await;
     assert_eq!(held[0].id, holder);
     // Found empty by a poll; no poll waits, so nothing is started for one.
-    assert!(
-        s.sundial
-            .poll("q", Some("w2".into()), None, 1, Duration::ZERO)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(poll_now(&s, "w2").await.is_empty());
     s.sundial
         .complete(holder, held[0].execution_id.unwrap(), None)
         .await
@@ -482,11 +476,7 @@ async fn a_completion_carried_by_a_poll_is_recorded_with_its_first_claim() {
         );
     }
     stepper.settle().await;
-    let took = s
-        .sundial
-        .poll("q", Some("w".into()), None, 1, Duration::ZERO)
-        .await
-        .unwrap();
+    let took = poll_now(&s, "w").await;
     assert_eq!(took[0].id, ids[0]);
     let done = |t: &Task, result| sundial::Completion {
         id: t.id,
@@ -508,13 +498,7 @@ async fn a_completion_carried_by_a_poll_is_recorded_with_its_first_claim() {
     assert_eq!(s.watch.completes.load(Ordering::SeqCst), 0);
     // A poll finds the queue empty; the next poll skips its look, so the completion it carries
     // is recorded on its own, before it waits.
-    assert!(
-        s.sundial
-            .poll("q", Some("w".into()), None, 1, Duration::ZERO)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(poll_now(&s, "w").await.is_empty());
     let waiting = {
         let sundial = s.sundial.clone();
         let d = done(&next[0], None);
@@ -547,11 +531,7 @@ async fn a_completion_carried_by_a_poll_is_recorded_with_its_first_claim() {
         .await
         .unwrap();
     stepper.settle().await;
-    let took = s
-        .sundial
-        .poll("q", Some("w".into()), None, 1, Duration::ZERO)
-        .await
-        .unwrap();
+    let took = poll_now(&s, "w").await;
     assert_eq!(took[0].id, third);
     let fourth = s
         .sundial
@@ -622,11 +602,7 @@ async fn a_task_handed_to_a_poll_whose_completion_is_refused_goes_to_the_next_po
         ),
         "{refused:?}"
     );
-    let next = s
-        .sundial
-        .poll("q", Some("w2".into()), None, 1, Duration::ZERO)
-        .await
-        .unwrap();
+    let next = poll_now(&s, "w2").await;
     assert_eq!(next.len(), 1);
     assert_eq!(next[0].id, later);
 }
@@ -659,20 +635,10 @@ async fn handed_while_completing(
         .await
         .unwrap();
     stepper.settle().await;
-    let took = s
-        .sundial
-        .poll("q", Some("w".into()), None, 1, Duration::ZERO)
-        .await
-        .unwrap();
+    let took = poll_now(s, "w").await;
     assert_eq!(took[0].id, first);
     // The queue is known empty: the next poll skips its look.
-    assert!(
-        s.sundial
-            .poll("q", Some("w".into()), None, 1, Duration::ZERO)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(poll_now(s, "w").await.is_empty());
     let ready_claims = s.watch.ready_claims.load(Ordering::SeqCst);
     let held = s.watch.complete_hold.clone().acquire_owned().await.unwrap();
     let done = sundial::Completion {
