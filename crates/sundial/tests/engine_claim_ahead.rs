@@ -21,16 +21,21 @@ fn within_the_lead() -> Duration {
     lead - Duration::from_millis(1)
 }
 
-/// A task of kind `k` due within the lead, scheduled and claimed ahead (`running` before its
-/// due time): the stored task.
-async fn claimed_ahead(h: &Harness, stepper: &mut sundial::Stepper) -> sundial::Task {
+/// A task of kind `k` due within the lead, scheduled and the loops settled before its due time:
+/// the stored task.
+async fn scheduled_within_the_lead(h: &Harness, stepper: &mut sundial::Stepper) -> sundial::Task {
     let id = h
         .sundial
         .schedule(TaskSpec::new("k").delay(within_the_lead()))
         .await
         .unwrap();
     stepper.settle().await;
-    let stored = h.sundial.get(id).await.unwrap().unwrap();
+    h.sundial.get(id).await.unwrap().unwrap()
+}
+
+/// [`scheduled_within_the_lead`], claimed ahead (`running` before its due time).
+async fn claimed_ahead(h: &Harness, stepper: &mut sundial::Stepper) -> sundial::Task {
+    let stored = scheduled_within_the_lead(h, stepper).await;
     assert_eq!(stored.state, TaskState::Running, "claimed ahead");
     stored
 }
@@ -111,13 +116,8 @@ async fn a_handler_that_opts_out_has_its_tasks_claimed_when_due() {
         }),
     );
     let mut stepper = h.sundial.stepper();
-    let id = h
-        .sundial
-        .schedule(TaskSpec::new("k").delay(within_the_lead()))
-        .await
-        .unwrap();
-    stepper.settle().await;
-    let stored = h.sundial.get(id).await.unwrap().unwrap();
+    let stored = scheduled_within_the_lead(&h, &mut stepper).await;
+    let id = stored.id;
     assert_eq!(stored.state, TaskState::Scheduled, "not claimed ahead");
     h.clock.advance(within_the_lead());
     stepper.settle().await;
