@@ -1437,7 +1437,7 @@ fn claim_one_unlimited(
 impl Store for SqliteStore {
     async fn insert(&self, tasks: Vec<NewTask>) -> Result<Vec<Inserted>, StoreError> {
         self.writer
-            .write(move |conn| insert_many(conn, &tasks))
+            .write_in_band(move |conn| insert_many(conn, &tasks))
             .await
     }
 
@@ -1448,7 +1448,7 @@ impl Store for SqliteStore {
         // One writer job: the record's read, the decision and the writes share one transaction,
         // and the single writer serialises calls with one key.
         self.writer
-            .write(move |conn| insert_idempotent(conn, &create))
+            .write_in_band(move |conn| insert_idempotent(conn, &create))
             .await
     }
 
@@ -1457,7 +1457,7 @@ impl Store for SqliteStore {
         create: DebouncedCreate,
     ) -> Result<DebounceOutcome, StoreError> {
         self.writer
-            .write(move |conn| insert_debounced(conn, &create))
+            .write_in_band(move |conn| insert_debounced(conn, &create))
             .await
     }
 
@@ -1607,13 +1607,13 @@ impl Store for SqliteStore {
             return Err(StoreError::LeaseLost { shard: f.shard });
         }
         self.writer
-            .write(move |conn| claim_many(conn, &claims, now))
+            .write_in_band(move |conn| claim_many(conn, &claims, now))
             .await
     }
 
     async fn claim_ready(&self, claim: ReadyClaim) -> Result<ReadyTaken, StoreError> {
         self.writer
-            .write(move |conn| claim_ready_in(conn, &claim))
+            .write_in_band(move |conn| claim_ready_in(conn, &claim))
             .await
     }
 
@@ -1624,7 +1624,7 @@ impl Store for SqliteStore {
         now: Timestamp,
     ) -> Result<Task, TransitionError> {
         self.writer
-            .write(move |conn| {
+            .write_in_band(move |conn| {
                 let sql = format!(
                     "UPDATE tasks SET lease_expires_at = MAX(lease_expires_at, ?3 + timeout_ms), \
                      updated_at = ?3 \
@@ -1653,7 +1653,7 @@ impl Store for SqliteStore {
         result: Option<String>,
     ) -> Result<Task, TransitionError> {
         self.writer
-            .write(move |conn| complete_in(conn, &id, &execution, now, result.as_deref()))
+            .write_in_band(move |conn| complete_in(conn, &id, &execution, now, result.as_deref()))
             .await
     }
 
@@ -1668,7 +1668,7 @@ impl Store for SqliteStore {
         // One job: the completion and the claim commit together, and a refused completion
         // claims nothing.
         self.writer
-            .write(move |conn| {
+            .write_in_band(move |conn| {
                 let done = complete_in(conn, &id, &execution, now, result.as_deref())?;
                 let taken = claim_ready_in(conn, &claim)?;
                 Ok((done, taken))
@@ -1685,7 +1685,7 @@ impl Store for SqliteStore {
         retry: Retry,
     ) -> Result<Task, TransitionError> {
         self.writer
-            .write(move |conn| {
+            .write_in_band(move |conn| {
                 let retry_at = match retry {
                     Retry::Never => None,
                     // The update itself checks that attempts remain.
@@ -1796,6 +1796,12 @@ impl Store for SqliteStore {
 
     fn condition(&self) -> Option<String> {
         self.condition.lock().ok().and_then(|c| c.clone())
+    }
+
+    /// This process holds the data directory's lock, so every write goes through this store's
+    /// writer, which counts the out-of-band ones.
+    fn out_of_band_mark(&self) -> Option<sundial_store::OutOfBandMark> {
+        Some(sundial_store::OutOfBandMark(self.writer.out_of_band()))
     }
 
     async fn count_by_state(&self) -> Result<Vec<StateCount>, StoreError> {

@@ -21,8 +21,14 @@
 //! claimed) for a copy and an extra fsync. The writer keeps a large automatic threshold only as a
 //! backstop for when the background thread cannot keep up. The checkpoint thread waits on the
 //! writer's signal, so an idle store does not wake it.
+//!
+//! **Out-of-band writes** are counted ([`sundial_store::OutOfBandMark`]): every data job that
+//! changed something moves the count before it is answered, except the jobs sent with
+//! [`Writer::write_in_band`] (inserts, claims, an attempt's own heartbeat, completion and
+//! failure), which cannot end a task another caller started.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread;
 use std::time::Duration;
@@ -42,6 +48,8 @@ type Job = Box<dyn FnOnce(Option<&Connection>) -> Finish + Send>;
 pub struct Writer {
     tx: mpsc::Sender<Job>,
     condition: Arc<Mutex<Option<String>>>,
+    /// Data jobs that changed something, other than in-band ones (see the module doc).
+    out_of_band: Arc<AtomicU64>,
 }
 
 thread_local! {
@@ -104,7 +112,11 @@ impl Writer {
             .name("sundial-sqlite-writer".into())
             .spawn(move || run(conn, rx, committed, max_batch.max(1), cond))
             .map_err(|e| thread_error("writer thread", e))?;
-        Ok(Writer { tx, condition })
+        Ok(Writer {
+            tx,
+            condition,
+            out_of_band: Arc::default(),
+        })
     }
 
     /// What keeps writes from succeeding now (the disk is full), as the last commits found it.
@@ -115,7 +127,8 @@ impl Writer {
     /// Runs `f` in the next group commit and returns its result once the commit is durable.
     ///
     /// Inside a request's [`audit_scope`], the request's audit record goes into the same
-    /// savepoint when `f` changed something (see the module doc).
+    /// savepoint when `f` changed something (see the module doc). When it did, the job counts
+    /// as an out-of-band write ([`Writer::out_of_band`]).
     pub async fn write<R, E, F>(&self, f: F) -> Result<R, E>
     where
         R: Send + 'static,
@@ -123,6 +136,24 @@ impl Writer {
         F: FnOnce(&Connection) -> Result<R, E> + Send + 'static,
     {
         self.write_job(f, JobKind::Data).await
+    }
+
+    /// Like [`Writer::write`], for a job that never ends a task another caller started: it
+    /// inserts tasks, claims them, or records its own attempt's heartbeat, completion or
+    /// failure. It does not move [`Writer::out_of_band`].
+    pub async fn write_in_band<R, E, F>(&self, f: F) -> Result<R, E>
+    where
+        R: Send + 'static,
+        E: From<StoreError> + Send + 'static,
+        F: FnOnce(&Connection) -> Result<R, E> + Send + 'static,
+    {
+        self.write_job(f, JobKind::InBand).await
+    }
+
+    /// How many data jobs that changed something, other than in-band ones, ran so far (each
+    /// counted before it is answered).
+    pub fn out_of_band(&self) -> u64 {
+        self.out_of_band.load(Ordering::SeqCst)
     }
 
     /// Like [`Writer::write`], for a write to the audit log alone: it carries no request's
@@ -146,9 +177,10 @@ impl Writer {
         let (reply, rx) = oneshot::channel::<Result<R, E>>();
         // Claimed here, on the request's task: the job runs on the writer thread.
         let audit = match kind {
-            JobKind::Data => audit_scope::claim_pending(),
+            JobKind::Data | JobKind::InBand => audit_scope::claim_pending(),
             JobKind::AuditLog => None,
         };
+        let out_of_band = self.out_of_band.clone();
         let job: Job = Box::new(move |conn: Option<&Connection>| {
             let mut audit_seq = None;
             let outcome = match conn {
@@ -156,8 +188,13 @@ impl Writer {
                     let before = conn.total_changes();
                     let out = f(conn)?;
                     if conn.total_changes() != before {
-                        if kind == JobKind::Data {
+                        if kind != JobKind::AuditLog {
                             WROTE_DATA.with(|w| w.set(true));
+                        }
+                        if kind == JobKind::Data {
+                            // Before the commit, so before the answer: a count read after the
+                            // call returned has moved, whether or not the commit then holds.
+                            out_of_band.fetch_add(1, Ordering::SeqCst);
                         }
                         if let Some(a) = &audit {
                             audit_seq = Some(crate::access::insert_audit(conn, a.record())?);
@@ -188,8 +225,10 @@ impl Writer {
 /// What a job writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum JobKind {
-    /// Tasks, schedules, anything but the audit log alone.
+    /// Tasks, schedules, anything but the audit log alone, that may end a started task.
     Data,
+    /// Inserts, claims, an attempt's own heartbeat, completion or failure.
+    InBand,
     /// Only audit records (appended or amended on their own).
     AuditLog,
 }

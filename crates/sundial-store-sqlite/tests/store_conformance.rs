@@ -206,3 +206,73 @@ mod push_secrets {
 
     sundial_store::push_store_conformance!(fresh);
 }
+
+/// The out-of-band mark: inserts, claims and an attempt's own heartbeat, completion and failure
+/// leave it; a cancel moves it before it returns; a write that changed nothing leaves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_out_of_band_mark_moves_only_with_writes_that_can_end_a_started_task() {
+    let (store, _dir) = fresh_store().await;
+    let now = Timestamp(1_700_000_000_000);
+    let new = |n: u8| {
+        TaskSpec::new("k")
+            .queue("q")
+            .max_attempts(3)
+            .validate(task_id(n), now, 4, &Limits::default())
+            .expect("valid")
+    };
+    let exec = |n: u8| sundial_core::ExecutionId::from_bytes([n; 16]);
+    let mark = || store.out_of_band_mark().expect("the embedded store counts");
+    let start = mark();
+
+    store
+        .insert(vec![new(1), new(2), new(3)])
+        .await
+        .expect("insert");
+    let run = |n: u8| DueClaim {
+        id: task_id(n),
+        target: ClaimTarget::Run {
+            execution: exec(n),
+            lease_until: Timestamp(now.0 + 30_000),
+            worker: None,
+        },
+    };
+    let started = store
+        .claim_due(vec![run(1), run(2)], now, None)
+        .await
+        .expect("claim");
+    assert!(
+        started
+            .iter()
+            .all(|o| matches!(o, ClaimOutcome::Started(_)))
+    );
+    store
+        .heartbeat(task_id(1), exec(1), now)
+        .await
+        .expect("heartbeat");
+    store
+        .complete(task_id(1), exec(1), now, None)
+        .await
+        .expect("complete");
+    store
+        .fail(
+            task_id(2),
+            exec(2),
+            now,
+            "boom".into(),
+            sundial_store::Retry::At(Timestamp(now.0 + 1_000)),
+        )
+        .await
+        .expect("fail");
+    assert_eq!(mark(), start, "in-band writes leave the mark");
+
+    // Nothing to cancel: an error, nothing written, the mark stays.
+    assert!(store.cancel(task_id(9), now).await.is_err());
+    assert_eq!(
+        mark(),
+        start,
+        "a write that changed nothing leaves the mark"
+    );
+
+    store.cancel(task_id(3), now).await.expect("cancel");
+    assert_ne!(mark(), start, "a cancel moves the mark before it returns");
+}

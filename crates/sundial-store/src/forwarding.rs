@@ -285,6 +285,9 @@ impl<H: Hooks> Store for Forwarding<H> {
     fn condition(&self) -> Option<String> {
         self.inner.condition()
     }
+    fn out_of_band_mark(&self) -> Option<crate::OutOfBandMark> {
+        self.inner.out_of_band_mark()
+    }
     async fn dead_groups(
         &self,
         filter: DeadGroupFilter<'_>,

@@ -337,4 +337,19 @@ pub trait Store: Send + Sync + 'static {
     fn condition(&self) -> Option<String> {
         None
     }
+    /// Where this store's count of out-of-band writes stands ([`OutOfBandMark`]), or `None`
+    /// when it cannot tell: another process may write the same data (PostgreSQL), or the
+    /// backend does not count. Never touches the database.
+    fn out_of_band_mark(&self) -> Option<OutOfBandMark> {
+        None
+    }
 }
+
+/// A count of the committed writes through one store that could end a started task other than
+/// by its own attempt: everything but inserts, claims, and an attempt's own heartbeat,
+/// completion and failure (cancels, triggers, retries, purges, lease expiry, schedule and
+/// workflow writes, …). It moves before such a write's call returns. Two equal marks, one read
+/// before a claim was asked for and one after, tell that no such write committed in between,
+/// so a task that claim started is still started under its execution without reading it again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutOfBandMark(pub u64);

@@ -6,10 +6,14 @@
 
 mod common;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use common::intercept::Intercept;
 use common::*;
 use sundial::{Clock, Config, TaskSpec, TaskState};
+use sundial_store::forwarding::Call;
 
 /// Inside the default run lead.
 fn within_the_lead() -> Duration {
@@ -77,6 +81,69 @@ async fn a_task_cancelled_while_it_waits_for_its_due_time_is_never_run() {
         h.sundial.get(id).await.unwrap().unwrap().state,
         TaskState::Cancelled
     );
+}
+
+/// Counts the engine's (and the test's) reads of one task.
+struct CountGets(Arc<AtomicUsize>);
+
+impl Intercept for CountGets {
+    fn enter(&self, call: Call) -> Option<Box<dyn Send>> {
+        if call.method == "get" {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+        None
+    }
+}
+
+/// A one-shard engine over the embedded store, counting `get` calls.
+fn counting_gets() -> (Harness, Arc<AtomicUsize>) {
+    let dir = tempfile::tempdir().unwrap();
+    let gets = Arc::new(AtomicUsize::new(0));
+    let store = Arc::new(common::intercept::sqlite(
+        dir.path(),
+        CountGets(gets.clone()),
+    ));
+    let (sundial, clock) = one_shard(store);
+    (
+        Harness {
+            sundial,
+            clock,
+            dir,
+        },
+        gets,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_claimed_ahead_is_not_read_again_when_nothing_could_have_ended_it() {
+    let (h, gets) = counting_gets();
+    let mut runs = record(&h, "k", |_| Ok(()));
+    let mut stepper = h.sundial.stepper();
+    let id = claimed_ahead(&h, &mut stepper).await.id;
+    let before = gets.load(Ordering::SeqCst);
+    h.clock.advance(within_the_lead());
+    stepper.settle().await;
+    assert_eq!(next_run(&mut runs).await.id, id);
+    assert_eq!(gets.load(Ordering::SeqCst), before, "run without a read");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_out_of_band_write_a_run_claimed_ahead_is_read_again_and_runs() {
+    let (h, gets) = counting_gets();
+    let mut runs = record(&h, "k", |_| Ok(()));
+    let mut stepper = h.sundial.stepper();
+    let id = claimed_ahead(&h, &mut stepper).await.id;
+    let other = h
+        .sundial
+        .schedule(TaskSpec::new("other").delay(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    h.sundial.cancel(other).await.unwrap();
+    let before = gets.load(Ordering::SeqCst);
+    h.clock.advance(within_the_lead());
+    stepper.settle().await;
+    assert_eq!(next_run(&mut runs).await.id, id);
+    assert_eq!(gets.load(Ordering::SeqCst), before + 1, "read once first");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

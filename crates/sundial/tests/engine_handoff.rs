@@ -17,6 +17,7 @@ use common::intercept::Intercept;
 use common::*;
 use sundial::{ExclusiveMode, ManualClock, Sundial, TaskSpec, TaskState};
 use sundial_core::{ExecutionId, Task, TaskId, Timestamp};
+use sundial_store::forwarding::Call;
 use sundial_store::{
     ClaimOutcome, ClaimTarget, DueClaim, Fence, ReadyClaim, ReadyTaken, Store, StoreError,
     TransitionError,
@@ -34,12 +35,20 @@ struct Watch {
     fused: AtomicUsize,
     /// While this has no permit, a plain `complete` waits for one.
     complete_hold: Arc<Semaphore>,
+    /// `get` calls (the engine's reads of a task, and the test's own).
+    gets: AtomicUsize,
 }
 
 struct Hooks(Arc<Watch>);
 
 #[async_trait]
 impl Intercept for Hooks {
+    fn enter(&self, call: Call) -> Option<Box<dyn Send>> {
+        if call.method == "get" {
+            self.0.gets.fetch_add(1, Ordering::SeqCst);
+        }
+        None
+    }
     async fn claim_ready(
         &self,
         inner: &dyn Store,
@@ -117,6 +126,7 @@ fn setup() -> Setup {
         completes: AtomicUsize::new(0),
         fused: AtomicUsize::new(0),
         complete_hold: Arc::new(Semaphore::new(1)),
+        gets: AtomicUsize::new(0),
     });
     let store = Arc::new(common::intercept::sqlite(dir.path(), Hooks(watch.clone())));
     let (sundial, clock) = one_shard(store);
@@ -809,6 +819,53 @@ async fn a_task_cancelled_while_it_waits_for_its_due_time_is_not_delivered() {
     still_waiting(&waiting, "the poll answered with a cancelled task").await;
     // The poll went on waiting and ends empty at its deadline.
     ends_empty_and_cancelled(&s, waiting, id).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_started_ahead_is_answered_unread_when_nothing_could_have_ended_it() {
+    let s = setup();
+    let mut stepper = s.sundial.stepper();
+    let (waiting, id) = started_ahead_for_a_poll(&s, &mut stepper, "w1").await;
+    parked(&s.clock, 1).await;
+    let gets = s.watch.gets.load(Ordering::SeqCst);
+    s.clock.advance(within_the_lead());
+    let got = answer(waiting).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].id, id);
+    assert_eq!(
+        s.watch.gets.load(Ordering::SeqCst),
+        gets,
+        "no write but inserts, claims and attempts' own since the claim: nothing to read again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_out_of_band_write_a_task_started_ahead_is_read_again_and_answered() {
+    let s = setup();
+    let mut stepper = s.sundial.stepper();
+    let (waiting, id) = started_ahead_for_a_poll(&s, &mut stepper, "w1").await;
+    parked(&s.clock, 1).await;
+    // A cancel of another task: it cannot end this one, but the engine cannot tell which.
+    let other = s
+        .sundial
+        .schedule(
+            TaskSpec::new("k")
+                .queue("other")
+                .delay(Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    s.sundial.cancel(other).await.unwrap();
+    let gets = s.watch.gets.load(Ordering::SeqCst);
+    s.clock.advance(within_the_lead());
+    let got = answer(waiting).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].id, id);
+    assert_eq!(
+        s.watch.gets.load(Ordering::SeqCst),
+        gets + 1,
+        "read again once before the answer"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,8 @@
 //! hands the started task over. One durable write delivers the task, where readying it and the
 //! poll's claim took two. A task due within `Config::hand_off_lead` may be started ahead for a
 //! waiting poll (recorded as started at its due time); the poll answers at that time, after
-//! reading the task again (`Engine::at_their_start` in `poll`).
+//! reading the task again (`Engine::at_their_start` in `poll`) unless the store's out-of-band
+//! mark tells that nothing could have ended it since the claim.
 //!
 //! Owns: the waiting polls of one queue and the tasks started for a poll that had gone by the time
 //! they were handed (`unclaimed`: the next poll of the queue takes them first, while their lease
@@ -17,22 +18,32 @@ use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
 
 use sundial_core::{Task, Timestamp};
+use sundial_store::OutOfBandMark;
 use sundial_store::audit_scope::AuditScope;
 use tokio::sync::oneshot;
 
 /// A task started for a poll, with the time of the claim that started it. One started ahead of
 /// its due time (`started_at` after `claimed_at`) is read again before a poll answers with it,
-/// however late the poll gets it, so that a cancel that returned before its start is honoured.
+/// however late the poll gets it, so that a cancel that returned before its start is honoured;
+/// unless the store's out-of-band mark, read before the claim was asked for, has not moved.
 #[derive(Debug)]
 pub(crate) struct Started {
     pub(crate) task: Task,
     pub(crate) claimed_at: Timestamp,
+    /// The store's out-of-band mark before the claim (`None`: the store cannot tell).
+    pub(crate) mark: Option<OutOfBandMark>,
 }
 
 impl Started {
     /// Whether the claim recorded a start later than itself.
     pub(crate) fn ahead(&self) -> bool {
         self.task.started_at.is_some_and(|at| at > self.claimed_at)
+    }
+
+    /// Whether no write that could end the task has committed since before its claim, by the
+    /// store's mark `now` (so it is still started under its execution without reading it).
+    pub(crate) fn unchanged_since_claim(&self, now: Option<OutOfBandMark>) -> bool {
+        self.mark.is_some() && self.mark == now
     }
 }
 
@@ -177,6 +188,7 @@ mod tests {
         Started {
             task: stored(lease),
             claimed_at: Timestamp(0),
+            mark: None,
         }
     }
 

@@ -366,7 +366,9 @@ impl Engine {
     /// Tasks handed to a poll, at their start: a task started ahead of its due time
     /// (`Config::hand_off_lead`) is answered at that time, never before, and only after it was
     /// read again and found still running under the execution handed, so that a cancel that
-    /// returned before its start is honoured (also when the poll got it after that time). Were
+    /// returned before its start is honoured (also when the poll got it after that time). The
+    /// read is spared when the store's out-of-band mark has not moved since before the claim:
+    /// then nothing that could end the task has committed. Were
     /// the poll dropped, or the read to fail, while tasks wait here, `held` keeps them for the
     /// queue's next poll.
     async fn at_their_start(&self, mut held: Held<'_>) -> Result<Vec<Task>, Error> {
@@ -390,16 +392,22 @@ impl Engine {
                 .await;
         }
         let mut still = Vec::with_capacity(held.tasks.len());
+        // Read after the wait: a cancel that returned before the start has moved it.
+        let mark = self.store.out_of_band_mark();
         for s in &held.tasks {
             if !s.ahead() {
                 still.push(true);
                 continue;
             }
             let t = &s.task;
-            let stored = self.store.get(t.id).await?;
-            still.push(stored.is_some_and(|s| {
-                s.state == TaskState::Running && s.execution_id == t.execution_id
-            }));
+            if s.unchanged_since_claim(mark) {
+                still.push(true);
+            } else {
+                let stored = self.store.get(t.id).await?;
+                still.push(stored.is_some_and(|s| {
+                    s.state == TaskState::Running && s.execution_id == t.execution_id
+                }));
+            }
             metrics::histogram!("sundial_fire_lateness_seconds", "namespace" => sundial_core::namespace::namespace_of(&t.queue).to_string(), "queue" => sundial_core::namespace::local(&t.queue).to_string(), "target" => "poll")
                 .record(self.clock.now().since(t.became_due_at()).as_secs_f64());
         }

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use futures::FutureExt;
 use rand::Rng;
 use sundial_core::{ExecutionId, Task, TaskId, TaskState, Timestamp};
-use sundial_store::{DueEntry, Retry};
+use sundial_store::{DueEntry, OutOfBandMark, Retry};
 use tokio::sync::OwnedSemaphorePermit;
 
 use tracing::Instrument;
@@ -81,6 +81,7 @@ impl Engine {
         handler: Arc<dyn Handler>,
         permit: Vec<OwnedSemaphorePermit>,
         fire: tracing::Span,
+        mark: Option<OutOfBandMark>,
     ) {
         let Some(execution) = task.execution_id else {
             return;
@@ -124,7 +125,7 @@ impl Engine {
                     _ = wait_true(&mut aborting) => true,
                 }
             };
-            if ahead && !woke_early && !engine.still_started(&task, execution).await {
+            if ahead && !woke_early && !engine.still_started(&task, execution, mark).await {
                 // Cancelled (or otherwise ended) while it waited for its due time: the handler
                 // is never called, and there is no result to record.
                 slots.release();
@@ -234,9 +235,18 @@ impl Engine {
 
     /// Whether a task claimed ahead of its due time is still `running` under `execution` when
     /// it comes due: a cancel that returned while it waited must keep its handler from being
-    /// called. A failed read answers no (the attempt's lease ending hands the task on, as for
-    /// any attempt whose runner went away).
-    async fn still_started(&self, task: &Task, execution: ExecutionId) -> bool {
+    /// called. Yes without a read when the store's out-of-band mark is still `mark`, read
+    /// before the claim was asked for. A failed read answers no (the attempt's lease ending
+    /// hands the task on, as for any attempt whose runner went away).
+    async fn still_started(
+        &self,
+        task: &Task,
+        execution: ExecutionId,
+        mark: Option<OutOfBandMark>,
+    ) -> bool {
+        if mark.is_some() && self.store.out_of_band_mark() == mark {
+            return true;
+        }
         match self.store.get(task.id).await {
             Ok(Some(t)) => t.state == TaskState::Running && t.execution_id == Some(execution),
             Ok(None) => false,

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use sundial_core::{ExecutionId, Priority, Timestamp};
-use sundial_store::{ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey};
+use sundial_store::{ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, OutOfBandMark};
 
 use crate::trace::{self, Step};
 use tokio::sync::{OwnedSemaphorePermit, watch};
@@ -652,6 +652,9 @@ impl ShardLoop {
             groups.entry((b.starts_at, b.hand)).or_default().push(b);
         }
         let releases_before = engine.exclusive_releases.load(Ordering::SeqCst);
+        // Read before the claims are asked for: the same mark at a start claimed ahead tells
+        // that nothing could have ended the task since (`Started::unchanged_since_claim`).
+        let mark = engine.store.out_of_band_mark();
         let answers = futures::future::join_all(groups.iter().map(|((at, hand), group)| {
             let claims: Vec<DueClaim> = group.iter().map(|b| b.claim.clone()).collect();
             let scope = hand.and_then(|h| hands.waiters[h].scope.clone());
@@ -682,7 +685,7 @@ impl ShardLoop {
         }
         // What the calls that went through started runs (its attempts are durable), whatever
         // became of the others.
-        self.dispatch(claimed, now, releases_before, hands);
+        self.dispatch(claimed, now, releases_before, hands, mark);
         if lease_lost {
             return Err(LeaseLost);
         }
@@ -700,6 +703,7 @@ impl ShardLoop {
         now: Timestamp,
         releases_before: u64,
         hands: Hands,
+        mark: Option<OutOfBandMark>,
     ) {
         let engine = self.engine.clone();
         // Tasks readied per queue: as many waiting pollers are woken.
@@ -736,13 +740,14 @@ impl ShardLoop {
                             tasks.push(Started {
                                 task: *task,
                                 claimed_at: now,
+                                mark,
                             });
                         }
                         continue;
                     }
                     if let Some((handler, permit)) = b.run {
                         let fire = trace::task_span(Step::Fire, &task);
-                        engine.spawn_run(*task, handler, permit, fire);
+                        engine.spawn_run(*task, handler, permit, fire, mark);
                     }
                 }
                 ClaimOutcome::Readied(task) => {
