@@ -562,6 +562,18 @@ CREATE TRIGGER task_attempt_of_row AFTER UPDATE ON {schema}.tasks FOR EACH ROW
     EXECUTE FUNCTION {schema}.task_attempt_of_row();
 "#,
     },
+    Migration {
+        version: 21,
+        name: "no due-time and creation-time indexes of tasks",
+        // No query reads them: a page of `list` is driven by the index its other filters name
+        // (`sundial_store::ListDriver`), or by the primary key, and checks time ranges on the
+        // rows it visits. Every task insert, and every update that changes an indexed column
+        // (each change of state: no heap-only update), wrote an entry into both.
+        sql: r#"
+DROP INDEX IF EXISTS {schema}.tasks_due_at;
+DROP INDEX IF EXISTS {schema}.tasks_created_at;
+"#,
+    },
 ];
 
 /// A task's place in line among ready tasks (`sundial_core::Priority::rank`), as the

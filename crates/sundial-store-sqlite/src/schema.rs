@@ -28,8 +28,9 @@
 //!   the shard count, recorded when the store is created (see `shards.rs`).
 //! - Migration 5 (operations): `tasks.tags` (the tags as a JSON object) and `task_tags (key,
 //!   value, task_id)`, the tag index; the search indexes behind every filter of `list`
-//!   (`tasks_queue_state_id`, `tasks_state_id`, `tasks_kind_id`, `tasks_key_id`, `tasks_due_at`,
-//!   `tasks_created_at`); `tasks_waiting (queue, due_at)` over scheduled and ready rows (a queue's
+//!   (`tasks_queue_state_id`, `tasks_state_id`, `tasks_kind_id`, `tasks_key_id`, and
+//!   `tasks_due_at` and `tasks_created_at`, which migration 19 drops again: no query read them);
+//!   `tasks_waiting (queue, due_at)` over scheduled and ready rows (a queue's
 //!   oldest waiting task); `tasks_finished (queue, state, shard, finished_at)` over terminal rows
 //!   (retention); `queue_settings` (pause and configuration per queue); `task_attempts (task_id,
 //!   seq)`, one row per attempt, written by triggers as a task enters and leaves `running` and
@@ -381,6 +382,13 @@ CREATE TABLE rate_limits (
     key     TEXT PRIMARY KEY,
     next_at INTEGER NOT NULL
 ) WITHOUT ROWID;
+"#,
+    // 19: no index of tasks by due time or by creation time. No query reads them: a page of
+    // `list` is driven by the index its other filters name (`sundial_store::ListDriver`), or by
+    // the primary key, and checks time ranges on the rows it visits; every insert wrote both.
+    r#"
+DROP INDEX IF EXISTS tasks_due_at;
+DROP INDEX IF EXISTS tasks_created_at;
 "#,
 ];
 

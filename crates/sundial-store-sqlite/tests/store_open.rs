@@ -50,7 +50,7 @@ fn insert(store: &SqliteStore, tasks: Vec<NewTask>) {
 /// retention), 8 (idempotency), 9 (access), 10 (workflow run retention), 11 (push attempts'
 /// answers: dropped with `task_attempts`), 12 (trace context), 14 (the namespace of push
 /// secrets: dropped with `push_secrets`), 15 (priorities), 16 (group limits), 17 (debounce)
-/// and 18 (rate limits) added.
+/// and 18 (rate limits) added. (Migration 19 dropped two indexes that migration 5 added.)
 fn forget_shard_count(dir: &Path) {
     let conn = rusqlite::Connection::open(dir.join("sundial.db")).unwrap();
     conn.execute_batch(
@@ -60,7 +60,7 @@ fn forget_shard_count(dir: &Path) {
          DROP TABLE task_tags; DROP TABLE queue_settings; DROP TABLE store_settings;
          DROP TABLE task_attempts;
          DROP INDEX tasks_queue_state_id; DROP INDEX tasks_state_id; DROP INDEX tasks_kind_id;
-         DROP INDEX tasks_key_id; DROP INDEX tasks_due_at; DROP INDEX tasks_created_at;
+         DROP INDEX tasks_key_id;
          DROP INDEX tasks_waiting; DROP INDEX tasks_finished;
          ALTER TABLE tasks DROP COLUMN tags;
          DROP TABLE push_secrets; ALTER TABLE tasks DROP COLUMN target;
