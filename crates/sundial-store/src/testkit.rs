@@ -154,6 +154,7 @@ macro_rules! store_conformance {
             next_lease_expiry_of_one_shard
             cancel_from_live_states
             cancel_from_terminal_is_wrong_state
+            the_out_of_band_mark_moves_only_with_writes_that_can_end_a_started_task
             trigger_moves_due_to_now_for_scheduled_only
             expire_leases_reschedules_or_kills
             expire_leases_honours_limit
@@ -2890,6 +2891,54 @@ pub async fn fail_without_retry_is_dead(store: Arc<dyn Store>) {
 
 /// `cancel` ends a scheduled, ready or running task `cancelled` (with `updated_at = now`); it is then
 /// never due, ready or leased again, and the cancelled attempt's execution id is stale.
+/// A backend that gives an out-of-band mark ([`Store::out_of_band_mark`]) keeps it through
+/// inserts, claims (due and ready) and an attempt's own heartbeat, completion and failure, and
+/// moves it with a cancel before the cancel returns; a cancel that changed nothing leaves it. A
+/// backend that gives none is not checked.
+pub async fn the_out_of_band_mark_moves_only_with_writes_that_can_end_a_started_task(
+    store: Arc<dyn Store>,
+) {
+    let s = store.as_ref();
+    let Some(start_mark) = s.out_of_band_mark() else {
+        return;
+    };
+    let mark = || s.out_of_band_mark().expect("a mark, as at the start");
+    let done = insert(s, due_task("q", "k", 0)).await;
+    let failed = insert(s, due_task("q", "k", 0)).await;
+    let readied = insert(s, due_task("q", "k", 0)).await;
+    let pending = insert(s, due_task("q", "k", 60_000)).await;
+    let (exec, _) = start(s, done.id, at(1)).await;
+    s.heartbeat(done.id, exec, at(2)).await.expect("heartbeat");
+    s.complete(done.id, exec, at(3), None)
+        .await
+        .expect("complete");
+    let (exec, _) = start(s, failed.id, at(1)).await;
+    s.fail(failed.id, exec, at(3), "boom".into(), Retry::At(at(1_000)))
+        .await
+        .expect("fail");
+    make_ready(s, readied.id, at(1)).await;
+    let taken = s
+        .claim_ready(ready_claim("q", 1, "w", at(4)))
+        .await
+        .expect("claim_ready");
+    assert_eq!(taken.tasks.len(), 1, "the ready task was claimed");
+    assert_eq!(mark(), start_mark, "in-band writes leave the mark");
+
+    assert!(s.cancel(task_id(), at(5)).await.is_err(), "no such task");
+    assert_eq!(
+        mark(),
+        start_mark,
+        "a write that changed nothing leaves the mark"
+    );
+
+    s.cancel(pending.id, at(6)).await.expect("cancel");
+    assert_ne!(
+        mark(),
+        start_mark,
+        "a cancel moves the mark before it returns"
+    );
+}
+
 pub async fn cancel_from_live_states(store: Arc<dyn Store>) {
     let s = store.as_ref();
     let sched = insert(s, due_task("q", "k", 1_000)).await;
