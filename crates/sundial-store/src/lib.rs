@@ -353,3 +353,11 @@ pub trait Store: Send + Sync + 'static {
 /// so a task that claim started is still started under its execution without reading it again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OutOfBandMark(pub u64);
+
+impl OutOfBandMark {
+    /// Whether the mark read `before` a claim is still the one read `now`: `false` when either
+    /// is missing (the store cannot tell).
+    pub fn unmoved(before: Option<Self>, now: Option<Self>) -> bool {
+        before.is_some() && before == now
+    }
+}

@@ -43,7 +43,7 @@ impl Started {
     /// Whether no write that could end the task has committed since before its claim, by the
     /// store's mark `now` (so it is still started under its execution without reading it).
     pub(crate) fn unchanged_since_claim(&self, now: Option<OutOfBandMark>) -> bool {
-        self.mark.is_some() && self.mark == now
+        OutOfBandMark::unmoved(self.mark, now)
     }
 }
 

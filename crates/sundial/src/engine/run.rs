@@ -244,7 +244,7 @@ impl Engine {
         execution: ExecutionId,
         mark: Option<OutOfBandMark>,
     ) -> bool {
-        if mark.is_some() && self.store.out_of_band_mark() == mark {
+        if OutOfBandMark::unmoved(mark, self.store.out_of_band_mark()) {
             return true;
         }
         match self.store.get(task.id).await {
