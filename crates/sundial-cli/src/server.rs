@@ -70,7 +70,7 @@ pub struct ServerArgs {
     /// is claimed (its attempt recorded as started at the due time), so a claim queued behind a
     /// large write does not make the handler late; the handler still runs at the due time,
     /// never before. At most 5s (the look-ahead); 0s claims at the due time. One node only.
-    #[arg(long, env = "SUNDIAL_RUN_CLAIM_LEAD", default_value = "25ms", value_parser = parse_duration)]
+    #[arg(long, env = "SUNDIAL_RUN_CLAIM_LEAD", default_value = "40ms", value_parser = parse_duration)]
     run_claim_lead: Duration,
     /// Most tasks in one `POST /v1/tasks:batch`.
     #[arg(long, env = "SUNDIAL_MAX_BATCH", default_value_t = 1_000)]

@@ -206,3 +206,164 @@ async fn a_handler_that_opts_out_has_its_tasks_claimed_when_due() {
     assert_eq!(at, stored.due_at);
     wait_state(&h.sundial, id, TaskState::Succeeded).await;
 }
+
+/// Holds the first `claim_due` back until let go, and counts the calls.
+struct HoldFirstClaim {
+    calls: Arc<AtomicUsize>,
+    go: tokio::sync::watch::Receiver<bool>,
+}
+
+#[async_trait::async_trait]
+impl Intercept for HoldFirstClaim {
+    async fn claim_due(
+        &self,
+        inner: &dyn sundial::Store,
+        claims: Vec<sundial_store::DueClaim>,
+        now: sundial::Timestamp,
+        fence: Option<sundial_store::Fence>,
+    ) -> Result<Vec<sundial_store::ClaimOutcome>, sundial::StoreError> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+            let mut go = self.go.clone();
+            let _ = go.wait_for(|g| *g).await;
+        }
+        inner.claim_due(claims, now, fence).await
+    }
+}
+
+/// Waits (a bounded real-time wait) until `n` is at least `at_least`; answers whether it got there.
+async fn reaches(n: &AtomicUsize, at_least: usize) -> bool {
+    for _ in 0..500 {
+        if n.load(Ordering::SeqCst) >= at_least {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+/// The embedded store's one writer can hold a claim behind a long write (a large insert). A
+/// claim ahead has until its tasks' due time to commit, and the loop does not wait for it: a
+/// task coming within the lead meanwhile is claimed at once, not after the held claim returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ahead_held_in_the_store_does_not_hold_the_next_one_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (go, held) = tokio::sync::watch::channel(false);
+    let store = Arc::new(common::intercept::sqlite(
+        dir.path(),
+        HoldFirstClaim {
+            calls: calls.clone(),
+            go: held,
+        },
+    ));
+    let (sundial, clock) = one_shard(store);
+    let h = Harness {
+        sundial,
+        clock,
+        dir,
+    };
+    let mut runs = record(&h, "k", |_| Ok(()));
+    let running = h.sundial.start();
+    let lead = Config::default().run_claim_lead;
+    let first = h
+        .sundial
+        .schedule(TaskSpec::new("k").delay(lead / 3))
+        .await
+        .unwrap();
+    assert!(reaches(&calls, 1).await, "the first claim is asked for");
+    let second = h
+        .sundial
+        .schedule(TaskSpec::new("k").delay(lead * 2 / 3))
+        .await
+        .unwrap();
+    assert!(
+        reaches(&calls, 2).await,
+        "the second task is claimed while the first claim is held"
+    );
+    // Claimed ahead, while the first claim is still held.
+    wait_state(&h.sundial, second, TaskState::Running).await;
+    assert_eq!(
+        h.sundial.get(first).await.unwrap().unwrap().state,
+        TaskState::Scheduled
+    );
+    no_run(&mut runs).await;
+    go.send_replace(true);
+    wait_state(&h.sundial, first, TaskState::Running).await;
+    no_run(&mut runs).await;
+    for id in [first, second] {
+        let due = h.sundial.get(id).await.unwrap().unwrap().due_at;
+        h.clock.set(due);
+        let run = next_run(&mut runs).await;
+        assert_eq!(run.id, id);
+        assert_eq!(run.at, due, "runs at its due time");
+    }
+    running.shutdown(Duration::from_secs(5)).await;
+}
+
+/// What a claim ahead does not start comes back to its loop: a task refused for an exclusive
+/// key held by a running task waits for the key, and runs when the holder finishes, at its own
+/// due time (the clock never moves past it, so the 1 s retry cannot hide a lost refusal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_refused_by_a_claim_ahead_waits_for_its_key_and_runs_when_it_is_free() {
+    let h = harness().await;
+    let (release, released) = tokio::sync::watch::channel(false);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let clock = h.clock.clone();
+    let holding = Arc::new(AtomicUsize::new(0));
+    let held = holding.clone();
+    h.sundial.register("k", move |ctx: sundial::TaskContext| {
+        let tx = tx.clone();
+        let at = clock.now();
+        let mut released = released.clone();
+        let held = held.clone();
+        async move {
+            let _ = tx.send((ctx.task.id, at));
+            if ctx.task.payload["hold"] == true {
+                held.fetch_add(1, Ordering::SeqCst);
+                let _ = released.wait_for(|r| *r).await;
+                held.fetch_sub(1, Ordering::SeqCst);
+            }
+            Ok::<(), sundial::HandlerError>(())
+        }
+    });
+    let mut stepper = h.sundial.stepper();
+    let exclusive = |spec: TaskSpec| spec.exclusive("one-at-a-time", sundial::ExclusiveMode::Wait);
+    let holder = h
+        .sundial
+        .schedule(exclusive(TaskSpec::new("k")).payload(serde_json::json!({"hold": true})))
+        .await
+        .unwrap();
+    let h2 = holding.clone();
+    stepper
+        .settle_holding(move || h2.load(Ordering::SeqCst))
+        .await;
+    let (ran, _) = rx.recv().await.unwrap();
+    assert_eq!(ran, holder);
+    let waiter = h
+        .sundial
+        .schedule(exclusive(TaskSpec::new("k")).delay(within_the_lead()))
+        .await
+        .unwrap();
+    let h2 = holding.clone();
+    stepper
+        .settle_holding(move || h2.load(Ordering::SeqCst))
+        .await;
+    assert_eq!(
+        h.sundial.get(waiter).await.unwrap().unwrap().state,
+        TaskState::Scheduled,
+        "refused: the key is held"
+    );
+    release.send_replace(true);
+    wait_state(&h.sundial, holder, TaskState::Succeeded).await;
+    stepper.settle().await;
+    let due = h.sundial.get(waiter).await.unwrap().unwrap().due_at;
+    h.clock.set(due);
+    stepper.settle().await;
+    let (ran, at) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(ran, waiter);
+    assert_eq!(at, due, "runs at its due time");
+    wait_state(&h.sundial, waiter, TaskState::Succeeded).await;
+}

@@ -8,6 +8,8 @@
 //! - [`shard`]: the [`shard::ShardLoop`], one per shard run here, whose turn refills the
 //!   look-ahead window, claims what is due and answers when to look next; its supervisor and the
 //!   thin task that drives it.
+//! - [`ahead`]: claims of runs ahead of their due time, which a shard loop sends off without
+//!   waiting for them.
 //! - [`run`]: in-process handler runs, `complete`, `fail`, exclusive-key hand-over.
 //! - [`reaper`]: running attempts whose lease ended.
 //! - [`poll`]: the worker protocol (long-poll claims, heartbeats).
@@ -40,6 +42,7 @@ use crate::config::Config;
 use crate::handler::Handler;
 pub(crate) use crate::placement::{ClaimError, LeaseLost, Owner, Placement};
 
+mod ahead;
 pub(crate) mod handoff;
 mod line;
 mod looked;

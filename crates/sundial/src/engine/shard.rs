@@ -28,6 +28,7 @@ use sundial_store::{ClaimOutcome, ClaimTarget, DueClaim, DueEntry, DueKey, OutOf
 use crate::trace::{self, Step};
 use tokio::sync::{OwnedSemaphorePermit, watch};
 
+use super::ahead::{ClaimsAhead, Returned};
 use super::handoff::Started;
 use super::{Engine, LeaseLost, Owner, QueueState, WaitFor, changed_or_never};
 use crate::handler::Handler;
@@ -72,6 +73,8 @@ pub(crate) struct ShardLoop {
     rate_slots: HashMap<String, Timestamp>,
     /// Entries whose start for a waiting poll was refused: readied instead from now on.
     no_hand: HashSet<sundial_core::TaskId>,
+    /// Claims ahead of the due time this loop sent off without waiting (see `super::ahead`).
+    ahead: ClaimsAhead,
 }
 
 impl Drop for ShardLoop {
@@ -134,6 +137,7 @@ impl ShardLoop {
             in_line: HashSet::new(),
             rate_slots: HashMap::new(),
             no_hand: HashSet::new(),
+            ahead: ClaimsAhead::new(owner, shard),
         }
     }
 
@@ -189,8 +193,14 @@ impl ShardLoop {
             signal.gate.store(retry.0, Ordering::Release);
             return Ok(retry);
         }
-        // 1. Notifications.
+        // 1. Notifications, and what the claims sent off ahead did not start.
         self.take_inbox();
+        if self.take_returned(now) {
+            self.starved = Starved::default();
+            let retry = self.backoff_from(now);
+            signal.gate.store(retry.0, Ordering::Release);
+            return Ok(retry);
+        }
 
         // 2. Refill the look-ahead (from the front of the shard when the backstop is due, or
         //    when a queue was resumed). A backstop further away than one idle interval was armed
@@ -326,6 +336,35 @@ impl ShardLoop {
         gate = gate.min(self.rescan_at);
         signal.gate.store(gate.0, Ordering::Release);
         Ok(gate)
+    }
+
+    /// Takes back what the claims sent off ahead did not start (see `super::ahead`): refused
+    /// entries as the turn's own claims' ([`ShardLoop::dispatch`]), failed ones into the window.
+    /// Answers whether a claim failed (the turn then backs off, as after its own failed claim).
+    fn take_returned(&mut self, now: Timestamp) -> bool {
+        let mut failed = false;
+        for back in self.ahead.take_returned() {
+            match back {
+                Returned::Refused {
+                    claimed,
+                    releases_before,
+                } => self.dispatch(claimed, now, releases_before, Hands::default(), None),
+                Returned::Failed(group) => {
+                    failed = true;
+                    for b in group {
+                        self.window.insert(b.key, b.meta);
+                    }
+                }
+            }
+        }
+        failed
+    }
+
+    /// Waits until the claims this loop sent off ahead have answered, and answers whether they
+    /// brought back something for the next turn.
+    pub(crate) async fn claims_ahead_answered(&self) -> bool {
+        self.ahead.answered().await;
+        self.ahead.has_returned()
     }
 
     /// When to try the store again after a failed call at `now`; doubles the next pause.
@@ -655,6 +694,26 @@ impl ShardLoop {
         // Read before the claims are asked for: the same mark at a start claimed ahead tells
         // that nothing could have ended the task since (`Started::unchanged_since_claim`).
         let mark = engine.store.out_of_band_mark();
+        // On one node, a claim of runs that all start after `now` is sent off, and the turn goes
+        // on without it (see `super::ahead`): its runs have until their due time.
+        if engine.placement.is_single() {
+            let ahead: Vec<(Timestamp, Option<usize>)> = groups
+                .iter()
+                .filter(|((at, hand), group)| {
+                    *at > now && hand.is_none() && group.iter().all(|b| b.run.is_some())
+                })
+                .map(|(k, _)| *k)
+                .collect();
+            for key in ahead {
+                if !self.ahead.has_room() {
+                    break;
+                }
+                if let Some(group) = groups.remove(&key) {
+                    self.ahead
+                        .send(&engine, group, key.0, mark, releases_before);
+                }
+            }
+        }
         let answers = futures::future::join_all(groups.iter().map(|((at, hand), group)| {
             let claims: Vec<DueClaim> = group.iter().map(|b| b.claim.clone()).collect();
             let scope = hand.and_then(|h| hands.waiters[h].scope.clone());
@@ -967,15 +1026,15 @@ struct Leads {
     run: Duration,
 }
 
-struct Pending {
+pub(super) struct Pending {
     key: DueKey,
     meta: Meta,
-    claim: DueClaim,
+    pub(super) claim: DueClaim,
     /// When the attempt starts: now, or the due time of a task claimed ahead (for a push call or
     /// a waiting poll).
     starts_at: Timestamp,
     /// For a `Run` claim: the handler resolved for the batch and the queue permit taken for it.
-    run: Option<(Arc<dyn Handler>, Vec<OwnedSemaphorePermit>)>,
+    pub(super) run: Option<(Arc<dyn Handler>, Vec<OwnedSemaphorePermit>)>,
     /// For a `Run` claim made for a waiting poll: which of the turn's [`Hands`].
     hand: Option<usize>,
 }
@@ -1024,6 +1083,11 @@ impl Supervised {
         } else {
             Starved::default()
         }
+    }
+
+    /// [`ShardLoop::claims_ahead_answered`].
+    pub(crate) async fn claims_ahead_answered(&self) -> bool {
+        self.inner.claims_ahead_answered().await
     }
 
     /// [`ShardLoop::turn`], or (while a restart waits for its backoff) the time it resumes.

@@ -72,7 +72,15 @@ impl Stepper {
             };
             match l.turn(now).await {
                 Ok(t) => next = next.min(t),
-                Err(_) => *slot = None,
+                Err(_) => {
+                    *slot = None;
+                    continue;
+                }
+            }
+            // A stepped turn ends when its claims have answered, those it sent off ahead too
+            // (`super::ahead`); what they brought back wants the next turn at once.
+            if l.claims_ahead_answered().await {
+                next = next.min(now);
             }
         }
         next
