@@ -249,6 +249,30 @@ impl Window {
             .min()
     }
 
+    /// The earliest due time strictly after `now` of an entry that `wanted` accepts, looking at
+    /// no more than `limit` entries of each part of the window (the walk and each lane): `None`
+    /// when none of those is accepted.
+    pub fn first_due_after_where(
+        &self,
+        now: Timestamp,
+        limit: usize,
+        mut wanted: impl FnMut(&Meta) -> bool,
+    ) -> Option<Timestamp> {
+        let from = DueKey {
+            due_at: Timestamp(now.0.saturating_add(1)),
+            id: TaskId::MIN,
+        };
+        std::iter::once(&self.entries)
+            .chain(self.lanes.values())
+            .filter_map(|m| {
+                m.range(from..)
+                    .take(limit)
+                    .find(|(_, meta)| wanted(meta))
+                    .map(|(k, _)| k.due_at)
+            })
+            .min()
+    }
+
     /// Entries due at or before `now`, oldest first, without removing them.
     pub fn due(&self, now: Timestamp) -> impl Iterator<Item = (&DueKey, &Meta)> {
         let to = DueKey {

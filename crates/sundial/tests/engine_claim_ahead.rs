@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::intercept::Intercept;
 use common::*;
-use sundial::{Clock, Config, TaskSpec, TaskState};
+use sundial::{Clock, Config, TaskSpec, TaskState, Timestamp};
 use sundial_store::forwarding::Call;
 
 /// Inside the default run lead.
@@ -366,4 +366,36 @@ async fn a_task_refused_by_a_claim_ahead_waits_for_its_key_and_runs_when_it_is_f
     assert_eq!(ran, waiter);
     assert_eq!(at, due, "runs at its due time");
     wait_state(&h.sundial, waiter, TaskState::Succeeded).await;
+}
+
+/// A loop takes a turn a run lead early only for a task whose handler takes claims ahead: a task
+/// for workers (no in-process handler) gets no turn then, only at its due time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loop_turns_a_run_lead_early_only_for_tasks_claimed_ahead() {
+    let h = harness_with(Config {
+        shard_count: 1,
+        ..Config::default()
+    })
+    .await;
+    let _runs = record(&h, "k", |_| Ok(()));
+    let mut stepper = h.sundial.stepper();
+    let lead = Config::default().run_claim_lead;
+    let due = h.clock.now().saturating_add(lead * 3);
+    h.sundial
+        .schedule(TaskSpec::new("for-workers").run_at(due))
+        .await
+        .unwrap();
+    let next = stepper.settle().await;
+    assert_eq!(next, due, "no turn a run lead early for a worker's task");
+    let later = due.saturating_add(Duration::from_millis(1));
+    h.sundial
+        .schedule(TaskSpec::new("k").run_at(later))
+        .await
+        .unwrap();
+    let next = stepper.settle().await;
+    assert_eq!(
+        next,
+        Timestamp(later.0 - lead.as_millis() as i64),
+        "a turn a run lead early for a task claimed ahead"
+    );
 }

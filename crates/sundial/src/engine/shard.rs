@@ -293,14 +293,23 @@ impl ShardLoop {
         } else {
             Duration::ZERO
         };
-        for lead in [leads.push, hand, leads.run] {
+        for (lead, taker) in [
+            (leads.push, LeadTaker::Push),
+            (hand, LeadTaker::Poll),
+            (leads.run, LeadTaker::Run),
+        ] {
             if lead.is_zero() {
                 continue;
             }
             if claimed.full {
                 // The batch filled up: more may be claimable now.
                 gate = now;
-            } else if let Some(next) = self.window.first_due_after(now.saturating_add(lead)) {
+            } else if let Some(next) =
+                self.window
+                    .first_due_after_where(now.saturating_add(lead), LEAD_LOOKS, |meta| {
+                        self.takes_lead(taker, meta)
+                    })
+            {
                 // Entries due within the lead that are still here are not push tasks or found
                 // no poll (they wait for their own due time, `first`), or wait for a slot
                 // (`starved`).
@@ -365,6 +374,21 @@ impl ShardLoop {
     pub(crate) async fn claims_ahead_answered(&self) -> bool {
         self.ahead.answered().await;
         self.ahead.has_returned()
+    }
+
+    /// Whether an entry is claimed within the lead of `taker`: a push task within the push lead;
+    /// a task without an in-process handler within the hand-off lead; a task whose handler
+    /// takes claims ahead within the run lead. Only those are worth a turn that lead early.
+    fn takes_lead(&self, taker: LeadTaker, meta: &Meta) -> bool {
+        if meta.push_host.is_some() {
+            return taker == LeadTaker::Push;
+        }
+        let handler = self.engine.handler(&meta.kind);
+        match taker {
+            LeadTaker::Push => false,
+            LeadTaker::Poll => handler.is_none(),
+            LeadTaker::Run => handler.is_some_and(|h| h.claim_ahead()),
+        }
     }
 
     /// When to try the store again after a failed call at `now`; doubles the next pause.
@@ -1015,6 +1039,19 @@ impl RunClaim {
         }
     }
 }
+
+/// Who a lead is for (see [`ShardLoop::takes_lead`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LeadTaker {
+    Push,
+    Poll,
+    Run,
+}
+
+/// How many entries past a lead a turn looks at for one that lead applies to, when it arms its
+/// gate. An entry beyond them that the lead applies to gets no early turn of its own until the
+/// entries before it are gone; it is then claimed at a later turn (at worst at its due time).
+const LEAD_LOOKS: usize = 8;
 
 /// How far ahead of their due time a turn claims: push tasks (`Config::push_claim_lead`), tasks
 /// for waiting polls (`Config::hand_off_lead`) and tasks of in-process handlers
