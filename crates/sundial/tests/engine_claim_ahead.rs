@@ -300,6 +300,14 @@ async fn a_claim_ahead_held_in_the_store_does_not_hold_the_next_one_back() {
     running.shutdown(Duration::from_secs(5)).await;
 }
 
+/// Settles while the runs counted in `holding` are held open.
+async fn settle_holding(stepper: &mut sundial::Stepper, holding: &Arc<AtomicUsize>) {
+    let holding = holding.clone();
+    stepper
+        .settle_holding(move || holding.load(Ordering::SeqCst))
+        .await;
+}
+
 /// What a claim ahead does not start comes back to its loop: a task refused for an exclusive
 /// key held by a running task waits for the key, and runs when the holder finishes, at its own
 /// due time (the clock never moves past it, so the 1 s retry cannot hide a lost refusal).
@@ -333,10 +341,7 @@ async fn a_task_refused_by_a_claim_ahead_waits_for_its_key_and_runs_when_it_is_f
         .schedule(exclusive(TaskSpec::new("k")).payload(serde_json::json!({"hold": true})))
         .await
         .unwrap();
-    let h2 = holding.clone();
-    stepper
-        .settle_holding(move || h2.load(Ordering::SeqCst))
-        .await;
+    settle_holding(&mut stepper, &holding).await;
     let (ran, _) = rx.recv().await.unwrap();
     assert_eq!(ran, holder);
     let waiter = h
@@ -344,10 +349,7 @@ async fn a_task_refused_by_a_claim_ahead_waits_for_its_key_and_runs_when_it_is_f
         .schedule(exclusive(TaskSpec::new("k")).delay(within_the_lead()))
         .await
         .unwrap();
-    let h2 = holding.clone();
-    stepper
-        .settle_holding(move || h2.load(Ordering::SeqCst))
-        .await;
+    settle_holding(&mut stepper, &holding).await;
     assert_eq!(
         h.sundial.get(waiter).await.unwrap().unwrap().state,
         TaskState::Scheduled,
