@@ -172,6 +172,7 @@ mod rows;
 mod schedules;
 mod schema;
 mod sql;
+pub mod statistics;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 mod workflows;
@@ -341,6 +342,8 @@ pub struct PostgresStore {
     inserter: inserter::SharedInserter,
     /// `claim_due` calls that only ready tasks, waiting to share a transaction (`readier.rs`).
     readier: readier::SharedReadier,
+    /// When the store next looks at `tasks`'s planner statistics (`statistics.rs`).
+    statistics: std::sync::Arc<statistics::StatisticsUpkeep>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -412,6 +415,7 @@ impl PostgresStore {
             claimer: Default::default(),
             inserter: Default::default(),
             readier: Default::default(),
+            statistics: Default::default(),
         };
         // Counter stripes of backends that are gone (earlier runs) fold into one.
         client.execute(&store.sql.fold_counts, &[]).await?;
@@ -1292,6 +1296,15 @@ async fn query_planned_per_call(
     Ok(rows)
 }
 
+async fn query_one(
+    client: &impl GenericClient,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Row, StoreError> {
+    let stmt = client.prepare_cached(sql).await.map_err(pg)?;
+    client.query_one(&stmt, params).await.map_err(pg)
+}
+
 async fn query_opt(
     client: &impl GenericClient,
     sql: &str,
@@ -1528,6 +1541,10 @@ impl Store for PostgresStore {
     async fn insert(&self, tasks: Vec<NewTask>) -> Result<Vec<Inserted>, StoreError> {
         if tasks.is_empty() {
             return Ok(Vec::new());
+        }
+        let created = tasks.iter().map(|t| t.created_at).max();
+        if let Some(now) = created {
+            self.keep_statistics_in_the_background(now);
         }
         self.insert_grouped(tasks).await
     }
@@ -1822,6 +1839,7 @@ impl Store for PostgresStore {
         if claims.is_empty() && fence.is_none() {
             return Ok(Vec::new());
         }
+        self.keep_statistics_in_the_background(now);
         if !claims.is_empty()
             && claims.len() <= readier::MAX_GROUPED_CALL
             && claims.iter().all(|c| c.target == ClaimTarget::Ready)

@@ -2,8 +2,20 @@
 //!
 //! No statement reads a clock (`now()`, `CURRENT_TIMESTAMP`, `clock_timestamp()`): every time is
 //! a parameter handed in by the caller, so the engine's clock alone decides what is due. The one
-//! exception is [`ClusterSql::database_time`], which only reports the database's clock for the
-//! engine's skew check at start and decides nothing.
+//! exceptions are [`ClusterSql::database_time`], which only reports the database's clock for the
+//! engine's skew check at start, and `Sql::tasks_statistics` (the age of the last analyze, for
+//! `statistics.rs`); neither decides anything about a task.
+//!
+//! Every statement is planned once per connection, generically (`plan_cache_mode`, see
+//! `PostgresStore::connect`), and often while `tasks` is still empty and has no statistics. On
+//! such a table every partial index looks as cheap as a primary-key lookup, so a plan may read
+//! all of one state's rows to find the few it was given. The statements that lock rows with
+//! `SKIP LOCKED` and then update them therefore update by the locked row's `ctid` (a TID scan,
+//! cheaper than any index scan whatever the statistics say), besides its id and condition. A
+//! row whose locked version is newer than the statement's snapshot is then not updated, which
+//! those statements already allow for (a row locked elsewhere is left out the same way); the
+//! statements that wait for their locks keep their plain join. `statistics.rs` keeps the
+//! statistics that the other statements' plans rely on.
 
 use sundial_store::{ACTIVITY_QUEUE, WORKFLOW_QUEUE};
 
@@ -25,6 +37,10 @@ pub(crate) const ERROR_GROUP_SQL: &str = "left(split_part(last_error, E'\\n', 1)
 
 pub(crate) struct Sql {
     pub tasks: String,
+    /// What `statistics.rs` decides on: seconds since `tasks` was last analyzed (NULL: never),
+    /// the planner's row count, rows changed since, and the rows it holds up to `FIRST_ROWS`.
+    pub tasks_statistics: String,
+    pub analyze_tasks: String,
     pub get: String,
     pub state_of: String,
     pub insert: String,
@@ -489,13 +505,13 @@ impl Sql {
         let complete_many = format!(
             "WITH u AS (SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[]) \
                  AS u(id, execution_id, result, now)), \
-             l AS (SELECT t.id FROM {tasks} t JOIN u ON t.id = u.id \
+             l AS (SELECT t.id, t.ctid AS tid FROM {tasks} t JOIN u ON t.id = u.id \
                  WHERE t.state = 'running' AND t.execution_id = u.execution_id \
                  ORDER BY t.id FOR UPDATE OF t SKIP LOCKED) \
              UPDATE {tasks} t SET state = 'succeeded', result = u.result, \
              updated_at = u.now, finished_at = u.now, lease_expires_at = NULL \
              FROM u, l \
-             WHERE t.id = l.id AND t.id = u.id AND t.state = 'running' \
+             WHERE t.ctid = l.tid AND t.id = l.id AND t.id = u.id AND t.state = 'running' \
              AND t.execution_id = u.execution_id"
         );
         // Fewer running tasks than `t`'s group limit hold its exclusive key.
@@ -536,7 +552,7 @@ impl Sql {
                 "WITH expired AS (SELECT id FROM {tasks} \
                      WHERE state = 'running' AND lease_expires_at < $1 {shard_filter} \
                      ORDER BY lease_expires_at, id LIMIT $2), \
-                 locked AS (SELECT t.id FROM {tasks} t \
+                 locked AS (SELECT t.id, t.ctid AS tid FROM {tasks} t \
                      WHERE t.id IN (SELECT id FROM expired) \
                      AND t.state = 'running' AND t.lease_expires_at < $1 \
                      ORDER BY t.id FOR UPDATE OF t SKIP LOCKED) \
@@ -546,7 +562,7 @@ impl Sql {
                  finished_at = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE $1::bigint END, \
                  last_error = 'lease expired: the attempt neither finished nor heartbeated in time', \
                  lease_expires_at = NULL, updated_at = $1 \
-                 FROM locked WHERE t.id = locked.id RETURNING {c}"
+                 FROM locked WHERE t.ctid = locked.tid AND t.id = locked.id RETURNING {c}"
             )
         };
         Sql {
@@ -703,18 +719,21 @@ impl Sql {
                 format!(
                     "WITH lim AS (SELECT 1 FROM {s}.queue_settings \
                          WHERE queue = $1 AND (config::jsonb->>'concurrency') IS NOT NULL), \
-                     cand AS (SELECT t.id, (t.exclusive_key IS NULL AND t.rate IS NULL) AS plain \
+                     cand AS (SELECT t.id, t.ctid AS tid, \
+                         (t.exclusive_key IS NULL AND t.rate IS NULL) AS plain \
                          FROM {tasks} t WHERE t.state = 'ready' AND t.queue = $1 {kinds} \
                          AND NOT EXISTS (SELECT 1 FROM lim) \
                          ORDER BY {RANK_SQL}, t.id LIMIT $2 FOR UPDATE OF t SKIP LOCKED), \
-                     pick AS (SELECT id, row_number() OVER (ORDER BY id) AS n FROM cand WHERE plain), \
+                     pick AS (SELECT id, tid, row_number() OVER (ORDER BY id) AS n \
+                         FROM cand WHERE plain), \
                      started AS (UPDATE {tasks} t SET state = 'running', attempt = t.attempt + 1, \
                          execution_id = ($3::uuid[])[pick.n::int4], \
                          lease_expires_at = GREATEST($4::bigint, t.due_at) + t.timeout_ms, \
                          started_at = GREATEST($4::bigint, t.due_at), \
                          updated_at = GREATEST($4::bigint, t.due_at), \
                          worker = ($5::text[])[pick.n::int4] \
-                         FROM pick WHERE t.id = pick.id AND t.state = 'ready' RETURNING {c}), \
+                         FROM pick WHERE t.ctid = pick.tid AND t.id = pick.id \
+                         AND t.state = 'ready' RETURNING {c}), \
                      aud AS (INSERT INTO {s}.audit_log ({cols}) SELECT {cols} FROM {group} \
                          WHERE a.link IN (SELECT execution_id FROM started) \
                          ORDER BY a.ord RETURNING seq) \
@@ -722,7 +741,11 @@ impl Sql {
                          (SELECT count(*) FROM cand WHERE NOT plain), \
                          (SELECT array_agg(seq ORDER BY seq) FROM aud) \
                      FROM (SELECT 1) one LEFT JOIN started ON true",
-                    kinds = if kinds { "AND t.kind = ANY($6::text[])" } else { "" },
+                    kinds = if kinds {
+                        "AND t.kind = ANY($6::text[])"
+                    } else {
+                        ""
+                    },
                     cols = crate::access::AUDIT_INSERT_COLUMNS,
                     group = crate::access::audit_group_sql(if kinds { 7 } else { 6 }),
                 )
@@ -817,6 +840,15 @@ impl Sql {
                  SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[])"
             ),
             columns: c,
+            tasks_statistics: format!(
+                "SELECT EXTRACT(EPOCH FROM now() - GREATEST(st.last_analyze, st.last_autoanalyze))::float8, \
+                 c.reltuples::float8, COALESCE(st.n_mod_since_analyze, 0)::int8, \
+                 (SELECT count(*) FROM (SELECT 1 FROM {tasks} LIMIT {first}) f)::int8 \
+                 FROM pg_class c LEFT JOIN pg_stat_user_tables st ON st.relid = c.oid \
+                 WHERE c.oid = '{tasks}'::regclass",
+                first = crate::statistics::FIRST_ROWS,
+            ),
+            analyze_tasks: format!("ANALYZE {tasks}"),
             tasks,
             cluster: ClusterSql::new(s),
             schedules: ScheduleSql::new(s),
