@@ -59,11 +59,15 @@ impl OpsSql {
              AND o.key = t.key AND o.state IN {LIVE}))"
         );
         let purge = |shard: &str| {
+            // Deletes through the locked rows' `ctid` (see `sql.rs`): planned generically, a
+            // join on ids could read every finished task of the partial index per call.
             format!(
-                "DELETE FROM {tasks} t WHERE t.id IN (SELECT id FROM {tasks} \
-                 WHERE queue = $1 AND state = $2 AND finished_at < $3 {shard} \
-                 AND state IN {TERMINAL} LIMIT $4 FOR UPDATE SKIP LOCKED) \
-                 AND t.state IN {TERMINAL}"
+                "WITH l AS (SELECT id, ctid AS tid FROM {tasks} \
+                     WHERE queue = $1 AND state = $2 AND finished_at < $3 {shard} \
+                     AND state IN {TERMINAL} LIMIT $4 FOR UPDATE SKIP LOCKED) \
+                 DELETE FROM {tasks} t USING l \
+                 WHERE t.ctid = ANY (ARRAY(SELECT tid FROM l)) AND t.ctid = l.tid \
+                 AND t.id = l.id AND t.state IN {TERMINAL}"
             )
         };
         OpsSql {

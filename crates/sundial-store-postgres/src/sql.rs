@@ -11,7 +11,10 @@
 //! such a table every partial index looks as cheap as a primary-key lookup, so a plan may read
 //! all of one state's rows to find the few it was given. The statements that lock rows with
 //! `SKIP LOCKED` and then update them therefore update by the locked row's `ctid` (a TID scan,
-//! cheaper than any index scan whatever the statistics say), besides its id and condition. A
+//! cheaper than any index scan whatever the statistics say), besides its id and condition. The
+//! `ctid` is given twice: as a join clause (the plan when the locked rows look few) and as
+//! `ctid = ANY (ARRAY(…))` (when a `LIMIT $n`, estimated at a tenth of the candidates, makes
+//! them look many: a join would then hash them against a read of the whole table). A
 //! row whose locked version is newer than the statement's snapshot is then not updated, which
 //! those statements already allow for (a row locked elsewhere is left out the same way); the
 //! statements that wait for their locks keep their plain join. `statistics.rs` keeps the
@@ -511,7 +514,8 @@ impl Sql {
              UPDATE {tasks} t SET state = 'succeeded', result = u.result, \
              updated_at = u.now, finished_at = u.now, lease_expires_at = NULL \
              FROM u, l \
-             WHERE t.ctid = l.tid AND t.id = l.id AND t.id = u.id AND t.state = 'running' \
+             WHERE t.ctid = ANY (ARRAY(SELECT tid FROM l)) AND t.ctid = l.tid AND t.id = l.id \
+             AND t.id = u.id AND t.state = 'running' \
              AND t.execution_id = u.execution_id"
         );
         // Fewer running tasks than `t`'s group limit hold its exclusive key.
@@ -562,7 +566,8 @@ impl Sql {
                  finished_at = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE $1::bigint END, \
                  last_error = 'lease expired: the attempt neither finished nor heartbeated in time', \
                  lease_expires_at = NULL, updated_at = $1 \
-                 FROM locked WHERE t.ctid = locked.tid AND t.id = locked.id RETURNING {c}"
+                 FROM locked WHERE t.ctid = ANY (ARRAY(SELECT tid FROM locked)) \
+                 AND t.ctid = locked.tid AND t.id = locked.id RETURNING {c}"
             )
         };
         Sql {
@@ -732,7 +737,8 @@ impl Sql {
                          started_at = GREATEST($4::bigint, t.due_at), \
                          updated_at = GREATEST($4::bigint, t.due_at), \
                          worker = ($5::text[])[pick.n::int4] \
-                         FROM pick WHERE t.ctid = pick.tid AND t.id = pick.id \
+                         FROM pick WHERE t.ctid = ANY (ARRAY(SELECT tid FROM pick)) \
+                         AND t.ctid = pick.tid AND t.id = pick.id \
                          AND t.state = 'ready' RETURNING {c}), \
                      aud AS (INSERT INTO {s}.audit_log ({cols}) SELECT {cols} FROM {group} \
                          WHERE a.link IN (SELECT execution_id FROM started) \
