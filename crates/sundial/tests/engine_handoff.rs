@@ -37,6 +37,9 @@ struct Watch {
     complete_hold: Arc<Semaphore>,
     /// `get` calls (the engine's reads of a task, and the test's own).
     gets: AtomicUsize,
+    /// Claims for polls, to come, that commit and then answer an error (a connection that went
+    /// down around the commit).
+    lose_answers: AtomicUsize,
 }
 
 struct Hooks(Arc<Watch>);
@@ -105,6 +108,18 @@ impl Intercept for Hooks {
         if for_poll {
             self.0.poll_starts.fetch_add(1, Ordering::SeqCst);
             drop(self.0.hold.acquire().await);
+            let lose = self
+                .0
+                .lose_answers
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if lose {
+                inner.claim_due(claims, now, fence).await?;
+                return Err(StoreError::unavailable(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionReset,
+                    "the connection went down around the commit",
+                )));
+            }
         }
         inner.claim_due(claims, now, fence).await
     }
@@ -127,6 +142,7 @@ fn setup() -> Setup {
         fused: AtomicUsize::new(0),
         complete_hold: Arc::new(Semaphore::new(1)),
         gets: AtomicUsize::new(0),
+        lose_answers: AtomicUsize::new(0),
     });
     let store = Arc::new(common::intercept::sqlite(dir.path(), Hooks(watch.clone())));
     let (sundial, clock) = one_shard(store);
@@ -219,6 +235,44 @@ async fn a_due_task_is_started_for_the_waiting_poll_in_one_claim() {
     );
     assert!(!second.is_finished(), "the other poll still waits");
     second.abort();
+    s.sundial
+        .complete(id, got[0].execution_id.unwrap(), None)
+        .await
+        .unwrap();
+}
+
+/// A start for a waiting poll whose claim committed but answered an error (the connection went
+/// down around the commit) reaches a poll once the store answers again, not when its lease (the
+/// task's timeout) ends and the reaper offers it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_whose_claim_answer_was_lost_reaches_a_poll_when_the_store_answers_again() {
+    let s = setup();
+    let mut stepper = s.sundial.stepper();
+    let waiting = poll(&s, "w1", 0).await;
+    s.watch.lose_answers.store(1, Ordering::SeqCst);
+    let id = s
+        .sundial
+        .schedule(
+            TaskSpec::new("k")
+                .queue("q")
+                .timeout(Duration::from_secs(3_600)),
+        )
+        .await
+        .unwrap();
+    stepper.settle().await;
+    assert_eq!(s.watch.lose_answers.load(Ordering::SeqCst), 0, "claimed");
+    let stored = s.sundial.get(id).await.unwrap().unwrap();
+    assert_eq!(stored.state, TaskState::Running, "the claim committed");
+    // The loop tries the store again after its backoff.
+    s.clock.advance(Duration::from_millis(200));
+    stepper.settle().await;
+    let got = answer(waiting).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].id, id);
+    assert_eq!(
+        got[0].execution_id, stored.execution_id,
+        "the start that committed"
+    );
     s.sundial
         .complete(id, got[0].execution_id.unwrap(), None)
         .await

@@ -55,6 +55,9 @@ pub(crate) struct ShardLoop {
     /// Queue state by interned queue name, so a batch takes the engine's queue lock only for a
     /// queue this loop has not met yet.
     queues: HashMap<Arc<str>, Arc<QueueState>>,
+    /// Starts for waiting polls whose claim failed without an answer (the connection went
+    /// down around its commit): see [`ShardLoop::recover_doubtful`].
+    doubtful: Vec<DoubtfulStart>,
     shard_label: String,
     /// The backstop: once every idle interval (with jitter) the next refill starts from the front
     /// of the shard and so finds any task whose notification was lost (between nodes, wake-ups are
@@ -130,6 +133,7 @@ impl ShardLoop {
             owner,
             names: HashSet::new(),
             queues: HashMap::new(),
+            doubtful: Vec::new(),
             shard_label: shard.to_string(),
             rescan_at,
             store_backoff: FIRST_BACKOFF,
@@ -242,6 +246,10 @@ impl ShardLoop {
         }
         // Anything that arrived while scanning.
         self.take_inbox();
+        // Starts for polls whose claim failed without an answer: the store answers again.
+        if !self.doubtful.is_empty() {
+            self.recover_doubtful(now).await;
+        }
 
         // 3. Claim what is due (push tasks up to their claim lead ahead, and tasks for waiting
         //    polls up to the hand-off lead ahead).
@@ -350,6 +358,43 @@ impl ShardLoop {
     /// Takes back what the claims sent off ahead did not start (see `super::ahead`): refused
     /// entries as the turn's own claims' ([`ShardLoop::dispatch`]), failed ones into the window.
     /// Answers whether a claim failed (the turn then backs off, as after its own failed claim).
+    /// Looks again at the starts for waiting polls whose claim failed without an answer. A
+    /// claim whose connection went down around its commit may have committed: its task then
+    /// runs under the execution the loop asked for, and no poll was told. Found so, it is kept
+    /// for the next poll of its queue (as a start whose poll had gone, see `handoff`) and a
+    /// waiting poll is woken, instead of waiting out its lease (the task's timeout) for the
+    /// reaper. One that did not commit is still scheduled, in the window, and claimed as any
+    /// other. A read that fails keeps the rest for the next turn.
+    async fn recover_doubtful(&mut self, now: Timestamp) {
+        let engine = self.engine.clone();
+        while let Some(d) = self.doubtful.pop() {
+            let task = match engine.store.get(d.id).await {
+                Ok(task) => task,
+                Err(e) => {
+                    tracing::debug!(shard = self.shard, error = %e, "reading a doubtful start failed; later");
+                    self.doubtful.push(d);
+                    return;
+                }
+            };
+            let Some(task) = task.filter(|t| {
+                t.state == sundial_core::TaskState::Running && t.execution_id == Some(d.execution)
+            }) else {
+                continue;
+            };
+            tracing::info!(shard = self.shard, id = %d.id, "a start for a poll committed though its claim failed; kept for the next poll");
+            let q = self
+                .queues
+                .entry(d.queue.clone())
+                .or_insert_with(|| engine.queue(&d.queue));
+            q.waiters.keep_unclaimed(vec![Started {
+                task,
+                claimed_at: now,
+                mark: None,
+            }]);
+            engine.wake_pollers(&d.queue, 1);
+        }
+    }
+
     fn take_returned(&mut self, now: Timestamp) -> bool {
         let mut failed = false;
         for back in self.ahead.take_returned() {
@@ -761,6 +806,15 @@ impl ShardLoop {
                     tracing::warn!(shard = self.shard, error = %e, "claim failed; entries stay in the window");
                     store_failed = true;
                     for b in group {
+                        if let (Some(_), ClaimTarget::Run { execution, .. }) =
+                            (b.hand, &b.claim.target)
+                        {
+                            self.doubtful.push(DoubtfulStart {
+                                id: b.key.id,
+                                execution: *execution,
+                                queue: b.meta.queue.clone(),
+                            });
+                        }
                         self.window.insert(b.key, b.meta);
                     }
                 }
@@ -1061,6 +1115,13 @@ struct Leads {
     push: Duration,
     hand: Duration,
     run: Duration,
+}
+
+/// A start for a waiting poll whose claim failed without an answer.
+struct DoubtfulStart {
+    id: sundial_core::TaskId,
+    execution: ExecutionId,
+    queue: Arc<str>,
 }
 
 pub(super) struct Pending {
