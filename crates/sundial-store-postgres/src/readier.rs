@@ -22,15 +22,17 @@
 //! the group fail (a fence lost, a deadlock the database broke), each
 //! call runs again on its own, so one call's error is never another's.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use sundial_core::Timestamp;
+use sundial_core::{Task, Timestamp};
 use sundial_store::{ClaimOutcome, DueClaim, Fence, StoreError};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use crate::PostgresStore;
 use crate::lanes::{self, GroupCall, Lanes};
+use crate::rows::{col, task_from_row};
 
 /// Most claims of a call that is grouped; a larger call runs on its own.
 pub(crate) const MAX_GROUPED_CALL: usize = 16;
@@ -95,6 +97,9 @@ impl PostgresStore {
         let done = async {
             let mut client = self.client().await?;
             let tx = client.transaction().await.map_err(crate::pg)?;
+            // The rows the group locked when none has an exclusive key or a rate limit: then
+            // one statement readies them all.
+            let mut plain: Option<HashSet<Uuid>> = None;
             if group.len() > 1 {
                 // The calls' fences, share-locked in shard order first: checked call by call,
                 // they would be locked in the calls' order, and a node renewing its leases
@@ -116,20 +121,40 @@ impl PostgresStore {
                     .flat_map(|c| c.claims.iter().map(|d| d.id.0))
                     .collect();
                 ids.sort_unstable();
+                let claims = ids.len();
                 ids.dedup();
                 let latest = group.iter().map(|c| c.now.0).max().unwrap_or(i64::MIN);
-                crate::query(&tx, &self.sql.lock_claimable, &[&ids, &latest]).await?;
+                let locked = crate::query(&tx, &self.sql.lock_claimable, &[&ids, &latest]).await?;
+                plain = plain_rows(&locked, ids.len() == claims)?;
             }
-            let mut outcomes = Vec::with_capacity(group.len());
-            for call in &group {
-                if let Some(f) = call.fence {
-                    self.check_fence(&tx, f).await?;
+            let outcomes = match plain {
+                Some(locked) => {
+                    for call in &group {
+                        if let Some(f) = call.fence {
+                            self.check_fence(&tx, f).await?;
+                        }
+                    }
+                    self.ready_each_in(&tx, &group, &locked).await?
                 }
-                outcomes.push(
-                    self.claim_due_in(&tx, &call.claims, call.now, call.fence.map(|f| f.shard))
-                        .await?,
-                );
-            }
+                None => {
+                    let mut outcomes = Vec::with_capacity(group.len());
+                    for call in &group {
+                        if let Some(f) = call.fence {
+                            self.check_fence(&tx, f).await?;
+                        }
+                        outcomes.push(
+                            self.claim_due_in(
+                                &tx,
+                                &call.claims,
+                                call.now,
+                                call.fence.map(|f| f.shard),
+                            )
+                            .await?,
+                        );
+                    }
+                    outcomes
+                }
+            };
             tx.commit().await.map_err(crate::pg)?;
             Ok::<_, StoreError>(outcomes)
         }
@@ -143,11 +168,72 @@ impl PostgresStore {
         }
         Ok(())
     }
+
+    /// The calls of a group whose locked rows (`locked`) are all plain, decided together: each
+    /// claim is readied when its row is locked, due by its call's `now` and of its call's
+    /// shard, exactly what `claim_due_in` decides for it alone (a plain task holds no key and
+    /// no rate limit, so no claim's outcome depends on another's). One `UPDATE` for the whole
+    /// group, where the calls one by one took a row-locking read and an update each.
+    async fn ready_each_in(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        group: &[Call],
+        locked: &HashSet<Uuid>,
+    ) -> Result<Vec<Vec<ClaimOutcome>>, StoreError> {
+        let (mut ids, mut nows, mut shards) = (Vec::new(), Vec::new(), Vec::new());
+        for call in group {
+            for claim in call.claims.iter().filter(|c| locked.contains(&c.id.0)) {
+                ids.push(claim.id.0);
+                nows.push(call.now.0);
+                shards.push(call.fence.map(|f| i64::from(f.shard)));
+            }
+        }
+        let mut readied: HashMap<Uuid, Task> = HashMap::new();
+        if !ids.is_empty() {
+            for r in crate::query(tx, &self.sql.ready_each, &[&ids, &nows, &shards]).await? {
+                let t = task_from_row(&r)?;
+                readied.insert(t.id.0, t);
+            }
+        }
+        Ok(group
+            .iter()
+            .map(|call| {
+                call.claims
+                    .iter()
+                    .map(|c| match readied.remove(&c.id.0) {
+                        Some(t) => ClaimOutcome::Readied(Box::new(t)),
+                        None => ClaimOutcome::NotClaimable,
+                    })
+                    .collect()
+            })
+            .collect())
+    }
+}
+
+/// The ids of `locked` (rows of `lock_claimable`) when the group may be readied in one
+/// statement: no claim named twice (`distinct`) and no locked task with an exclusive key or a
+/// rate limit (their readies can be refused by the calls before them). `None` otherwise.
+fn plain_rows(
+    locked: &[tokio_postgres::Row],
+    distinct: bool,
+) -> Result<Option<HashSet<Uuid>>, StoreError> {
+    if !distinct {
+        return Ok(None);
+    }
+    let mut ids = HashSet::with_capacity(locked.len());
+    for r in locked {
+        let key: Option<String> = col(r, 1)?;
+        let rate: Option<String> = col(r, 5)?;
+        if key.is_some() || rate.is_some() {
+            return Ok(None);
+        }
+        ids.insert(col(r, 0)?);
+    }
+    Ok(Some(ids))
 }
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashSet;
 
     use sundial_core::{TaskId, TaskSpec};
     use sundial_store::{ClaimTarget, Store};
@@ -223,6 +309,109 @@ mod tests {
             "8 calls took {} transactions",
             xacts.len()
         );
+    }
+
+    /// Counts the `UPDATE` statements on `tasks` from here on (a statement trigger of the
+    /// test's own): [`updates`] reads the count.
+    async fn count_updates(store: &PostgresStore) {
+        let s = &store.schema.ident;
+        let client = store.client().await.expect("client");
+        client
+            .batch_execute(&format!(
+                "CREATE TABLE {s}.update_statements (n bigint NOT NULL); \
+                 INSERT INTO {s}.update_statements VALUES (0); \
+                 CREATE FUNCTION {s}.count_update() RETURNS trigger LANGUAGE plpgsql AS $$ \
+                 BEGIN UPDATE {s}.update_statements SET n = n + 1; RETURN NULL; END $$; \
+                 CREATE TRIGGER count_update AFTER UPDATE ON {s}.tasks \
+                 FOR EACH STATEMENT EXECUTE FUNCTION {s}.count_update()"
+            ))
+            .await
+            .expect("count updates");
+    }
+
+    async fn updates(store: &PostgresStore) -> i64 {
+        let client = store.client().await.expect("client");
+        let sql = format!("SELECT n FROM {}.update_statements", store.schema.ident);
+        client.query_one(&sql, &[]).await.expect("updates").get(0)
+    }
+
+    /// A group of calls whose tasks hold no exclusive key and no rate limit is readied by one
+    /// statement, not one per call.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_group_of_plain_calls_is_readied_by_one_statement() {
+        let Some(test) = testkit::TestSchema::fresh() else {
+            return;
+        };
+        let store = crate::connect_with_one_connection(&test.url, &test.schema).await;
+        let now = Timestamp(1_700_000_000_000);
+        let ids = scheduled(&store, 8, now).await;
+        count_updates(&store).await;
+        let out = queued_calls(&store, &ids, &[], now).await;
+        for (out, id) in out.into_iter().zip(&ids) {
+            let out = out.expect("claim_due");
+            assert!(
+                matches!(&out[..], [ClaimOutcome::Readied(t)] if t.id == *id),
+                "{out:?}"
+            );
+        }
+        let n = updates(&store).await;
+        assert!(n <= 2, "8 calls in at most 2 groups took {n} updates");
+    }
+
+    /// In a group readied together, each claim is decided by its own call's time and fence: a
+    /// task not yet due by its call's time, or of a shard other than its call's fence, stays
+    /// scheduled, while the same group readies the others.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_group_readied_together_keeps_each_calls_time_and_shard() {
+        use sundial_store::Cluster;
+        let Some(test) = testkit::TestSchema::fresh() else {
+            return;
+        };
+        let store = crate::connect_with_one_connection(&test.url, &test.schema).await;
+        let now = Timestamp(1_700_000_000_000);
+        let later = Timestamp(now.0 + 1_000);
+        let fences = store
+            .acquire_shards(&[2], "node", now, Timestamp(now.0 + 60_000))
+            .await
+            .expect("acquire");
+        let Some(f2) = fences[0] else {
+            panic!("{fences:?}");
+        };
+        let due_later = scheduled(&store, 2, later).await;
+        let mut of_shard = HashMap::new();
+        for id in scheduled(&store, 200, now).await {
+            let t = store.get(id).await.expect("get").expect("task");
+            of_shard.entry(t.shard).or_insert(id);
+        }
+        let (in2, in5) = (of_shard[&2], of_shard[&5]);
+        // (task, the call's time, its fence, readied?)
+        let cases = [
+            (due_later[0], now, None, false),
+            (due_later[1], Timestamp(later.0 + 1), None, true),
+            (in5, now, Some(f2), false),
+            (in2, now, Some(f2), true),
+        ];
+        count_updates(&store).await;
+        let calls = cases
+            .iter()
+            .map(|&(id, at, fence, _)| {
+                let store = store.clone();
+                async move { store.claim_due(ready(id), at, fence).await }
+            })
+            .collect();
+        let out = crate::run_queued(&store, calls).await;
+        for ((id, _, _, readied), out) in cases.iter().zip(out) {
+            let out = out.expect("claim_due");
+            let t = store.get(*id).await.expect("get").expect("task");
+            if *readied {
+                assert!(matches!(&out[..], [ClaimOutcome::Readied(_)]), "{out:?}");
+                assert_eq!(t.state, sundial_core::TaskState::Ready);
+            } else {
+                assert!(matches!(&out[..], [ClaimOutcome::NotClaimable]), "{out:?}");
+                assert_eq!(t.state, sundial_core::TaskState::Scheduled);
+            }
+        }
+        assert!(updates(&store).await <= 2, "readied in groups");
     }
 
     /// A call whose fence is lost fails alone: the others of its group are readied.

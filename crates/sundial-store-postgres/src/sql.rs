@@ -68,6 +68,10 @@ pub(crate) struct Sql {
     /// row for a queue without a limit (and then no lock).
     pub lock_queue_limit: String,
     pub ready_claimed: String,
+    /// The readies of a whole group of `claim_due` calls in one statement (`readier.rs`): `$1`
+    /// ids, each with its call's `$2` now and `$3` fence shard (null: unfenced); a task is
+    /// readied when it is scheduled, due by its call's now and of its call's shard.
+    pub ready_each: String,
     pub start_claimed: String,
     /// `claim_due` of starts in one statement, for tasks without an exclusive key or a rate
     /// limit in queues without a limit: `$1` ids (in id order), `$2` execution ids, `$3` leases,
@@ -504,12 +508,14 @@ impl Sql {
         let retry_at = "(CASE WHEN t.attempt < t.max_attempts THEN $3::bigint END)";
         // Completes the attempts `($1, $2)` with result `$3` at `$4`, each row on its own
         // condition. Never waits for a row: rows locked elsewhere are left to a call of their
-        // own.
+        // own. The lock names no state: `state = 'running'` there let a generic plan planned
+        // while few tasks ran read every running task (`tasks_state_id`) per call; without
+        // it only the primary key finds the rows, and the update checks the state.
         let complete_many = format!(
             "WITH u AS (SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[]) \
                  AS u(id, execution_id, result, now)), \
              l AS (SELECT t.id, t.ctid AS tid FROM {tasks} t JOIN u ON t.id = u.id \
-                 WHERE t.state = 'running' AND t.execution_id = u.execution_id \
+                 WHERE t.id = ANY ($1::uuid[]) AND t.execution_id = u.execution_id \
                  ORDER BY t.id FOR UPDATE OF t SKIP LOCKED) \
              UPDATE {tasks} t SET state = 'succeeded', result = u.result, \
              updated_at = u.now, finished_at = u.now, lease_expires_at = NULL \
@@ -669,6 +675,15 @@ impl Sql {
             ready_claimed: format!(
                 "UPDATE {tasks} t SET state = 'ready', updated_at = $2 \
                  WHERE t.id = ANY($1::uuid[]) AND t.state = 'scheduled' AND t.due_at <= $2 \
+                 RETURNING {c}"
+            ),
+            // `t.id = ANY ($1)` beside the join: the primary key finds the rows whatever a
+            // generic plan makes of the unnest's row count.
+            ready_each: format!(
+                "UPDATE {tasks} t SET state = 'ready', updated_at = u.now \
+                 FROM unnest($1::uuid[], $2::bigint[], $3::bigint[]) AS u(id, now, shard) \
+                 WHERE t.id = ANY ($1::uuid[]) AND t.id = u.id AND t.state = 'scheduled' \
+                 AND t.due_at <= u.now AND (u.shard IS NULL OR t.shard = u.shard) \
                  RETURNING {c}"
             ),
             start_claimed: format!(

@@ -194,6 +194,8 @@ pub enum PlannedStatement {
     ExpireLeases,
     /// Due tasks handed to the ready queue by id (`claim_due` for pollers).
     ReadyClaimed,
+    /// A group of such calls readied in one statement (`readier.rs`).
+    ReadyEach,
     /// Retention's delete of finished tasks, one shard at a time.
     Purge,
 }
@@ -208,6 +210,7 @@ impl PostgresStore {
             PlannedStatement::CompleteMany => &self.sql.complete_many,
             PlannedStatement::ExpireLeases => &self.sql.expire_leases,
             PlannedStatement::ReadyClaimed => &self.sql.ready_claimed,
+            PlannedStatement::ReadyEach => &self.sql.ready_each,
             PlannedStatement::Purge => &self.ops.purge_in_shard,
         };
         let params = highest_parameter(sql);

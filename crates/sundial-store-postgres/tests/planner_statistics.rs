@@ -152,12 +152,14 @@ async fn a_table_that_fills_up_gets_statistics_and_ids_are_found_by_key() {
     assert_eq!(again, StatisticsVerdict::Current, "not again at once");
 
     // With statistics, every statement finds the tasks it is given by key, besides what drives
-    // it: the claim reads its candidates in rank order (`tasks_ready`), the reaper the ended
-    // leases, and a completion group may lock its rows among the running ones (as few as the
-    // statistics say run).
+    // it: the claim reads its candidates in rank order (`tasks_ready`) and the reaper the ended
+    // leases. A completion group finds its rows by key too, though the statistics say that
+    // no task runs: read among the running ones, it would read every running task per call
+    // once many run.
     for (which, driver) in [
         (PlannedStatement::ReadyClaimed, &[][..]),
-        (PlannedStatement::CompleteMany, &["tasks_state_id"]),
+        (PlannedStatement::ReadyEach, &[]),
+        (PlannedStatement::CompleteMany, &[]),
         (PlannedStatement::ClaimReady, &["tasks_ready"]),
         (
             PlannedStatement::ExpireLeases,
