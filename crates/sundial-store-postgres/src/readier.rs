@@ -100,21 +100,33 @@ impl PostgresStore {
             // The rows the group locked when none has an exclusive key or a rate limit: then
             // one statement readies them all.
             let mut plain: Option<HashSet<Uuid>> = None;
+            // Whether every call's fence was checked against the lease rows the group locked.
+            let mut fences_checked = false;
             if group.len() > 1 {
                 // The calls' fences, share-locked in shard order first: checked call by call,
                 // they would be locked in the calls' order, and a node renewing its leases
                 // (which locks them in shard order) could then wait for one this group holds
                 // while the group waits for one it renewed, a deadlock (BENCHMARKS.md, "a
-                // deadlock between grouped fences and lease renewal").
+                // deadlock between grouped fences and lease renewal"). The same read checks
+                // every call's fence, where a statement per call did.
                 let mut shards: Vec<i64> = group
                     .iter()
                     .filter_map(|c| c.fence.map(|f| i64::from(f.shard)))
                     .collect();
                 shards.sort_unstable();
                 shards.dedup();
-                if shards.len() > 1 {
-                    crate::query(&tx, &self.sql.cluster.lock_fences, &[&shards]).await?;
+                if !shards.is_empty() {
+                    let mut ranges = HashMap::with_capacity(shards.len());
+                    for r in crate::query(&tx, &self.sql.cluster.lock_fences, &[&shards]).await? {
+                        ranges.insert(col::<i64>(&r, 0)?, col::<i64>(&r, 1)?);
+                    }
+                    for f in group.iter().filter_map(|c| c.fence) {
+                        if ranges.get(&i64::from(f.shard)) != Some(&f.range_id) {
+                            return Err(StoreError::LeaseLost { shard: f.shard });
+                        }
+                    }
                 }
+                fences_checked = true;
                 // Every row any call may claim, locked in one id order first.
                 let mut ids: Vec<Uuid> = group
                     .iter()
@@ -128,18 +140,11 @@ impl PostgresStore {
                 plain = plain_rows(&locked, ids.len() == claims)?;
             }
             let outcomes = match plain {
-                Some(locked) => {
-                    for call in &group {
-                        if let Some(f) = call.fence {
-                            self.check_fence(&tx, f).await?;
-                        }
-                    }
-                    self.ready_each_in(&tx, &group, &locked).await?
-                }
+                Some(locked) => self.ready_each_in(&tx, &group, &locked).await?,
                 None => {
                     let mut outcomes = Vec::with_capacity(group.len());
                     for call in &group {
-                        if let Some(f) = call.fence {
+                        if let Some(f) = call.fence.filter(|_| !fences_checked) {
                             self.check_fence(&tx, f).await?;
                         }
                         outcomes.push(

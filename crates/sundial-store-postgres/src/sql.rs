@@ -151,7 +151,8 @@ pub(crate) struct ClusterSql {
     pub fence: String,
     /// [`Self::fence`]'s share lock on several shards' lease rows, taken in shard order (the
     /// order `acquire_many` locks them in), so a transaction fencing several shards cannot
-    /// deadlock with a node renewing its leases.
+    /// deadlock with a node renewing its leases. Answers each locked shard with its
+    /// `range_id`, so the fences are checked without a statement each.
     pub lock_fences: String,
     pub notify: String,
     pub database_time: String,
@@ -397,7 +398,7 @@ impl ClusterSql {
             ),
             fence: format!("SELECT range_id FROM {s}.shard_leases WHERE shard = $1 FOR SHARE"),
             lock_fences: format!(
-                "SELECT shard FROM {s}.shard_leases WHERE shard = ANY($1::bigint[]) \
+                "SELECT shard, range_id FROM {s}.shard_leases WHERE shard = ANY($1::bigint[]) \
                  ORDER BY shard FOR SHARE"
             ),
             notify: "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p".to_string(),
