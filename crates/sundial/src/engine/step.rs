@@ -105,6 +105,10 @@ impl Stepper {
         // A bound on a test that went wrong (a loop that keeps wanting a turn now).
         for _ in 0..MAX_ROUNDS {
             let now = self.engine.clock.now();
+            // A run that ends while the turn looks may free its slot after the turn found none
+            // and be gone before `wait_runs` looks: the released slot, as the driver's wake-up
+            // on it in production, asks for one more turn.
+            let released = *self.engine.permits_released.borrow();
             let next = self.turn().await;
             let runs = self.wait_runs(held).await;
             let inbox = self
@@ -112,9 +116,10 @@ impl Stepper {
                 .shards
                 .iter()
                 .any(|s| s.inbox.lock().map(|i| !i.is_empty()).unwrap_or(false));
+            let freed = *self.engine.permits_released.borrow() != released;
             match runs {
                 Runs::StillRunning => return next,
-                Runs::None if next > now && !inbox => return next,
+                Runs::None if next > now && !inbox && !freed => return next,
                 _ => {}
             }
         }
