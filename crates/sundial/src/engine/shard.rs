@@ -358,22 +358,25 @@ impl ShardLoop {
     /// Takes back what the claims sent off ahead did not start (see `super::ahead`): refused
     /// entries as the turn's own claims' ([`ShardLoop::dispatch`]), failed ones into the window.
     /// Answers whether a claim failed (the turn then backs off, as after its own failed claim).
-    /// Looks again at the starts for waiting polls whose claim failed without an answer. A
-    /// claim whose connection went down around its commit may have committed: its task then
-    /// runs under the execution the loop asked for, and no poll was told. Found so, it is kept
+    /// Looks again at the starts whose claim failed without an answer. A claim whose
+    /// connection went down around its commit may have committed: its task then runs under the
+    /// execution the loop asked for, and nobody was told. Found so, a start for a poll is kept
     /// for the next poll of its queue (as a start whose poll had gone, see `handoff`) and a
-    /// waiting poll is woken, instead of waiting out its lease (the task's timeout) for the
-    /// reaper. One that did not commit is still scheduled, in the window, and claimed as any
-    /// other. A read that fails keeps the rest for the next turn.
+    /// waiting poll is woken; an in-process run is run, once a permit of its queue is free. So
+    /// neither waits out its lease (the task's timeout) for the reaper. One that did not commit
+    /// is still scheduled, in the window, and claimed as any other. A read that fails keeps the
+    /// rest for the next turn.
     async fn recover_doubtful(&mut self, now: Timestamp) {
         let engine = self.engine.clone();
+        let mut later = Vec::new();
         while let Some(d) = self.doubtful.pop() {
             let task = match engine.store.get(d.id).await {
                 Ok(task) => task,
                 Err(e) => {
                     tracing::debug!(shard = self.shard, error = %e, "reading a doubtful start failed; later");
-                    self.doubtful.push(d);
-                    return;
+                    later.push(d);
+                    later.append(&mut self.doubtful);
+                    break;
                 }
             };
             let Some(task) = task.filter(|t| {
@@ -381,18 +384,42 @@ impl ShardLoop {
             }) else {
                 continue;
             };
-            tracing::info!(shard = self.shard, id = %d.id, "a start for a poll committed though its claim failed; kept for the next poll");
             let q = self
                 .queues
                 .entry(d.queue.clone())
-                .or_insert_with(|| engine.queue(&d.queue));
-            q.waiters.keep_unclaimed(vec![Started {
-                task,
-                claimed_at: now,
-                mark: None,
-            }]);
-            engine.wake_pollers(&d.queue, 1);
+                .or_insert_with(|| engine.queue(&d.queue))
+                .clone();
+            let handler = match &d.handler {
+                None => None,
+                Some(h) => match q.permits.clone().try_acquire_owned() {
+                    Ok(permit) => Some((h.clone(), permit)),
+                    Err(_) => {
+                        later.push(d);
+                        continue;
+                    }
+                },
+            };
+            tracing::info!(shard = self.shard, id = %d.id, "a start committed though its claim failed; taken up again");
+            engine.left_line(&task);
+            if let Some(until) = task.lease_expires_at {
+                engine.lease_granted(until);
+            }
+            match handler {
+                None => {
+                    q.waiters.keep_unclaimed(vec![Started {
+                        task,
+                        claimed_at: now,
+                        mark: None,
+                    }]);
+                    engine.wake_pollers(&d.queue, 1);
+                }
+                Some((handler, permit)) => {
+                    let fire = trace::task_span(Step::Fire, &task);
+                    engine.spawn_run(task, handler, vec![permit], fire, None);
+                }
+            }
         }
+        self.doubtful = later;
     }
 
     fn take_returned(&mut self, now: Timestamp) -> bool {
@@ -806,14 +833,8 @@ impl ShardLoop {
                     tracing::warn!(shard = self.shard, error = %e, "claim failed; entries stay in the window");
                     store_failed = true;
                     for b in group {
-                        if let (Some(_), ClaimTarget::Run { execution, .. }) =
-                            (b.hand, &b.claim.target)
-                        {
-                            self.doubtful.push(DoubtfulStart {
-                                id: b.key.id,
-                                execution: *execution,
-                                queue: b.meta.queue.clone(),
-                            });
+                        if let Some(d) = DoubtfulStart::of(&b) {
+                            self.doubtful.push(d);
                         }
                         self.window.insert(b.key, b.meta);
                     }
@@ -1117,11 +1138,34 @@ struct Leads {
     run: Duration,
 }
 
-/// A start for a waiting poll whose claim failed without an answer.
+/// A start whose claim failed without an answer: for a waiting poll, or an in-process run.
 struct DoubtfulStart {
     id: sundial_core::TaskId,
     execution: ExecutionId,
     queue: Arc<str>,
+    /// The handler of an in-process run (`None`: a start for a poll).
+    handler: Option<Arc<dyn Handler>>,
+}
+
+impl DoubtfulStart {
+    /// The start `b` asked for, when it is one the loop can take up again: for a poll, or an
+    /// in-process run (push calls have their own slots and retries, and are left to the lease).
+    fn of(b: &Pending) -> Option<Self> {
+        let ClaimTarget::Run { execution, .. } = &b.claim.target else {
+            return None;
+        };
+        let handler = match (b.hand, &b.run) {
+            (Some(_), _) => None,
+            (None, Some((handler, _))) if b.meta.push_host.is_none() => Some(handler.clone()),
+            _ => return None,
+        };
+        Some(DoubtfulStart {
+            id: b.key.id,
+            execution: *execution,
+            queue: b.meta.queue.clone(),
+            handler,
+        })
+    }
 }
 
 pub(super) struct Pending {
