@@ -401,3 +401,49 @@ async fn a_loop_turns_a_run_lead_early_only_for_tasks_claimed_ahead() {
         "a turn a run lead early for a task claimed ahead"
     );
 }
+
+/// A run claimed ahead whose claim committed but answered an error runs at its due time once
+/// the store answers again, not when its lease (the task's timeout) ends and the reaper offers
+/// it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_claimed_ahead_whose_claim_answer_was_lost_runs_at_its_due_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(common::intercept::sqlite(
+        dir.path(),
+        common::intercept::LoseFirstRunAnswer::new(),
+    ));
+    let (sundial, clock) = one_shard(store);
+    let h = Harness {
+        sundial,
+        clock,
+        dir,
+    };
+    let mut runs = record(&h, "k", |_| Ok(()));
+    let mut stepper = h.sundial.stepper();
+    let id = h
+        .sundial
+        .schedule(
+            TaskSpec::new("k")
+                .delay(within_the_lead())
+                .timeout(Duration::from_secs(3_600)),
+        )
+        .await
+        .unwrap();
+    stepper.settle().await;
+    let stored = h.sundial.get(id).await.unwrap().unwrap();
+    assert_eq!(
+        stored.state,
+        TaskState::Running,
+        "the claim ahead committed"
+    );
+    no_run(&mut runs).await;
+    // The loop tries the store again after its backoff, past the due time.
+    h.clock.advance(Duration::from_millis(200));
+    stepper.settle().await;
+    let run = next_run(&mut runs).await;
+    assert_eq!(run.id, id);
+    assert_eq!(run.attempt, 1, "run under the claim's execution");
+    assert!(run.at >= run.due, "started early: {run:?}");
+    wait_state(&h.sundial, id, TaskState::Succeeded).await;
+    no_run(&mut runs).await;
+}

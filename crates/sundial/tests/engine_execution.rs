@@ -813,49 +813,14 @@ fn a_context_without_an_engine_does_not_take_the_note() {
     assert!(!sundial::SuccessRecorded::default().note());
 }
 
-/// Commits the first claim that starts a task in process, then answers it with an error (a
-/// connection that went down around the commit).
-struct LoseFirstRunAnswer(std::sync::atomic::AtomicBool);
-
-#[async_trait::async_trait]
-impl sundial_store::forwarding::Hooks for LoseFirstRunAnswer {
-    async fn claim_due(
-        &self,
-        inner: &dyn sundial_store::Store,
-        claims: Vec<sundial_store::DueClaim>,
-        now: Timestamp,
-        fence: Option<sundial_store::Fence>,
-    ) -> Result<Vec<sundial_store::ClaimOutcome>, sundial_store::StoreError> {
-        let run = claims.iter().any(|c| {
-            matches!(
-                c.target,
-                sundial_store::ClaimTarget::Run { worker: None, .. }
-            )
-        });
-        if run && self.0.swap(false, Ordering::SeqCst) {
-            inner.claim_due(claims, now, fence).await?;
-            return Err(sundial_store::StoreError::unavailable(std::io::Error::new(
-                std::io::ErrorKind::ConnectionReset,
-                "the connection went down around the commit",
-            )));
-        }
-        inner.claim_due(claims, now, fence).await
-    }
-}
-
 /// An in-process start whose claim committed but answered an error runs once the store answers
 /// again, not when its lease (the task's timeout) ends and the reaper offers it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_in_process_start_whose_claim_answer_was_lost_runs_when_the_store_answers_again() {
     let dir = tempfile::tempdir().unwrap();
-    let sqlite = sundial_store_sqlite::SqliteStore::open_dir(
+    let store = Arc::new(common::intercept::sqlite(
         dir.path(),
-        sundial_store_sqlite::SqliteOptions::default(),
-    )
-    .unwrap();
-    let store = Arc::new(sundial_store::forwarding::Forwarding::new(
-        Arc::new(sqlite),
-        LoseFirstRunAnswer(std::sync::atomic::AtomicBool::new(true)),
+        common::intercept::LoseFirstRunAnswer::new(),
     ));
     let (sundial, clock) = one_shard(store);
     let ran = Arc::new(AtomicUsize::new(0));

@@ -341,3 +341,42 @@ async fn next_run_id(rx: &mut mpsc::UnboundedReceiver<sundial::TaskId>) -> sundi
         .expect("the fast receiver was called")
         .expect("channel open")
 }
+
+/// A push call whose claim committed but answered an error is made once the store answers
+/// again, not when its lease (the task's timeout) ends and the reaper offers it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_start_whose_claim_answer_was_lost_is_called_when_the_store_answers_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(common::intercept::sqlite(
+        dir.path(),
+        common::intercept::LoseFirstRunAnswer::new(),
+    ));
+    let (sundial, clock) = one_shard(store);
+    let h = Harness {
+        sundial,
+        clock,
+        dir,
+    };
+    let mut calls = push_handler(&h, None);
+    let mut stepper = h.sundial.stepper();
+    let id = h
+        .sundial
+        .schedule(push_spec(Duration::ZERO).timeout(Duration::from_secs(3_600)))
+        .await
+        .unwrap();
+    stepper.settle().await;
+    assert_eq!(
+        h.sundial.get(id).await.unwrap().unwrap().state,
+        TaskState::Running,
+        "the claim committed"
+    );
+    no_run(&mut calls).await;
+    // The loop tries the store again after its backoff.
+    h.clock.advance(Duration::from_millis(200));
+    stepper.settle().await;
+    let call = next_run(&mut calls).await;
+    assert_eq!(call.id, id);
+    assert_eq!(call.attempt, 1, "called under the claim's execution");
+    wait_state(&h.sundial, id, TaskState::Succeeded).await;
+    no_run(&mut calls).await;
+}

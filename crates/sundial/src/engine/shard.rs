@@ -109,6 +109,13 @@ impl Starved {
         self.queue || self.push
     }
 
+    fn or(self, other: Starved) -> Starved {
+        Starved {
+            queue: self.queue || other.queue,
+            push: self.push || other.push,
+        }
+    }
+
     /// How long a loop left in this state gathers released permits before its next turn. A
     /// full receiver's slots come back one answer at a time: gathered for a moment, one turn
     /// claims many of them instead of one turn (a walk of the window and a store write) per
@@ -246,10 +253,12 @@ impl ShardLoop {
         }
         // Anything that arrived while scanning.
         self.take_inbox();
-        // Starts for polls whose claim failed without an answer: the store answers again.
-        if !self.doubtful.is_empty() {
-            self.recover_doubtful(now).await;
-        }
+        // Starts whose claim failed without an answer: the store answers again.
+        let doubtful_waiting = if self.doubtful.is_empty() {
+            Starved::default()
+        } else {
+            self.recover_doubtful(now).await
+        };
 
         // 3. Claim what is due (push tasks up to their claim lead ahead, and tasks for waiting
         //    polls up to the hand-off lead ahead).
@@ -283,7 +292,7 @@ impl ShardLoop {
                 return Ok(retry);
             }
         };
-        self.starved = claimed.starved;
+        self.starved = claimed.starved.or(doubtful_waiting);
         metrics::gauge!("sundial_shard_window_tasks", "shard" => self.shard_label.clone())
             .set(self.window.len() as f64);
 
@@ -355,20 +364,21 @@ impl ShardLoop {
         Ok(gate)
     }
 
-    /// Takes back what the claims sent off ahead did not start (see `super::ahead`): refused
-    /// entries as the turn's own claims' ([`ShardLoop::dispatch`]), failed ones into the window.
-    /// Answers whether a claim failed (the turn then backs off, as after its own failed claim).
-    /// Looks again at the starts whose claim failed without an answer. A claim whose
-    /// connection went down around its commit may have committed: its task then runs under the
-    /// execution the loop asked for, and nobody was told. Found so, a start for a poll is kept
-    /// for the next poll of its queue (as a start whose poll had gone, see `handoff`) and a
-    /// waiting poll is woken; an in-process run is run, once a permit of its queue is free. So
-    /// neither waits out its lease (the task's timeout) for the reaper. One that did not commit
-    /// is still scheduled, in the window, and claimed as any other. A read that fails keeps the
-    /// rest for the next turn.
-    async fn recover_doubtful(&mut self, now: Timestamp) {
+    /// Looks again at the starts whose claim failed without an answer, the turn's own and those
+    /// claimed ahead (`super::ahead`). A claim whose connection went down around its commit may
+    /// have committed: its task then runs under the execution the loop asked for, and nobody was
+    /// told. Found so, a start for a poll is kept for the next poll of its queue (as a start
+    /// whose poll had gone, see `handoff`) and a waiting poll is woken; an in-process run is run
+    /// once a permit of its queue is free, a push call once a slot of its receiver and one of the
+    /// node's push slots are (either waits for its due time if claimed ahead). So none waits out
+    /// its lease (the task's timeout) for the reaper. One that did not commit is still
+    /// scheduled, in the window, and claimed as any other. A read that fails keeps the rest for
+    /// the next turn. Answers which permits the ones kept for later wait for (the driver then
+    /// wakes when one is released).
+    async fn recover_doubtful(&mut self, now: Timestamp) -> Starved {
         let engine = self.engine.clone();
         let mut later = Vec::new();
+        let mut waiting = Starved::default();
         while let Some(d) = self.doubtful.pop() {
             let task = match engine.store.get(d.id).await {
                 Ok(task) => task,
@@ -389,22 +399,38 @@ impl ShardLoop {
                 .entry(d.queue.clone())
                 .or_insert_with(|| engine.queue(&d.queue))
                 .clone();
-            let handler = match &d.handler {
-                None => None,
-                Some(h) => match q.permits.clone().try_acquire_owned() {
-                    Ok(permit) => Some((h.clone(), permit)),
+            // The slots its run needs, taken before the task is handed on; none free: later.
+            let run = match &d.runner {
+                DoubtfulRunner::Poll => None,
+                DoubtfulRunner::InProcess(h) => match q.permits.clone().try_acquire_owned() {
+                    Ok(permit) => Some((h.clone(), vec![permit])),
                     Err(_) => {
+                        waiting.queue = true;
                         later.push(d);
                         continue;
                     }
                 },
+                DoubtfulRunner::Push { host, handler } => {
+                    let host_permit = engine.push_host(host).try_acquire_owned();
+                    let node_permit = engine.push_permits.clone().try_acquire_owned();
+                    match (host_permit, node_permit) {
+                        (Ok(host_permit), Ok(node_permit)) => {
+                            Some((handler.clone(), vec![host_permit, node_permit]))
+                        }
+                        _ => {
+                            waiting.push = true;
+                            later.push(d);
+                            continue;
+                        }
+                    }
+                }
             };
             tracing::info!(shard = self.shard, id = %d.id, "a start committed though its claim failed; taken up again");
             engine.left_line(&task);
             if let Some(until) = task.lease_expires_at {
                 engine.lease_granted(until);
             }
-            match handler {
+            match run {
                 None => {
                     q.waiters.keep_unclaimed(vec![Started {
                         task,
@@ -413,15 +439,21 @@ impl ShardLoop {
                     }]);
                     engine.wake_pollers(&d.queue, 1);
                 }
-                Some((handler, permit)) => {
+                Some((handler, permits)) => {
+                    // A run claimed ahead waits for its due time in `spawn_run`, as any other.
                     let fire = trace::task_span(Step::Fire, &task);
-                    engine.spawn_run(task, handler, vec![permit], fire, None);
+                    engine.spawn_run(task, handler, permits, fire, None);
                 }
             }
         }
         self.doubtful = later;
+        waiting
     }
 
+    /// Takes back what the claims sent off ahead did not start (see `super::ahead`): refused
+    /// entries as the turn's own claims' ([`ShardLoop::dispatch`]), failed ones into the window.
+    /// Answers whether a claim failed (the turn then backs off, as after its own failed claim).
+    /// A failed claim's starts are looked at again as the turn's own ([`DoubtfulStart`]).
     fn take_returned(&mut self, now: Timestamp) -> bool {
         let mut failed = false;
         for back in self.ahead.take_returned() {
@@ -433,6 +465,9 @@ impl ShardLoop {
                 Returned::Failed(group) => {
                     failed = true;
                     for b in group {
+                        if let Some(d) = DoubtfulStart::of(&b) {
+                            self.doubtful.push(d);
+                        }
                         self.window.insert(b.key, b.meta);
                     }
                 }
@@ -1138,32 +1173,49 @@ struct Leads {
     run: Duration,
 }
 
-/// A start whose claim failed without an answer: for a waiting poll, or an in-process run.
+/// A start whose claim failed without an answer: for a waiting poll, an in-process run or a
+/// push call, claimed by the turn or ahead of its due time.
 struct DoubtfulStart {
     id: sundial_core::TaskId,
     execution: ExecutionId,
     queue: Arc<str>,
-    /// The handler of an in-process run (`None`: a start for a poll).
-    handler: Option<Arc<dyn Handler>>,
+    runner: DoubtfulRunner,
+}
+
+/// Who runs a [`DoubtfulStart`] found committed.
+enum DoubtfulRunner {
+    /// The next poll of its queue.
+    Poll,
+    /// An in-process handler, under a permit of its queue.
+    InProcess(Arc<dyn Handler>),
+    /// The push handler, under a slot of its receiver and one of the node's push slots.
+    Push {
+        host: Arc<str>,
+        handler: Arc<dyn Handler>,
+    },
 }
 
 impl DoubtfulStart {
-    /// The start `b` asked for, when it is one the loop can take up again: for a poll, or an
-    /// in-process run (push calls have their own slots and retries, and are left to the lease).
+    /// The start `b` asked for, when it is one the loop can take up again: a `Run` claim for a
+    /// poll, an in-process run or a push call.
     fn of(b: &Pending) -> Option<Self> {
         let ClaimTarget::Run { execution, .. } = &b.claim.target else {
             return None;
         };
-        let handler = match (b.hand, &b.run) {
-            (Some(_), _) => None,
-            (None, Some((handler, _))) if b.meta.push_host.is_none() => Some(handler.clone()),
-            _ => return None,
+        let runner = match (b.hand, &b.run, &b.meta.push_host) {
+            (Some(_), _, _) => DoubtfulRunner::Poll,
+            (None, Some((handler, _)), None) => DoubtfulRunner::InProcess(handler.clone()),
+            (None, Some((handler, _)), Some(host)) => DoubtfulRunner::Push {
+                host: host.clone(),
+                handler: handler.clone(),
+            },
+            (None, None, _) => return None,
         };
         Some(DoubtfulStart {
             id: b.key.id,
             execution: *execution,
             queue: b.meta.queue.clone(),
-            handler,
+            runner,
         })
     }
 }

@@ -39,11 +39,16 @@ pub async fn harness_with(config: Config) -> Harness {
 
 /// A one-shard engine over `store` on a manual clock at [`T0`].
 pub fn one_shard(store: Arc<dyn sundial::Store>) -> (Sundial, ManualClock) {
+    one_shard_with(store, Config::default())
+}
+
+/// [`one_shard`] with `config` (its shard count set to one).
+pub fn one_shard_with(store: Arc<dyn sundial::Store>, config: Config) -> (Sundial, ManualClock) {
     let clock = ManualClock::new(T0);
     let sundial = Sundial::builder()
         .config(Config {
             shard_count: 1,
-            ..Config::default()
+            ..config
         })
         .clock(Arc::new(clock.clone()))
         .with_store(store)
