@@ -207,10 +207,22 @@ async fn a_handler_that_opts_out_has_its_tasks_claimed_when_due() {
     wait_state(&h.sundial, id, TaskState::Succeeded).await;
 }
 
-/// Holds the first `claim_due` back until let go, and counts the calls.
+/// Holds the first `claim_due` back until let go, and counts the calls and the claims of each
+/// task.
 struct HoldFirstClaim {
     calls: Arc<AtomicUsize>,
     go: tokio::sync::watch::Receiver<bool>,
+    claims_of: Arc<std::sync::Mutex<std::collections::HashMap<sundial::TaskId, usize>>>,
+}
+
+impl HoldFirstClaim {
+    fn new(go: tokio::sync::watch::Receiver<bool>) -> Self {
+        HoldFirstClaim {
+            calls: Arc::default(),
+            go,
+            claims_of: Arc::default(),
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -222,6 +234,11 @@ impl Intercept for HoldFirstClaim {
         now: sundial::Timestamp,
         fence: Option<sundial_store::Fence>,
     ) -> Result<Vec<sundial_store::ClaimOutcome>, sundial::StoreError> {
+        if let Ok(mut of) = self.claims_of.lock() {
+            for c in &claims {
+                *of.entry(c.id).or_default() += 1;
+            }
+        }
         if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
             let mut go = self.go.clone();
             let _ = go.wait_for(|g| *g).await;
@@ -247,15 +264,10 @@ async fn reaches(n: &AtomicUsize, at_least: usize) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_ahead_held_in_the_store_does_not_hold_the_next_one_back() {
     let dir = tempfile::tempdir().unwrap();
-    let calls = Arc::new(AtomicUsize::new(0));
     let (go, held) = tokio::sync::watch::channel(false);
-    let store = Arc::new(common::intercept::sqlite(
-        dir.path(),
-        HoldFirstClaim {
-            calls: calls.clone(),
-            go: held,
-        },
-    ));
+    let hold = HoldFirstClaim::new(held);
+    let calls = hold.calls.clone();
+    let store = Arc::new(common::intercept::sqlite(dir.path(), hold));
     let (sundial, clock) = one_shard(store);
     let h = Harness {
         sundial,
@@ -298,6 +310,65 @@ async fn a_claim_ahead_held_in_the_store_does_not_hold_the_next_one_back() {
         assert_eq!(run.at, due, "runs at its due time");
     }
     running.shutdown(Duration::from_secs(5)).await;
+}
+
+/// A task whose claim ahead is held in the store is still scheduled there, so a scan brings it
+/// back into the window: the loop does not claim it a second time while the first claim is in
+/// flight, and it runs once, at its due time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_whose_claim_ahead_is_in_flight_is_not_claimed_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (go, held) = tokio::sync::watch::channel(false);
+    let hold = HoldFirstClaim::new(held);
+    let (calls, claims_of) = (hold.calls.clone(), hold.claims_of.clone());
+    let store = Arc::new(common::intercept::sqlite(dir.path(), hold));
+    let (sundial, clock) = one_shard(store);
+    let h = Harness {
+        sundial,
+        clock,
+        dir,
+    };
+    let mut runs = record(&h, "k", |_| Ok(()));
+    let running = h.sundial.start();
+    let lead = Config::default().run_claim_lead;
+    let first = h
+        .sundial
+        .schedule(TaskSpec::new("k").delay(lead / 3))
+        .await
+        .unwrap();
+    assert!(reaches(&calls, 1).await, "the claim ahead is asked for");
+    // A resumed queue makes the next turn scan the shard from the front, where it finds the
+    // first task still scheduled; the turn that claims the second task comes at or after it.
+    h.sundial.pause_queue("other").await.unwrap();
+    h.sundial.resume_queue("other").await.unwrap();
+    let second = h
+        .sundial
+        .schedule(TaskSpec::new("k").delay(lead * 2 / 3))
+        .await
+        .unwrap();
+    wait_state(&h.sundial, second, TaskState::Running).await;
+    assert_eq!(
+        h.sundial.get(first).await.unwrap().unwrap().state,
+        TaskState::Scheduled,
+        "the held claim has not committed, and no other claim started the task"
+    );
+    assert_eq!(claims_of.lock().unwrap().get(&first), Some(&1));
+    go.send_replace(true);
+    wait_state(&h.sundial, first, TaskState::Running).await;
+    for id in [first, second] {
+        let due = h.sundial.get(id).await.unwrap().unwrap().due_at;
+        h.clock.set(due);
+        let run = next_run(&mut runs).await;
+        assert_eq!(run.id, id);
+        assert_eq!(run.attempt, 1);
+        assert_eq!(run.at, due, "runs at its due time");
+    }
+    running.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(
+        claims_of.lock().unwrap().get(&first),
+        Some(&1),
+        "claimed once"
+    );
 }
 
 /// Settles while the runs counted in `holding` are held open.

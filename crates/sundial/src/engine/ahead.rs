@@ -15,13 +15,19 @@
 //! if its own claim had answered so; the shard's wake-up brings that turn. A claim in flight
 //! counts as a run in flight, so a draining engine and a stepped test wait for it.
 //!
+//! While a claim is in flight, its tasks are still scheduled in the store: a notification or a
+//! scan can bring one back into the window. The turn leaves such an entry out
+//! ([`ClaimsAhead::in_flight_ids`]): the claim in flight starts it or brings it back, so a second
+//! claim of it would only race the first (and, with the first held in the store, win).
+//!
 //! This module never decides what to claim or whether a claim is allowed: the turn chooses the
 //! entries, and the store decides each start.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use sundial_core::Timestamp;
+use sundial_core::{TaskId, Timestamp};
 use sundial_store::{ClaimOutcome, DueClaim, OutOfBandMark};
 use tokio::sync::Notify;
 
@@ -50,6 +56,8 @@ struct Shared {
     in_flight: AtomicUsize,
     answered: Notify,
     returned: Mutex<Vec<Returned>>,
+    /// The tasks of the claims in flight.
+    ids: Mutex<HashSet<TaskId>>,
 }
 
 /// One loop's claims in flight (see the module documentation).
@@ -85,8 +93,12 @@ impl ClaimsAhead {
         releases_before: u64,
     ) {
         let claims: Vec<DueClaim> = group.iter().map(|b| b.claim.clone()).collect();
+        let ids: Vec<TaskId> = claims.iter().map(|c| c.id).collect();
         let (owner, shard) = (self.owner, self.shard);
         let shared = self.shared.clone();
+        if let Ok(mut in_flight) = shared.ids.lock() {
+            in_flight.extend(ids.iter().copied());
+        }
         shared.in_flight.fetch_add(1, Ordering::AcqRel);
         engine.in_flight.fetch_add(1, Ordering::SeqCst);
         let engine = engine.clone();
@@ -116,6 +128,13 @@ impl ClaimsAhead {
                     Some(Returned::Failed(group))
                 }
             };
+            // Out of flight before anything comes back: the turn that takes it back claims its
+            // entries again.
+            if let Ok(mut in_flight) = shared.ids.lock() {
+                for id in &ids {
+                    in_flight.remove(id);
+                }
+            }
             if let Some(back) = back {
                 if let Ok(mut r) = shared.returned.lock() {
                     r.push(back);
@@ -131,6 +150,18 @@ impl ClaimsAhead {
             // time), a stepped test waiting for it looks again.
             engine.drained.notify_waiters();
         });
+    }
+
+    /// The tasks of the claims in flight (empty, without a lock, when none is).
+    pub(super) fn in_flight_ids(&self) -> HashSet<TaskId> {
+        if self.shared.in_flight.load(Ordering::Acquire) == 0 {
+            return HashSet::new();
+        }
+        self.shared
+            .ids
+            .lock()
+            .map(|ids| ids.clone())
+            .unwrap_or_default()
     }
 
     /// What the claims sent off brought back since the last call.

@@ -549,6 +549,10 @@ impl ShardLoop {
         let claim_batch = engine.config.claim_batch;
         let paused = engine.paused.snapshot();
         let mut held_back: Vec<DueKey> = Vec::new();
+        // Entries whose claim ahead is still in flight came back through a notification or a
+        // scan: that claim starts them or brings them back (see `super::ahead`).
+        let claiming_ahead = self.ahead.in_flight_ids();
+        let mut in_flight: Vec<DueKey> = Vec::new();
         // Entries of receivers found full, to be parked in their lanes (see `window`).
         let mut to_park: Vec<DueKey> = Vec::new();
         let until = now.saturating_add(leads.push.max(leads.hand).max(leads.run));
@@ -626,6 +630,10 @@ impl ShardLoop {
                     key.due_at > hand_until && key.due_at > run_until
                 }
             {
+                continue;
+            }
+            if !claiming_ahead.is_empty() && claiming_ahead.contains(&key.id) {
+                in_flight.push(*key);
                 continue;
             }
             if !paused.is_empty() && paused.contains(&*meta.queue) {
@@ -800,7 +808,7 @@ impl ShardLoop {
         if line_changed {
             engine.wake_starved();
         }
-        for key in &held_back {
+        for key in held_back.iter().chain(&in_flight) {
             self.window.remove(key);
         }
         for key in &to_park {
