@@ -495,6 +495,134 @@ async fn concurrency_limit_per_queue() {
     assert_eq!(peak.load(Ordering::SeqCst), 2);
 }
 
+/// On its first `claim_due` call after being armed, asks the test to free a queue slot and
+/// waits until it has: a slot released during a shard loop's turn, after the turn found the
+/// queue full for another entry.
+struct FreeASlotDuringTheClaim {
+    armed: std::sync::atomic::AtomicBool,
+    free: tokio::sync::mpsc::UnboundedSender<tokio::sync::oneshot::Sender<()>>,
+}
+
+#[async_trait::async_trait]
+impl common::intercept::Intercept for FreeASlotDuringTheClaim {
+    async fn claim_due(
+        &self,
+        inner: &dyn sundial::Store,
+        claims: Vec<sundial_store::DueClaim>,
+        now: Timestamp,
+        fence: Option<sundial_store::Fence>,
+    ) -> Result<Vec<sundial_store::ClaimOutcome>, sundial::StoreError> {
+        if self.armed.swap(false, Ordering::SeqCst) {
+            let (done, freed) = tokio::sync::oneshot::channel();
+            if self.free.send(done).is_ok() {
+                let _ = freed.await;
+            }
+        }
+        inner.claim_due(claims, now, fence).await
+    }
+}
+
+/// Waits (bounded, real time) for a run to report its start.
+async fn a_run_starts(started: &mut tokio::sync::mpsc::UnboundedReceiver<()>) {
+    tokio::time::timeout(Duration::from_secs(10), started.recv())
+        .await
+        .expect("a run starts");
+}
+
+/// A queue slot released while a shard loop's turn runs, after the turn found the queue full
+/// for an entry, wakes the loop for that entry: the driver looks for releases from before its
+/// turn, not from after it. (It marked them seen after the turn, and a starved entry then waited
+/// for the next release, which may never come: on the manual clock here, for ever.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_released_during_a_turn_wakes_the_loop_for_the_entry_it_left_waiting() {
+    let dir = tempfile::tempdir().unwrap();
+    let (free_tx, mut free_rx) = tokio::sync::mpsc::unbounded_channel();
+    let hook = FreeASlotDuringTheClaim {
+        armed: std::sync::atomic::AtomicBool::new(false),
+        free: free_tx,
+    };
+    let store = Arc::new(common::intercept::sqlite(dir.path(), hook));
+    let (sundial, _clock) = one_shard_with(
+        store.clone(),
+        Config {
+            default_concurrency: 2,
+            ..Config::default()
+        },
+    );
+    let hold = Arc::new(tokio::sync::Notify::new());
+    // `c` and `d` take the two slots of the default queue; `c` gives its slot back when told
+    // (and keeps running). `b` waits for a slot; `other`, in a queue of its own, is claimed in
+    // the turn that frees `c`'s slot.
+    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
+    let (c_release_tx, c_release) = tokio::sync::watch::channel(false);
+    let (c_released_tx, mut c_released) = tokio::sync::mpsc::unbounded_channel();
+    {
+        let (hold, started) = (hold.clone(), started_tx.clone());
+        sundial.register("c", move |ctx: sundial::TaskContext| {
+            let (hold, started, mut release, released) = (
+                hold.clone(),
+                started.clone(),
+                c_release.clone(),
+                c_released_tx.clone(),
+            );
+            async move {
+                let _ = started.send(());
+                let _ = release.wait_for(|r| *r).await;
+                ctx.slots.release();
+                let _ = released.send(());
+                hold.notified().await;
+                Ok::<(), sundial::HandlerError>(())
+            }
+        });
+    }
+    for kind in ["d", "other"] {
+        let (hold, started) = (hold.clone(), started_tx.clone());
+        sundial.register(kind, move |_ctx: sundial::TaskContext| {
+            let (hold, started) = (hold.clone(), started.clone());
+            async move {
+                let _ = started.send(());
+                hold.notified().await;
+                Ok::<(), sundial::HandlerError>(())
+            }
+        });
+    }
+    let (b_ran_tx, mut b_ran) = tokio::sync::mpsc::unbounded_channel();
+    sundial.register("b", move |_ctx: sundial::TaskContext| {
+        let _ = b_ran_tx.send(());
+        async { Ok::<(), sundial::HandlerError>(()) }
+    });
+    let running = sundial.start();
+    sundial.schedule(TaskSpec::new("c")).await.unwrap();
+    sundial.schedule(TaskSpec::new("d")).await.unwrap();
+    a_run_starts(&mut started).await;
+    a_run_starts(&mut started).await;
+    // `b` finds the queue full: its loop joins the queue's line and sleeps until a slot is
+    // released. A moment of real time lets it get there.
+    sundial.schedule(TaskSpec::new("b")).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The next claim (of `other`; in the same turn `b` finds the default queue full again, its
+    // loop already in line) frees `c`'s slot before it goes on.
+    store.hooks.armed.store(true, Ordering::SeqCst);
+    let freeing = tokio::spawn(async move {
+        if let Some(done) = free_rx.recv().await {
+            c_release_tx.send_replace(true);
+            let _ = c_released.recv().await;
+            let _ = done.send(());
+        }
+    });
+    sundial
+        .schedule(TaskSpec::new("other").queue("other"))
+        .await
+        .unwrap();
+    a_run_starts(&mut started).await;
+    tokio::time::timeout(Duration::from_secs(10), b_ran.recv())
+        .await
+        .expect("b runs on the slot c gave back, though no run has ended since");
+    freeing.await.unwrap();
+    hold.notify_waiters();
+    running.shutdown(Duration::from_secs(5)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_kinds_wait_ready_for_a_worker() {
     let h = harness().await;

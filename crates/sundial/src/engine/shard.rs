@@ -1379,6 +1379,10 @@ pub(crate) async fn drive(
             break;
         }
         let now = engine.clock.now();
+        // Releases are marked seen before the turn looks at the permits, never after it: a
+        // permit released while the turn runs, after it found a queue full, must wake the loop
+        // (marked after, that release was lost, and the entry waited for the next one).
+        permits.borrow_and_update();
         let gate = match looped.turn(now).await {
             Ok(gate) => gate,
             Err(LeaseLost) => {
@@ -1390,7 +1394,6 @@ pub(crate) async fn drive(
         if gate <= now && !starved {
             continue;
         }
-        permits.borrow_and_update();
         let slot_freed = tokio::select! {
             _ = engine.clock.sleep_until(gate) => false,
             _ = signal.wake.notified() => false,
