@@ -9,9 +9,11 @@
 //!    with 1 minute the last 6, with 5 minutes all 20; each fired fire ran its job exactly once,
 //!    and the next fire is armed for the first fire time after the restart;
 //! 2. **on-time fires are not held behind the catch-up**: the schedules whose first fire is due
-//!    at the restart (on time) all ran while at least 80 % of the catch-up runs were still to
+//!    at the restart (on time) all ran while at least 70 % of the catch-up runs were still to
 //!    come (a catch-up tick whose fire time has passed is armed due now, so catch-up takes turns
-//!    with the ticks due now instead of going ahead of all of them: 94 % measured). Before, the
+//!    with the ticks due now instead of going ahead of all of them: 84–94 % measured, 79 % once
+//!    in a suite run of several tests at a time; the runner's batches of ticks form as the
+//!    handlers' runs come, so how busy the machine is moves the order a little). Before, the
 //!    catch-up ticks all went first (60 % still to come when the last on-time fire ran).
 //!
 //! Short form: 400 catch-up schedules (100 per policy) and 100 on time. Long form
@@ -153,7 +155,7 @@ async fn a_catch_up_storm_counts_exactly_and_does_not_hold_up_on_time_fires() {
         share_after * 100.0
     );
     assert!(
-        share_after >= 0.8,
+        share_after >= 0.7,
         "the on-time fires were held behind the catch-up: only {catchup_after} of \
          {catchup_runs} catch-up runs came after the last of them"
     );
