@@ -523,10 +523,13 @@ impl common::intercept::Intercept for FreeASlotDuringTheClaim {
 }
 
 /// Waits (bounded, real time) for a run to report its start.
-async fn a_run_starts(started: &mut tokio::sync::mpsc::UnboundedReceiver<()>) {
-    tokio::time::timeout(Duration::from_secs(10), started.recv())
+async fn a_run_starts(started: &mut tokio::sync::mpsc::UnboundedReceiver<()>, which: &str) {
+    if tokio::time::timeout(Duration::from_secs(10), started.recv())
         .await
-        .expect("a run starts");
+        .is_err()
+    {
+        panic!("{which} did not start within 10 s");
+    }
 }
 
 /// A queue slot released while a shard loop's turn runs, after the turn found the queue full
@@ -594,8 +597,8 @@ async fn a_slot_released_during_a_turn_wakes_the_loop_for_the_entry_it_left_wait
     let running = sundial.start();
     sundial.schedule(TaskSpec::new("c")).await.unwrap();
     sundial.schedule(TaskSpec::new("d")).await.unwrap();
-    a_run_starts(&mut started).await;
-    a_run_starts(&mut started).await;
+    a_run_starts(&mut started, "c or d").await;
+    a_run_starts(&mut started, "c or d").await;
     // `b` finds the queue full: its loop joins the queue's line and sleeps until a slot is
     // released. A moment of real time lets it get there.
     sundial.schedule(TaskSpec::new("b")).await.unwrap();
@@ -614,12 +617,97 @@ async fn a_slot_released_during_a_turn_wakes_the_loop_for_the_entry_it_left_wait
         .schedule(TaskSpec::new("other").queue("other"))
         .await
         .unwrap();
-    a_run_starts(&mut started).await;
+    a_run_starts(&mut started, "other").await;
     tokio::time::timeout(Duration::from_secs(10), b_ran.recv())
         .await
         .expect("b runs on the slot c gave back, though no run has ended since");
     freeing.await.unwrap();
     hold.notify_waiters();
+    running.shutdown(Duration::from_secs(5)).await;
+}
+
+/// Answers the first claim of task `refuse` as not claimable, without asking the store (as when
+/// another claim had started it: an entry brought back by a notification after the scan that
+/// found it had been claimed).
+struct RefuseOnce {
+    refuse: std::sync::Mutex<Option<sundial::TaskId>>,
+}
+
+#[async_trait::async_trait]
+impl common::intercept::Intercept for RefuseOnce {
+    async fn claim_due(
+        &self,
+        inner: &dyn sundial::Store,
+        claims: Vec<sundial_store::DueClaim>,
+        now: Timestamp,
+        fence: Option<sundial_store::Fence>,
+    ) -> Result<Vec<sundial_store::ClaimOutcome>, sundial::StoreError> {
+        let refuse = self
+            .refuse
+            .lock()
+            .ok()
+            .and_then(|mut r| r.take_if(|id| claims.iter().any(|c| c.id == *id)));
+        let Some(refuse) = refuse else {
+            return inner.claim_due(claims, now, fence).await;
+        };
+        let order: Vec<bool> = claims.iter().map(|c| c.id == refuse).collect();
+        let rest: Vec<_> = claims.into_iter().filter(|c| c.id != refuse).collect();
+        let mut answers = inner.claim_due(rest, now, fence).await?.into_iter();
+        Ok(order
+            .into_iter()
+            .filter_map(|refused| {
+                if refused {
+                    Some(sundial_store::ClaimOutcome::NotClaimable)
+                } else {
+                    answers.next()
+                }
+            })
+            .collect())
+    }
+}
+
+/// A queue slot taken for a start the store refused goes back unused: an entry that found the
+/// queue full in the same turn is claimed, though no run ends to announce the free slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_taken_for_a_refused_start_goes_to_the_entry_that_waited_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(common::intercept::sqlite(
+        dir.path(),
+        RefuseOnce {
+            refuse: std::sync::Mutex::new(None),
+        },
+    ));
+    let (sundial, _clock) = one_shard_with(
+        store.clone(),
+        Config {
+            default_concurrency: 1,
+            ..Config::default()
+        },
+    );
+    let (ran_tx, mut ran) = tokio::sync::mpsc::unbounded_channel();
+    sundial.register("k", move |ctx: sundial::TaskContext| {
+        let _ = ran_tx.send(ctx.task.id);
+        async { Ok::<(), sundial::HandlerError>(()) }
+    });
+    // Both due now before the loop starts: its first turn takes the one slot for the first and
+    // finds the queue full for the second.
+    let ids: Vec<sundial::TaskId> = sundial
+        .schedule_many(vec![TaskSpec::new("k"), TaskSpec::new("k")])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| match s {
+            sundial::Scheduled::Created(t) => t.id,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    let (first, second) = (ids[0].min(ids[1]), ids[0].max(ids[1]));
+    *store.hooks.refuse.lock().unwrap() = Some(first);
+    let running = sundial.start();
+    let got = tokio::time::timeout(Duration::from_secs(10), ran.recv())
+        .await
+        .expect("the second task runs on the slot the refused start gave back");
+    assert_eq!(got, Some(second));
     running.shutdown(Duration::from_secs(5)).await;
 }
 

@@ -914,7 +914,14 @@ impl ShardLoop {
         if self.no_hand.len() > NO_HAND_PRUNE_AT {
             self.no_hand.clear();
         }
+        // Whether a refused start gave back the permits taken for it.
+        let mut permits_unused = false;
         for (b, outcome) in claimed {
+            if !matches!(outcome, ClaimOutcome::Started(_))
+                && b.run.as_ref().is_some_and(|(_, p)| !p.is_empty())
+            {
+                permits_unused = true;
+            }
             if b.hand.is_some() && !matches!(outcome, ClaimOutcome::Started(_)) {
                 // A start for a poll refused (an exclusive key, the queue's limit, a rate
                 // limit): the entry waits as any refused entry does, and is readied rather than
@@ -989,6 +996,13 @@ impl ShardLoop {
                 }
                 ClaimOutcome::NotClaimable => {}
             }
+        }
+        // A permit taken for a start the store refused (a task another claim had started, as
+        // when a notification brought back an entry the scan had already claimed) goes back
+        // unused, with no run to announce it: entries that found its queue full in this turn,
+        // here or in another loop, look again.
+        if permits_unused {
+            engine.wake_starved();
         }
         for (q, n) in readied_queues {
             engine.ready_changed_by(&q, n);
