@@ -263,17 +263,9 @@ async fn reaches(n: &AtomicUsize, at_least: usize) -> bool {
 /// task coming within the lead meanwhile is claimed at once, not after the held claim returns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_ahead_held_in_the_store_does_not_hold_the_next_one_back() {
-    let dir = tempfile::tempdir().unwrap();
     let (go, held) = tokio::sync::watch::channel(false);
-    let hold = HoldFirstClaim::new(held);
-    let calls = hold.calls.clone();
-    let store = Arc::new(common::intercept::sqlite(dir.path(), hold));
-    let (sundial, clock) = one_shard(store);
-    let h = Harness {
-        sundial,
-        clock,
-        dir,
-    };
+    let (h, store) = intercepted(HoldFirstClaim::new(held), Config::default());
+    let calls = store.hooks.calls.clone();
     let mut runs = record(&h, "k", |_| Ok(()));
     let running = h.sundial.start();
     let lead = Config::default().run_claim_lead;
@@ -317,17 +309,9 @@ async fn a_claim_ahead_held_in_the_store_does_not_hold_the_next_one_back() {
 /// flight, and it runs once, at its due time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_whose_claim_ahead_is_in_flight_is_not_claimed_again() {
-    let dir = tempfile::tempdir().unwrap();
     let (go, held) = tokio::sync::watch::channel(false);
-    let hold = HoldFirstClaim::new(held);
-    let (calls, claims_of) = (hold.calls.clone(), hold.claims_of.clone());
-    let store = Arc::new(common::intercept::sqlite(dir.path(), hold));
-    let (sundial, clock) = one_shard(store);
-    let h = Harness {
-        sundial,
-        clock,
-        dir,
-    };
+    let (h, store) = intercepted(HoldFirstClaim::new(held), Config::default());
+    let (calls, claims_of) = (store.hooks.calls.clone(), store.hooks.claims_of.clone());
     let mut runs = record(&h, "k", |_| Ok(()));
     let running = h.sundial.start();
     let lead = Config::default().run_claim_lead;
@@ -478,17 +462,10 @@ async fn a_loop_turns_a_run_lead_early_only_for_tasks_claimed_ahead() {
 /// it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_claimed_ahead_whose_claim_answer_was_lost_runs_at_its_due_time() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(common::intercept::sqlite(
-        dir.path(),
+    let (h, _store) = intercepted(
         common::intercept::LoseFirstRunAnswer::new(),
-    ));
-    let (sundial, clock) = one_shard(store);
-    let h = Harness {
-        sundial,
-        clock,
-        dir,
-    };
+        Config::default(),
+    );
     let mut runs = record(&h, "k", |_| Ok(()));
     let mut stepper = h.sundial.stepper();
     let id = h

@@ -538,20 +538,19 @@ async fn a_run_starts(started: &mut tokio::sync::mpsc::UnboundedReceiver<()>, wh
 /// for the next release, which may never come: on the manual clock here, for ever.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_released_during_a_turn_wakes_the_loop_for_the_entry_it_left_waiting() {
-    let dir = tempfile::tempdir().unwrap();
     let (free_tx, mut free_rx) = tokio::sync::mpsc::unbounded_channel();
     let hook = FreeASlotDuringTheClaim {
         armed: std::sync::atomic::AtomicBool::new(false),
         free: free_tx,
     };
-    let store = Arc::new(common::intercept::sqlite(dir.path(), hook));
-    let (sundial, _clock) = one_shard_with(
-        store.clone(),
+    let (h, store) = intercepted(
+        hook,
         Config {
             default_concurrency: 2,
             ..Config::default()
         },
     );
+    let sundial = &h.sundial;
     let hold = Arc::new(tokio::sync::Notify::new());
     // `c` and `d` take the two slots of the default queue; `c` gives its slot back when told
     // (and keeps running). `b` waits for a slot; `other`, in a queue of its own, is claimed in
@@ -670,20 +669,16 @@ impl common::intercept::Intercept for RefuseOnce {
 /// queue full in the same turn is claimed, though no run ends to announce the free slot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_taken_for_a_refused_start_goes_to_the_entry_that_waited_for_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(common::intercept::sqlite(
-        dir.path(),
+    let (h, store) = intercepted(
         RefuseOnce {
             refuse: std::sync::Mutex::new(None),
         },
-    ));
-    let (sundial, _clock) = one_shard_with(
-        store.clone(),
         Config {
             default_concurrency: 1,
             ..Config::default()
         },
     );
+    let sundial = &h.sundial;
     let (ran_tx, mut ran) = tokio::sync::mpsc::unbounded_channel();
     sundial.register("k", move |ctx: sundial::TaskContext| {
         let _ = ran_tx.send(ctx.task.id);
@@ -1033,12 +1028,15 @@ fn a_context_without_an_engine_does_not_take_the_note() {
 /// again, not when its lease (the task's timeout) ends and the reaper offers it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_in_process_start_whose_claim_answer_was_lost_runs_when_the_store_answers_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(common::intercept::sqlite(
-        dir.path(),
+    let (h, _store) = intercepted(
         common::intercept::LoseFirstRunAnswer::new(),
-    ));
-    let (sundial, clock) = one_shard(store);
+        Config::default(),
+    );
+    let Harness {
+        sundial,
+        clock,
+        dir: _dir,
+    } = h;
     let ran = Arc::new(AtomicUsize::new(0));
     {
         let ran = ran.clone();

@@ -346,17 +346,10 @@ async fn next_run_id(rx: &mut mpsc::UnboundedReceiver<sundial::TaskId>) -> sundi
 /// again, not when its lease (the task's timeout) ends and the reaper offers it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_start_whose_claim_answer_was_lost_is_called_when_the_store_answers_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(common::intercept::sqlite(
-        dir.path(),
+    let (h, _store) = intercepted(
         common::intercept::LoseFirstRunAnswer::new(),
-    ));
-    let (sundial, clock) = one_shard(store);
-    let h = Harness {
-        sundial,
-        clock,
-        dir,
-    };
+        Config::default(),
+    );
     let mut calls = push_handler(&h, None);
     let mut stepper = h.sundial.stepper();
     let id = h

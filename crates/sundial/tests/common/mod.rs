@@ -56,6 +56,26 @@ pub fn one_shard_with(store: Arc<dyn sundial::Store>, config: Config) -> (Sundia
     (sundial, clock)
 }
 
+/// A one-shard engine (with `config`) on a manual clock at [`T0`] over the embedded store in a
+/// fresh directory, its calls going through `hooks`: the harness, and the store, whose hooks the
+/// test can reach.
+pub fn intercepted<H>(hooks: H, config: Config) -> (Harness, Arc<intercept::Intercepted<H>>)
+where
+    intercept::Intercepted<H>: sundial::Store,
+{
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Arc::new(intercept::sqlite(dir.path(), hooks));
+    let (sundial, clock) = one_shard_with(store.clone(), config);
+    (
+        Harness {
+            sundial,
+            clock,
+            dir,
+        },
+        store,
+    )
+}
+
 /// A one-shard engine over `store` on a manual clock at [`T0`], with a handler for kind `k` that
 /// records each run (its due time as `at` and `due`) on the returned channel.
 pub fn one_shard_recording(
