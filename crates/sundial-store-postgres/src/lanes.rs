@@ -7,16 +7,26 @@
 //! heavy. One group in flight per lane: two (a call arriving while a group waits for its commit
 //! starting at once) made smaller groups and cost the database more CPU than it saved in waiting
 //! (drain 941–1,046/s against 1,062–1,181/s, BENCHMARKS.md).
+//!
+//! With one group in flight, callers that each wait for their answer before calling again fall
+//! into cohorts that take turns: while one cohort's group commits, the other's calls queue and
+//! form the next group, so each call waits for a whole group before its own. A lane whose calls
+//! gather ([`GroupCall::GATHER`]) therefore waits, after a group, until as many calls wait as
+//! that group had (its callers coming back) or the gather time has passed, and takes them as one
+//! group. Only after a group of more than one call: a lone caller or a trickle never waits.
+//! Callers that do not wait for each other (an open stream) pay up to the gather time per call
+//! when their groups hold several.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use sundial_store::StoreError;
 use sundial_store::audit_scope::PendingAudit;
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 
 use crate::PostgresStore;
 
@@ -24,6 +34,8 @@ pub(crate) struct Lanes<K, C> {
     lanes: Mutex<HashMap<K, Lane<C>>>,
     /// Groups taken so far (each one transaction), for tests.
     groups: AtomicU64,
+    /// Signalled when a call is queued, for a group task that gathers (see the module doc).
+    arrived: Notify,
 }
 
 /// Most group tasks running at once per lane.
@@ -40,6 +52,7 @@ impl<K, C> Default for Lanes<K, C> {
         Self {
             lanes: Mutex::new(HashMap::new()),
             groups: AtomicU64::new(0),
+            arrived: Notify::new(),
         }
     }
 }
@@ -57,11 +70,42 @@ impl<K: Hash + Eq, C> Lanes<K, C> {
             running: 0,
         });
         lane.calls.push_back(call);
-        if lane.running < IN_FLIGHT {
+        let start = lane.running < IN_FLIGHT;
+        if start {
             lane.running += 1;
-            return true;
         }
-        false
+        drop(lanes);
+        self.arrived.notify_waiters();
+        start
+    }
+
+    /// Calls waiting in `key`'s lane.
+    fn waiting(&self, key: &K) -> usize {
+        let lanes = match self.lanes.lock() {
+            Ok(l) => l,
+            Err(p) => p.into_inner(),
+        };
+        lanes.get(key).map_or(0, |l| l.calls.len())
+    }
+
+    /// Waits until at least `calls` calls wait in `key`'s lane, or for `most` at the longest.
+    async fn gather(&self, key: &K, calls: usize, most: Duration) {
+        // A pause, not a due decision: the tokio timer, not the engine's clock.
+        let time_up = tokio::time::sleep(most);
+        tokio::pin!(time_up);
+        loop {
+            let arrived = self.arrived.notified();
+            tokio::pin!(arrived);
+            // Registered before the count is read: a call queued after the read wakes it.
+            arrived.as_mut().enable();
+            if self.waiting(key) >= calls {
+                return;
+            }
+            tokio::select! {
+                _ = &mut time_up => return,
+                _ = arrived => {}
+            }
+        }
     }
 
     /// The lane's next group (calls up to `max_weight` in all, by `weight`), or `None` (the
@@ -108,6 +152,10 @@ pub(crate) trait GroupCall: Send + Sized + 'static {
     /// What a group is, for log lines and for `StoreError::NoAnswer`.
     const WORK: &'static str;
 
+    /// How long, after a group, the lane's task waits for as many calls as that group had
+    /// (see the module doc); zero takes what waits at once.
+    const GATHER: Duration = Duration::ZERO;
+
     /// Runs `group` in one transaction and answers each call; on failure nothing is answered
     /// and the calls come back with the error.
     fn run(
@@ -131,7 +179,7 @@ pub(crate) async fn submit<K, C>(
     weight: fn(&C) -> usize,
 ) -> Result<C::Answer, StoreError>
 where
-    K: Hash + Eq + Clone + Send + 'static,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
     C: GroupCall,
 {
     let (reply, rx) = oneshot::channel();
@@ -155,14 +203,23 @@ where
 /// The group task of `key`'s lane: runs groups until it finds the lane empty. A lone call runs
 /// alone; the calls of a failed group run again one by one, each in a task of its own, so one
 /// call's error is never another's.
-async fn run_lane<K: Hash + Eq, C: GroupCall>(
+async fn run_lane<K: Hash + Eq + Sync, C: GroupCall>(
     store: PostgresStore,
     lanes: Arc<Lanes<K, C>>,
     key: K,
     max_weight: usize,
     weight: fn(&C) -> usize,
 ) {
-    while let Some(group) = lanes.take(&key, max_weight, weight) {
+    let mut last = 0;
+    loop {
+        // After a group of one (a trickle, or a lone caller) the next call starts at once.
+        if !C::GATHER.is_zero() && last > 1 {
+            lanes.gather(&key, last, C::GATHER).await;
+        }
+        let Some(group) = lanes.take(&key, max_weight, weight) else {
+            break;
+        };
+        last = group.len();
         if group.len() == 1 {
             for call in group {
                 run_alone(&store, call).await;
@@ -220,4 +277,39 @@ pub(crate) fn pair_audit_seqs<K>(work: &str, audited: Vec<K>, seqs: Vec<i64>) ->
         "a group statement stored another number of audit records than it had calls to record"
     );
     Vec::new()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_gather_ends_when_enough_calls_wait_or_its_time_is_up() {
+        let lanes: Arc<Lanes<(), u32>> = Arc::default();
+        let most = Duration::from_secs(1);
+        assert!(lanes.push((), 1), "the first call starts the lane's task");
+        assert!(!lanes.push((), 2), "one task in flight");
+        tokio::time::timeout(Duration::from_micros(1), lanes.gather(&(), 2, most))
+            .await
+            .expect("two calls wait: at once");
+        let pushing = lanes.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(3)).await;
+            pushing.push((), 3);
+        });
+        tokio::time::timeout(Duration::from_millis(10), lanes.gather(&(), 3, most))
+            .await
+            .expect("ends when the third call comes");
+        assert!(
+            tokio::time::timeout(most - Duration::from_millis(1), lanes.gather(&(), 4, most))
+                .await
+                .is_err(),
+            "waits its time for a fourth call"
+        );
+        tokio::time::timeout(most + Duration::from_millis(1), lanes.gather(&(), 4, most))
+            .await
+            .expect("ends when its time is up");
+        let group = lanes.take(&(), 10, |_| 1).expect("a group");
+        assert_eq!(group, vec![1, 2, 3]);
+    }
 }
