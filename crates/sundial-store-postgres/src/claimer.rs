@@ -82,6 +82,7 @@ pub(crate) type SharedClaimer = Arc<Claimer>;
 impl GroupCall for Call {
     type Answer = ReadyTaken;
     const WORK: &'static str = "claim group";
+    const GATHER: std::time::Duration = lanes::CALLERS_BACK;
 
     fn run(
         store: &PostgresStore,
@@ -402,6 +403,49 @@ mod tests {
         assert!(
             groups <= crate::lanes::IN_FLIGHT as u64 + 1,
             "8 polls took {groups} claims"
+        );
+    }
+
+    /// Workers that poll again as soon as answered are gathered into one group per round, not
+    /// two cohorts taking turns.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn polls_coming_back_are_gathered_into_one_group() {
+        let Some(test) = testkit::TestSchema::fresh() else {
+            return;
+        };
+        let store = crate::connect_with_one_connection(&test.url, &test.schema).await;
+        let now = Timestamp(1_700_000_000_000);
+        const WORKERS: usize = 4;
+        const ROUNDS: usize = 10;
+        ready(
+            &store,
+            (0..WORKERS * ROUNDS)
+                .map(|_| TaskSpec::new("k").queue("q"))
+                .collect(),
+            now,
+        )
+        .await;
+        let before = store.claimer.groups();
+        let workers: Vec<_> = (0..WORKERS)
+            .map(|i| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    for _ in 0..ROUNDS {
+                        let taken = store.claim_ready(one_task_poll(i, now)).await;
+                        assert_eq!(taken.expect("claim_ready").tasks.len(), 1);
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.await.expect("join");
+        }
+        let groups = store.claimer.groups() - before;
+        // Two cohorts take two groups a round (20 here); gathered, one a round after the first
+        // two or three groups.
+        assert!(
+            groups <= (ROUNDS + ROUNDS / 2) as u64,
+            "{WORKERS} workers × {ROUNDS} polls took {groups} groups"
         );
     }
 

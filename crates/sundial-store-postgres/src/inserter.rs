@@ -29,11 +29,6 @@ use crate::lanes::{self, GroupCall, Lanes};
 /// Most tasks one group inserts (a call with more still runs, alone).
 pub(crate) const MAX_GROUP_TASKS: usize = 1000;
 
-/// How long a group waits for the callers of the group before it to come back (see `lanes`):
-/// longer than an HTTP create's way back to its producer and out again on this machine kind
-/// (about 0.3 ms), short beside a group's own transaction.
-pub(crate) const INSERT_GATHER: std::time::Duration = std::time::Duration::from_millis(1);
-
 pub(crate) struct Call {
     tasks: Vec<NewTask>,
     /// The request's audit record, committed with the insert when it created a task (see
@@ -52,7 +47,7 @@ pub(crate) type SharedInserter = Arc<Inserter>;
 impl GroupCall for Call {
     type Answer = Vec<Inserted>;
     const WORK: &'static str = "insert group";
-    const GATHER: std::time::Duration = INSERT_GATHER;
+    const GATHER: std::time::Duration = lanes::CALLERS_BACK;
 
     fn run(
         store: &PostgresStore,

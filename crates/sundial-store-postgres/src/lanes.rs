@@ -41,6 +41,11 @@ pub(crate) struct Lanes<K, C> {
 /// Most group tasks running at once per lane.
 pub(crate) const IN_FLIGHT: usize = 1;
 
+/// The gather time of the inserts' and the polls' claims' lanes ([`GroupCall::GATHER`]): longer
+/// than an HTTP request's way back to its caller and out again on this machine kind (about
+/// 0.3 ms), short beside a group's own transaction.
+pub(crate) const CALLERS_BACK: Duration = Duration::from_millis(1);
+
 struct Lane<C> {
     calls: VecDeque<C>,
     /// Group tasks running for the lane (each takes calls until it finds none).
