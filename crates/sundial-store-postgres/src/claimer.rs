@@ -426,20 +426,11 @@ mod tests {
         )
         .await;
         let before = store.claimer.groups();
-        let workers: Vec<_> = (0..WORKERS)
-            .map(|i| {
-                let store = store.clone();
-                tokio::spawn(async move {
-                    for _ in 0..ROUNDS {
-                        let taken = store.claim_ready(one_task_poll(i, now)).await;
-                        assert_eq!(taken.expect("claim_ready").tasks.len(), 1);
-                    }
-                })
-            })
-            .collect();
-        for w in workers {
-            w.await.expect("join");
-        }
+        crate::run_closed_loop(&store, WORKERS, ROUNDS, move |store, i| async move {
+            let taken = store.claim_ready(one_task_poll(i, now)).await;
+            assert_eq!(taken.expect("claim_ready").tasks.len(), 1);
+        })
+        .await;
         let groups = store.claimer.groups() - before;
         // Two cohorts take two groups a round (20 here); gathered, one a round after the first
         // two or three groups.

@@ -252,19 +252,10 @@ mod tests {
         const CALLERS: usize = 4;
         const ROUNDS: usize = 10;
         let before = store.inserter.groups();
-        let callers: Vec<_> = (0..CALLERS)
-            .map(|_| {
-                let store = store.clone();
-                tokio::spawn(async move {
-                    for _ in 0..ROUNDS {
-                        store.insert(vec![task(None)]).await.expect("insert");
-                    }
-                })
-            })
-            .collect();
-        for c in callers {
-            c.await.expect("join");
-        }
+        crate::run_closed_loop(&store, CALLERS, ROUNDS, |store, _| async move {
+            store.insert(vec![task(None)]).await.expect("insert");
+        })
+        .await;
         let groups = store.inserter.groups() - before;
         // Two cohorts take two groups a round (20 here); gathered, one a round after the first
         // two or three groups.

@@ -2188,6 +2188,33 @@ where
     out
 }
 
+/// Runs `callers` tasks that each make `rounds` calls one after another, each call as soon as
+/// the one before was answered (`call(store, caller)`; for tests of the grouping lanes' gather).
+#[cfg(test)]
+pub(crate) async fn run_closed_loop<F, Fut>(
+    store: &PostgresStore,
+    callers: usize,
+    rounds: usize,
+    call: F,
+) where
+    F: Fn(PostgresStore, usize) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let tasks: Vec<_> = (0..callers)
+        .map(|caller| {
+            let (store, call) = (store.clone(), call.clone());
+            tokio::spawn(async move {
+                for _ in 0..rounds {
+                    call(store.clone(), caller).await;
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("join");
+    }
+}
+
 /// The transaction id (`xmin`) that wrote the row of `table` whose `column` is `value` (for
 /// tests of what commits together).
 #[cfg(test)]
