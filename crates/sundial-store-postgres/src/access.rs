@@ -239,6 +239,16 @@ impl PostgresStore {
         Ok(())
     }
 
+    /// The statement that inserts a group's audit records ([`AuditArrays`]) and returns their
+    /// `seq`s (in any order: see [`sorted_seqs`]).
+    pub(crate) fn audit_group_insert_sql(&self) -> String {
+        self.access_sql(&format!(
+            "INSERT INTO {{schema}}.audit_log ({AUDIT_INSERT_COLUMNS}) \
+             SELECT {AUDIT_INSERT_COLUMNS} FROM {} ORDER BY ord RETURNING seq",
+            audit_group_sql(1)
+        ))
+    }
+
     /// Inserts the audit records of a group of calls inside the caller's transaction, in one
     /// statement (one round trip however many calls the group has); their `seq`s, in order.
     pub(crate) async fn insert_audits_in(
@@ -251,12 +261,10 @@ impl PostgresStore {
             [one] => return Ok(vec![self.insert_audit_in(tx, one).await?]),
             _ => {}
         }
-        let sql = self.access_sql(&format!(
-            "INSERT INTO {{schema}}.audit_log ({AUDIT_INSERT_COLUMNS}) \
-             SELECT {AUDIT_INSERT_COLUMNS} FROM {} ORDER BY ord RETURNING seq",
-            audit_group_sql(1)
-        ));
-        let stmt = tx.prepare_cached(&sql).await.map_err(pg)?;
+        let stmt = tx
+            .prepare_cached(&self.audit_group_insert_sql())
+            .await
+            .map_err(pg)?;
         let linked: Vec<(Uuid, &NewAuditRecord)> =
             records.iter().map(|r| (Uuid::nil(), *r)).collect();
         let arrays = AuditArrays::new(&linked);

@@ -16,6 +16,7 @@
 //! (a reused id fails the whole statement), each of its calls is inserted again on its own, so
 //! one call's error is never another's.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use sundial_core::NewTask;
@@ -83,6 +84,143 @@ impl PostgresStore {
         .await
     }
 
+    /// Stores a group none of whose tasks has a key in one round trip: `BEGIN`, the insert, its
+    /// tags, the calls' audit records and `COMMIT` go out together (tokio-postgres pipelines
+    /// requests that are polled together, in the order they are first polled). Without keys
+    /// the insert creates every task or fails as a whole, so no statement waits for another's
+    /// answer and every call creates its tasks. Should any statement fail, the server aborts
+    /// the transaction and the `COMMIT` rolls it back; the failure is what this returns.
+    async fn insert_keyless(
+        &self,
+        group: &[Call],
+        tasks: &[NewTask],
+    ) -> Result<(Vec<Inserted>, HashMap<usize, i64>), StoreError> {
+        let client = self.client().await?;
+        let refs: Vec<&NewTask> = tasks.iter().collect();
+        let arrays = crate::TaskArrays::new(&refs)?;
+        let tags = crate::TagArrays::of_tasks(tasks);
+        let audited: Vec<(usize, &PendingAudit)> = group
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| !c.tasks.is_empty())
+            .filter_map(|(i, c)| c.audit.as_ref().map(|a| (i, a)))
+            .collect();
+        let records: Vec<(uuid::Uuid, &sundial_store::NewAuditRecord)> = audited
+            .iter()
+            .map(|(_, a)| (uuid::Uuid::nil(), a.record()))
+            .collect();
+        let audit_arrays = crate::access::AuditArrays::new(&records);
+        // Prepared before the round trip (a round trip of its own the first time only).
+        let insert = client
+            .prepare_cached(&self.sql.insert)
+            .await
+            .map_err(crate::pg)?;
+        let insert_tags = match tags.is_empty() {
+            true => None,
+            false => Some(
+                client
+                    .prepare_cached(&self.sql.insert_tags)
+                    .await
+                    .map_err(crate::pg)?,
+            ),
+        };
+        let insert_audits = match records.is_empty() {
+            true => None,
+            false => Some(
+                client
+                    .prepare_cached(&self.audit_group_insert_sql())
+                    .await
+                    .map_err(crate::pg)?,
+            ),
+        };
+        let insert_params = arrays.params();
+        let (began, rows, tagged, seqs, committed) = futures::join!(
+            client.batch_execute("BEGIN"),
+            client.query(&insert, &insert_params),
+            async {
+                match &insert_tags {
+                    Some(s) => client.execute(s, &tags.params()).await.map(|_| ()),
+                    None => Ok(()),
+                }
+            },
+            async {
+                match &insert_audits {
+                    Some(s) => client.query(s, &audit_arrays.params()).await.map(Some),
+                    None => Ok(None),
+                }
+            },
+            client.batch_execute("COMMIT"),
+        );
+        // The first failure is the cause; those after it are the aborted transaction's.
+        began.map_err(crate::pg)?;
+        let rows = rows.map_err(crate::pg)?;
+        tagged.map_err(crate::pg)?;
+        let seqs = seqs.map_err(crate::pg)?;
+        committed.map_err(crate::pg)?;
+        // Committed: what follows reads the answers and changes nothing.
+        let mut made: HashMap<uuid::Uuid, sundial_core::Task> = HashMap::with_capacity(rows.len());
+        for r in &rows {
+            let t = crate::rows::task_from_row(r)?;
+            made.insert(t.id.0, t);
+        }
+        let out = tasks
+            .iter()
+            .map(|t| {
+                made.remove(&t.id.0)
+                    .map(|task| Inserted::Created(Box::new(task)))
+                    .ok_or(StoreError::InsertUndecided { id: t.id })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let seqs = match seqs {
+            Some(rows) => rows
+                .iter()
+                .map(|r| crate::rows::col::<i64>(r, 0))
+                .collect::<Result<Vec<_>, _>>()?,
+            None => Vec::new(),
+        };
+        let calls = audited.into_iter().map(|(i, _)| i).collect();
+        Ok((
+            out,
+            lanes::pair_audit_seqs(
+                "keyless insert group",
+                calls,
+                crate::access::sorted_seqs(seqs),
+            )
+            .into_iter()
+            .collect(),
+        ))
+    }
+
+    /// Stores a group some of whose tasks have keys in one transaction, statement after
+    /// statement: what the insert returns decides what follows (a key taken is named, or tried
+    /// again when its holder finished meanwhile).
+    async fn insert_keyed(
+        &self,
+        group: &[Call],
+        tasks: &[NewTask],
+    ) -> Result<(Vec<Inserted>, HashMap<usize, i64>), StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(crate::pg)?;
+        let out = self.insert_in(&tx, tasks).await?;
+        // Which calls created a task, by their share of `out`.
+        let mut created = Vec::with_capacity(group.len());
+        let mut at = 0;
+        for call in group {
+            let mine = &out[at..at + call.tasks.len()];
+            created.push(mine.iter().any(|i| matches!(i, Inserted::Created(_))));
+            at += call.tasks.len();
+        }
+        let audits = group
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| created[*i])
+            .filter_map(|(i, c)| c.audit.as_ref().map(|a| (i, a)))
+            .collect();
+        let seqs = lanes::insert_group_audits(self, &tx, audits).await?;
+        tx.commit().await.map_err(crate::pg)?;
+        Ok((out, seqs))
+    }
+
     /// Inserts the tasks of `group` in one transaction and answers each call with its own
     /// outcomes; on failure nothing is answered and the calls come back with the error.
     async fn insert_together(&self, group: Vec<Call>) -> Result<(), (StoreError, Vec<Call>)> {
@@ -94,29 +232,11 @@ impl PostgresStore {
                 &joined
             }
         };
-        let committed = async {
-            let mut client = self.client().await?;
-            let tx = client.transaction().await.map_err(crate::pg)?;
-            let out = self.insert_in(&tx, tasks).await?;
-            // Which calls created a task, by their share of `out`.
-            let mut created = Vec::with_capacity(group.len());
-            let mut at = 0;
-            for call in &group {
-                let mine = &out[at..at + call.tasks.len()];
-                created.push(mine.iter().any(|i| matches!(i, Inserted::Created(_))));
-                at += call.tasks.len();
-            }
-            let audits = group
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| created[*i])
-                .filter_map(|(i, c)| c.audit.as_ref().map(|a| (i, a)))
-                .collect();
-            let seqs = lanes::insert_group_audits(self, &tx, audits).await?;
-            tx.commit().await.map_err(crate::pg)?;
-            Ok::<_, StoreError>((out, seqs))
-        }
-        .await;
+        let committed = if tasks.iter().all(|t| t.key.is_none()) {
+            self.insert_keyless(&group, tasks).await
+        } else {
+            self.insert_keyed(&group, tasks).await
+        };
         let (out, seqs) = match committed {
             Ok(done) => done,
             Err(e) => return Err((e, group)),
@@ -173,6 +293,127 @@ mod tests {
             out.push(r.await.expect("join"));
         }
         out
+    }
+
+    /// A loopback proxy in front of the test server that counts the client's turns: how often
+    /// a client sent again after the server had answered, that is the round trips it waited
+    /// for.
+    struct TurnCounter {
+        url: String,
+        turns: Arc<std::sync::atomic::AtomicU64>,
+    }
+
+    impl TurnCounter {
+        async fn start(url: &str) -> TurnCounter {
+            use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let config: tokio_postgres::Config = url.parse().expect("test URL");
+            let host = match config.get_hosts().first() {
+                Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+                other => panic!("the turn counter needs a TCP host, not {other:?}"),
+            };
+            let upstream = format!(
+                "{host}:{}",
+                config.get_ports().first().copied().unwrap_or(5432)
+            );
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let at = listener.local_addr().expect("address");
+            let turns = Arc::new(AtomicU64::new(0));
+            let counted = turns.clone();
+            tokio::spawn(async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    let server = tokio::net::TcpStream::connect(&upstream)
+                        .await
+                        .expect("connect upstream");
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let answered = Arc::new(AtomicBool::new(false));
+                    let (a, turns) = (answered.clone(), counted.clone());
+                    tokio::spawn(async move {
+                        let mut buf = vec![0u8; 1 << 16];
+                        while let Ok(n @ 1..) = cr.read(&mut buf).await {
+                            if a.swap(false, Ordering::SeqCst) {
+                                turns.fetch_add(1, Ordering::SeqCst);
+                            }
+                            if sw.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                    });
+                    tokio::spawn(async move {
+                        let mut buf = vec![0u8; 1 << 16];
+                        while let Ok(n @ 1..) = sr.read(&mut buf).await {
+                            answered.store(true, Ordering::SeqCst);
+                            if cw.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                    });
+                }
+            });
+            let user = config.get_user().unwrap_or("postgres");
+            let password = config
+                .get_password()
+                .map(|p| format!(":{}", String::from_utf8_lossy(p)))
+                .unwrap_or_default();
+            let db = config.get_dbname().unwrap_or("postgres");
+            TurnCounter {
+                url: format!("postgres://{user}{password}@{at}/{db}"),
+                turns,
+            }
+        }
+
+        fn turns(&self) -> u64 {
+            self.turns.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    /// A group whose tasks have no key (tags and all) is stored in one round trip; a task with a
+    /// key costs the transaction's statements one after the other.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_group_without_keys_is_one_round_trip() {
+        let Some(test) = testkit::TestSchema::fresh() else {
+            return;
+        };
+        let proxy = TurnCounter::start(&test.url).await;
+        let store = crate::connect_with_one_connection(&proxy.url, &test.schema).await;
+        let tagged = || {
+            let mut t = task(None);
+            t.tags.insert("team".into(), "a".into());
+            t
+        };
+        // Once each, so that the statements are prepared.
+        store.insert(vec![tagged()]).await.expect("insert");
+        store
+            .insert(vec![task(Some("warm"))])
+            .await
+            .expect("insert");
+
+        let before = proxy.turns();
+        let out = store
+            .insert(vec![tagged(), task(None), tagged()])
+            .await
+            .expect("insert");
+        assert_eq!(proxy.turns() - before, 1, "round trips for three tasks");
+        let ids: Vec<TaskId> = out
+            .iter()
+            .map(|i| match i {
+                Inserted::Created(t) => t.id,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        for id in &ids {
+            assert!(store.get(*id).await.expect("get").is_some());
+        }
+
+        let before = proxy.turns();
+        store.insert(vec![task(Some("one"))]).await.expect("insert");
+        assert!(
+            proxy.turns() - before >= 3,
+            "a keyed insert is BEGIN, INSERT, COMMIT"
+        );
     }
 
     /// Creates waiting behind an insert share one transaction; each call gets the outcomes of

@@ -1113,123 +1113,16 @@ impl PostgresStore {
         client: &impl GenericClient,
         tasks: &[&NewTask],
     ) -> Result<Vec<Option<Inserted>>, StoreError> {
-        let mut ids = Vec::with_capacity(tasks.len());
-        let mut shards = Vec::with_capacity(tasks.len());
-        let mut queues = Vec::with_capacity(tasks.len());
-        let mut kinds = Vec::with_capacity(tasks.len());
-        let mut keys = Vec::with_capacity(tasks.len());
-        let mut payloads = Vec::with_capacity(tasks.len());
-        let mut dues = Vec::with_capacity(tasks.len());
-        let mut max_attempts = Vec::with_capacity(tasks.len());
-        let mut backoffs = Vec::with_capacity(tasks.len());
-        let mut timeouts = Vec::with_capacity(tasks.len());
-        let mut ex_keys = Vec::with_capacity(tasks.len());
-        let mut ex_modes = Vec::with_capacity(tasks.len());
-        let mut created = Vec::with_capacity(tasks.len());
-        let mut ords = Vec::with_capacity(tasks.len());
-        let mut tags: Vec<Option<String>> = Vec::with_capacity(tasks.len());
-        let mut targets = Vec::with_capacity(tasks.len());
-        let mut traceparents: Vec<Option<&str>> = Vec::with_capacity(tasks.len());
-        let mut tracestates: Vec<Option<&str>> = Vec::with_capacity(tasks.len());
-        let mut priorities: Vec<i16> = Vec::with_capacity(tasks.len());
-        let mut group_limits: Vec<i32> = Vec::with_capacity(tasks.len());
-        let mut rates: Vec<Option<String>> = Vec::with_capacity(tasks.len());
-        for (i, t) in tasks.iter().enumerate() {
-            rates.push(
-                t.rate
-                    .as_ref()
-                    .map(serde_json::to_string)
-                    .transpose()
-                    .map_err(|e| StoreError::encode("rate", e))?,
-            );
-            priorities.push(i16::from(t.priority.get()));
-            group_limits.push(
-                t.exclusive
-                    .as_ref()
-                    .map_or(1, |e| i32::try_from(e.limit).unwrap_or(i32::MAX)),
-            );
-            traceparents.push(t.trace.as_ref().map(|c| c.traceparent()));
-            tracestates.push(t.trace.as_ref().and_then(|c| c.tracestate()));
-            tags.push(if t.tags.is_empty() {
-                None
-            } else {
-                Some(serde_json::to_string(&t.tags).map_err(|e| StoreError::encode("tags", e))?)
-            });
-            ids.push(t.id.0);
-            shards.push(i64::from(t.shard));
-            queues.push(t.queue.as_str());
-            kinds.push(t.kind.as_str());
-            keys.push(t.key.as_deref());
-            payloads.push(t.payload.as_str());
-            dues.push(t.due_at.0);
-            max_attempts.push(i64::from(t.max_attempts));
-            backoffs.push(
-                serde_json::to_string(&t.backoff).map_err(|e| StoreError::encode("backoff", e))?,
-            );
-            timeouts.push(
-                i64::try_from(t.timeout_ms).map_err(|_| StoreError::TooLarge {
-                    what: "timeout in ms",
-                    value: u128::from(t.timeout_ms),
-                })?,
-            );
-            ex_keys.push(t.exclusive.as_ref().map(|e| e.key.as_str()));
-            ex_modes.push(t.exclusive.as_ref().map(|e| rows::mode_str(e.mode)));
-            created.push(t.created_at.0);
-            ords.push(i as i64);
-            targets.push(
-                t.target
-                    .as_ref()
-                    .map(serde_json::to_string)
-                    .transpose()
-                    .map_err(|e| StoreError::encode("target", e))?,
-            );
-        }
-        let rows = query(
-            client,
-            &self.sql.insert,
-            &[
-                &ids,
-                &shards,
-                &queues,
-                &kinds,
-                &keys,
-                &payloads,
-                &dues,
-                &max_attempts,
-                &backoffs,
-                &timeouts,
-                &ex_keys,
-                &ex_modes,
-                &created,
-                &ords,
-                &tags,
-                &targets,
-                &traceparents,
-                &tracestates,
-                &priorities,
-                &group_limits,
-                &rates,
-            ],
-        )
-        .await?;
+        let arrays = TaskArrays::new(tasks)?;
+        let rows = query(client, &self.sql.insert, &arrays.params()).await?;
         let mut made: HashMap<Uuid, Task> = HashMap::with_capacity(rows.len());
-        let (mut tag_keys, mut tag_values, mut tag_ids) = (Vec::new(), Vec::new(), Vec::new());
         for r in &rows {
             let t = task_from_row(r)?;
-            for (k, v) in &t.tags {
-                tag_keys.push(k.clone());
-                tag_values.push(v.clone());
-                tag_ids.push(t.id.0);
-            }
             made.insert(t.id.0, t);
         }
-        if !tag_ids.is_empty() {
-            query(
-                client,
-                &self.sql.insert_tags,
-                &[&tag_keys, &tag_values, &tag_ids],
-            )
-            .await?;
+        let tags = TagArrays::of(made.values().map(|t| (t.id, &t.tags)));
+        if !tags.is_empty() {
+            query(client, &self.sql.insert_tags, &tags.params()).await?;
         }
         // Tasks not created: their key is taken. Name the holders (committed ones, or earlier
         // tasks of this batch), seen by a fresh snapshot in the same transaction.
@@ -1266,6 +1159,179 @@ impl PostgresStore {
                 }),
             })
             .collect())
+    }
+}
+
+/// The columns of tasks to insert, one array each, for [`Sql::insert`]'s `unnest`.
+pub(crate) struct TaskArrays<'a> {
+    ids: Vec<Uuid>,
+    shards: Vec<i64>,
+    queues: Vec<&'a str>,
+    kinds: Vec<&'a str>,
+    keys: Vec<Option<&'a str>>,
+    payloads: Vec<&'a str>,
+    dues: Vec<i64>,
+    max_attempts: Vec<i64>,
+    backoffs: Vec<String>,
+    timeouts: Vec<i64>,
+    ex_keys: Vec<Option<&'a str>>,
+    ex_modes: Vec<Option<&'static str>>,
+    created: Vec<i64>,
+    ords: Vec<i64>,
+    tags: Vec<Option<String>>,
+    targets: Vec<Option<String>>,
+    traceparents: Vec<Option<&'a str>>,
+    tracestates: Vec<Option<&'a str>>,
+    priorities: Vec<i16>,
+    group_limits: Vec<i32>,
+    rates: Vec<Option<String>>,
+}
+
+impl<'a> TaskArrays<'a> {
+    pub(crate) fn new(tasks: &[&'a NewTask]) -> Result<Self, StoreError> {
+        let n = tasks.len();
+        let mut a = TaskArrays {
+            ids: Vec::with_capacity(n),
+            shards: Vec::with_capacity(n),
+            queues: Vec::with_capacity(n),
+            kinds: Vec::with_capacity(n),
+            keys: Vec::with_capacity(n),
+            payloads: Vec::with_capacity(n),
+            dues: Vec::with_capacity(n),
+            max_attempts: Vec::with_capacity(n),
+            backoffs: Vec::with_capacity(n),
+            timeouts: Vec::with_capacity(n),
+            ex_keys: Vec::with_capacity(n),
+            ex_modes: Vec::with_capacity(n),
+            created: Vec::with_capacity(n),
+            ords: Vec::with_capacity(n),
+            tags: Vec::with_capacity(n),
+            targets: Vec::with_capacity(n),
+            traceparents: Vec::with_capacity(n),
+            tracestates: Vec::with_capacity(n),
+            priorities: Vec::with_capacity(n),
+            group_limits: Vec::with_capacity(n),
+            rates: Vec::with_capacity(n),
+        };
+        for (i, t) in tasks.iter().enumerate() {
+            a.rates.push(
+                t.rate
+                    .as_ref()
+                    .map(serde_json::to_string)
+                    .transpose()
+                    .map_err(|e| StoreError::encode("rate", e))?,
+            );
+            a.priorities.push(i16::from(t.priority.get()));
+            a.group_limits.push(
+                t.exclusive
+                    .as_ref()
+                    .map_or(1, |e| i32::try_from(e.limit).unwrap_or(i32::MAX)),
+            );
+            a.traceparents
+                .push(t.trace.as_ref().map(|c| c.traceparent()));
+            a.tracestates
+                .push(t.trace.as_ref().and_then(|c| c.tracestate()));
+            a.tags.push(if t.tags.is_empty() {
+                None
+            } else {
+                Some(serde_json::to_string(&t.tags).map_err(|e| StoreError::encode("tags", e))?)
+            });
+            a.ids.push(t.id.0);
+            a.shards.push(i64::from(t.shard));
+            a.queues.push(t.queue.as_str());
+            a.kinds.push(t.kind.as_str());
+            a.keys.push(t.key.as_deref());
+            a.payloads.push(t.payload.as_str());
+            a.dues.push(t.due_at.0);
+            a.max_attempts.push(i64::from(t.max_attempts));
+            a.backoffs.push(
+                serde_json::to_string(&t.backoff).map_err(|e| StoreError::encode("backoff", e))?,
+            );
+            a.timeouts.push(
+                i64::try_from(t.timeout_ms).map_err(|_| StoreError::TooLarge {
+                    what: "timeout in ms",
+                    value: u128::from(t.timeout_ms),
+                })?,
+            );
+            a.ex_keys.push(t.exclusive.as_ref().map(|e| e.key.as_str()));
+            a.ex_modes
+                .push(t.exclusive.as_ref().map(|e| rows::mode_str(e.mode)));
+            a.created.push(t.created_at.0);
+            a.ords.push(i as i64);
+            a.targets.push(
+                t.target
+                    .as_ref()
+                    .map(serde_json::to_string)
+                    .transpose()
+                    .map_err(|e| StoreError::encode("target", e))?,
+            );
+        }
+        Ok(a)
+    }
+
+    /// The 21 parameters, in [`Sql::insert`]'s order.
+    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 21] {
+        [
+            &self.ids,
+            &self.shards,
+            &self.queues,
+            &self.kinds,
+            &self.keys,
+            &self.payloads,
+            &self.dues,
+            &self.max_attempts,
+            &self.backoffs,
+            &self.timeouts,
+            &self.ex_keys,
+            &self.ex_modes,
+            &self.created,
+            &self.ords,
+            &self.tags,
+            &self.targets,
+            &self.traceparents,
+            &self.tracestates,
+            &self.priorities,
+            &self.group_limits,
+            &self.rates,
+        ]
+    }
+}
+
+/// Tasks' tags, one row per tag, for [`Sql::insert_tags`]'s `unnest`.
+pub(crate) struct TagArrays<'a> {
+    keys: Vec<&'a str>,
+    values: Vec<&'a str>,
+    ids: Vec<Uuid>,
+}
+
+impl<'a> TagArrays<'a> {
+    pub(crate) fn of(tasks: impl Iterator<Item = (TaskId, &'a sundial_core::Tags)>) -> Self {
+        let mut a = TagArrays {
+            keys: Vec::new(),
+            values: Vec::new(),
+            ids: Vec::new(),
+        };
+        for (id, tags) in tasks {
+            for (k, v) in tags {
+                a.keys.push(k);
+                a.values.push(v);
+                a.ids.push(id.0);
+            }
+        }
+        a
+    }
+
+    pub(crate) fn of_tasks(tasks: &'a [NewTask]) -> Self {
+        Self::of(tasks.iter().map(|t| (t.id, &t.tags)))
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// The three parameters, in [`Sql::insert_tags`]'s order.
+    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 3] {
+        [&self.keys, &self.values, &self.ids]
     }
 }
 
