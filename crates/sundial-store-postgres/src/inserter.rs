@@ -15,6 +15,10 @@
 //! each call that created a task commits with the group. Should the group's transaction fail
 //! (a reused id fails the whole statement), each of its calls is inserted again on its own, so
 //! one call's error is never another's.
+//!
+//! A group none of whose tasks has a key costs one round trip: its statements are pipelined
+//! (`insert_keyless`), since nothing it sends depends on an answer. A group with keys runs its
+//! statements one after the other (`insert_keyed`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
